@@ -1,0 +1,79 @@
+"""transformers backend: local folders (safetensors only) and GGUF files, offline, no remote code."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pytest_llmdeterminism.errors import ModelLoadError
+
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+@contextmanager
+def _offline() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
+    os.environ.update({name: "1" for name in _OFFLINE_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = pick_device(device)
+    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+    if kind == "gguf":
+        source, common["gguf_file"] = str(path.parent), path.name
+        _require_gguf_support(spec)
+    else:
+        source = str(path)
+        if not any(path.glob("*.safetensors")):
+            found = sorted(p.name for p in path.iterdir())[:8]
+            raise ModelLoadError(
+                spec, f"no *.safetensors weights in {str(path)!r} (found: {', '.join(found) or 'nothing'}). "
+                "Pickle checkpoints (pytorch_model.bin) are refused; convert them to safetensors "
+                "(model.save_pretrained(dir, safe_serialization=True)).",
+            )
+    try:
+        with _offline():
+            tokenizer = AutoTokenizer.from_pretrained(source, **common)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=getattr(torch, dtype), use_safetensors=kind != "gguf", **common
+            )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(spec, f"{type(error).__name__}: {error}") from error
+    model.to(device)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        # Pad positions are masked out; any id works, and EOS is what most checkpoints expect.
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, device
+
+
+def _require_gguf_support(spec: str) -> None:
+    import importlib.util
+
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModelLoadError(
+            spec, f"loading .gguf files needs {' and '.join(missing)}: "
+            "pip install 'pytest-llmdeterminism[gguf]'",
+        )

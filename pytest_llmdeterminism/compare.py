@@ -1,0 +1,117 @@
+"""Pure comparison: golden vs actual generation -> one frozen :class:`Comparison`. No I/O, no torch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_llmdeterminism.generation import Generation, TopK
+
+# Below this golden top-1/top-2 margin (in logprob) a flipped token is classed as a near tie.
+# Refined per dtype and tolerance profile in a later release; fp32 numeric noise is ~1e-4.
+DEFAULT_TIE_MARGIN = {"float32": 0.01, "bfloat16": 0.5, "float16": 0.1}
+
+
+class Verdict(enum.Enum):
+    MISSING = "MISSING"
+    INPUT_CHANGED = "INPUT_CHANGED"
+    IDENTICAL = "IDENTICAL"
+    LOGIT_DRIFT = "LOGIT_DRIFT"
+    TIE_FLIP = "TIE_FLIP"
+    REGRESSION = "REGRESSION"
+    NONDETERMINISTIC = "NONDETERMINISTIC"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step whose token differs."""
+
+    step: int
+    expected_token: int
+    actual_token: int
+    expected_top: TopK
+    actual_top: TopK
+    golden_margin: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    verdict: Verdict
+    input_changes: tuple[tuple[str, Any, Any], ...] = ()
+    divergence: Divergence | None = None
+    first_hash_step: int | None = None  # first step whose logit hash differs
+    steps_compared: int = 0
+    max_logprob_delta: float = 0.0  # over top-k ids both sides share, before any token divergence
+
+    @property
+    def passed(self) -> bool:
+        """The ``exact`` policy: only identical tokens and logit hashes pass."""
+        return self.verdict is Verdict.IDENTICAL
+
+
+def compare(expected: Generation, actual: Generation) -> Comparison:
+    changes = input_changes(expected, actual)
+    if changes:
+        return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
+    steps = min(len(expected.token_ids), len(actual.token_ids))
+    first_hash = next((t for t in range(steps) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
+    token_step = next((t for t in range(steps) if expected.token_ids[t] != actual.token_ids[t]), None)
+    if token_step is None and len(expected.token_ids) != len(actual.token_ids):
+        token_step = steps  # one side stopped (EOS) where the other went on
+    compared = steps if token_step is None else token_step
+    delta = _max_logprob_delta(expected.top_logprobs[:compared], actual.top_logprobs[:compared])
+    if token_step is None:
+        verdict = Verdict.IDENTICAL if first_hash is None else Verdict.LOGIT_DRIFT
+        return Comparison(verdict, first_hash_step=first_hash, steps_compared=steps, max_logprob_delta=delta)
+    divergence = _divergence(expected, actual, token_step)
+    return Comparison(
+        _classify(divergence, expected.fingerprint.get("dtype", "float32")),
+        divergence=divergence, first_hash_step=first_hash, steps_compared=token_step,
+        max_logprob_delta=delta,
+    )
+
+
+def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, Any, Any], ...]:
+    """What went *into* the generation and differs: shown before, and instead of, an output diff."""
+    changes = []
+    if expected.prompt_token_ids != actual.prompt_token_ids:
+        changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
+    if expected.batch_shape != actual.batch_shape:
+        changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
+    old, new = expected.generation_config, actual.generation_config
+    for key in sorted(set(old) | set(new)):
+        if _normalise(old.get(key)) != _normalise(new.get(key)):
+            changes.append((f"generation_config.{key}", old.get(key), new.get(key)))
+    return tuple(changes)
+
+
+def _normalise(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _divergence(expected: Generation, actual: Generation, step: int) -> Divergence:
+    def at(gen: Generation) -> tuple[int, TopK]:
+        if step < len(gen.token_ids):
+            return gen.token_ids[step], gen.top_logprobs[step]
+        return -1, ()  # this side had already stopped
+
+    (expected_token, expected_top), (actual_token, actual_top) = at(expected), at(actual)
+    margin = expected.margins[step] if step < len(expected.margins) else float("inf")
+    return Divergence(step, expected_token, actual_token, expected_top, actual_top, margin)
+
+
+def _classify(divergence: Divergence, dtype: str) -> Verdict:
+    threshold = DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"])
+    in_top = any(token == divergence.actual_token for token, _ in divergence.expected_top)
+    return Verdict.TIE_FLIP if divergence.golden_margin < threshold and in_top else Verdict.REGRESSION
+
+
+def _max_logprob_delta(expected: tuple[TopK, ...], actual: tuple[TopK, ...]) -> float:
+    delta = 0.0
+    for exp_top, act_top in zip(expected, actual):
+        act = dict(act_top)
+        for token, logprob in exp_top:
+            if token in act:
+                delta = max(delta, abs(logprob - act[token]))
+    return delta

@@ -1,0 +1,159 @@
+"""Seeds and torch/CUDA determinism flags as a context manager that sets *and restores* them.
+
+Everything set here is put back when the block ends, RNG states included, so a deterministic test
+leaves the process exactly as it found it and test order cannot matter.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")
+
+
+def ensure_cublas_workspace_config() -> str | None:
+    """Set ``CUBLAS_WORKSPACE_CONFIG`` before CUDA starts. Returns the value it replaced.
+
+    cuBLAS reads the variable once, when CUDA initialises, so this must run before any test
+    touches the GPU. Returns a warning text when CUDA already started with another value.
+    """
+    current = os.environ.get(CUBLAS_WORKSPACE_CONFIG)
+    if current is None:
+        os.environ[CUBLAS_WORKSPACE_CONFIG] = CUBLAS_DETERMINISTIC_VALUES[0]
+        return None
+    if current not in CUBLAS_DETERMINISTIC_VALUES:
+        return (
+            f"{CUBLAS_WORKSPACE_CONFIG}={current!r} is set, which cuBLAS does not treat as "
+            f"deterministic: GPU matmuls may differ between runs. Unset it or set it to "
+            f"{CUBLAS_DETERMINISTIC_VALUES[0]!r} before running pytest."
+        )
+    return None
+
+
+def cuda_started_without_workspace_config() -> str | None:
+    """Warn when CUDA initialised before the plugin could set the cuBLAS workspace."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    if os.environ.get(CUBLAS_WORKSPACE_CONFIG) in CUBLAS_DETERMINISTIC_VALUES:
+        return None
+    return (
+        "CUDA was initialised before pytest-llmdeterminism could set "
+        f"{CUBLAS_WORKSPACE_CONFIG}; cuBLAS results may vary between runs. Set "
+        f"{CUBLAS_WORKSPACE_CONFIG}={CUBLAS_DETERMINISTIC_VALUES[0]} in the environment."
+    )
+
+
+@contextmanager
+def deterministic_state(seed: int) -> Iterator[None]:
+    """Seed python/numpy/torch/CUDA and switch torch to deterministic kernels for the block."""
+    import torch
+
+    saved = _capture(torch)
+    try:
+        _apply(torch, seed)
+        yield
+    finally:
+        _restore(torch, saved)
+
+
+def flags() -> dict[str, Any]:
+    """The determinism-relevant torch settings now in force (recorded in each golden)."""
+    import torch
+
+    state = {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+    if _has_fp32_precision_api(torch):
+        state["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
+        state["cudnn_fp32_precision"] = torch.backends.cudnn.fp32_precision
+    else:
+        state["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        state["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
+    return state
+
+
+def _has_fp32_precision_api(torch: Any) -> bool:
+    # torch >= 2.9 replaces allow_tf32 by fp32_precision; mixing the two APIs is an error there.
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def _capture(torch: Any) -> dict[str, Any]:
+    saved: dict[str, Any] = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+    if _has_fp32_precision_api(torch):
+        saved["matmul_fp32"] = torch.backends.cuda.matmul.fp32_precision
+        saved["cudnn_fp32"] = torch.backends.cudnn.fp32_precision
+    else:
+        saved["matmul_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        saved["cudnn_tf32"] = torch.backends.cudnn.allow_tf32
+    numpy = _numpy()
+    if numpy is not None:
+        saved["numpy"] = numpy.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        saved["cuda"] = torch.cuda.get_rng_state_all()
+    return saved
+
+
+def _apply(torch: Any, seed: int) -> None:
+    random.seed(seed)
+    numpy = _numpy()
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    if _has_fp32_precision_api(torch):
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+
+
+def _restore(torch: Any, saved: dict[str, Any]) -> None:
+    random.setstate(saved["python"])
+    torch.set_rng_state(saved["torch"])
+    if "numpy" in saved:
+        _numpy().random.set_state(saved["numpy"])  # type: ignore[union-attr]
+    if "cuda" in saved:
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
+    torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+    if "matmul_fp32" in saved:
+        torch.backends.cuda.matmul.fp32_precision = saved["matmul_fp32"]
+        torch.backends.cudnn.fp32_precision = saved["cudnn_fp32"]
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.set_float32_matmul_precision(saved["matmul_precision"])
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # numpy is optional for the plugin itself
+        return None
+    return numpy

@@ -1,0 +1,100 @@
+"""One exception tree. Each error keeps the objects it failed on, so reports need not parse text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.compare import Comparison
+
+__all__ = [
+    "ConfigurationError",
+    "GoldenFileError",
+    "GoldenMismatchError",
+    "LLMDeterminismError",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "SamplingRefusedError",
+]
+
+
+class LLMDeterminismError(Exception):
+    """Root of every error this plugin raises."""
+
+
+class ConfigurationError(LLMDeterminismError, pytest.UsageError):
+    """A setting (ini value, command-line option or marker argument) is invalid.
+
+    Raised at start-up, so pytest stops with a usage error before running anything.
+    """
+
+    def __init__(self, setting: str, value: object, message: str) -> None:
+        self.setting = setting
+        self.value = value
+        super().__init__(f"{setting} = {value!r}: {message}")
+
+
+class ModelLoadError(LLMDeterminismError):
+    """The configured model cannot be loaded safely and offline."""
+
+    def __init__(self, spec: str, message: str) -> None:
+        self.spec = spec
+        super().__init__(f"cannot load llm_model {spec!r}: {message}")
+
+
+class SamplingRefusedError(LLMDeterminismError, ValueError):
+    """A generation argument would make decoding random or non-greedy."""
+
+    def __init__(self, argument: str, value: object, why: str) -> None:
+        self.argument = argument
+        self.value = value
+        super().__init__(
+            f"llm_model.generate({argument}={value!r}) refused: {why}. "
+            "llm_model always decodes greedily so that goldens are reproducible; "
+            f"remove {argument!r} from the call."
+        )
+
+
+class PromptTooLongError(LLMDeterminismError, ValueError):
+    """A prompt has more tokens than the fixed batch shape's length L."""
+
+    def __init__(self, prompt: str, n_tokens: int, batch_shape: str) -> None:
+        self.prompt = prompt
+        self.n_tokens = n_tokens
+        self.batch_shape = batch_shape
+        rows, _, length = batch_shape.partition("x")
+        shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        super().__init__(
+            f"prompt {shown!r} has {n_tokens} tokens but llm_batch_shape {batch_shape!r} allows "
+            f"{length}. Every generation runs at one fixed shape BxL; raise L, e.g. "
+            f"llm_batch_shape = \"{rows}x{_next_power_of_two(n_tokens)}\" (or --llm-batch-shape). "
+            "Changing the shape changes the numerics, so re-record goldens afterwards."
+        )
+
+
+class GoldenFileError(LLMDeterminismError):
+    """A golden file cannot be used: corrupt JSON, unknown schema, or an unexpected layout.
+
+    The file is never rewritten while this error stands.
+    """
+
+    def __init__(self, path: Path, problem: str, fix: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"golden file {str(path)!r} {problem}. The file was left untouched. {fix}")
+
+
+class GoldenMismatchError(LLMDeterminismError, AssertionError):
+    """A golden check failed. ``comparison`` carries the verdict and the first divergence."""
+
+    def __init__(self, message: str, comparison: Comparison | None, **details: Any) -> None:
+        self.comparison = comparison
+        self.details = details
+        super().__init__(message)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 1).bit_length()

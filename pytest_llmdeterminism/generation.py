@@ -1,0 +1,129 @@
+"""The :class:`Generation` record, and the greedy generation config: what is accepted, what is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pytest_llmdeterminism.errors import SamplingRefusedError
+
+TopK = tuple[tuple[int, float], ...]
+
+# Arguments that change every step's scores or the length: accepted, recorded in the golden.
+ACCEPTED_OVERRIDES = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "eos_token_id",
+    "use_cache",
+)
+
+# Arguments that would make decoding random or non-greedy, and why each is refused.
+_SAMPLING_REASONS = {
+    "do_sample": "sampling draws tokens at random",
+    "temperature": "a temperature only matters when sampling; even 1e-8 is sampling, not greedy",
+    "top_p": "nucleus sampling draws tokens at random",
+    "top_k": "top-k is a sampling filter; even top_k=1 runs the sampling path, which is not greedy",
+    "min_p": "min-p is a sampling filter",
+    "typical_p": "typical sampling draws tokens at random",
+    "epsilon_cutoff": "epsilon sampling draws tokens at random",
+    "eta_cutoff": "eta sampling draws tokens at random",
+    "num_beams": "beam search is not greedy decoding",
+    "num_beam_groups": "group beam search is not greedy decoding",
+    "diversity_penalty": "diverse beam search is not greedy decoding",
+    "penalty_alpha": "contrastive search is not greedy decoding",
+    "num_return_sequences": "several sequences per prompt need sampling or beams",
+    "assistant_model": "assisted decoding takes a different numeric path",
+    "prompt_lookup_num_tokens": "prompt-lookup decoding takes a different numeric path",
+    "generation_config": "a whole GenerationConfig can carry sampling settings; pass single arguments",
+    "logits_processor": "custom logits processors are not recorded in the golden",
+    "streamer": "streamers are not supported by the fixed-shape batching",
+}
+
+
+# Values of refused arguments that still mean plain greedy decoding (None always does).
+_NEUTRAL_VALUES: dict[str, tuple[float, ...]] = {
+    "temperature": (0,),
+    "top_p": (1,),
+    "min_p": (0,),
+    "typical_p": (1,),
+    "epsilon_cutoff": (0,),
+    "eta_cutoff": (0,),
+    "num_beams": (1,),
+    "num_beam_groups": (1,),
+    "diversity_penalty": (0,),
+    "num_return_sequences": (1,),
+}
+
+
+def _is_neutral(name: str, value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return name == "do_sample" and value is False
+    return isinstance(value, (int, float)) and value in _NEUTRAL_VALUES.get(name, ())
+
+
+def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,
+                              eos_token_ids: list[int], pad_token_id: int) -> dict[str, Any]:
+    """The effective greedy config: defaults, then accepted overrides; sampling arguments refused."""
+    effective: dict[str, Any] = {
+        "do_sample": False,
+        "num_beams": 1,
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": 0,
+        "repetition_penalty": 1.0,
+        "no_repeat_ngram_size": 0,
+        "eos_token_id": sorted(eos_token_ids),
+        "pad_token_id": pad_token_id,
+        "use_cache": True,
+    }
+    for name, value in overrides.items():
+        if name in _SAMPLING_REASONS:
+            if not _is_neutral(name, value):
+                raise SamplingRefusedError(name, value, _SAMPLING_REASONS[name])
+            continue
+        if name not in ACCEPTED_OVERRIDES:
+            raise SamplingRefusedError(
+                name, value, f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})"
+            )
+        if name == "eos_token_id":
+            value = sorted([value] if isinstance(value, int) else list(value))
+        effective[name] = value
+    return effective
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's greedy continuation and what the model computed at each step.
+
+    Step ``t`` holds: the chosen token ``token_ids[t]``, ``logit_hashes[t]`` (xxh3-64 of the raw
+    logits row, see :data:`pytest_llmdeterminism.capture.LOGIT_HASH_DEFINITION`),
+    ``top_logprobs[t]`` (the k best ``(token id, logprob)`` pairs) and ``margins[t]`` (top-1 minus
+    top-2 logprob: how sure the model was).
+    """
+
+    prompt: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    logit_hashes: tuple[str, ...]
+    top_logprobs: tuple[TopK, ...]
+    margins: tuple[float, ...]
+    finish_reason: str
+    generation_config: Mapping[str, Any]
+    batch_shape: str
+    pieces: tuple[str, ...] = ()
+    fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        steps = len(self.token_ids)
+        lengths = {len(self.logit_hashes), len(self.top_logprobs), len(self.margins)}
+        if lengths != {steps} or (self.pieces and len(self.pieces) != steps):
+            raise ValueError(f"Generation has inconsistent per-step lengths: {steps} tokens, {lengths}")
+
+    @property
+    def variant(self) -> str:
+        """The golden variant this generation belongs to: device class and dtype."""
+        return f"{self.fingerprint.get('device_class', 'cpu')}/{self.fingerprint.get('dtype', 'float32')}"

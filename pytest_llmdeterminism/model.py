@@ -1,0 +1,161 @@
+"""The ``llm_model`` fixture object: greedy generation in one fixed batch shape.
+
+Every call runs at exactly ``B x L``: prompts left-padded to ``L`` with an explicit attention
+mask, filler rows up to ``B``, longer lists in chunks of ``B``. On one machine the same prompt
+in the same shape gives bitwise identical logits whatever the other rows hold, so batching never
+changes a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence, overload
+
+from pytest_llmdeterminism.capture import StepCapture
+from pytest_llmdeterminism.determinism import deterministic_state
+from pytest_llmdeterminism.errors import PromptTooLongError
+from pytest_llmdeterminism.fingerprint import fingerprint
+from pytest_llmdeterminism.generation import Generation, resolve_generation_config
+from pytest_llmdeterminism.options import BatchShape
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.backends import LoadedModel
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Per-test settings: the options, overridden by the test's ``@deterministic(...)`` marker."""
+
+    batch_shape: BatchShape
+    max_new_tokens: int
+    seed: int
+
+
+class LLMModel:
+    """Greedy, fixed-shape generation with per-step capture. ``.model`` and ``.tokenizer`` are the
+    underlying transformers objects."""
+
+    def __init__(self, loaded: LoadedModel, settings: GenerationSettings) -> None:
+        self._loaded = loaded
+        self.settings = settings
+
+    @property
+    def model(self) -> Any:
+        return self._loaded.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._loaded.tokenizer
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint(self._loaded)
+
+    @overload
+    def generate(self, prompt: str, **overrides: Any) -> Generation: ...
+
+    @overload
+    def generate(self, prompt: Sequence[str], **overrides: Any) -> list[Generation]: ...
+
+    def generate(self, prompt: str | Sequence[str], **overrides: Any) -> Generation | list[Generation]:
+        """Greedy continuation of ``prompt`` (or of each prompt in a list).
+
+        ``overrides`` may set ``max_new_tokens``, ``min_new_tokens``, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``; sampling arguments are refused.
+        """
+        __tracebackhide__ = True
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise TypeError(f"llm_model.generate() takes a prompt string or a list of them, got {prompt!r}")
+        config = resolve_generation_config(
+            overrides,
+            max_new_tokens=self.settings.max_new_tokens,
+            eos_token_ids=self._eos_token_ids(),
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        encoded = [self._encode(p) for p in prompts]
+        rows = self.settings.batch_shape.rows
+        results: list[Generation] = []
+        for start in range(0, len(prompts), rows):
+            chunk = list(zip(prompts[start:start + rows], encoded[start:start + rows]))
+            results += self._generate_chunk(chunk, config)
+        return results[0] if isinstance(prompt, str) else results
+
+    def _eos_token_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return ids
+
+    def _encode(self, prompt: str) -> list[int]:
+        __tracebackhide__ = True
+        ids = list(self.tokenizer(prompt)["input_ids"])
+        if not ids:
+            raise ValueError(f"prompt {prompt!r} encodes to no tokens; give the model something to continue")
+        if len(ids) > self.settings.batch_shape.length:
+            raise PromptTooLongError(prompt, len(ids), str(self.settings.batch_shape))
+        return ids
+
+    def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: dict[str, Any]) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig
+
+        shape = self.settings.batch_shape
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((shape.rows, shape.length), pad, dtype=torch.long)
+        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
+        # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
+        for row in range(shape.rows):
+            ids = chunk[row][1] if row < len(chunk) else chunk[0][1]
+            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
+            attention_mask[row, shape.length - len(ids):] = 1
+        device = self._loaded.device
+        model = self.model
+        if model.training:
+            model.eval()  # dropout at inference is random; a test may have called .train()
+        checkpoint_config = model.generation_config
+        # generate() fills every unset field from model.generation_config, so a checkpoint's own
+        # sampling defaults would leak in; swap in a clean one for the call.
+        model.generation_config = GenerationConfig()
+        try:
+            with deterministic_state(self.settings.seed), torch.inference_mode(), \
+                    StepCapture(model, rows=len(chunk)) as capture:
+                output = model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
+                    generation_config=GenerationConfig(**config),
+                )
+                fingerprint_now = fingerprint(self._loaded)  # flags as they were for this call
+        finally:
+            model.generation_config = checkpoint_config
+        new_tokens = output[:, shape.length:].cpu().tolist()
+        eos = set(config["eos_token_id"])
+        return [
+            self._record(prompt, ids, new_tokens[row], capture.rows[row], config, eos, fingerprint_now)
+            for row, (prompt, ids) in enumerate(chunk)
+        ]
+
+    def _record(self, prompt: str, prompt_ids: list[int], tokens: list[int], steps: Any,
+                config: dict[str, Any], eos: set[int], fingerprint_now: dict[str, Any]) -> Generation:
+        finish_reason = "length"
+        for index, token in enumerate(tokens):
+            if token in eos:
+                tokens, finish_reason = tokens[: index + 1], "eos"
+                break
+        n = len(tokens)
+        decode = self.tokenizer.decode
+        return Generation(
+            prompt=prompt,
+            prompt_token_ids=tuple(prompt_ids),
+            token_ids=tuple(tokens),
+            text=decode(tokens, skip_special_tokens=True),
+            logit_hashes=tuple(steps.hashes[:n]),
+            top_logprobs=tuple(steps.top[:n]),
+            margins=tuple(steps.margins[:n]),
+            finish_reason=finish_reason,
+            generation_config=dict(config),
+            batch_shape=str(self.settings.batch_shape),
+            pieces=tuple(decode([t]) for t in tokens),
+            fingerprint=fingerprint_now,
+        )

@@ -1,0 +1,184 @@
+"""Every option and ini name, declared once, read once into a frozen :class:`Options`.
+
+A command-line option overrides its ini twin. Bad values stop pytest at start-up with a usage
+error that names the setting and shows a valid example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Literal
+
+from pytest_llmdeterminism.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pytest
+
+BUILTIN_PREFIX = "builtin:"
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_BATCH_SHAPE = "1x128"
+DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_SEED = 0
+UpdateMode = Literal["all", "new"]
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The one shape ``rows x length`` that every generation runs in."""
+
+    rows: int
+    length: int
+
+    @classmethod
+    def parse(cls, text: str, *, setting: str = "llm_batch_shape") -> BatchShape:
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            raise ConfigurationError(
+                setting, text, "expected 'BxL' (rows x padded prompt length), for example '4x64'"
+            )
+        return cls(int(match[1]), int(match[2]))
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.length}"
+
+
+@dataclass(frozen=True)
+class Options:
+    model: str | None
+    golden_dir: Path | None
+    batch_shape: BatchShape
+    dtype: str
+    device: str
+    seed: int
+    max_new_tokens: int
+    update: UpdateMode | None
+    rootdir: Path
+
+
+@dataclass(frozen=True)
+class _Setting:
+    ini: str
+    flag: str
+    help: str
+    default: str | None
+
+
+SETTINGS = (
+    _Setting("llm_model", "--llm-model",
+             "model under test: a local transformers folder, a .gguf file, or builtin:tiny", None),
+    _Setting("llm_golden_dir", "--llm-golden-dir",
+             "folder for golden files (default: a __golden__ folder beside each test file)", None),
+    _Setting("llm_batch_shape", "--llm-batch-shape",
+             f"BxL: the one batch shape every generation runs in (default {DEFAULT_BATCH_SHAPE})",
+             DEFAULT_BATCH_SHAPE),
+    _Setting("llm_dtype", "--llm-dtype", f"model dtype, one of {', '.join(DTYPES)} (default float32)",
+             "float32"),
+    _Setting("llm_device", "--llm-device", "torch device: auto, cpu, cuda or cuda:N (default auto)",
+             "auto"),
+    _Setting("llm_seed", "--llm-seed", f"seed set before every deterministic test (default {DEFAULT_SEED})",
+             str(DEFAULT_SEED)),
+    _Setting("llm_max_new_tokens", "--llm-max-new-tokens",
+             f"new tokens per generation unless a test says otherwise (default {DEFAULT_MAX_NEW_TOKENS})",
+             str(DEFAULT_MAX_NEW_TOKENS)),
+)
+
+
+def _update_mode(value: str) -> str:
+    if value in ("all", "new"):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected 'all' or 'new', got {value!r}. To update and name test paths, write "
+        "'--llm-golden-update=all PATH' (or put PATH before the flag)."
+    )
+
+
+def register(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmdeterminism", "LLM output regression testing (pytest-llmdeterminism)")
+    for setting in SETTINGS:
+        group.addoption(setting.flag, dest=setting.ini, default=None, help=setting.help)
+        parser.addini(setting.ini, setting.help, default=setting.default)
+    group.addoption(
+        "--llm-golden-update", dest="llm_golden_update", nargs="?", const="all", default=None,
+        type=_update_mode, metavar="all|new",
+        help="record goldens: 'all' (default) writes missing and changed ones, 'new' only missing ones",
+    )
+
+
+def read(config: pytest.Config) -> Options:
+    def value(ini: str) -> str | None:
+        cli = config.getoption(ini)
+        raw = cli if cli is not None else config.getini(ini)
+        return str(raw).strip() if raw not in (None, "") else None
+
+    rootdir = Path(config.rootpath)
+    golden_dir = value("llm_golden_dir")
+    return Options(
+        model=_model_spec(value("llm_model"), config),
+        golden_dir=(rootdir / golden_dir).resolve() if golden_dir else None,
+        batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
+        dtype=_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
+        device=_device(value("llm_device") or "auto"),
+        seed=_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
+        max_new_tokens=_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
+                                DEFAULT_MAX_NEW_TOKENS, minimum=1),
+        update=config.getoption("llm_golden_update"),
+        rootdir=rootdir,
+    )
+
+
+def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
+    """Resolve a path relative to the ini file that set it (or the rootdir), keep builtin: names."""
+    if spec is None or spec.startswith(BUILTIN_PREFIX):
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        base = config.inipath.parent if config.getoption("llm_model") is None and config.inipath else None
+        path = (base or Path.cwd()) / path
+    return str(path)
+
+
+def _choice(setting: str, raw: str, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise ConfigurationError(setting, raw, f"expected one of {', '.join(choices)}, e.g. '{choices[0]}'")
+    return raw
+
+
+def _device(raw: str) -> str:
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", raw):
+        raise ConfigurationError("llm_device", raw, "expected auto, cpu, mps, cuda or cuda:N, e.g. 'cpu'")
+    return raw
+
+
+def _integer(setting: str, raw: str | None, default: int, *, minimum: int) -> int:
+    if raw is None:
+        return default
+    try:
+        number = int(raw)
+    except ValueError:
+        number = minimum - 1
+    if number < minimum:
+        raise ConfigurationError(setting, raw, f"expected an integer >= {minimum}, e.g. '{default}'")
+    return number
+
+
+def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, object]:
+    """Check ``@deterministic(...)`` arguments; return them parsed."""
+    parsers: dict[str, Callable[[object], object]] = {
+        "seed": lambda v: _integer("@deterministic(seed=...)", str(v), DEFAULT_SEED, minimum=0),
+        "max_new_tokens": lambda v: _integer("@deterministic(max_new_tokens=...)", str(v), 1, minimum=1),
+        "batch_shape": lambda v: BatchShape.parse(str(v), setting="@deterministic(batch_shape=...)"),
+    }
+    parsed = {}
+    for key, raw in kwargs.items():
+        if key not in parsers:
+            raise ConfigurationError(
+                f"@deterministic({key}=...) in {nodeid}", raw,
+                f"unknown argument; accepted: {', '.join(sorted(parsers))}",
+            )
+        if isinstance(raw, bool) or (key != "batch_shape" and not isinstance(raw, int)):
+            raise ConfigurationError(f"@deterministic({key}=...) in {nodeid}", raw, "expected an integer")
+        parsed[key] = parsers[key](raw)
+    return parsed

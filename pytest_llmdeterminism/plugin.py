@@ -1,0 +1,114 @@
+"""pytest hooks and fixtures. Each one routes to the session object; the decisions live elsewhere."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Generator
+
+import pytest
+
+from pytest_llmdeterminism import determinism, options
+from pytest_llmdeterminism.session import MARKER, WORKER_OUTPUT_KEY, LLMSession
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.golden import GoldenTokens
+    from pytest_llmdeterminism.model import LLMModel
+
+SESSION = pytest.StashKey[LLMSession]()
+_SET_CUBLAS = pytest.StashKey[bool]()
+_MARKER_HELP = (
+    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None): run the test with fixed seeds, "
+    "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.register(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    # cuBLAS reads this once, when CUDA starts: set it before any conftest can import torch.
+    was_set = determinism.CUBLAS_WORKSPACE_CONFIG in os.environ
+    warning = determinism.ensure_cublas_workspace_config()
+    early_config.stash[_SET_CUBLAS] = not was_set
+    if warning:
+        early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER_HELP)
+    session = LLMSession(options.read(config))
+    config.stash[SESSION] = session
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistController(session), "llmdeterminism-xdist")
+    warning = determinism.cuda_started_without_workspace_config()
+    if warning:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_SET_CUBLAS, False):
+        os.environ.pop(determinism.CUBLAS_WORKSPACE_CONFIG, None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    if item.get_closest_marker(MARKER) is None:
+        return (yield)
+    with determinism.deterministic_state(item.config.stash[SESSION].settings_for(item).seed):
+        return (yield)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    llm = session.config.stash[SESSION]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller writes
+        workeroutput[WORKER_OUTPUT_KEY] = llm.worker_output()
+        return
+    llm.flush()
+    if llm.write_errors:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash[SESSION].summary_lines()
+    if lines:
+        terminalreporter.write_sep("-", "llm goldens")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+class _XdistController:
+    """Registered only when pytest-xdist is installed: merges what each worker recorded."""
+
+    def __init__(self, session: LLMSession) -> None:
+        self._session = session
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        data = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
+        if data:
+            self._session.merge_worker_output(data)
+
+
+@pytest.fixture
+def llm_model(request: pytest.FixtureRequest) -> LLMModel:
+    """The configured model: greedy, fixed-shape ``generate()`` with per-step capture."""
+    from pytest_llmdeterminism.model import LLMModel
+
+    session = request.config.stash[SESSION]
+    return LLMModel(session.loaded_model(), session.settings_for(request.node))
+
+
+@pytest.fixture
+def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
+    """``golden_tokens.check(generation, name=None)``: compare with (or record) the stored golden."""
+    from pytest_llmdeterminism.golden import GoldenTokens
+
+    session = request.config.stash[SESSION]
+
+    def decoder() -> Any:
+        tokenizer = session.loaded_model().tokenizer
+        return lambda token: tokenizer.decode([token])
+
+    return GoldenTokens(session, request.node.nodeid, request.node.path, decoder)

@@ -1,0 +1,124 @@
+"""The run: model cache, golden file cache, queued golden writes and outcome counts.
+
+Kept in ``config.stash``. Golden writes are decided during tests and flushed once at the end of
+the run. Under pytest-xdist, workers send their queued writes to the controller through
+``workeroutput`` and only the controller writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_llmdeterminism import report, store
+from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError
+from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.backends import LoadedModel
+    from pytest_llmdeterminism.generation import Generation
+    from pytest_llmdeterminism.model import GenerationSettings
+
+WORKER_OUTPUT_KEY = "llm_determinism"
+GOLDEN_FOLDER = "__golden__"
+MARKER = "deterministic"
+
+
+class LLMSession:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._models: dict[tuple[str, str, str], LoadedModel] = {}
+        self._goldens: dict[Path, store.Goldens] = {}
+        self.pending: dict[str, dict[str, dict[str, Any]]] = {}  # file -> key -> variant -> entry
+        self.counts: Counter[str] = Counter()
+        self.written: list[str] = []
+        self.write_errors: list[str] = []
+
+    # -- models ---------------------------------------------------------------------------
+    def loaded_model(self) -> LoadedModel:
+        from pytest_llmdeterminism import backends
+
+        spec = self.options.model
+        if spec is None:
+            raise ConfigurationError(
+                "llm_model", None,
+                "no model configured. Set llm_model in your pytest ini (e.g. llm_model = \"builtin:tiny\" "
+                "or a local folder / .gguf file) or pass --llm-model PATH",
+            )
+        key = (spec, self.options.dtype, self.options.device)
+        if key not in self._models:
+            self._models[key] = backends.load(spec, dtype=self.options.dtype, device=self.options.device)
+        return self._models[key]
+
+    def settings_for(self, item: pytest.Item) -> GenerationSettings:
+        from pytest_llmdeterminism.model import GenerationSettings
+
+        marker = item.get_closest_marker(MARKER)
+        given = validate_marker_kwargs(dict(marker.kwargs), item.nodeid) if marker else {}
+        if marker and marker.args:
+            raise ConfigurationError(f"@deterministic in {item.nodeid}", marker.args,
+                                     "takes keyword arguments only, e.g. @deterministic(max_new_tokens=24)")
+        shape = given.get("batch_shape", self.options.batch_shape)
+        assert isinstance(shape, BatchShape)
+        return GenerationSettings(
+            batch_shape=shape,
+            max_new_tokens=int(given.get("max_new_tokens", self.options.max_new_tokens)),  # type: ignore[call-overload]
+            seed=int(given.get("seed", self.options.seed)),  # type: ignore[call-overload]
+        )
+
+    # -- goldens --------------------------------------------------------------------------
+    def golden_path(self, test_path: Path) -> Path:
+        if self.options.golden_dir is None:
+            return test_path.parent / GOLDEN_FOLDER / f"{test_path.stem}.json"
+        try:
+            relative = test_path.relative_to(self.options.rootdir)
+        except ValueError:
+            relative = Path(test_path.name)
+        return self.options.golden_dir / relative.with_suffix(".json")
+
+    def display_path(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.options.rootdir))
+        except ValueError:
+            return str(path)
+
+    def goldens(self, path: Path) -> store.Goldens:
+        if path not in self._goldens:
+            self._goldens[path] = store.read(path)
+        return self._goldens[path]
+
+    def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
+        self.pending.setdefault(str(path), {}).setdefault(key, {})[generation.variant] = store.to_entry(generation)
+        self.count(outcome)
+
+    def count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+
+    # -- end of run -----------------------------------------------------------------------
+    def worker_output(self) -> str:
+        return json.dumps({"pending": self.pending, "counts": self.counts})
+
+    def merge_worker_output(self, data: str) -> None:
+        payload = json.loads(data)
+        for path, keys in payload["pending"].items():
+            for key, variants in keys.items():
+                self.pending.setdefault(path, {}).setdefault(key, {}).update(variants)
+        self.counts.update(payload["counts"])
+
+    def flush(self) -> None:
+        """Write every queued golden, one atomic write per file."""
+        for path, updates in sorted(self.pending.items()):
+            try:
+                store.merge(Path(path), updates)
+            except (GoldenFileError, OSError) as error:
+                self.write_errors.append(str(error))
+            else:
+                self.written.append(f"{self.display_path(Path(path))} ({len(updates)} golden{'s' * (len(updates) != 1)})")
+        self.pending.clear()
+
+    def summary_lines(self) -> list[str]:
+        return report.summary(dict(self.counts), self.written, self.write_errors)
