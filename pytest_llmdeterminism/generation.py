@@ -68,6 +68,7 @@ def _is_neutral(name: str, value: Any) -> bool:
 def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,
                               eos_token_ids: list[int], pad_token_id: int) -> dict[str, Any]:
     """The effective greedy config: defaults, then accepted overrides; sampling arguments refused."""
+    __tracebackhide__ = True
     effective: dict[str, Any] = {
         "do_sample": False,
         "num_beams": 1,

@@ -96,6 +96,7 @@ def llm_model(request: pytest.FixtureRequest) -> LLMModel:
     """The configured model: greedy, fixed-shape ``generate()`` with per-step capture."""
     from pytest_llmdeterminism.model import LLMModel
 
+    __tracebackhide__ = True
     session = request.config.stash[SESSION]
     return LLMModel(session.loaded_model(), session.settings_for(request.node))
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError
+from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, ModelLoadError
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ MARKER = "deterministic"
 class LLMSession:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self._models: dict[tuple[str, str, str], LoadedModel] = {}
+        self._models: dict[tuple[str, str, str], LoadedModel | ModelLoadError] = {}
         self._goldens: dict[Path, store.Goldens] = {}
         self.pending: dict[str, dict[str, dict[str, Any]]] = {}  # file -> key -> variant -> entry
         self.counts: Counter[str] = Counter()
@@ -40,6 +40,7 @@ class LLMSession:
 
     # -- models ---------------------------------------------------------------------------
     def loaded_model(self) -> LoadedModel:
+        __tracebackhide__ = True
         from pytest_llmdeterminism import backends
 
         spec = self.options.model
@@ -51,10 +52,17 @@ class LLMSession:
             )
         key = (spec, self.options.dtype, self.options.device)
         if key not in self._models:
-            self._models[key] = backends.load(spec, dtype=self.options.dtype, device=self.options.device)
-        return self._models[key]
+            try:
+                self._models[key] = backends.load(spec, dtype=self.options.dtype, device=self.options.device)
+            except ModelLoadError as error:
+                self._models[key] = error  # fail every test the same way, without loading again
+        loaded = self._models[key]
+        if isinstance(loaded, ModelLoadError):
+            raise loaded
+        return loaded
 
     def settings_for(self, item: pytest.Item) -> GenerationSettings:
+        __tracebackhide__ = True
         from pytest_llmdeterminism.model import GenerationSettings
 
         marker = item.get_closest_marker(MARKER)

@@ -32,6 +32,7 @@ class LoadedModel:
 
 def resolve(spec: str) -> tuple[str, Path]:
     """Classify a spec as a folder or a GGUF file, or fail naming the fix."""
+    __tracebackhide__ = True
     if spec.startswith(BUILTIN_PREFIX):
         name = spec[len(BUILTIN_PREFIX):]
         if name not in BUILTIN_MODELS:
@@ -54,6 +55,7 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str, *, dtype: str, device: str) -> LoadedModel:
+    __tracebackhide__ = True
     from pytest_llmdeterminism.backends import hf
 
     kind, path = resolve(spec)

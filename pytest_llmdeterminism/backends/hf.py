@@ -35,8 +35,10 @@ def pick_device(device: str) -> str:
 
 
 def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
+    __tracebackhide__ = True
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     device = pick_device(device)
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
@@ -52,6 +54,8 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
                 "Pickle checkpoints (pytorch_model.bin) are refused; convert them to safetensors "
                 "(model.save_pretrained(dir, safe_serialization=True)).",
             )
+    progress_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one model load per session; its progress bar is noise in test output
     try:
         with _offline():
             tokenizer = AutoTokenizer.from_pretrained(source, **common)
@@ -60,6 +64,9 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             )
     except (OSError, ValueError) as error:
         raise ModelLoadError(spec, f"{type(error).__name__}: {error}") from error
+    finally:
+        if progress_bars:
+            hf_logging.enable_progress_bar()
     model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None:

@@ -1,0 +1,88 @@
+"""Greedy decoding is enforced: sampling arguments are refused, neutral values accepted."""
+
+import pytest
+
+from pytest_llmdeterminism.errors import SamplingRefusedError
+from pytest_llmdeterminism.generation import resolve_generation_config
+
+
+def resolve(**overrides):
+    return resolve_generation_config(overrides, max_new_tokens=8, eos_token_ids=[2], pad_token_id=0)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "why"),
+    [
+        ("do_sample", True, "sampling draws tokens at random"),
+        ("temperature", 0.7, "only matters when sampling"),
+        ("temperature", 1e-8, "even 1e-8 is sampling"),
+        ("temperature", 1.0, "only matters when sampling"),
+        ("top_p", 0.9, "nucleus sampling"),
+        ("top_k", 50, "top-k is a sampling filter"),
+        ("top_k", 1, "even top_k=1"),
+        ("min_p", 0.05, "min-p"),
+        ("typical_p", 0.9, "typical sampling"),
+        ("epsilon_cutoff", 3e-4, "epsilon sampling"),
+        ("eta_cutoff", 3e-4, "eta sampling"),
+        ("num_beams", 4, "beam search is not greedy"),
+        ("num_beam_groups", 2, "group beam search"),
+        ("diversity_penalty", 0.5, "diverse beam search"),
+        ("penalty_alpha", 0.6, "contrastive search"),
+        ("num_return_sequences", 2, "several sequences"),
+        ("assistant_model", object(), "assisted decoding"),
+        ("prompt_lookup_num_tokens", 3, "prompt-lookup"),
+        ("generation_config", object(), "pass single arguments"),
+        ("logits_processor", [], "not recorded"),
+        ("streamer", object(), "streamers"),
+        ("guidance_scale", 1.5, "not a recorded greedy setting"),
+    ],
+)
+def test_sampling_argument_is_refused_with_its_name_and_reason(argument, value, why):
+    with pytest.raises(SamplingRefusedError) as info:
+        resolve(**{argument: value})
+    message = str(info.value)
+    assert f"llm_model.generate({argument}=" in message
+    assert why in message
+    assert f"remove {argument!r}" in message
+    assert info.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"do_sample": False}, {"temperature": None}, {"temperature": 0}, {"top_p": 1.0}, {"top_k": None},
+     {"num_beams": 1}, {"num_return_sequences": 1}],
+)
+def test_neutral_values_mean_greedy_and_are_not_recorded(overrides):
+    assert resolve(**overrides) == resolve()
+
+
+def test_do_sample_zero_is_not_mistaken_for_false():
+    with pytest.raises(SamplingRefusedError):
+        resolve(num_beams=True)
+
+
+def test_accepted_overrides_are_recorded():
+    config = resolve(max_new_tokens=3, repetition_penalty=1.3, no_repeat_ngram_size=2, eos_token_id=5)
+    assert config["max_new_tokens"] == 3
+    assert config["repetition_penalty"] == 1.3
+    assert config["no_repeat_ngram_size"] == 2
+    assert config["eos_token_id"] == [5]
+    assert config["do_sample"] is False and config["num_beams"] == 1
+
+
+def test_sampling_inside_a_deterministic_test_fails_at_the_users_line(suite):
+    suite.makepyfile(
+        """
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic
+        def test_sampled(llm_model):
+            llm_model.generate("The capital of France is", do_sample=True, temperature=0.7)
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        ">*llm_model.generate(*do_sample=True, temperature=0.7)",
+        "E*SamplingRefusedError: llm_model.generate(do_sample=True) refused: sampling draws tokens at random*",
+    ])

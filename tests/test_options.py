@@ -1,0 +1,90 @@
+import pytest
+
+from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.options import BatchShape
+
+
+@pytest.mark.parametrize(("text", "rows", "length"), [("4x64", 4, 64), (" 1X8 ", 1, 8), ("16x512", 16, 512)])
+def test_batch_shape_parses(text, rows, length):
+    assert BatchShape.parse(text) == BatchShape(rows, length)
+    assert str(BatchShape.parse(text)) == f"{rows}x{length}"
+
+
+@pytest.mark.parametrize("text", ["4by64", "0x64", "4x0", "4x", "x64", "-1x8", "4x64x2", ""])
+def test_batch_shape_rejects(text):
+    with pytest.raises(ConfigurationError, match=r"llm_batch_shape = .*expected 'BxL'.*'4x64'"):
+        BatchShape.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("ini", "expected"),
+    [
+        ("llm_batch_shape = 4by64", "llm_batch_shape = '4by64': expected 'BxL'*for example '4x64'"),
+        ("llm_dtype = fp32", "llm_dtype = 'fp32': expected one of float32, bfloat16, float16*"),
+        ("llm_device = gpu", "llm_device = 'gpu': expected auto, cpu, mps, cuda or cuda:N*"),
+        ("llm_seed = abc", "llm_seed = 'abc': expected an integer >= 0*"),
+        ("llm_max_new_tokens = 0", "llm_max_new_tokens = '0': expected an integer >= 1*"),
+    ],
+)
+def test_bad_ini_value_is_a_usage_error(pytester, ini, expected):
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {expected}"])
+
+
+def test_cli_overrides_ini_and_is_validated(pytester):
+    pytester.makeini("[pytest]\nllm_batch_shape = 4x64\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--llm-batch-shape", "2by8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: llm_batch_shape = '2by8'*"])
+
+
+def test_update_flag_with_a_path_after_it_explains(pytester):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--llm-golden-update", "tests/")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*expected 'all' or 'new', got 'tests/'*--llm-golden-update=all PATH*"])
+
+
+def test_no_model_configured_names_the_setting(pytester):
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no model configured*llm_model = \"builtin:tiny\"*--llm-model PATH*"])
+
+
+def test_missing_model_path_says_nothing_is_downloaded(pytester):
+    pytester.makeini("[pytest]\nllm_model = HuggingFaceTB/SmolLM2-135M\n")
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*cannot load llm_model*no such folder or .gguf file*never downloads*"])
+
+
+def test_pickle_checkpoint_is_refused(pytester):
+    folder = pytester.mkdir("ckpt")
+    (folder / "config.json").write_text("{}")
+    (folder / "pytorch_model.bin").write_bytes(b"not really a pickle")
+    pytester.makeini("[pytest]\nllm_model = ckpt\n")
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no [*].safetensors weights*Pickle checkpoints (pytorch_model.bin) are refused*"])
+
+
+def test_bad_marker_argument_names_it(suite):
+    suite.makepyfile(
+        """
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(temperature=0.5)
+        def test_x(llm_model):
+            pass
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@deterministic(temperature=...)*unknown argument; accepted: batch_shape, max_new_tokens, seed*"])
