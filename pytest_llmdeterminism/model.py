@@ -64,8 +64,8 @@ class LLMModel:
         ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``; sampling arguments are refused.
         """
         __tracebackhide__ = True
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts or not all(isinstance(p, str) for p in prompts):
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
             raise TypeError(f"llm_model.generate() takes a prompt string or a list of them, got {prompt!r}")
         config = resolve_generation_config(
             overrides,
@@ -73,6 +73,7 @@ class LLMModel:
             eos_token_ids=self._eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
         )
+        prompts = list(prompts)
         encoded = [self._encode(p) for p in prompts]
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []

@@ -1,0 +1,112 @@
+"""Greedy fixed-shape generation on the real tiny model (in process, no pytest plugin layer)."""
+
+import random
+
+import pytest
+import torch
+
+from pytest_llmdeterminism.errors import PromptTooLongError
+
+PROMPT = "The capital of France is"
+OTHERS = ["Hello there", "Count: one,", "The weather today is", "x", "def add(a, b):", "Once upon a time"]
+
+
+def test_checkpoint_sampling_defaults_are_overridden(make_llm, tiny):
+    # The tiny checkpoint ships do_sample=True, temperature=0.7, top_p=0.9, top_k=20 on purpose.
+    assert tiny.model.generation_config.do_sample is True
+    llm = make_llm(max_new_tokens=16)
+    first = llm.generate("My favourite food is")
+    # Greedy: every chosen token is the argmax of the raw logits the step recorded.
+    assert [top[0][0] for top in first.top_logprobs] == list(first.token_ids)
+    assert all(m >= 0 for m in first.margins)
+    assert first.generation_config["do_sample"] is False
+    assert all(llm.generate("My favourite food is") == first for _ in range(3))
+    assert tiny.model.generation_config.do_sample is True  # the checkpoint's config is put back
+
+
+def test_result_is_independent_of_batch_companions_and_row(make_llm):
+    llm = make_llm("4x32")
+    alone = llm.generate(PROMPT)
+    assert "Paris" in alone.text and alone.finish_reason == "eos"
+    for row in range(4):
+        companions = OTHERS[row:row + 3]
+        batch = companions[:row] + [PROMPT] + companions[row:]
+        assert llm.generate(batch)[row] == alone, f"row {row} of {batch}"
+
+
+def test_lists_longer_than_b_run_in_chunks_with_the_same_results(make_llm):
+    llm = make_llm("4x32", max_new_tokens=6)
+    prompts = [PROMPT, *OTHERS, "Q: What is the capital of Peru? A:", "The cat sat on the"]
+    together = llm.generate(prompts)
+    assert len(together) == len(prompts) == 9
+    assert together == [llm.generate(p) for p in prompts]
+    assert [g.prompt for g in together] == prompts
+
+
+def test_prompt_longer_than_the_shape_names_the_setting(make_llm):
+    llm = make_llm("2x8")
+    long_prompt = "Once upon a time there was a small model that liked to count."
+    with pytest.raises(PromptTooLongError) as info:
+        llm.generate(["x", long_prompt])
+    message = str(info.value)
+    assert "llm_batch_shape '2x8' allows 8" in message
+    assert f'llm_batch_shape = "2x{1 << (info.value.n_tokens - 1).bit_length()}"' in message
+    assert info.value.n_tokens > 8
+
+
+def test_rng_consumption_before_generate_changes_nothing(make_llm):
+    llm = make_llm()
+    reference = llm.generate(PROMPT)
+    torch.rand(1000)
+    random.random()
+    torch.manual_seed(12345)
+    assert llm.generate(PROMPT) == reference
+
+
+def test_train_mode_left_on_by_a_test_is_switched_off(make_llm, tiny):
+    llm = make_llm()
+    reference = llm.generate("Once upon a time")
+    tiny.model.train()
+    try:
+        assert llm.generate("Once upon a time") == reference
+        assert not tiny.model.training
+    finally:
+        tiny.model.eval()
+
+
+def test_logit_hash_is_taken_before_logits_processors(make_llm):
+    # A repetition penalty rewrites the scores of every step, step 0 included (it penalises the
+    # prompt's tokens), but not the model's raw output: the first step's hash must not move.
+    llm = make_llm(max_new_tokens=4)
+    plain = llm.generate("Count: one,")
+    penalised = llm.generate("Count: one,", repetition_penalty=5.0)
+    assert penalised.logit_hashes[0] == plain.logit_hashes[0]
+    assert penalised.generation_config["repetition_penalty"] == 5.0
+    assert penalised.token_ids != plain.token_ids  # the penalty did act on the processed scores
+
+
+def test_step_records_are_consistent(make_llm):
+    gen = make_llm(max_new_tokens=10).generate("Once upon a time")
+    assert gen.finish_reason == "length" and len(gen.token_ids) == 10
+    assert len(set(gen.logit_hashes)) == 10 and all(len(h) == 16 for h in gen.logit_hashes)
+    for top, margin in zip(gen.top_logprobs, gen.margins):
+        assert len(top) == 5
+        assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+        assert margin == pytest.approx(top[0][1] - top[1][1], abs=2e-6)
+    assert "".join(gen.pieces) == gen.text
+
+
+def test_tiny_model_has_clear_winners_and_some_near_ties(make_llm):
+    llm = make_llm(max_new_tokens=6)
+    prompts = [PROMPT, "My favourite colour is", "The weather today is", "The cat sat on the", "Count: one,"]
+    margins = [m for g in llm.generate(prompts) for m in g.margins]
+    assert sum(m > 2.0 for m in margins) > len(margins) * 0.7
+    assert 1 <= sum(m < 0.5 for m in margins) <= 5
+
+
+def test_bad_prompt_values(make_llm):
+    llm = make_llm()
+    with pytest.raises(TypeError, match="takes a prompt string or a list"):
+        llm.generate(42)
+    with pytest.raises(TypeError):
+        llm.generate([])
