@@ -55,11 +55,13 @@ def compare(expected: Generation, actual: Generation) -> Comparison:
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
     steps = min(len(expected.token_ids), len(actual.token_ids))
-    first_hash = next((t for t in range(steps) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
     token_step = next((t for t in range(steps) if expected.token_ids[t] != actual.token_ids[t]), None)
     if token_step is None and len(expected.token_ids) != len(actual.token_ids):
         token_step = steps  # one side stopped (EOS) where the other went on
     compared = steps if token_step is None else token_step
+    # Steps after a token divergence see different inputs: nothing there is evidence.
+    hashed = min(steps, compared + 1)
+    first_hash = next((t for t in range(hashed) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
     delta = _max_logprob_delta(expected.top_logprobs[:compared], actual.top_logprobs[:compared])
     if token_step is None:
         verdict = Verdict.IDENTICAL if first_hash is None else Verdict.LOGIT_DRIFT

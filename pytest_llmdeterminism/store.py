@@ -76,11 +76,11 @@ def from_entry(entry: Mapping[str, Any]) -> Generation:
 def read(path: Path) -> Goldens:
     """The goldens in ``path`` ({} when it does not exist). Raises :class:`GoldenFileError`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
     try:
-        document = json.loads(text)
+        document = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise GoldenFileError(path, f"is not valid JSON ({error})", _RESTORE_FIX) from None
     if not isinstance(document, dict) or "schema" not in document:

@@ -1,0 +1,34 @@
+"""Hypothesis strategies for Generation records (test helpers, not public API)."""
+
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism.generation import Generation
+
+_logprob = st.floats(min_value=-30, max_value=0, allow_nan=False).map(lambda v: round(v, 6))
+
+
+@st.composite
+def generations(draw, steps=st.integers(min_value=0, max_value=12)):
+    n = draw(steps)
+    tops = []
+    for _ in range(n):
+        values = sorted(draw(st.lists(_logprob, min_size=2, max_size=5)), reverse=True)
+        ids = draw(st.lists(st.integers(0, 50_000), min_size=len(values), max_size=len(values), unique=True))
+        tops.append(tuple(zip(ids, values)))
+    text = st.text(max_size=20)
+    return Generation(
+        prompt=draw(text),
+        prompt_token_ids=tuple(draw(st.lists(st.integers(0, 50_000), min_size=1, max_size=10))),
+        token_ids=tuple(top[0][0] for top in tops),
+        text=draw(text),
+        logit_hashes=tuple(draw(st.lists(st.text("0123456789abcdef", min_size=16, max_size=16),
+                                         min_size=n, max_size=n))),
+        top_logprobs=tuple(tops),
+        margins=tuple(round(top[0][1] - top[1][1], 6) for top in tops),
+        finish_reason=draw(st.sampled_from(["eos", "length"])),
+        generation_config={"do_sample": False, "max_new_tokens": draw(st.integers(1, 64)), "eos_token_id": [2]},
+        batch_shape=draw(st.sampled_from(["1x64", "4x32"])),
+        pieces=tuple(draw(st.lists(text, min_size=n, max_size=n))),
+        fingerprint={"device_class": "cpu", "dtype": draw(st.sampled_from(["float32", "bfloat16"])),
+                     "torch": "2.13.0"},
+    )

@@ -1,0 +1,93 @@
+"""The pure comparator: one verdict per check, input changes first, first divergence only."""
+
+import dataclasses
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.generation import Generation
+
+from .strategies_for_tests import generations
+
+
+def replace_step(gen, step, *, token=None, hash_=None, top=None):
+    def swap(seq, value):
+        return tuple(value if i == step else v for i, v in enumerate(seq))
+
+    changes = {}
+    if token is not None:
+        changes["token_ids"] = swap(gen.token_ids, token)
+    if hash_ is not None:
+        changes["logit_hashes"] = swap(gen.logit_hashes, hash_)
+    if top is not None:
+        changes["top_logprobs"] = swap(gen.top_logprobs, top)
+    return dataclasses.replace(gen, **changes)
+
+
+@given(generations())
+def test_identical_inputs_are_identical(gen):
+    result = compare(gen, gen)
+    assert result.verdict is Verdict.IDENTICAL and result.passed
+    assert result.divergence is None and result.first_hash_step is None
+
+
+@given(generations(steps=st.integers(1, 10)), st.data())
+def test_hash_only_change_is_logit_drift_at_that_step(gen, data):
+    step = data.draw(st.integers(0, len(gen.token_ids) - 1))
+    actual = replace_step(gen, step, hash_="ffffffffffffffff")
+    assume(actual.logit_hashes[step] != gen.logit_hashes[step])
+    result = compare(gen, actual)
+    assert result.verdict is Verdict.LOGIT_DRIFT and not result.passed
+    assert result.first_hash_step == step
+
+
+@given(generations(steps=st.integers(2, 10)), st.data())
+def test_divergence_at_step_t_never_inspects_later_steps(gen, data):
+    step = data.draw(st.integers(0, len(gen.token_ids) - 2))
+    diverged = replace_step(gen, step, token=gen.token_ids[step] + 1)
+    first = compare(gen, diverged)
+    assert first.divergence is not None and first.divergence.step == step
+    assert first.verdict in (Verdict.REGRESSION, Verdict.TIE_FLIP)
+    # Rewrite everything after the divergence: the comparison must not change.
+    later = {"token_ids": diverged.token_ids[: step + 1] + (7,) * (len(gen.token_ids) - step - 1),
+             "logit_hashes": diverged.logit_hashes[: step + 1] + ("0" * 16,) * (len(gen.token_ids) - step - 1)}
+    assert compare(gen, dataclasses.replace(diverged, **later)) == first
+
+
+def test_confident_divergence_is_a_regression_and_near_tie_is_a_tie_flip():
+    def gen(tokens, margins, tops):
+        n = len(tokens)
+        return Generation(prompt="p", prompt_token_ids=(1, 2), token_ids=tuple(tokens), text="",
+                          logit_hashes=tuple(f"{i:016x}" for i in range(n)), top_logprobs=tuple(tops),
+                          margins=tuple(margins), finish_reason="length", generation_config={},
+                          batch_shape="1x8", fingerprint={"dtype": "float32"})
+
+    tops = [((5, -0.1), (6, -3.0)), ((8, -0.693), (9, -0.694))]
+    golden = gen([5, 8], [2.9, 0.001], tops)
+    regression = compare(golden, gen([6, 8], [1.0, 0.001], [((6, -0.5), (5, -1.5)), tops[1]]))
+    assert regression.verdict is Verdict.REGRESSION and regression.divergence.step == 0
+    assert regression.divergence.golden_margin == 2.9
+    flip = compare(golden, gen([5, 9], [2.9, 0.002], [tops[0], ((9, -0.692), (8, -0.694))]))
+    assert flip.verdict is Verdict.TIE_FLIP and flip.divergence.step == 1
+    assert flip.first_hash_step is None  # hashes here were equal up to the flip
+    outside_top = compare(golden, gen([5, 42], [2.9, 0.002], [tops[0], ((42, -0.1), (8, -3.0))]))
+    assert outside_top.verdict is Verdict.REGRESSION  # a near tie, but not with the golden's runner-up
+    stopped = compare(golden, gen([5], [2.9], tops[:1]))  # actual hit EOS one step early
+    assert stopped.divergence.step == 1 and stopped.divergence.actual_token == -1
+    assert stopped.verdict is Verdict.REGRESSION
+
+
+@given(generations(steps=st.integers(1, 6)))
+def test_input_changes_are_reported_first_and_outputs_not_compared(gen):
+    changed = dataclasses.replace(
+        gen, prompt_token_ids=gen.prompt_token_ids + (3,), batch_shape="2x40",
+        generation_config={**gen.generation_config, "max_new_tokens": 99},
+        token_ids=tuple(t + 1 for t in gen.token_ids),
+    )
+    result = compare(gen, changed)
+    assert result.verdict is Verdict.INPUT_CHANGED and result.divergence is None
+    fields = {name: (old, new) for name, old, new in result.input_changes}
+    assert fields["batch_shape"] == (gen.batch_shape, "2x40")
+    assert fields["generation_config.max_new_tokens"] == (gen.generation_config["max_new_tokens"], 99)
+    assert fields["prompt_token_ids"][1] == changed.prompt_token_ids

@@ -1,0 +1,115 @@
+"""Golden files: round trips, stable formatting, atomic writes, and loud failures on bad files."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism import store
+from pytest_llmdeterminism.errors import GoldenFileError
+
+from .strategies_for_tests import generations
+
+
+@given(generations())
+def test_generation_round_trips_through_the_file_format(gen):
+    text = store.dumps({"test_x": {gen.variant: store.to_entry(gen)}})
+    loaded = store.from_entry(json.loads(text)["goldens"]["test_x"][gen.variant])
+    assert loaded == gen
+    assert loaded.fingerprint == gen.fingerprint
+
+
+@given(st.lists(generations(steps=st.integers(1, 4)), min_size=1, max_size=4))
+def test_formatting_is_stable_and_sorted(gens):
+    goldens = {f"test_{i}": {g.variant: store.to_entry(g)} for i, g in enumerate(gens)}
+    text = store.dumps(goldens)
+    again = store.dumps(json.loads(text)["goldens"])
+    assert text == again
+    assert text.endswith("}\n")
+    # One line per generated step, so a review diff shows exactly the steps that changed.
+    step_lines = [line for line in text.splitlines() if line.lstrip().startswith('{"hash"')]
+    assert len(step_lines) == sum(len(g.token_ids) for g in gens)
+
+
+def _write_one(tmp_path, gen):
+    path = tmp_path / "__golden__" / "test_m.json"
+    store.write(path, {"test_x": {gen.variant: store.to_entry(gen)}})
+    return path
+
+
+@given(gen=generations(steps=st.integers(1, 3)), cut=st.integers(min_value=2, max_value=10_000))
+@settings(max_examples=50)
+def test_truncated_file_never_passes_silently(tmp_path_factory, gen, cut):
+    # Cutting only the final newline leaves valid JSON; any deeper cut must be caught.
+    path = _write_one(tmp_path_factory.mktemp("g"), gen)
+    data = path.read_bytes()
+    path.write_bytes(data[: max(0, len(data) - cut)])
+    with pytest.raises(GoldenFileError) as info:
+        store.read(path)
+    assert str(path) in str(info.value)
+
+
+def test_corrupt_file_error_names_the_file_and_the_fix(tmp_path):
+    path = tmp_path / "test_m.json"
+    path.write_text('{"schema": 1, "goldens": {')
+    with pytest.raises(GoldenFileError, match=r"test_m.json' is not valid JSON.*left untouched.*git checkout"):
+        store.read(path)
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ('{"schema": 99, "goldens": {}}', "schema version 99; this pytest-llmdeterminism reads version 1"),
+    ('{"goldens": {}}', "no 'schema' field"),
+    ("[1, 2]", "no 'schema' field"),
+])
+def test_unknown_schema_is_named(tmp_path, content, problem):
+    path = tmp_path / "test_m.json"
+    path.write_text(content)
+    with pytest.raises(GoldenFileError, match=problem):
+        store.read(path)
+
+
+def test_changed_hash_definition_is_a_schema_error(tmp_path):
+    path = tmp_path / "test_m.json"
+    path.write_text(json.dumps({"schema": 1, "logit_hash": "md5 of something else", "goldens": {}}))
+    with pytest.raises(GoldenFileError, match="hashes logits as 'md5 of something else'"):
+        store.read(path)
+
+
+def test_malformed_entry_is_named(tmp_path):
+    path = tmp_path / "test_m.json"
+    path.write_text(store.dumps({"test_x": {"cpu/float32": {"prompt": "x"}}}))
+    with pytest.raises(GoldenFileError, match="malformed 'goldens' section"):
+        store.read(path)
+
+
+def test_missing_file_reads_as_empty(tmp_path):
+    assert store.read(tmp_path / "nope.json") == {}
+
+
+@given(generations(steps=st.integers(1, 3)), generations(steps=st.integers(1, 3)))
+@settings(max_examples=20)
+def test_merge_keeps_other_keys_and_variants(tmp_path_factory, first, second):
+    path = tmp_path_factory.mktemp("m") / "test_m.json"
+    store.write(path, {"test_a": {"cpu/float32": store.to_entry(first)},
+                       "test_b": {"cuda/bfloat16": store.to_entry(first)}})
+    store.merge(path, {"test_b": {"cpu/float32": store.to_entry(second)}})
+    goldens = store.read(path)
+    assert store.from_entry(goldens["test_a"]["cpu/float32"]) == first
+    assert store.from_entry(goldens["test_b"]["cuda/bfloat16"]) == first
+    assert store.from_entry(goldens["test_b"]["cpu/float32"]) == second
+    assert [p.name for p in path.parent.iterdir()] == ["test_m.json"]  # no temp file left behind
+
+
+def test_write_failure_leaves_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "test_m.json"
+    path.write_text("original")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        store.write(path, {})
+    assert path.read_text() == "original"
+    assert [p.name for p in tmp_path.iterdir()] == ["test_m.json"]
