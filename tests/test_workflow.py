@@ -1,0 +1,219 @@
+"""The user's journey through pytest itself (pytester): record, check, catch a changed model, accept."""
+
+import json
+
+import pytest
+
+from .conftest import perturbed_tiny_copy
+
+SUITE = """
+import pytest
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=6)
+def test_capital(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Q: What is the capital of Japan? A:"))
+
+@deterministic
+@pytest.mark.parametrize("prompt", ["Count: one,", "The cat sat on the"])
+def test_param(llm_model, golden_tokens, prompt):
+    golden_tokens.check(llm_model.generate(prompt))
+
+@deterministic
+def test_two_checks(llm_model, golden_tokens):
+    first, second = llm_model.generate(["The colour of the sky is", "Hello, world!"])
+    golden_tokens.check(first)
+    golden_tokens.check(second)
+    golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")
+"""
+GOLDEN = "__golden__/test_suite.json"
+
+
+@pytest.fixture
+def project(suite):
+    suite.makepyfile(test_suite=SUITE)
+    return suite
+
+
+def golden_keys(project):
+    return sorted(json.loads((project.path / GOLDEN).read_text())["goldens"])
+
+
+def test_first_run_fails_naming_the_update_flag_and_writes_nothing(project):
+    result = project.runpytest()
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines([
+        "E*no golden recorded for 'test_capital' in __golden__/test_suite.json [[]'test_capital'][[]'cpu/float32'].",
+        "E*Record it with: pytest test_suite.py::test_capital --llm-golden-update",
+        "golden checks: 4 MISSING",
+    ])
+    result.stdout.fnmatch_lines(["E*Record it with: pytest 'test_suite.py::test_param[[]Count: one,]' --llm-golden-update"])
+    assert not (project.path / "__golden__").exists()
+
+
+def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
+    recorded = project.runpytest("--llm-golden-update")
+    recorded.assert_outcomes(passed=4)
+    recorded.stdout.fnmatch_lines(["golden checks: 6 recorded", "wrote __golden__/test_suite.json (6 goldens)"])
+    assert golden_keys(project) == [
+        "test_capital", "test_param[Count: one,]", "test_param[The cat sat on the]",
+        "test_two_checks", "test_two_checks#2", "test_two_checks::code",
+    ]
+    checked = project.runpytest()
+    checked.assert_outcomes(passed=4)
+    checked.stdout.fnmatch_lines(["golden checks: 6 IDENTICAL"])
+
+    before = (project.path / GOLDEN).read_bytes()
+    changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    failed = project.runpytest(f"--llm-model={changed_model}", "-k", "capital")
+    failed.assert_outcomes(failed=1, deselected=3)
+    failed.stdout.fnmatch_lines([
+        "E*golden mismatch in 'test_capital': REGRESSION at step 0 — expected ' Tokyo' (id *), "
+        "got ' Rome' (id *); golden margin * (confident)",
+        "E*expected: [[]step 0] ' Tokyo'(*",
+        "E*got:      [[]step 0] ' Rome'(*",
+        "E*expected top-5 at step 0: ' Tokyo' *",
+        "E*environment changed since recording:",
+        "E*weights_hash: '*' -> '*'",
+        "E*Accept with: pytest test_suite.py::test_capital --llm-golden-update",
+    ])
+    assert (project.path / GOLDEN).read_bytes() == before  # a failing check never writes
+
+    accepted = project.runpytest(f"--llm-model={changed_model}", "--llm-golden-update")
+    accepted.assert_outcomes(passed=4)
+    accepted.stdout.fnmatch_lines(["golden checks: *updated*"])
+    assert (project.path / GOLDEN).read_bytes() != before
+    project.runpytest(f"--llm-model={changed_model}").assert_outcomes(passed=4)
+    project.runpytest().assert_outcomes(failed=4)  # the original model no longer matches
+
+
+def test_tiny_weight_noise_is_logit_drift_with_tokens_unchanged(project, tmp_path):
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
+    result = project.runpytest(f"--llm-model={drifted}", "-k", "capital")
+    result.assert_outcomes(failed=1, deselected=3)
+    result.stdout.fnmatch_lines([
+        "E*golden mismatch in 'test_capital': LOGIT_DRIFT at step 0 — same tokens, logits differ*fails under 'exact'",
+        "E*all * tokens match: ' Tokyo.'",
+    ])
+
+
+def test_update_new_records_only_missing_goldens(project, tmp_path):
+    project.runpytest("--llm-golden-update", "-k", "capital").assert_outcomes(passed=1, deselected=3)
+    assert golden_keys(project) == ["test_capital"]
+    changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    result = project.runpytest(f"--llm-model={changed_model}", "--llm-golden-update=new")
+    result.assert_outcomes(passed=3, failed=1)  # the changed capital still fails; the rest is recorded
+    result.stdout.fnmatch_lines(["*REGRESSION at step 0*"])
+    assert len(golden_keys(project)) == 6
+
+
+def test_k_selection_and_test_order_do_not_change_results(project):
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    project.runpytest("-k", "two_checks").assert_outcomes(passed=1, deselected=3)
+    project.runpytest("-k", "not capital", "-p", "no:randomly").assert_outcomes(passed=3, deselected=1)
+    reverse = project.makeconftest("def pytest_collection_modifyitems(items): items.reverse()")
+    assert reverse.exists()
+    project.runpytest().assert_outcomes(passed=4)
+
+
+def test_corrupt_golden_is_named_and_kept(project):
+    (project.path / "__golden__").mkdir()
+    corrupt = project.path / GOLDEN
+    corrupt.write_text('{"schema": 1, "goldens": {"test_capital": ')
+    for args in ([], ["--llm-golden-update"]):
+        result = project.runpytest(*args)
+        result.assert_outcomes(failed=4)
+        result.stdout.fnmatch_lines(["E*GoldenFileError: golden file '*test_suite.json' is not valid JSON*"
+                                     "left untouched*git checkout*"])
+        assert corrupt.read_text() == '{"schema": 1, "goldens": {"test_capital": '
+
+
+def test_checking_the_same_name_twice_is_an_error(suite):
+    suite.makepyfile(
+        """
+        def test_twice(llm_model, golden_tokens):
+            result = llm_model.generate("x")
+            golden_tokens.check(result, name="a")
+            golden_tokens.check(result, name="a")
+        """
+    )
+    result = suite.runpytest("--llm-golden-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E*golden 'test_twice::a' is checked twice in one test; give each check its own name="])
+
+
+def test_golden_dir_option_mirrors_the_test_tree(suite):
+    suite.mkpydir("pkg")
+    suite.path.joinpath("pkg", "test_in_pkg.py").write_text(
+        "def test_a(llm_model, golden_tokens):\n    golden_tokens.check(llm_model.generate('x'))\n"
+    )
+    suite.runpytest("--llm-golden-update", "--llm-golden-dir=goldens").assert_outcomes(passed=1)
+    assert (suite.path / "goldens" / "pkg" / "test_in_pkg.json").is_file()
+    suite.runpytest("--llm-golden-dir=goldens").assert_outcomes(passed=1)
+
+
+def test_global_torch_state_is_restored_after_a_deterministic_test(suite):
+    suite.makepyfile(
+        """
+        import random
+        import torch
+        from pytest_llmdeterminism import deterministic
+
+        seen = {}
+
+        def snapshot():
+            return {
+                "deterministic": torch.are_deterministic_algorithms_enabled(),
+                "matmul": torch.backends.cuda.matmul.fp32_precision,
+                "precision": torch.get_float32_matmul_precision(),
+                "cudnn": (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark),
+                "torch_rng": torch.get_rng_state().tolist(),
+                "python_rng": random.getstate(),
+            }
+
+        def test_0_before():
+            torch.manual_seed(99)
+            random.seed(99)
+            seen["before"] = snapshot()
+
+        @deterministic(seed=3)
+        def test_1_deterministic(llm_model):
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.initial_seed() == 3
+            llm_model.generate("hello")
+            torch.rand(10)
+
+        def test_2_after():
+            assert snapshot() == seen["before"]
+            assert not torch.are_deterministic_algorithms_enabled()
+        """
+    )
+    suite.runpytest("-p", "no:randomly").assert_outcomes(passed=3)
+
+
+def test_xdist_update_of_many_parametrized_cases_loses_nothing(suite):
+    pytest.importorskip("xdist")
+    suite.makepyfile(
+        test_many="""
+        import pytest
+
+        PROMPTS = [f"Count: {n}," for n in ["one", "two", "three", "four", "five", "six"]] + [
+            f"Q: What is the capital of {c}? A:" for c in
+            ["France", "Germany", "Italy", "Spain", "Japan", "Egypt", "Peru", "Kenya", "Canada", "Norway",
+             "Greece", "Chile"]
+        ] + ["The sky is", "The cat sat on the", "The weather today is", "My favourite colour is",
+             "Once upon a time", "Hello, world!"]
+
+        @pytest.mark.parametrize("prompt", PROMPTS)
+        def test_case(llm_model, golden_tokens, prompt):
+            golden_tokens.check(llm_model.generate(prompt, max_new_tokens=4))
+        """
+    )
+    recorded = suite.runpytest_subprocess("-n", "2", "--llm-golden-update")
+    recorded.assert_outcomes(passed=24)
+    recorded.stdout.fnmatch_lines(["golden checks: 24 recorded", "wrote __golden__/test_many.json (24 goldens)"])
+    goldens = json.loads((suite.path / "__golden__" / "test_many.json").read_text())["goldens"]
+    assert len(goldens) == 24
+    suite.runpytest_subprocess("-n", "2").assert_outcomes(passed=24)
+    suite.runpytest_subprocess("-p", "no:xdist").assert_outcomes(passed=24)
