@@ -30,13 +30,21 @@ class RowSteps:
 
 
 class StepCapture:
-    """Context manager: records every forward step of ``model`` for the first ``rows`` rows."""
+    """Context manager: records every forward step of ``model`` for the first ``rows`` rows.
+
+    Per step it keeps one hash per row and a ``rows x k`` top-k; the per-row records are built
+    once, when the block ends, so the hot path is a few tensor ops and ``rows`` hash calls.
+    """
 
     def __init__(self, model: torch.nn.Module, rows: int, top_k: int = TOP_K) -> None:
         self._model = model
         self._top_k = top_k
-        self.rows = [RowSteps() for _ in range(rows)]
+        self._n_rows = rows
+        self._hashes: list[list[str]] = []
+        self._top_values: list[torch.Tensor] = []
+        self._top_ids: list[torch.Tensor] = []
         self._handle: Any = None
+        self.rows: list[RowSteps] = []
 
     def __enter__(self) -> StepCapture:
         self._handle = self._model.register_forward_hook(self._on_forward)
@@ -44,6 +52,7 @@ class StepCapture:
 
     def __exit__(self, *exc: object) -> None:
         self._handle.remove()
+        self.rows = self._per_row()
 
     def _on_forward(self, module: Any, args: Any, output: Any) -> None:
         import numpy as np
@@ -51,15 +60,27 @@ class StepCapture:
         import xxhash
 
         logits = output.logits if hasattr(output, "logits") else output[0]
-        last = logits[: len(self.rows), -1, :].detach().to(torch.float32)
-        logprobs = torch.log_softmax(last, dim=-1)
-        top = torch.topk(logprobs, k=min(self._top_k, logprobs.shape[-1]), dim=-1)
+        last = logits[: self._n_rows, -1, :].detach().to(torch.float32)
         raw = np.ascontiguousarray(last.cpu().numpy(), dtype="<f4")
-        top_ids = top.indices.cpu().tolist()
-        top_values = top.values.cpu().tolist()
-        for row, steps in enumerate(self.rows):
-            steps.hashes.append(xxhash.xxh3_64_hexdigest(raw[row]))
-            values = [round(v, LOGPROB_DECIMALS) for v in top_values[row]]
-            steps.top.append(tuple(zip(top_ids[row], values)))
-            margin = top_values[row][0] - top_values[row][1] if len(values) > 1 else float("inf")
-            steps.margins.append(round(margin, LOGPROB_DECIMALS))
+        self._hashes.append([xxhash.xxh3_64_hexdigest(row) for row in raw])
+        top = torch.topk(torch.log_softmax(last, dim=-1), k=min(self._top_k, last.shape[-1]), dim=-1)
+        self._top_values.append(top.values)
+        self._top_ids.append(top.indices)
+
+    def _per_row(self) -> list[RowSteps]:
+        import torch
+
+        if not self._hashes:
+            return [RowSteps() for _ in range(self._n_rows)]
+        values = torch.stack(self._top_values, dim=1).cpu().tolist()  # rows x steps x k
+        ids = torch.stack(self._top_ids, dim=1).cpu().tolist()
+        rows = []
+        for row in range(self._n_rows):
+            steps = RowSteps(hashes=[h[row] for h in self._hashes])
+            for step_ids, step_values in zip(ids[row], values[row]):
+                rounded = [round(v, LOGPROB_DECIMALS) for v in step_values]
+                steps.top.append(tuple(zip(step_ids, rounded)))
+                margin = step_values[0] - step_values[1] if len(step_values) > 1 else float("inf")
+                steps.margins.append(round(margin, LOGPROB_DECIMALS))
+            rows.append(steps)
+        return rows

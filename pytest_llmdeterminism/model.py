@@ -146,6 +146,7 @@ class LLMModel:
                 break
         n = len(tokens)
         decode = self.tokenizer.decode
+        pieces = self.tokenizer.batch_decode([[t] for t in tokens]) if tokens else []
         return Generation(
             prompt=prompt,
             prompt_token_ids=tuple(prompt_ids),
@@ -157,6 +158,6 @@ class LLMModel:
             finish_reason=finish_reason,
             generation_config=dict(config),
             batch_shape=str(self.settings.batch_shape),
-            pieces=tuple(decode([t]) for t in tokens),
+            pieces=tuple(pieces),
             fingerprint=fingerprint_now,
         )

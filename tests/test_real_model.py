@@ -1,0 +1,44 @@
+"""The real SmolLM2-135M-Instruct model (GGUF, dequantised to fp32), through pytest itself.
+
+Two separate pytest processes: the first records goldens, the second must reproduce every token
+and every logit hash bit for bit.
+"""
+
+import json
+
+REAL_SUITE = """
+from pytest_llmdeterminism import deterministic
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "The three primary colours are"]
+
+@deterministic(max_new_tokens=12)
+def test_capital(llm_model, golden_tokens):
+    result = llm_model.generate("The capital of France is")
+    assert "Paris" in result.text
+    golden_tokens.check(result)
+
+@deterministic(max_new_tokens=8)
+def test_batch_matches_alone(llm_model, golden_tokens):
+    batched = llm_model.generate(PROMPTS)
+    for prompt, result in zip(PROMPTS, batched):
+        assert llm_model.generate(prompt) == result
+        golden_tokens.check(result, name=prompt)
+"""
+
+
+def test_smollm2_goldens_reproduce_bitwise_in_a_second_process(pytester, smollm2_gguf):
+    pytester.makeini(f"[pytest]\nllm_model = {smollm2_gguf}\nllm_batch_shape = 2x32\n")
+    pytester.makepyfile(test_real=REAL_SUITE)
+    recorded = pytester.runpytest_subprocess("--llm-golden-update")
+    recorded.assert_outcomes(passed=2)
+    recorded.stdout.fnmatch_lines(["golden checks: 4 recorded"])
+
+    goldens = json.loads((pytester.path / "__golden__" / "test_real.json").read_text())["goldens"]
+    capital = goldens["test_capital"]["cpu/float32"]
+    assert "Paris" in capital["text"]
+    assert capital["fingerprint"]["model"] == smollm2_gguf.name
+    assert len(capital["steps"]) >= 2 and all(len(s["hash"]) == 16 for s in capital["steps"])
+
+    checked = pytester.runpytest_subprocess()
+    checked.assert_outcomes(passed=2)
+    checked.stdout.fnmatch_lines(["golden checks: 4 IDENTICAL"])
