@@ -1,0 +1,91 @@
+"""Seeds and flags: set for the block, restored after; cuBLAS workspace set before CUDA starts."""
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from pytest_llmdeterminism import determinism
+
+
+def snapshot():
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.cudnn.fp32_precision,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.get_rng_state().tolist(),
+        random.getstate(),
+        str(np.random.get_state()),
+    )
+
+
+def test_state_is_set_inside_and_restored_after():
+    torch.manual_seed(1234)
+    torch.use_deterministic_algorithms(False)
+    before = snapshot()
+    with determinism.deterministic_state(7):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert torch.initial_seed() == 7
+        first = (torch.rand(3).tolist(), random.random(), np.random.rand())
+        torch.rand(100)
+    assert snapshot() == before
+    with determinism.deterministic_state(7):
+        assert (torch.rand(3).tolist(), random.random(), np.random.rand()) == first
+
+
+def test_state_is_restored_when_the_block_raises():
+    before = snapshot()
+    try:
+        with determinism.deterministic_state(0):
+            torch.rand(5)
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert snapshot() == before
+
+
+def test_flags_report_what_is_in_force():
+    with determinism.deterministic_state(0):
+        flags = determinism.flags()
+    assert flags["deterministic_algorithms"] is True
+    assert flags["cudnn_benchmark"] is False
+    assert flags["float32_matmul_precision"] == "highest"
+
+
+def test_cublas_workspace_is_set_when_absent_and_kept_when_valid(monkeypatch):
+    monkeypatch.delenv(determinism.CUBLAS_WORKSPACE_CONFIG, raising=False)
+    assert determinism.ensure_cublas_workspace_config() is None
+    assert os.environ[determinism.CUBLAS_WORKSPACE_CONFIG] == ":4096:8"
+    monkeypatch.setenv(determinism.CUBLAS_WORKSPACE_CONFIG, ":16:8")
+    assert determinism.ensure_cublas_workspace_config() is None
+    assert os.environ[determinism.CUBLAS_WORKSPACE_CONFIG] == ":16:8"
+    monkeypatch.setenv(determinism.CUBLAS_WORKSPACE_CONFIG, ":0:0")
+    warning = determinism.ensure_cublas_workspace_config()
+    assert "':0:0' is set, which cuBLAS does not treat as deterministic" in warning
+    assert "':4096:8'" in warning
+
+
+def test_plugin_sets_cublas_workspace_before_conftests_and_warns_on_a_bad_value(pytester, monkeypatch):
+    pytester.makeconftest("import os\nSEEN = os.environ.get('CUBLAS_WORKSPACE_CONFIG')\n")
+    pytester.makepyfile(
+        """
+        import conftest
+        def test_seen_by_conftest():
+            assert conftest.SEEN in (":4096:8", ":0:0")
+            print("SEEN", conftest.SEEN)
+        """
+    )
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    result = pytester.runpytest_subprocess("-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*SEEN :4096:8*"])
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    result = pytester.runpytest_subprocess("-s")
+    result.stdout.fnmatch_lines(["*PytestConfigWarning*':0:0' is set, which cuBLAS does not treat as deterministic*"])
