@@ -38,7 +38,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     def session(update):
         options = Options(model=spec, golden_dir=None, batch_shape=BatchShape.parse(shape), dtype="float32",
                           device="cpu", seed=0, max_new_tokens=max_new_tokens, update=update,
-                          rootdir=golden_root)
+                          rootdir=golden_root, invocation_dir=golden_root)
         return LLMSession(options)
 
     recorder = session("all")

@@ -46,7 +46,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         device_name = torch.cuda.get_device_name(index)
         capability = ".".join(map(str, torch.cuda.get_device_capability(index)))
     else:
-        device_name, capability = platform.processor() or platform.machine(), None
+        device_name, capability = _cpu_name(), None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -57,6 +57,8 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "device_class": device.type,
         "device_name": device_name,
         "compute_capability": capability,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # SIMD kernels: AVX512, AVX2, ...
+        "torch_threads": torch.get_num_threads(),
         "dtype": loaded.dtype,
         "attention_implementation": getattr(model.config, "_attn_implementation", None),
         "model": loaded.spec if loaded.spec.startswith("builtin:") else loaded.path.name,
@@ -64,6 +66,17 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "tokenizer_hash": _tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
     }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _weights_hash(loaded: LoadedModel) -> str:

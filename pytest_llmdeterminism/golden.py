@@ -18,9 +18,9 @@ class GoldenTokens:
     """Compares generations with the test's stored goldens, or records them when updating."""
 
     def __init__(self, session: LLMSession, nodeid: str, test_path: Path,
-                 decoder: Callable[[], report.Decode]) -> None:
+                 decoder: Callable[[], report.Decode], *, command_target: str | None = None) -> None:
         self._session = session
-        self._nodeid = nodeid
+        self._target = command_target or nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = session.golden_path(test_path)
         self._decoder = decoder
@@ -47,7 +47,7 @@ class GoldenTokens:
                 self._session.record(self._path, key, generation, outcome="recorded")
                 return None
             self._session.count(Verdict.MISSING.value)
-            raise GoldenMismatchError(report.missing(key, location, self._nodeid), None, key=key)
+            raise GoldenMismatchError(report.missing(key, location, self._target), None, key=key)
         comparison = compare(store.from_entry(stored), generation)
         if comparison.passed:
             self._session.count(comparison.verdict.value)
@@ -56,7 +56,7 @@ class GoldenTokens:
             self._session.record(self._path, key, generation, outcome="updated")
             return comparison
         self._session.count(comparison.verdict.value)
-        message = report.mismatch(key, location, self._nodeid, comparison,
+        message = report.mismatch(key, location, self._target, comparison,
                                   store.from_entry(stored), generation, self._decoder())
         raise GoldenMismatchError(message, comparison, key=key)
 

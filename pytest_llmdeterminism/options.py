@@ -56,6 +56,7 @@ class Options:
     max_new_tokens: int
     update: UpdateMode | None
     rootdir: Path
+    invocation_dir: Path
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def read(config: pytest.Config) -> Options:
                                 DEFAULT_MAX_NEW_TOKENS, minimum=1),
         update=config.getoption("llm_golden_update"),
         rootdir=rootdir,
+        invocation_dir=Path(config.invocation_params.dir),
     )
 
 

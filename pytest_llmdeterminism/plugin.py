@@ -112,4 +112,5 @@ def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
         tokenizer = session.loaded_model().tokenizer
         return lambda token: tokenizer.decode([token])
 
-    return GoldenTokens(session, request.node.nodeid, request.node.path, decoder)
+    return GoldenTokens(session, request.node.nodeid, request.node.path, decoder,
+                        command_target=session.command_target(request.node))

@@ -8,6 +8,7 @@ the run. Under pytest-xdist, workers send their queued writes to the controller 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,11 +89,16 @@ class LLMSession:
             relative = Path(test_path.name)
         return self.options.golden_dir / relative.with_suffix(".json")
 
+    @staticmethod
+    def command_target(item: pytest.Item) -> str:
+        """The test's id as a path from where pytest was started, for commands we print."""
+        path = os.path.relpath(item.path, item.config.invocation_params.dir)
+        return f"{path}::{item.nodeid.split('::', 1)[1]}" if "::" in item.nodeid else path
+
     def display_path(self, path: Path) -> str:
-        try:
-            return str(path.relative_to(self.options.rootdir))
-        except ValueError:
-            return str(path)
+        """``path`` as the user would type it from where pytest was started."""
+        relative = os.path.relpath(path, self.options.invocation_dir)
+        return path.as_posix() if relative.startswith("..") else relative
 
     def goldens(self, path: Path) -> store.Goldens:
         if path not in self._goldens:
