@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import Self
+
 if TYPE_CHECKING:
     import torch
 
@@ -46,7 +48,7 @@ class StepCapture:
         self._handle: Any = None
         self.rows: list[RowSteps] = []
 
-    def __enter__(self) -> StepCapture:
+    def __enter__(self) -> Self:
         self._handle = self._model.register_forward_hook(self._on_forward)
         return self
 

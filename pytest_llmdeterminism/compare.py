@@ -76,7 +76,7 @@ def compare(expected: Generation, actual: Generation) -> Comparison:
 
 def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, Any, Any], ...]:
     """What went *into* the generation and differs: shown before, and instead of, an output diff."""
-    changes = []
+    changes: list[tuple[str, Any, Any]] = []
     if expected.prompt_token_ids != actual.prompt_token_ids:
         changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
     if expected.batch_shape != actual.batch_shape:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import random
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")
@@ -134,7 +135,7 @@ def _restore(torch: Any, saved: dict[str, Any]) -> None:
     random.setstate(saved["python"])
     torch.set_rng_state(saved["torch"])
     if "numpy" in saved:
-        _numpy().random.set_state(saved["numpy"])  # type: ignore[union-attr]
+        _numpy().random.set_state(saved["numpy"])
     if "cuda" in saved:
         torch.cuda.set_rng_state_all(saved["cuda"])
     torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 if TYPE_CHECKING:
     from pytest_llmdeterminism.compare import Comparison
 
@@ -25,10 +23,11 @@ class LLMDeterminismError(Exception):
     """Root of every error this plugin raises."""
 
 
-class ConfigurationError(LLMDeterminismError, pytest.UsageError):
+class ConfigurationError(LLMDeterminismError, ValueError):
     """A setting (ini value, command-line option or marker argument) is invalid.
 
-    Raised at start-up, so pytest stops with a usage error before running anything.
+    Bad ini values and options are found at start-up, where the plugin turns this into a pytest
+    usage error so that nothing runs; marker arguments fail the test that carries them.
     """
 
     def __init__(self, setting: str, value: object, message: str) -> None:

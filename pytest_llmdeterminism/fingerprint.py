@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.backends import LoadedModel
@@ -53,7 +54,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,  # type: ignore[no-untyped-call]
         "device_class": device.type,
         "device_name": device_name,
         "compute_capability": capability,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Generator
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_llmdeterminism import determinism, options
+from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.session import MARKER, WORKER_OUTPUT_KEY, LLMSession
 
 if TYPE_CHECKING:
@@ -38,7 +40,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
-    session = LLMSession(options.read(config))
+    try:
+        session = LLMSession(options.read(config))
+    except ConfigurationError as error:
+        raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistController(session), "llmdeterminism-xdist")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.generation import Generation, TopK

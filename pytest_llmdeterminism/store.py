@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, cast
 
 from pytest_llmdeterminism.capture import LOGIT_HASH_DEFINITION
 from pytest_llmdeterminism.errors import GoldenFileError
@@ -101,7 +102,7 @@ def read(path: Path) -> Goldens:
     goldens = document.get("goldens")
     if not _well_formed(goldens):
         raise GoldenFileError(path, "has a malformed 'goldens' section", _RESTORE_FIX)
-    return goldens  # type: ignore[no-any-return]
+    return cast(Goldens, goldens)
 
 
 def _well_formed(goldens: Any) -> bool:
@@ -162,5 +163,5 @@ def merge(path: Path, updates: Mapping[str, Mapping[str, Mapping[str, Any]]]) ->
     """
     goldens = read(path)
     for key, variants in updates.items():
-        goldens.setdefault(key, {}).update(variants)
+        goldens.setdefault(key, {}).update({variant: dict(entry) for variant, entry in variants.items()})
     write(path, goldens)

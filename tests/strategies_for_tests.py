@@ -8,8 +8,8 @@ _logprob = st.floats(min_value=-30, max_value=0, allow_nan=False).map(lambda v: 
 
 
 @st.composite
-def generations(draw, steps=st.integers(min_value=0, max_value=12)):
-    n = draw(steps)
+def generations(draw, steps=None):
+    n = draw(steps if steps is not None else st.integers(min_value=0, max_value=12))
     tops = []
     for _ in range(n):
         values = sorted(draw(st.lists(_logprob, min_size=2, max_size=5)), reverse=True)

@@ -12,7 +12,7 @@ def test_example_suite_passes_against_committed_goldens():
     before = golden.read_bytes()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "examples", "-p", "no:cacheprovider", "-p", "no:randomly"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "golden checks: 8 IDENTICAL" in result.stdout

@@ -68,8 +68,8 @@ def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
     failed = project.runpytest(f"--llm-model={changed_model}", "-k", "capital")
     failed.assert_outcomes(failed=1, deselected=3)
     failed.stdout.fnmatch_lines([
-        "E*golden mismatch in 'test_capital': REGRESSION at step 0 — expected ' Tokyo' (id *), "
-        "got ' Rome' (id *); golden margin * (confident)",
+        ("E*golden mismatch in 'test_capital': REGRESSION at step 0 — expected ' Tokyo' (id *), "
+        "got ' Rome' (id *); golden margin * (confident)"),
         "E*expected: [[]step 0] ' Tokyo'(*",
         "E*got:      [[]step 0] ' Rome'(*",
         "E*expected top-5 at step 0: ' Tokyo' *",
@@ -124,8 +124,8 @@ def test_corrupt_golden_is_named_and_kept(project):
     for args in ([], ["--llm-golden-update"]):
         result = project.runpytest(*args)
         result.assert_outcomes(failed=4)
-        result.stdout.fnmatch_lines(["E*GoldenFileError: golden file '*test_suite.json' is not valid JSON*"
-                                     "left untouched*git checkout*"])
+        result.stdout.fnmatch_lines([("E*GoldenFileError: golden file '*test_suite.json' is not valid JSON*"
+                                     "left untouched*git checkout*")])
         assert corrupt.read_text() == '{"schema": 1, "goldens": {"test_capital": '
 
 
