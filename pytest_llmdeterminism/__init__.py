@@ -17,6 +17,7 @@ from pytest_llmdeterminism.errors import (
     SamplingRefusedError,
 )
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.golden import assert_tokens_match
 
 __all__ = [
     "ConfigurationError",
@@ -27,11 +28,12 @@ __all__ = [
     "ModelLoadError",
     "PromptTooLongError",
     "SamplingRefusedError",
+    "assert_tokens_match",
     "deterministic",
 ]
 
 __version__ = "0.1.0"
 
 #: The ``deterministic`` marker, the same object as ``pytest.mark.deterministic``. Use it bare
-#: (``@deterministic``) or with ``seed``, ``max_new_tokens`` and ``batch_shape``.
+#: (``@deterministic``) or with ``seed``, ``max_new_tokens``, ``batch_shape`` and ``tolerance``.
 deterministic = pytest.mark.deterministic

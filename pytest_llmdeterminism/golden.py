@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import GoldenMismatchError
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.session import LLMSession
@@ -19,12 +20,14 @@ class GoldenTokens:
     """Compares generations with the test's stored goldens, or records them when updating."""
 
     def __init__(self, session: LLMSession, nodeid: str, test_path: Path,
-                 decoder: Callable[[], report.Decode], *, command_target: str | None = None) -> None:
+                 decoder: Callable[[], report.Decode], *, command_target: str | None = None,
+                 tolerance: Profile | None = None) -> None:
         self._session = session
         self._target = command_target or nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = session.golden_path(test_path)
         self._decoder = decoder
+        self._tolerance = tolerance
         self._used: set[str] = set()
         self._unnamed = 0
 
@@ -40,25 +43,35 @@ class GoldenTokens:
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
         key = self._key(name)
-        location = f"{self._session.display_path(self._path)} [{key!r}][{generation.variant!r}]"
-        stored = self._session.goldens(self._path).get(key, {}).get(generation.variant)
+        variants = self._session.goldens(self._path).get(key, {})
+        variant = generation.variant
         update = self._session.options.update
+        if variant not in variants and not update and self._session.options.golden_fallback:
+            variant = fallback_variant(variant, variants) or variant
+            if variant != generation.variant:
+                self._session.note(f"{key!r}: no {generation.variant!r} golden; compared with "
+                                   f"{variant!r} (--llm-golden-fallback)")
+        location = f"{self._session.display_path(self._path)} [{key!r}][{variant!r}]"
+        stored = variants.get(variant)
         if stored is None:
             if update:
                 self._session.record(self._path, key, generation, outcome="recorded")
                 return None
             self._session.count(Verdict.MISSING.value)
-            raise GoldenMismatchError(report.missing(key, location, self._target), None, key=key)
-        comparison = compare(store.from_entry(stored), generation)
-        if comparison.passed:
-            self._session.count(comparison.verdict.value)
-            return comparison
-        if update == "all":
+            raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
+                                      None, key=key)
+        expected = store.from_entry(stored)
+        profile = self._tolerance or self._session.options.tolerance.profile_for(
+            generation.fingerprint.get("device_class", "cpu"), generation.fingerprint.get("dtype", "float32"))
+        comparison, passed = judge(expected, generation, profile)
+        if not passed and update == "all":
             self._session.record(self._path, key, generation, outcome="updated")
             return comparison
-        self._session.count(comparison.verdict.value)
-        message = report.mismatch(key, location, self._target, comparison,
-                                  store.from_entry(stored), generation, self._decoder())
+        self._session.count(comparison.verdict.value if passed else f"{comparison.verdict.value} (failed)")
+        if passed:
+            return comparison
+        message = report.mismatch(key, location, self._target, comparison, expected, generation,
+                                  self._decoder(), profile=str(profile))
         raise GoldenMismatchError(message, comparison, key=key)
 
     def _key(self, name: str | None) -> str:
@@ -74,3 +87,43 @@ class GoldenTokens:
             raise ValueError(f"golden {key!r} is checked twice in one test; give each check its own name=")
         self._used.add(key)
         return key
+
+
+def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:
+    """The one decision every check goes through: the verdict, and whether ``profile`` passes it."""
+    dtype = str(expected.fingerprint.get("dtype", "float32"))
+    comparison = compare(expected, actual, tie_margin=profile.tie_margin(dtype))
+    return comparison, profile.accepts(comparison, dtype)
+
+
+def fallback_variant(wanted: str, variants: Iterable[str]) -> str | None:
+    """Another variant to compare with: same device class first, then same dtype, then any."""
+    device, _, dtype = wanted.partition("/")
+    candidates = sorted(variants)
+    for prefer in (lambda v: v.startswith(f"{device}/"), lambda v: v.endswith(f"/{dtype}"), lambda v: True):
+        match = next((v for v in candidates if prefer(v)), None)
+        if match is not None:
+            return match
+    return None
+
+
+def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, Any],
+                        tolerance: str | Profile = "exact", *, tokenizer: Any = None) -> Comparison:
+    """Assert that ``actual`` matches ``expected`` under a tolerance profile.
+
+    ``expected`` is a :class:`Generation` or a stored golden entry (one variant's dict from a
+    golden file). Raises :class:`GoldenMismatchError` (an ``AssertionError``) carrying the
+    comparison; returns the comparison when it passes. Pass ``tokenizer`` to decode top-k tokens
+    that neither side generated.
+    """
+    __tracebackhide__ = True
+    if not isinstance(expected, Generation):
+        expected = store.from_entry(expected)
+    profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
+    comparison, passed = judge(expected, actual, profile)
+    if not passed:
+        decode = report.decoder_for(expected, actual, tokenizer)
+        message = report.mismatch("assert_tokens_match", "(in memory)", None, comparison, expected, actual,
+                                  decode, profile=str(profile))
+        raise GoldenMismatchError(message, comparison)
+    return comparison

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_profile, parse_setting
 
 if TYPE_CHECKING:
     import pytest
@@ -56,6 +57,8 @@ class Options:
     seed: int
     max_new_tokens: int
     update: UpdateMode | None
+    tolerance: ToleranceSetting
+    golden_fallback: bool
     rootdir: Path
     invocation_dir: Path
 
@@ -82,6 +85,10 @@ SETTINGS = (
              "auto"),
     _Setting("llm_seed", "--llm-seed", f"seed set before every deterministic test (default {DEFAULT_SEED})",
              str(DEFAULT_SEED)),
+    _Setting("llm_tolerance", "--llm-tolerance",
+             "tolerance profile: exact, tokens, close(atol=...), near_tie(margin=..., atol=...), or "
+             "'cpu: exact, cuda: near_tie(...)' (default: exact on CPU, near_tie scaled by dtype elsewhere)",
+             None),
     _Setting("llm_max_new_tokens", "--llm-max-new-tokens",
              f"new tokens per generation unless a test says otherwise (default {DEFAULT_MAX_NEW_TOKENS})",
              str(DEFAULT_MAX_NEW_TOKENS)),
@@ -105,7 +112,11 @@ def register(parser: pytest.Parser) -> None:
     group.addoption(
         "--llm-golden-update", dest="llm_golden_update", nargs="?", const="all", default=None,
         type=_update_mode, metavar="all|new",
-        help="record goldens: 'all' (default) writes missing and changed ones, 'new' only missing ones",
+        help="record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
+    )
+    group.addoption(
+        "--llm-golden-fallback", dest="llm_golden_fallback", action="store_true", default=False,
+        help="when a test has no golden for this device class and dtype, compare with another variant",
     )
 
 
@@ -127,6 +138,9 @@ def read(config: pytest.Config) -> Options:
         max_new_tokens=_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
                                 DEFAULT_MAX_NEW_TOKENS, minimum=1),
         update=config.getoption("llm_golden_update"),
+        tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
+        if value("llm_tolerance") else ToleranceSetting({}),
+        golden_fallback=bool(config.getoption("llm_golden_fallback")),
         rootdir=rootdir,
         invocation_dir=Path(config.invocation_params.dir),
     )
@@ -173,6 +187,7 @@ def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, 
         "seed": lambda v: _integer("@deterministic(seed=...)", str(v), DEFAULT_SEED, minimum=0),
         "max_new_tokens": lambda v: _integer("@deterministic(max_new_tokens=...)", str(v), 1, minimum=1),
         "batch_shape": lambda v: BatchShape.parse(str(v), setting="@deterministic(batch_shape=...)"),
+        "tolerance": lambda v: parse_profile(str(v), setting="@deterministic(tolerance=...)"),
     }
     parsed = {}
     for key, raw in kwargs.items():
@@ -181,7 +196,7 @@ def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, 
                 f"@deterministic({key}=...) in {nodeid}", raw,
                 f"unknown argument; accepted: {', '.join(sorted(parsers))}",
             )
-        if isinstance(raw, bool) or (key != "batch_shape" and not isinstance(raw, int)):
+        if isinstance(raw, bool) or (key not in ("batch_shape", "tolerance") and not isinstance(raw, int)):
             raise ConfigurationError(f"@deterministic({key}=...) in {nodeid}", raw, "expected an integer")
         parsed[key] = parsers[key](raw)
     return parsed

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 SESSION = pytest.StashKey[LLMSession]()
 _SET_CUBLAS = pytest.StashKey[bool]()
 _MARKER_HELP = (
-    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None): run the test with fixed seeds, "
+    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
     "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
 )
 
@@ -84,6 +84,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
 
 
+def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str] | None:
+    from pytest_llmdeterminism.generation import Generation
+
+    if op == "==" and isinstance(left, Generation) and isinstance(right, Generation):
+        from pytest_llmdeterminism.report import assertrepr
+
+        return assertrepr(left, right)
+    return None
+
+
 class _XdistController:
     """Registered only when pytest-xdist is installed: merges what each worker recorded."""
 
@@ -118,4 +128,5 @@ def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
         return lambda token: tokenizer.decode([token])
 
     return GoldenTokens(session, request.node.nodeid, request.node.path, decoder,
-                        command_target=session.command_target(request.node))
+                        command_target=session.command_target(request.node),
+                        tolerance=session.tolerance_for(request.node))

@@ -18,6 +18,7 @@ import pytest
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, ModelLoadError
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
+from pytest_llmdeterminism.tolerance import Profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.backends import LoadedModel
@@ -38,6 +39,7 @@ class LLMSession:
         self.counts: Counter[str] = Counter()
         self.written: list[str] = []
         self.write_errors: list[str] = []
+        self.notes: list[str] = []
 
     # -- models ---------------------------------------------------------------------------
     def loaded_model(self) -> LoadedModel:
@@ -62,15 +64,26 @@ class LLMSession:
             raise loaded
         return loaded
 
+    def _marker_kwargs(self, item: pytest.Item) -> dict[str, object]:
+        __tracebackhide__ = True
+        marker = item.get_closest_marker(MARKER)
+        if marker and marker.args:
+            raise ConfigurationError(f"@deterministic in {item.nodeid}", marker.args,
+                                     "takes keyword arguments only, e.g. @deterministic(max_new_tokens=24)")
+        return validate_marker_kwargs(dict(marker.kwargs), item.nodeid) if marker else {}
+
+    def tolerance_for(self, item: pytest.Item) -> Profile | None:
+        """The marker's ``tolerance=`` profile; None lets the options decide per device class."""
+        __tracebackhide__ = True
+        profile = self._marker_kwargs(item).get("tolerance")
+        assert profile is None or isinstance(profile, Profile)
+        return profile
+
     def settings_for(self, item: pytest.Item) -> GenerationSettings:
         __tracebackhide__ = True
         from pytest_llmdeterminism.model import GenerationSettings
 
-        marker = item.get_closest_marker(MARKER)
-        given = validate_marker_kwargs(dict(marker.kwargs), item.nodeid) if marker else {}
-        if marker and marker.args:
-            raise ConfigurationError(f"@deterministic in {item.nodeid}", marker.args,
-                                     "takes keyword arguments only, e.g. @deterministic(max_new_tokens=24)")
+        given = self._marker_kwargs(item)
         shape = given.get("batch_shape", self.options.batch_shape)
         assert isinstance(shape, BatchShape)
         return GenerationSettings(
@@ -112,9 +125,12 @@ class LLMSession:
     def count(self, outcome: str) -> None:
         self.counts[outcome] += 1
 
+    def note(self, line: str) -> None:
+        self.notes.append(line)
+
     # -- end of run -----------------------------------------------------------------------
     def worker_output(self) -> str:
-        return json.dumps({"pending": self.pending, "counts": self.counts})
+        return json.dumps({"pending": self.pending, "counts": self.counts, "notes": self.notes})
 
     def merge_worker_output(self, data: str) -> None:
         payload = json.loads(data)
@@ -122,6 +138,7 @@ class LLMSession:
             for key, variants in keys.items():
                 self.pending.setdefault(path, {}).setdefault(key, {}).update(variants)
         self.counts.update(payload["counts"])
+        self.notes += payload["notes"]
 
     def flush(self) -> None:
         """Write every queued golden, one atomic write per file."""
@@ -135,4 +152,4 @@ class LLMSession:
         self.pending.clear()
 
     def summary_lines(self) -> list[str]:
-        return report.summary(dict(self.counts), self.written, self.write_errors)
+        return report.summary(dict(self.counts), self.written, self.write_errors, self.notes)

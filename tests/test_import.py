@@ -11,7 +11,7 @@ def test_import_does_not_load_torch_or_transformers():
 
 def test_plugin_is_registered_and_marker_documented(pytester):
     result = pytester.runpytest_subprocess("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.deterministic(seed=None, max_new_tokens=None, batch_shape=None)*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.deterministic(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None)*"])
 
 
 def test_public_marker_is_pytest_mark():

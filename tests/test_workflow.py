@@ -69,7 +69,7 @@ def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
     failed.assert_outcomes(failed=1, deselected=3)
     failed.stdout.fnmatch_lines([
         ("E*golden mismatch in 'test_capital': REGRESSION at step 0 — expected ' Tokyo' (id *), "
-        "got ' Rome' (id *); golden margin * (confident)"),
+        "got ' Rome' (id *); golden margin * >= tie margin 0.05: confident — fails under 'exact'"),
         "E*expected: [[]step 0] ' Tokyo'(*",
         "E*got:      [[]step 0] ' Rome'(*",
         "E*expected top-5 at step 0: ' Tokyo' *",

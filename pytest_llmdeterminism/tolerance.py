@@ -1,0 +1,118 @@
+"""Tolerance profiles: which verdicts pass. Pure: parsing and deciding, no I/O, no torch.
+
+The verdict says what happened; the profile decides whether that passes::
+
+    exact                           tokens and logit hashes must match (default on CPU)
+    tokens                          tokens must match; logit drift passes
+    close(atol=1e-3)                tokens must match and top-k logprobs agree within atol
+    near_tie(margin=0.1, atol=1e-2) like close; a first divergence at a step whose golden
+                                    top-1/top-2 margin was below `margin` passes as TIE_FLIP
+                                    (default on CUDA, margin and atol scaled by dtype)
+
+A setting may map device classes to profiles: ``cpu: exact, cuda: near_tie(margin=0.2)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pytest_llmdeterminism.compare import DEFAULT_TIE_MARGIN, Comparison, Verdict
+from pytest_llmdeterminism.errors import ConfigurationError
+
+# near_tie's and close's default atol per dtype (the default margin lives beside the comparator).
+DEFAULT_ATOL = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
+EXAMPLE = "near_tie(margin=0.1, atol=1e-2)"
+_NAMES = ("exact", "tokens", "close", "near_tie")
+_PARAMETERS = {"exact": (), "tokens": (), "close": ("atol",), "near_tie": ("margin", "atol")}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    atol: float | None = None
+    margin: float | None = None
+
+    def __str__(self) -> str:
+        params = [f"{p}={getattr(self, p):g}" for p in _PARAMETERS[self.name] if getattr(self, p) is not None]
+        return f"{self.name}({', '.join(params)})" if params else self.name
+
+    def tie_margin(self, dtype: str) -> float:
+        """The margin below which a flipped token counts as a near tie."""
+        if self.margin is not None:
+            return self.margin
+        return DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"])
+
+    def accepts(self, comparison: Comparison, dtype: str = "float32") -> bool:
+        verdict = comparison.verdict
+        if verdict is Verdict.IDENTICAL:
+            return True
+        if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or self.name == "exact":
+            return False
+        if self.name == "tokens":
+            return verdict is Verdict.LOGIT_DRIFT
+        atol = self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
+        if comparison.max_logprob_delta > atol:
+            return False
+        return verdict is Verdict.LOGIT_DRIFT or self.name == "near_tie"
+
+
+@dataclass(frozen=True)
+class ToleranceSetting:
+    """A profile for every device class, or one per class (``None`` key: any other class)."""
+
+    by_device: Mapping[str | None, Profile]
+
+    def profile_for(self, device_class: str, dtype: str) -> Profile:
+        profile = self.by_device.get(device_class, self.by_device.get(None))
+        return profile if profile is not None else default_profile(device_class, dtype)
+
+
+def default_profile(device_class: str, dtype: str) -> Profile:
+    if device_class == "cpu":
+        return Profile("exact")
+    return Profile("near_tie", atol=DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"]),
+                   margin=DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"]))
+
+
+def parse_profile(text: str, *, setting: str = "llm_tolerance") -> Profile:
+    match = re.fullmatch(r"\s*([a-z_]+)\s*(?:\((.*)\))?\s*", text)
+    if not match or match[1] not in _NAMES:
+        raise ConfigurationError(setting, text, f"expected one of {', '.join(_NAMES)}, e.g. {EXAMPLE!r}")
+    name, args = match[1], (match[2] or "").strip()
+    values: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in args.split(","))):
+        key, _, raw = part.partition("=")
+        key = key.strip()
+        if key not in _PARAMETERS[name]:
+            accepted = ", ".join(_PARAMETERS[name]) or "no arguments"
+            raise ConfigurationError(setting, text, f"{name} takes {accepted}; got {key!r}. Example: {EXAMPLE!r}")
+        try:
+            number = float(raw)
+        except ValueError:
+            number = -1.0
+        if number < 0:
+            raise ConfigurationError(setting, text, f"{key} must be a number >= 0, e.g. {EXAMPLE!r}")
+        values[key] = number
+    return Profile(name, **values)
+
+
+def parse_setting(text: str, *, setting: str = "llm_tolerance") -> ToleranceSetting:
+    """One profile, or ``device: profile`` pairs separated by commas or new lines."""
+    text = text.strip()
+    if ":" not in text:
+        return ToleranceSetting({None: parse_profile(text, setting=setting)})
+    by_device: dict[str | None, Profile] = {}
+    # Split on commas that are not inside parentheses, and on new lines.
+    for part in re.split(r",(?![^(]*\))|\n", text):
+        if not part.strip():
+            continue
+        device, sep, profile = part.partition(":")
+        device = device.strip()
+        if not sep or not re.fullmatch(r"cpu|cuda|mps|xpu|\*", device):
+            raise ConfigurationError(
+                setting, text, f"expected 'device: profile' pairs, e.g. 'cpu: exact, cuda: {EXAMPLE}'"
+            )
+        by_device[None if device == "*" else device] = parse_profile(profile, setting=setting)
+    return ToleranceSetting(by_device)
