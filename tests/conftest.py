@@ -67,6 +67,21 @@ def perturbed_tiny_copy(dest: Path, *, scale: float, seed: int = 0) -> Path:
     return dest
 
 
+def boosted_token_copy(dest: Path, token_id: int, factor: float) -> Path:
+    """A copy of the tiny checkpoint whose (tied) embedding row for ``token_id`` is scaled.
+
+    That raises the token's logit wherever the hidden state points its way, and changes nothing
+    upstream while the token is not in the input: a surgical way to flip a near-tie step.
+    """
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(BUILTIN_MODELS["tiny"], dest)
+    weights = load_file(dest / "model.safetensors")
+    weights["model.embed_tokens.weight"][token_id] *= factor
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     path = Path(os.environ.get(SMOLLM2_ENV, SMOLLM2_DEFAULT))

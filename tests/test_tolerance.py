@@ -1,0 +1,107 @@
+"""Tolerance profiles: parsing, defaults per device and dtype, and which verdicts each accepts."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
+from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile, parse_setting
+
+
+@pytest.mark.parametrize(("text", "profile"), [
+    ("exact", Profile("exact")),
+    ("tokens", Profile("tokens")),
+    ("close(atol=1e-3)", Profile("close", atol=1e-3)),
+    ("close", Profile("close")),
+    (" near_tie( margin=0.1 , atol=1e-2 ) ", Profile("near_tie", atol=1e-2, margin=0.1)),
+    ("near_tie(margin=0.2)", Profile("near_tie", margin=0.2)),
+])
+def test_profiles_parse_and_print_back(text, profile):
+    assert parse_profile(text) == profile
+    assert parse_profile(str(profile)) == profile
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("exactly", "expected one of exact, tokens, close, near_tie"),
+    ("close(margin=0.1)", "close takes atol; got 'margin'"),
+    ("exact(atol=1)", "exact takes no arguments"),
+    ("near_tie(margin=-1)", "margin must be a number >= 0"),
+    ("close(atol=abc)", "atol must be a number >= 0"),
+    ("near_tie(margin=0.1", "expected one of"),
+])
+def test_bad_profiles_name_the_problem_and_an_example(text, problem):
+    with pytest.raises(ConfigurationError, match=r"llm_tolerance = .*" + problem.replace("(", r"\(")) as info:
+        parse_profile(text)
+    assert "near_tie(margin=0.1, atol=1e-2)" in str(info.value)
+
+
+def test_device_mapping_and_defaults():
+    setting = parse_setting("cpu: exact, cuda: near_tie(margin=0.2, atol=0.05)")
+    assert setting.profile_for("cpu", "float32") == Profile("exact")
+    assert setting.profile_for("cuda", "bfloat16") == Profile("near_tie", atol=0.05, margin=0.2)
+    assert setting.profile_for("mps", "float32") == default_profile("mps", "float32")
+    multi_line = parse_setting("\ncpu: tokens\n*: close(atol=0.01)\n")
+    assert multi_line.profile_for("cpu", "float32") == Profile("tokens")
+    assert multi_line.profile_for("cuda", "float16") == Profile("close", atol=0.01)
+    assert default_profile("cpu", "float32") == Profile("exact")
+    cuda_bf16, cuda_fp32 = default_profile("cuda", "bfloat16"), default_profile("cuda", "float32")
+    assert cuda_bf16.name == cuda_fp32.name == "near_tie"
+    assert cuda_bf16.margin > cuda_fp32.margin and cuda_bf16.atol > cuda_fp32.atol
+    with pytest.raises(ConfigurationError, match="expected 'device: profile' pairs"):
+        parse_setting("gpu: exact")
+
+
+def test_bad_ini_tolerance_is_a_usage_error(pytester):
+    pytester.makeini("[pytest]\nllm_tolerance = fuzzy\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
+
+
+def _comparison(verdict, delta, golden_margin=0.01, tie_margin=0.05):
+    divergence = None
+    if verdict in (Verdict.TIE_FLIP, Verdict.REGRESSION):
+        divergence = Divergence(3, 1, 2, ((1, -0.6), (2, -0.7)), ((2, -0.6), (1, -0.7)), golden_margin)
+    return Comparison(verdict, divergence=divergence, first_hash_step=0, steps_compared=3, total_steps=8,
+                      max_logprob_delta=delta, tie_margin=tie_margin)
+
+
+comparisons = st.builds(
+    _comparison,
+    st.sampled_from([v for v in Verdict if v is not Verdict.MISSING]),
+    st.floats(min_value=0, max_value=5, allow_nan=False),
+)
+atols = st.floats(min_value=0, max_value=1, allow_nan=False)
+
+
+@given(comparisons, atols, st.floats(min_value=0, max_value=2, allow_nan=False))
+def test_profiles_are_monotone(comparison, atol, margin):
+    exact, tokens = Profile("exact"), Profile("tokens")
+    close, near_tie = Profile("close", atol=atol), Profile("near_tie", atol=atol, margin=margin)
+    if exact.accepts(comparison):
+        assert tokens.accepts(comparison) and close.accepts(comparison) and near_tie.accepts(comparison)
+    if close.accepts(comparison):
+        assert near_tie.accepts(comparison)
+        assert Profile("close", atol=atol * 2 + 1e-9).accepts(comparison)
+
+
+@given(st.floats(min_value=0, max_value=5, allow_nan=False))
+def test_input_changes_and_regressions_fail_under_every_profile(delta):
+    for verdict in (Verdict.INPUT_CHANGED, Verdict.REGRESSION, Verdict.NONDETERMINISTIC):
+        comparison = _comparison(verdict, delta)
+        for profile in ("exact", "tokens", "close(atol=100)", "near_tie(margin=100, atol=100)"):
+            assert not parse_profile(profile).accepts(comparison), (verdict, profile)
+
+
+def test_what_each_profile_accepts():
+    drift, big_drift = _comparison(Verdict.LOGIT_DRIFT, 1e-4), _comparison(Verdict.LOGIT_DRIFT, 0.5)
+    flip = _comparison(Verdict.TIE_FLIP, 1e-4)
+    assert not Profile("exact").accepts(drift)
+    assert Profile("tokens").accepts(drift) and Profile("tokens").accepts(big_drift)
+    assert Profile("close", atol=1e-3).accepts(drift) and not Profile("close", atol=1e-3).accepts(big_drift)
+    assert not Profile("close", atol=1).accepts(flip) and not Profile("tokens").accepts(flip)
+    assert Profile("near_tie", atol=1e-3, margin=0.1).accepts(flip)
+    assert Profile("close").accepts(drift, "float32")  # dtype default atol 1e-3
+    assert not Profile("close").accepts(big_drift, "float32")

@@ -1,0 +1,145 @@
+"""Verdicts from real CPU numeric effects on the tiny model, judged by tolerance profiles."""
+
+import json
+
+import pytest
+
+from .conftest import boosted_token_copy, perturbed_tiny_copy
+
+GOLDEN = "__golden__/test_v.json"
+
+
+def write_suite(suite, prompt="The cat sat on the", extra="", max_new_tokens=4):
+    suite.makepyfile(test_v=f"""
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens={max_new_tokens}{extra})
+def test_case(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate({prompt!r}))
+""")
+
+
+def golden_entry(suite, variant="cpu/float32"):
+    return json.loads((suite.path / GOLDEN).read_text())["goldens"]["test_case"][variant]
+
+
+@pytest.fixture
+def recorded(suite):
+    write_suite(suite)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    return suite
+
+
+def test_tiny_weight_noise_is_logit_drift_failing_exact_passing_tokens(recorded, tmp_path):
+    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
+    exact = recorded.runpytest(f"--llm-model={drifted}")
+    exact.assert_outcomes(failed=1)
+    exact.stdout.fnmatch_lines(["E*LOGIT_DRIFT at step 0 — same tokens, logits differ*fails under 'exact'"])
+    tokens = recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=tokens")
+    tokens.assert_outcomes(passed=1)
+    tokens.stdout.fnmatch_lines(["golden checks: 1 LOGIT_DRIFT"])
+    close = recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=close(atol=1e-2)")
+    close.assert_outcomes(passed=1)
+
+
+def test_flip_at_a_near_tie_step_is_tie_flip_or_regression_by_margin(recorded, tmp_path):
+    golden = golden_entry(recorded)
+    first_step = golden["steps"][0]
+    assert first_step["margin"] < 0.1  # the tiny model's cat/mat coin flip
+    runner_up = first_step["top"][1][0]
+    flipped = boosted_token_copy(tmp_path / "flipped", runner_up, factor=1.02)
+
+    above = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=near_tie(margin=0.1, atol=0.1)")
+    above.assert_outcomes(passed=1)
+    above.stdout.fnmatch_lines(["golden checks: 1 TIE_FLIP"])
+
+    below = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=near_tie(margin=0.05, atol=0.1)")
+    below.assert_outcomes(failed=1)
+    below.stdout.fnmatch_lines([
+        f"E*REGRESSION at step 0 — expected * (id {first_step['token']}), got * (id {runner_up}); "
+        f"golden margin {first_step['margin']:.3g} >= tie margin 0.05: confident — fails under "
+        "'near_tie(margin=0.05, atol=0.1)'",
+    ])
+    exact = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=exact")
+    exact.assert_outcomes(failed=1)
+    # The marker's tolerance is the most specific setting and wins over the command line.
+    write_suite(recorded, extra=", tolerance='near_tie(margin=0.1, atol=0.1)'")
+    marked = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=exact")
+    marked.assert_outcomes(passed=1)
+
+
+def test_large_weight_noise_is_a_regression_under_every_profile(suite, tmp_path):
+    write_suite(suite, prompt="Q: What is the capital of Japan? A:")
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    broken = perturbed_tiny_copy(tmp_path / "broken", scale=0.5, seed=0)
+    for profile in ("exact", "tokens", "close(atol=100)", "near_tie(margin=0.5, atol=100)"):
+        result = suite.runpytest(f"--llm-model={broken}", f"--llm-tolerance={profile}")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([f"E*REGRESSION at step 0*confident — fails under '{profile}'"])
+
+
+def test_changed_prompt_is_input_changed_with_the_id_diff(recorded):
+    write_suite(recorded, prompt="The cat sat on a")
+    result = recorded.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "E*INPUT_CHANGED — prompt_token_ids — fails under 'exact'",
+        "E*the input changed, so outputs were not compared:",
+        "E*prompt_token_ids: (1, *) -> (1, *)",
+    ])
+    assert "context:" not in result.stdout.str()
+
+
+def test_changed_batch_shape_and_budget_are_input_changes_naming_both(recorded):
+    result = recorded.runpytest("--llm-batch-shape=2x40")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E*INPUT_CHANGED — batch_shape — fails*", "E*batch_shape: '4x32' -> '2x40'"])
+    write_suite(recorded, max_new_tokens=6)
+    budget = recorded.runpytest()
+    budget.stdout.fnmatch_lines(["E*generation_config.max_new_tokens: 4 -> 6"])
+
+
+def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
+    missing = recorded.runpytest("--llm-dtype=bfloat16")
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has goldens "
+                                  "for 'cpu/float32'; compare with one of them via --llm-golden-fallback)."])
+    fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
+    fallback.assert_outcomes(failed=1)
+    fallback.stdout.fnmatch_lines([
+        "E*dtype: 'float32' -> 'bfloat16'",
+        "E*golden: __golden__/test_v.json [[]'test_case'][[]'cpu/float32']",
+        "*'test_case': no 'cpu/bfloat16' golden; compared with 'cpu/float32' (--llm-golden-fallback)",
+    ])
+    before = golden_entry(recorded)
+    recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-update").assert_outcomes(passed=1)
+    assert golden_entry(recorded) == before  # updating bf16 never touches the fp32 variant
+    assert golden_entry(recorded, "cpu/bfloat16")["fingerprint"]["dtype"] == "bfloat16"
+    recorded.runpytest("--llm-dtype=bfloat16").assert_outcomes(passed=1)
+    recorded.runpytest("--llm-dtype=float32").assert_outcomes(passed=1)
+
+
+def test_edited_version_field_is_shown_as_an_environment_change(recorded, tmp_path):
+    path = recorded.path / GOLDEN
+    document = json.loads(path.read_text())
+    document["goldens"]["test_case"]["cpu/float32"]["fingerprint"]["transformers"] = "4.57.1"
+    path.write_text(json.dumps(document))
+    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
+    result = recorded.runpytest(f"--llm-model={drifted}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E*environment changed since recording:", "E*transformers: '4.57.1' -> '*'"])
+
+
+def test_assert_equal_on_generations_renders_like_a_golden_check(suite, tmp_path):
+    suite.makepyfile(
+        """
+        def test_eq(llm_model):
+            a = llm_model.generate("The cat sat on the", max_new_tokens=3)
+            b = llm_model.generate("The cat sat on the", max_new_tokens=3, repetition_penalty=3.0)
+            assert a == b
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E*Generation == Generation: INPUT_CHANGED — generation_config.repetition_penalty*",
+                                 "E*generation_config.repetition_penalty: 3.0 -> 1.0"])  # golden (right) -> actual (left)
