@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +56,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "tokenizers": tokenizers.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,  # type: ignore[no-untyped-call]
+        "cuda_driver": _cuda_driver(torch) if device.type == "cuda" else None,
         "device_class": device.type,
         "device_name": device_name,
         "compute_capability": capability,
@@ -69,6 +71,14 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
+def _cuda_driver(torch: Any) -> str | None:
+    get_version = getattr(torch._C, "_cuda_getDriverVersion", None)  # private, so guarded
+    if get_version is None:
+        return None
+    version = int(get_version())
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -81,24 +91,59 @@ def _cpu_name() -> str:
 
 
 def _weights_hash(loaded: LoadedModel) -> str:
-    """xxh3-64 over the safetensors files of a folder, or over the in-memory tensors of a GGUF model.
+    """xxh3-64 over the weight files: a folder's ``*.safetensors``, or the ``.gguf`` file.
 
-    A GGUF model is dequantised while loading and cannot be saved back, so its tensors are what
-    identifies it; a folder's files hash without touching the (possibly GPU-resident) tensors.
+    Hashing files, not tensors, never touches GPU memory, and each file's hash is cached by path,
+    size and modification time, so a multi-GB checkpoint is read once, not once per session. A GGUF
+    model is dequantised while loading; the file plus the library versions recorded beside this
+    hash determine those tensors, at a quarter of the bytes or less.
     """
     import xxhash
 
+    paths = [loaded.path] if loaded.kind == "gguf" else sorted(loaded.path.glob("*.safetensors"))
     digest = xxhash.xxh3_64()
-    if loaded.kind == "folder":
-        for path in sorted(loaded.path.glob("*.safetensors")):
-            digest.update(path.name.encode())
-            _update_from_file(digest, path)
-        return digest.hexdigest()
-    for name, tensor in sorted(loaded.model.state_dict().items()):
-        digest.update(name.encode())
-        data = tensor.detach().cpu().contiguous()
-        digest.update(data.view(-1).view(__import__("torch").uint8).numpy())
+    for path in paths:
+        digest.update(f"{path.name}:{file_hash(path)};".encode())
     return digest.hexdigest()
+
+
+def cache_dir() -> Path:
+    """Where the plugin keeps derived data: ``$LLMDET_CACHE_DIR``, else the user cache folder."""
+    configured = os.environ.get("LLMDET_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pytest-llmdeterminism"
+
+
+def file_hash(path: Path) -> str:
+    """xxh3-64 of a file's bytes, cached by (absolute path, size, mtime)."""
+    import xxhash
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    cache_file = cache_dir() / "file-hashes.json"
+    try:
+        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and isinstance(cached.get(key), str):
+        return str(cached[key])
+    digest = xxhash.xxh3_64()
+    _update_from_file(digest, path)
+    result = digest.hexdigest()
+    # Keep one entry per file: older sizes and mtimes of the same path are stale.
+    stale = f"{path.resolve()}|"
+    cached = {k: v for k, v in (cached.items() if isinstance(cached, dict) else ()) if not k.startswith(stale)}
+    cached[key] = result
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        temp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps(cached, sort_keys=True), encoding="utf-8")
+        os.replace(temp, cache_file)
+    except OSError:
+        pass  # a read-only home only costs a re-hash next time
+    return result
 
 
 def _update_from_file(digest: Any, path: Path) -> None:

