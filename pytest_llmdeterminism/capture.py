@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from typing_extensions import Self
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +47,7 @@ class StepCapture:
         self._handle: Any = None
         self.rows: list[RowSteps] = []
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> StepCapture:  # noqa: PYI034
         self._handle = self._model.register_forward_hook(self._on_forward)
         return self
 

@@ -65,27 +65,45 @@ def deterministic_state(seed: int) -> Iterator[None]:
         _restore(torch, saved)
 
 
+# torch >= 2.9 sets fp32 precision per backend and operator; mixing that API with the legacy
+# allow_tf32 / set_float32_matmul_precision is an error there, so with it we touch only these.
+_FP32_PRECISION_KNOBS = (
+    "backends", "backends.cuda.matmul", "backends.cudnn", "backends.cudnn.conv", "backends.cudnn.rnn",
+    "backends.mkldnn", "backends.mkldnn.matmul", "backends.mkldnn.conv", "backends.mkldnn.rnn",
+)
+
+
+def _precision_knobs(torch: Any) -> dict[str, Any]:
+    """name -> object holding ``fp32_precision``, for every knob this torch has."""
+    knobs = {}
+    for path in _FP32_PRECISION_KNOBS:
+        holder = torch
+        for part in path.split("."):
+            holder = getattr(holder, part, None)
+        if holder is not None and hasattr(holder, "fp32_precision"):
+            knobs[path.removeprefix("backends").lstrip(".") or "global"] = holder
+    return knobs
+
+
 def flags() -> dict[str, Any]:
     """The determinism-relevant torch settings now in force (recorded in each golden)."""
     import torch
 
-    state = {
+    state: dict[str, Any] = {
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
     if _has_fp32_precision_api(torch):
-        state["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
-        state["cudnn_fp32_precision"] = torch.backends.cudnn.fp32_precision
+        state["fp32_precision"] = {name: knob.fp32_precision for name, knob in _precision_knobs(torch).items()}
     else:
+        state["float32_matmul_precision"] = torch.get_float32_matmul_precision()
         state["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
         state["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
     return state
 
 
 def _has_fp32_precision_api(torch: Any) -> bool:
-    # torch >= 2.9 replaces allow_tf32 by fp32_precision; mixing the two APIs is an error there.
     return hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
@@ -95,14 +113,13 @@ def _capture(torch: Any) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
     if _has_fp32_precision_api(torch):
-        saved["matmul_fp32"] = torch.backends.cuda.matmul.fp32_precision
-        saved["cudnn_fp32"] = torch.backends.cudnn.fp32_precision
+        saved["fp32_precision"] = {name: knob.fp32_precision for name, knob in _precision_knobs(torch).items()}
     else:
+        saved["matmul_precision"] = torch.get_float32_matmul_precision()
         saved["matmul_tf32"] = torch.backends.cuda.matmul.allow_tf32
         saved["cudnn_tf32"] = torch.backends.cudnn.allow_tf32
     numpy = _numpy()
@@ -119,12 +136,13 @@ def _apply(torch: Any, seed: int) -> None:
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
-    torch.use_deterministic_algorithms(True)
+    if not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled():
+        torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     if _has_fp32_precision_api(torch):
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.fp32_precision = "ieee"
+        for knob in _precision_knobs(torch).values():
+            knob.fp32_precision = "ieee"
     else:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -141,9 +159,10 @@ def _restore(torch: Any, saved: dict[str, Any]) -> None:
     torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
     torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
     torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
-    if "matmul_fp32" in saved:
-        torch.backends.cuda.matmul.fp32_precision = saved["matmul_fp32"]
-        torch.backends.cudnn.fp32_precision = saved["cudnn_fp32"]
+    if "fp32_precision" in saved:
+        knobs = _precision_knobs(torch)
+        for name, value in saved["fp32_precision"].items():  # parents first, as captured
+            knobs[name].fp32_precision = value
     else:
         torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
         torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]

@@ -13,9 +13,7 @@ def snapshot():
     return (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.get_float32_matmul_precision(),
-        torch.backends.cuda.matmul.fp32_precision,
-        torch.backends.cudnn.fp32_precision,
+        determinism.flags(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         torch.get_rng_state().tolist(),
@@ -56,7 +54,26 @@ def test_flags_report_what_is_in_force():
         flags = determinism.flags()
     assert flags["deterministic_algorithms"] is True
     assert flags["cudnn_benchmark"] is False
-    assert flags["float32_matmul_precision"] == "highest"
+    assert set(flags["fp32_precision"].values()) == {"ieee"}
+
+
+def test_user_precision_settings_are_overridden_inside_and_restored_after(make_llm):
+    # A user (or library) lowering fp32 matmul precision, with either API, must not leak into
+    # deterministic generation, and must be handed back untouched.
+    llm = make_llm(max_new_tokens=4)
+    reference = llm.generate("The capital of France is")
+    for lower in (lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+                  lambda: torch.set_float32_matmul_precision("medium")):
+        knobs = determinism._precision_knobs(torch)
+        saved = {name: knob.fp32_precision for name, knob in knobs.items()}
+        try:
+            lower()
+            lowered = determinism.flags()
+            assert llm.generate("The capital of France is") == reference
+            assert determinism.flags() == lowered
+        finally:
+            for name, value in saved.items():
+                knobs[name].fp32_precision = value
 
 
 def test_cublas_workspace_is_set_when_absent_and_kept_when_valid(monkeypatch):
