@@ -33,7 +33,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     from pytest_llmdeterminism.golden import GoldenTokens
     from pytest_llmdeterminism.model import GenerationSettings, LLMModel
     from pytest_llmdeterminism.options import BatchShape, Options
-    from pytest_llmdeterminism.session import LLMSession
+    from pytest_llmdeterminism.session import LLMSession, TestOutcomes
 
     def session(update):
         options = Options(model=spec, golden_dir=None, batch_shape=BatchShape.parse(shape), dtype="float32",
@@ -46,15 +46,17 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     settings = GenerationSettings(BatchShape.parse(shape), max_new_tokens, 0)
     llm = LLMModel(loaded, settings)
     test_file = golden_root / "test_bench.py"
-    golden = GoldenTokens(recorder, "test_bench.py::test_bench", test_file, lambda: str)
+    outcomes = TestOutcomes()
+    golden = GoldenTokens(recorder, outcomes, "test_bench.py::test_bench", test_file, lambda: str)
     for prompt, result in zip(PROMPTS, llm.generate(PROMPTS)):
         golden.check(result, name=prompt)
+    recorder.collect(outcomes.to_json())
     recorder.flush()
     checker = session(None)
     checker._models = recorder._models  # share the loaded model
 
     def plugin_run():
-        golden = GoldenTokens(checker, "test_bench.py::test_bench", test_file, lambda: str)
+        golden = GoldenTokens(checker, TestOutcomes(), "test_bench.py::test_bench", test_file, lambda: str)
         for prompt, result in zip(PROMPTS, llm.generate(PROMPTS)):
             golden.check(result, name=prompt)
 

@@ -51,7 +51,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         device_name, capability = _cpu_name(), None
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # TorchVersion is a str subclass that serializers reject
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
         "cuda": torch.version.cuda,

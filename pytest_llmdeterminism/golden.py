@@ -13,16 +13,17 @@ from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.session import LLMSession
+    from pytest_llmdeterminism.session import LLMSession, TestOutcomes
 
 
 class GoldenTokens:
     """Compares generations with the test's stored goldens, or records them when updating."""
 
-    def __init__(self, session: LLMSession, nodeid: str, test_path: Path,
+    def __init__(self, session: LLMSession, outcomes: TestOutcomes, nodeid: str, test_path: Path,
                  decoder: Callable[[], report.Decode], *, command_target: str | None = None,
                  tolerance: Profile | None = None) -> None:
         self._session = session
+        self._outcomes = outcomes
         self._target = command_target or nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = session.golden_path(test_path)
@@ -49,15 +50,15 @@ class GoldenTokens:
         if variant not in variants and not update and self._session.options.golden_fallback:
             variant = fallback_variant(variant, variants) or variant
             if variant != generation.variant:
-                self._session.note(f"{key!r}: no {generation.variant!r} golden; compared with "
+                self._outcomes.note(f"{key!r}: no {generation.variant!r} golden; compared with "
                                    f"{variant!r} (--llm-golden-fallback)")
         location = f"{self._session.display_path(self._path)} [{key!r}][{variant!r}]"
         stored = variants.get(variant)
         if stored is None:
             if update:
-                self._session.record(self._path, key, generation, outcome="recorded")
+                self._outcomes.record(self._path, key, generation, outcome="recorded")
                 return None
-            self._session.count(Verdict.MISSING.value)
+            self._outcomes.count(Verdict.MISSING.value)
             raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
                                       None, key=key)
         expected = store.from_entry(stored)
@@ -65,9 +66,9 @@ class GoldenTokens:
             generation.fingerprint.get("device_class", "cpu"), generation.fingerprint.get("dtype", "float32"))
         comparison, passed = judge(expected, generation, profile)
         if not passed and update == "all":
-            self._session.record(self._path, key, generation, outcome="updated")
+            self._outcomes.record(self._path, key, generation, outcome="updated")
             return comparison
-        self._session.count(comparison.verdict.value if passed else f"{comparison.verdict.value} (failed)")
+        self._outcomes.count(comparison.verdict.value if passed else f"{comparison.verdict.value} (failed)")
         if passed:
             return comparison
         message = report.mismatch(key, location, self._target, comparison, expected, generation,

@@ -10,13 +10,14 @@ import pytest
 
 from pytest_llmdeterminism import determinism, options
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.session import MARKER, WORKER_OUTPUT_KEY, LLMSession
+from pytest_llmdeterminism.session import MARKER, REPORT_ATTRIBUTE, LLMSession, TestOutcomes
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.golden import GoldenTokens
     from pytest_llmdeterminism.model import LLMModel
 
 SESSION = pytest.StashKey[LLMSession]()
+_OUTCOMES = pytest.StashKey[TestOutcomes]()
 _SET_CUBLAS = pytest.StashKey[bool]()
 _MARKER_HELP = (
     f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
@@ -45,8 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistController(session), "llmdeterminism-xdist")
+    if not hasattr(config, "workerinput"):  # the process that writes: plain pytest or the xdist controller
+        config.pluginmanager.register(_OutcomeCollector(session), "llmdeterminism-collector")
     warning = determinism.cuda_started_without_workspace_config()
     if warning:
         config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
@@ -65,12 +66,33 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    outcomes = item.stash.get(_OUTCOMES, None)
+    if outcomes is not None and call.when == "call":
+        payload = outcomes.to_json()
+        if payload is not None:
+            setattr(report, REPORT_ATTRIBUTE, payload)
+    return report
+
+
+class _OutcomeCollector:
+    """Collects golden outcomes from test reports: this process's, or every xdist worker's."""
+
+    def __init__(self, session: LLMSession) -> None:
+        self._session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        payload = getattr(report, REPORT_ATTRIBUTE, None)
+        if payload is not None:
+            self._session.collect(payload)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: its outcomes went to the controller with each test report
     llm = session.config.stash[SESSION]
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: the controller writes
-        workeroutput[WORKER_OUTPUT_KEY] = llm.worker_output()
-        return
     llm.flush()
     if llm.write_errors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -94,18 +116,6 @@ def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str]
     return None
 
 
-class _XdistController:
-    """Registered only when pytest-xdist is installed: merges what each worker recorded."""
-
-    def __init__(self, session: LLMSession) -> None:
-        self._session = session
-
-    def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        data = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
-        if data:
-            self._session.merge_worker_output(data)
-
-
 @pytest.fixture
 def llm_model(request: pytest.FixtureRequest) -> LLMModel:
     """The configured model: greedy, fixed-shape ``generate()`` with per-step capture."""
@@ -127,6 +137,7 @@ def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
         tokenizer = session.loaded_model().tokenizer
         return lambda token: tokenizer.decode([token])
 
-    return GoldenTokens(session, request.node.nodeid, request.node.path, decoder,
+    outcomes = request.node.stash.setdefault(_OUTCOMES, TestOutcomes())
+    return GoldenTokens(session, outcomes, request.node.nodeid, request.node.path, decoder,
                         command_target=session.command_target(request.node),
                         tolerance=session.tolerance_for(request.node))

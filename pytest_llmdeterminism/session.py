@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, ModelLoadError
+from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
 from pytest_llmdeterminism.tolerance import Profile
 
@@ -25,9 +26,38 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.generation import Generation
     from pytest_llmdeterminism.model import GenerationSettings
 
-WORKER_OUTPUT_KEY = "llm_determinism"
+REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 GOLDEN_FOLDER = "__golden__"
 MARKER = "deterministic"
+
+
+@dataclass
+class TestOutcomes:
+    """What one test's golden checks decided. Travels on the test's report, so under xdist the
+    controller has it as soon as the test ends, even if the worker later dies."""
+
+    __test__ = False  # not a pytest test class
+
+    records: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
+        self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
+        self.count(outcome)
+
+    def count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
+
+    def to_json(self) -> dict[str, Any] | None:
+        if not (self.records or self.counts or self.notes):
+            return None
+        payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes}
+        # Plain JSON types only: the payload crosses process boundaries under xdist.
+        return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
 
 
 class LLMSession:
@@ -118,35 +148,21 @@ class LLMSession:
             self._goldens[path] = store.read(path)
         return self._goldens[path]
 
-    def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
-        self.pending.setdefault(str(path), {}).setdefault(key, {})[generation.variant] = store.to_entry(generation)
-        self.count(outcome)
-
-    def count(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-
-    def note(self, line: str) -> None:
-        self.notes.append(line)
-
-    # -- end of run -----------------------------------------------------------------------
-    def worker_output(self) -> str:
-        return json.dumps({"pending": self.pending, "counts": self.counts, "notes": self.notes})
-
-    def merge_worker_output(self, data: str) -> None:
-        payload = json.loads(data)
-        for path, keys in payload["pending"].items():
-            for key, variants in keys.items():
-                self.pending.setdefault(path, {}).setdefault(key, {}).update(variants)
+    # -- end of each test, end of run ----------------------------------------------------
+    def collect(self, payload: dict[str, Any]) -> None:
+        """Take one test's outcomes (:meth:`TestOutcomes.to_json`), from this process or a worker."""
+        for path, key, variant, entry in payload["records"]:
+            self.pending.setdefault(path, {}).setdefault(key, {})[variant] = entry
         self.counts.update(payload["counts"])
         self.notes += payload["notes"]
 
     def flush(self) -> None:
-        """Write every queued golden, one atomic write per file."""
+        """Write every queued golden, one atomic write per file; one bad file never stops the rest."""
         for path, updates in sorted(self.pending.items()):
             try:
                 store.merge(Path(path), updates)
-            except (GoldenFileError, OSError) as error:
-                self.write_errors.append(str(error))
+            except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+                self.write_errors.append(f"{self.display_path(Path(path))}: {type(error).__name__}: {error}")
             else:
                 self.written.append(f"{self.display_path(Path(path))} ({len(updates)} golden{'s' * (len(updates) != 1)})")
         self.pending.clear()

@@ -56,9 +56,9 @@ def test_flip_at_a_near_tie_step_is_tie_flip_or_regression_by_margin(recorded, t
     below = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=near_tie(margin=0.05, atol=0.1)")
     below.assert_outcomes(failed=1)
     below.stdout.fnmatch_lines([
-        f"E*REGRESSION at step 0 — expected * (id {first_step['token']}), got * (id {runner_up}); "
+        (f"E*REGRESSION at step 0 — expected * (id {first_step['token']}), got * (id {runner_up}); "
         f"golden margin {first_step['margin']:.3g} >= tie margin 0.05: confident — fails under "
-        "'near_tie(margin=0.05, atol=0.1)'",
+        "'near_tie(margin=0.05, atol=0.1)'"),
     ])
     exact = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=exact")
     exact.assert_outcomes(failed=1)
@@ -102,8 +102,8 @@ def test_changed_batch_shape_and_budget_are_input_changes_naming_both(recorded):
 def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
     missing = recorded.runpytest("--llm-dtype=bfloat16")
     missing.assert_outcomes(failed=1)
-    missing.stdout.fnmatch_lines(["E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has goldens "
-                                  "for 'cpu/float32'; compare with one of them via --llm-golden-fallback)."])
+    missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has goldens "
+                                  "for 'cpu/float32'; compare with one of them via --llm-golden-fallback).")])
     fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
     fallback.assert_outcomes(failed=1)
     fallback.stdout.fnmatch_lines([

@@ -217,3 +217,21 @@ def test_xdist_update_of_many_parametrized_cases_loses_nothing(suite):
     assert len(goldens) == 24
     suite.runpytest_subprocess("-n", "2").assert_outcomes(passed=24)
     suite.runpytest_subprocess("-p", "no:xdist").assert_outcomes(passed=24)
+
+
+def test_xdist_worker_crash_keeps_goldens_recorded_before_it(suite):
+    pytest.importorskip("xdist")
+    suite.makepyfile(
+        test_crash="""
+        import os
+
+        def test_a(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("Count: one,"))
+
+        def test_b_crash():
+            os._exit(1)
+        """
+    )
+    result = suite.runpytest_subprocess("-n", "1", "-p", "no:randomly", "--llm-golden-update")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["golden checks: 1 recorded", "wrote __golden__/test_crash.json (1 golden)"])
