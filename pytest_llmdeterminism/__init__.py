@@ -13,6 +13,7 @@ from pytest_llmdeterminism.errors import (
     GoldenMismatchError,
     LLMDeterminismError,
     ModelLoadError,
+    NonFiniteLogitsError,
     PromptTooLongError,
     SamplingRefusedError,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "GoldenMismatchError",
     "LLMDeterminismError",
     "ModelLoadError",
+    "NonFiniteLogitsError",
     "PromptTooLongError",
     "SamplingRefusedError",
     "assert_tokens_match",

@@ -1,15 +1,22 @@
 """Per-step streaming capture of what the model computed: logit hash, top-k logprobs, margin.
 
-The capture is a forward hook on the model itself, so it sees the model's own output logits
-before any logits processor (repetition penalty, suppressed tokens, ...) touched them. Each step
-is reduced to a hash and k numbers per row at once: memory does not grow with
-``max_new_tokens x vocab``.
+Two taps, both reducing each step at once so that memory does not grow with
+``max_new_tokens x vocab``:
+
+- a forward hook on the model hashes the model's own output logits, before any logits processor
+  (repetition penalty, suppressed tokens, ...) touched them: the hash identifies the numerics;
+- a logits processor placed last sees the scores greedy decoding picks from, and records their
+  top-k logprobs and the top-1/top-2 margin: how sure the decision was. Without processors
+  (the default greedy config) both see the same numbers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from pytest_llmdeterminism.errors import NonFiniteLogitsError
 
 if TYPE_CHECKING:
     import torch
@@ -20,6 +27,8 @@ LOGIT_HASH_DEFINITION = (
 )
 TOP_K = 5
 LOGPROB_DECIMALS = 6
+# A token a processor suppressed has logprob -inf, which JSON cannot hold; stored as this floor.
+LOGPROB_FLOOR = -1e9
 
 
 @dataclass
@@ -30,10 +39,10 @@ class RowSteps:
 
 
 class StepCapture:
-    """Context manager: records every forward step of ``model`` for the first ``rows`` rows.
+    """Context manager: records every step of ``model.generate`` for the first ``rows`` rows.
 
-    Per step it keeps one hash per row and a ``rows x k`` top-k; the per-row records are built
-    once, when the block ends, so the hot path is a few tensor ops and ``rows`` hash calls.
+    Pass :meth:`logits_processor` to ``generate``. Per step it keeps one hash per row and a
+    ``rows x k`` top-k; the per-row records are built once, when the block ends.
     """
 
     def __init__(self, model: torch.nn.Module, rows: int, top_k: int = TOP_K) -> None:
@@ -43,6 +52,7 @@ class StepCapture:
         self._hashes: list[list[str]] = []
         self._top_values: list[torch.Tensor] = []
         self._top_ids: list[torch.Tensor] = []
+        self._non_finite: tuple[int, int] | None = None
         self._handle: Any = None
         self.rows: list[RowSteps] = []
 
@@ -52,7 +62,22 @@ class StepCapture:
 
     def __exit__(self, *exc: object) -> None:
         self._handle.remove()
-        self.rows = self._per_row()
+        if exc[0] is None:
+            self._raise_if_non_finite()
+            self.rows = self._per_row()
+
+    def logits_processor(self) -> Any:
+        """A transformers ``LogitsProcessorList`` whose one processor records the final scores."""
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        capture = self
+
+        class _RecordScores(LogitsProcessor):  # type: ignore[misc]
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                capture._on_scores(scores)
+                return scores
+
+        return LogitsProcessorList([_RecordScores()])
 
     def _on_forward(self, module: Any, args: Any, output: Any) -> None:
         import numpy as np
@@ -62,10 +87,23 @@ class StepCapture:
         logits = output.logits if hasattr(output, "logits") else output[0]
         last = logits[: self._n_rows, -1, :].detach().to(torch.float32)
         raw = np.ascontiguousarray(last.cpu().numpy(), dtype="<f4")
+        if self._non_finite is None and not np.isfinite(raw).all():
+            self._non_finite = (len(self._hashes), int(np.nonzero(~np.isfinite(raw).all(axis=1))[0][0]))
         self._hashes.append([xxhash.xxh3_64_hexdigest(row) for row in raw])
-        top = torch.topk(torch.log_softmax(last, dim=-1), k=min(self._top_k, last.shape[-1]), dim=-1)
+
+    def _on_scores(self, scores: torch.Tensor) -> None:
+        import torch
+
+        rows = scores[: self._n_rows].to(torch.float32)
+        top = torch.topk(torch.log_softmax(rows, dim=-1), k=min(self._top_k, rows.shape[-1]), dim=-1)
         self._top_values.append(top.values)
         self._top_ids.append(top.indices)
+
+    def _raise_if_non_finite(self) -> None:
+        __tracebackhide__ = True
+        if self._non_finite is not None:
+            step, row = self._non_finite
+            raise NonFiniteLogitsError(step, row)
 
     def _per_row(self) -> list[RowSteps]:
         import torch
@@ -78,9 +116,9 @@ class StepCapture:
         for row in range(self._n_rows):
             steps = RowSteps(hashes=[h[row] for h in self._hashes])
             for step_ids, step_values in zip(ids[row], values[row]):
-                rounded = [round(v, LOGPROB_DECIMALS) for v in step_values]
-                steps.top.append(tuple(zip(step_ids, rounded)))
-                margin = step_values[0] - step_values[1] if len(step_values) > 1 else float("inf")
-                steps.margins.append(round(margin, LOGPROB_DECIMALS))
+                finite = [max(v, LOGPROB_FLOOR) for v in step_values]
+                steps.top.append(tuple(zip(step_ids, (round(v, LOGPROB_DECIMALS) for v in finite))))
+                margin = finite[0] - finite[1] if len(finite) > 1 else math.inf
+                steps.margins.append(round(min(margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
             rows.append(steps)
         return rows

@@ -14,6 +14,7 @@ __all__ = [
     "GoldenMismatchError",
     "LLMDeterminismError",
     "ModelLoadError",
+    "NonFiniteLogitsError",
     "PromptTooLongError",
     "SamplingRefusedError",
 ]
@@ -54,6 +55,19 @@ class SamplingRefusedError(LLMDeterminismError, ValueError):
             f"llm_model.generate({argument}={value!r}) refused: {why}. "
             "llm_model always decodes greedily so that goldens are reproducible; "
             f"remove {argument!r} from the call."
+        )
+
+
+class NonFiniteLogitsError(LLMDeterminismError, ValueError):
+    """The model produced NaN or infinite logits: no golden can be recorded or compared."""
+
+    def __init__(self, step: int, row: int) -> None:
+        self.step = step
+        self.row = row
+        super().__init__(
+            f"the model produced NaN or infinite logits at step {step} (row {row} of the batch). "
+            "Goldens cannot hold them. Common causes: float16 overflow (try llm_dtype = \"bfloat16\" "
+            "or \"float32\"), corrupt or incompatible weights."
         )
 
 

@@ -127,6 +127,7 @@ class LLMModel:
                     input_ids=input_ids.to(device),
                     attention_mask=attention_mask.to(device),
                     generation_config=GenerationConfig(**config),
+                    logits_processor=capture.logits_processor(),
                 )
                 fingerprint_now = fingerprint(self._loaded)  # flags as they were for this call
         finally:

@@ -110,3 +110,30 @@ def test_bad_prompt_values(make_llm):
         llm.generate(42)
     with pytest.raises(TypeError):
         llm.generate([])
+
+
+def test_top_k_and_margins_describe_the_scores_greedy_picked_from(make_llm):
+    # min_new_tokens suppresses EOS: the raw top-1 would be EOS, the processed top-1 is the choice.
+    gen = make_llm(max_new_tokens=8).generate("Count: one, two,", min_new_tokens=6)
+    assert [top[0][0] for top in gen.top_logprobs] == list(gen.token_ids)
+    assert all(token != 2 for token, _ in gen.top_logprobs[0])  # EOS was suppressed, not a candidate
+
+
+def test_nan_logits_are_a_clear_error(tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.errors import NonFiniteLogitsError
+    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
+    from pytest_llmdeterminism.options import BatchShape
+
+    broken = tmp_path / "nan-tiny"
+    shutil.copytree(BUILTIN_MODELS["tiny"], broken)
+    weights = load_file(broken / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] * float("nan")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    llm = LLMModel(load(str(broken), dtype="float32", device="cpu"), GenerationSettings(BatchShape(2, 16), 3, 0))
+    with pytest.raises(NonFiniteLogitsError, match=r"NaN or infinite logits at step 0 \(row 0"):
+        llm.generate(["x", "y"])
