@@ -20,11 +20,11 @@ class GoldenTokens:
     """Compares generations with the test's stored goldens, or records them when updating."""
 
     def __init__(self, session: LLMSession, outcomes: TestOutcomes, nodeid: str, test_path: Path,
-                 decoder: Callable[[], report.Decode], *, command_target: str | None = None,
+                 decoder: Callable[[], report.Decode], *, rerun: str | None = None,
                  tolerance: Profile | None = None) -> None:
         self._session = session
         self._outcomes = outcomes
-        self._target = command_target or nodeid
+        self._target = rerun or report.shell_quote(nodeid)
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = session.golden_path(test_path)
         self._decoder = decoder

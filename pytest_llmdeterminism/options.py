@@ -61,6 +61,7 @@ class Options:
     golden_fallback: bool
     rootdir: Path
     invocation_dir: Path
+    cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def read(config: pytest.Config) -> Options:
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
         rootdir=rootdir,
         invocation_dir=Path(config.invocation_params.dir),
+        cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
+                           if config.getoption(s.ini) is not None),
     )
 
 

@@ -139,5 +139,5 @@ def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
 
     outcomes = request.node.stash.setdefault(_OUTCOMES, TestOutcomes())
     return GoldenTokens(session, outcomes, request.node.nodeid, request.node.path, decoder,
-                        command_target=session.command_target(request.node),
+                        rerun=session.rerun_arguments(request.node),
                         tolerance=session.tolerance_for(request.node))

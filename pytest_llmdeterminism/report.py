@@ -13,9 +13,14 @@ CONTEXT_TOKENS = 4
 _MAX_IDS_SHOWN = 12
 
 
-def accept_command(nodeid: str) -> str:
+def accept_command(rerun: str) -> str:
+    """``rerun`` is the test id and the run's own ``--llm-*`` options, shell-quoted."""
     # The flag goes last: it takes an optional value and would swallow a path placed after it.
-    return f"pytest {_shell_quote(nodeid)} --llm-golden-update"
+    return f"pytest {rerun} --llm-golden-update"
+
+
+def shell_quote(text: str) -> str:
+    return text if all(c.isalnum() or c in "/._-:=" for c in text) else "'" + text.replace("'", "'\\''") + "'"
 
 
 def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
@@ -142,10 +147,6 @@ def _short(value: Any, limit: int = 100) -> str:
     else:
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _shell_quote(text: str) -> str:
-    return text if all(c.isalnum() or c in "/._-:" for c in text) else "'" + text.replace("'", "'\\''") + "'"
 
 
 def summary(counts: dict[str, int], written: Sequence[str], errors: Iterable[str],

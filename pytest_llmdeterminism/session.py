@@ -132,11 +132,12 @@ class LLMSession:
             relative = Path(test_path.name)
         return self.options.golden_dir / relative.with_suffix(".json")
 
-    @staticmethod
-    def command_target(item: pytest.Item) -> str:
-        """The test's id as a path from where pytest was started, for commands we print."""
+    def rerun_arguments(self, item: pytest.Item) -> str:
+        """Shell arguments that select this test from where pytest was started, with the run's own
+        ``--llm-*`` options (model, dtype, shape...), so a printed command acts on the same variant."""
         path = os.path.relpath(item.path, item.config.invocation_params.dir)
-        return f"{path}::{item.nodeid.split('::', 1)[1]}" if "::" in item.nodeid else path
+        target = f"{path}::{item.nodeid.split('::', 1)[1]}" if "::" in item.nodeid else path
+        return " ".join(report.shell_quote(arg) for arg in (target, *self.options.cli_settings))
 
     def display_path(self, path: Path) -> str:
         """``path`` as the user would type it from where pytest was started."""

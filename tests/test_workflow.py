@@ -75,7 +75,7 @@ def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
         "E*expected top-5 at step 0: ' Tokyo' *",
         "E*environment changed since recording:",
         "E*weights_hash: '*' -> '*'",
-        "E*Accept with: pytest test_suite.py::test_capital --llm-golden-update",
+        "E*Accept with: pytest test_suite.py::test_capital --llm-model=*/changed --llm-golden-update",
     ])
     assert (project.path / GOLDEN).read_bytes() == before  # a failing check never writes
 
