@@ -47,7 +47,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     llm = LLMModel(loaded, settings)
     test_file = golden_root / "test_bench.py"
     outcomes = TestOutcomes()
-    golden = GoldenTokens(recorder, outcomes, "test_bench.py::test_bench", test_file, lambda: str)
+    golden = GoldenTokens(recorder, outcomes, "test_bench.py::test_bench", test_file, lambda: None)
     for prompt, result in zip(PROMPTS, llm.generate(PROMPTS)):
         golden.check(result, name=prompt)
     recorder.collect(outcomes.to_json())
@@ -56,7 +56,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     checker._models = recorder._models  # share the loaded model
 
     def plugin_run():
-        golden = GoldenTokens(checker, TestOutcomes(), "test_bench.py::test_bench", test_file, lambda: str)
+        golden = GoldenTokens(checker, TestOutcomes(), "test_bench.py::test_bench", test_file, lambda: None)
         for prompt, result in zip(PROMPTS, llm.generate(PROMPTS)):
             golden.check(result, name=prompt)
 

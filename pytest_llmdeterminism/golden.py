@@ -20,14 +20,14 @@ class GoldenTokens:
     """Compares generations with the test's stored goldens, or records them when updating."""
 
     def __init__(self, session: LLMSession, outcomes: TestOutcomes, nodeid: str, test_path: Path,
-                 decoder: Callable[[], report.Decode], *, rerun: str | None = None,
+                 tokenizer: Callable[[], Any], *, rerun: str | None = None,
                  tolerance: Profile | None = None) -> None:
         self._session = session
         self._outcomes = outcomes
         self._target = rerun or report.shell_quote(nodeid)
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = session.golden_path(test_path)
-        self._decoder = decoder
+        self._tokenizer = tokenizer
         self._tolerance = tolerance
         self._used: set[str] = set()
         self._unnamed = 0
@@ -71,8 +71,9 @@ class GoldenTokens:
         self._outcomes.count(comparison.verdict.value if passed else f"{comparison.verdict.value} (failed)")
         if passed:
             return comparison
+        decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
-                                  self._decoder(), profile=str(profile))
+                                  decode, profile=str(profile))
         raise GoldenMismatchError(message, comparison, key=key)
 
     def _key(self, name: str | None) -> str:

@@ -186,6 +186,7 @@ def _integer(setting: str, raw: str | None, default: int, *, minimum: int) -> in
 
 def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, object]:
     """Check ``@deterministic(...)`` arguments; return them parsed."""
+    __tracebackhide__ = True
     parsers: dict[str, Callable[[object], object]] = {
         "seed": lambda v: _integer("@deterministic(seed=...)", str(v), DEFAULT_SEED, minimum=0),
         "max_new_tokens": lambda v: _integer("@deterministic(max_new_tokens=...)", str(v), 1, minimum=1),

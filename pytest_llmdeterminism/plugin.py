@@ -133,11 +133,10 @@ def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
 
     session = request.config.stash[SESSION]
 
-    def decoder() -> Any:
-        tokenizer = session.loaded_model().tokenizer
-        return lambda token: tokenizer.decode([token])
+    def tokenizer() -> Any:
+        return session.loaded_model().tokenizer
 
     outcomes = request.node.stash.setdefault(_OUTCOMES, TestOutcomes())
-    return GoldenTokens(session, outcomes, request.node.nodeid, request.node.path, decoder,
+    return GoldenTokens(session, outcomes, request.node.nodeid, request.node.path, tokenizer,
                         rerun=session.rerun_arguments(request.node),
                         tolerance=session.tolerance_for(request.node))

@@ -38,7 +38,8 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode)} — fails under {profile!r}"]
     if comparison.verdict is Verdict.INPUT_CHANGED:
         lines.append("  the input changed, so outputs were not compared:")
-        lines += [f"    {field}: {_short(old)} -> {_short(new)}" for field, old, new in comparison.input_changes]
+        for field, old, new in comparison.input_changes:
+            lines += _input_change(field, old, new, expected, actual)
     elif comparison.divergence is not None:
         d = comparison.divergence
         lines.append(f"  context:  {_context(actual, d.step, decode)}")
@@ -63,7 +64,7 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT:
         return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ "
-                f"(max |Δlogprob| in top-k {comparison.max_logprob_delta:.3g})")
+                f"(max |Δlogprob| in top-k {_delta(comparison.max_logprob_delta)})")
     assert d is not None
     margins = f"golden margin {d.golden_margin:.3g}"
     if d.golden_margin >= comparison.tie_margin:
@@ -82,17 +83,38 @@ def _drift_line(comparison: Comparison) -> str:
     drift = ("logits identical before it" if comparison.first_hash_step is None
              or comparison.first_hash_step >= matched else
              f"logits differed from step {comparison.first_hash_step}, "
-             f"max |Δlogprob| in top-k {comparison.max_logprob_delta:.3g}")
+             f"max |Δlogprob| in top-k {_delta(comparison.max_logprob_delta)}")
     return f"  before the divergence: {matched}/{comparison.total_steps} tokens matched " \
            f"({matched / total:.0%}); {drift}"
 
 
+def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: Generation) -> list[str]:
+    if field != "prompt_token_ids":
+        return [f"    {field}: {_short(old)} -> {_short(new)}"]
+    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    start = max(0, first - 3)
+
+    def window(ids: Sequence[int]) -> str:
+        shown = ", ".join(map(str, ids[start:first + 6]))
+        return f"[{'…, ' if start else ''}{shown}{', …' if len(ids) > first + 6 else ''}]"
+
+    lines = [f"    prompt: {_short(expected.prompt, 80)} -> {_short(actual.prompt, 80)}"]
+    lines.append(f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
+                 f"{window(old)} -> {window(new)}")
+    return lines
+
+
 def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None) -> Decode:
-    """Token id -> text: the tokenizer when given, else the pieces both generations recorded."""
-    if tokenizer is not None:
-        return lambda token: str(tokenizer.decode([token]))
-    known = {t: p for gen in (expected, actual) for t, p in zip(gen.token_ids, gen.pieces)}
-    return lambda token: known.get(token, f"<id {token}>")
+    """Token id -> text. Generated tokens use the pieces recorded with them (the golden's own
+    text wins), other ids the current ``tokenizer`` when given, else ``<id N>``."""
+    known = {t: p for gen in (actual, expected) for t, p in zip(gen.token_ids, gen.pieces)}
+
+    def decode(token: int) -> str:
+        if token in known:
+            return known[token]
+        return str(tokenizer.decode([token])) if tokenizer is not None else f"<id {token}>"
+
+    return decode
 
 
 def assertrepr(actual: Generation, expected: Generation) -> list[str]:
@@ -107,6 +129,11 @@ def assertrepr(actual: Generation, expected: Generation) -> list[str]:
                     decoder_for(expected, actual), profile="exact")
     return ["Generation == Generation: " + text.split(": ", 1)[1].splitlines()[0],
             *text.splitlines()[1:]]
+
+
+def _delta(value: float) -> str:
+    # Logprobs are stored to 6 decimals: a smaller change shows only in the hash.
+    return f"{value:.3g}" if value >= 1e-6 else "< 1e-6"
 
 
 def _token(token: int, decode: Decode) -> str:

@@ -145,6 +145,7 @@ class LLMSession:
         return path.as_posix() if relative.startswith("..") else relative
 
     def goldens(self, path: Path) -> store.Goldens:
+        __tracebackhide__ = True
         if path not in self._goldens:
             self._goldens[path] = store.read(path)
         return self._goldens[path]

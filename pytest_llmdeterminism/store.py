@@ -32,8 +32,13 @@ from pytest_llmdeterminism.generation import Generation
 SCHEMA_VERSION = 1
 Goldens = dict[str, dict[str, dict[str, Any]]]  # test key -> variant -> entry
 
-_RESTORE_FIX = ("Restore it from version control (git checkout -- FILE) or delete it and re-record "
-                "with: pytest --llm-golden-update")
+def _restore_fix(path: Path) -> str:
+    return (f"Restore it from version control (git checkout -- {path}), or delete it and re-record "
+            "with: pytest --llm-golden-update")
+
+
+def _rerecord_fix(path: Path) -> str:
+    return f"To start over: delete {path}, then run: pytest --llm-golden-update"
 
 
 def to_entry(generation: Generation) -> dict[str, Any]:
@@ -76,6 +81,7 @@ def from_entry(entry: Mapping[str, Any]) -> Generation:
 
 def read(path: Path) -> Goldens:
     """The goldens in ``path`` ({} when it does not exist). Raises :class:`GoldenFileError`."""
+    __tracebackhide__ = True
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -83,38 +89,62 @@ def read(path: Path) -> Goldens:
     try:
         document = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise GoldenFileError(path, f"is not valid JSON ({error})", _RESTORE_FIX) from None
+        raise GoldenFileError(path, f"is not valid JSON ({error})", _restore_fix(path)) from None
     if not isinstance(document, dict) or "schema" not in document:
         raise GoldenFileError(path, "has no 'schema' field: it is not a pytest-llmdeterminism golden",
-                              _RESTORE_FIX)
+                              _restore_fix(path))
     if document["schema"] != SCHEMA_VERSION:
         raise GoldenFileError(
             path, f"has schema version {document['schema']!r}; this pytest-llmdeterminism reads "
             f"version {SCHEMA_VERSION}",
-            "Use the pytest-llmdeterminism version that wrote it (pip install -U pytest-llmdeterminism), "
-            "or re-record with: pytest --llm-golden-update",
+            "If a newer pytest-llmdeterminism wrote it, upgrade (pip install -U pytest-llmdeterminism). "
+            + _rerecord_fix(path),
         )
     if document.get("logit_hash") != LOGIT_HASH_DEFINITION:
         raise GoldenFileError(
             path, f"hashes logits as {document.get('logit_hash')!r}, not as {LOGIT_HASH_DEFINITION!r}",
-            "Re-record with: pytest --llm-golden-update",
+            _rerecord_fix(path),
         )
     goldens = document.get("goldens")
-    if not _well_formed(goldens):
-        raise GoldenFileError(path, "has a malformed 'goldens' section", _RESTORE_FIX)
+    problem = _malformed(goldens)
+    if problem:
+        raise GoldenFileError(path, f"has a malformed golden: {problem}", _restore_fix(path))
     return cast(Goldens, goldens)
 
 
-def _well_formed(goldens: Any) -> bool:
-    required = {"prompt", "prompt_token_ids", "steps", "text", "finish_reason", "generation_config",
-                "batch_shape"}
-    return isinstance(goldens, dict) and all(
-        isinstance(variants, dict) and all(
-            isinstance(entry, dict) and required <= entry.keys() and isinstance(entry["steps"], list)
-            for entry in variants.values()
-        )
-        for variants in goldens.values()
-    )
+_ENTRY_FIELDS = {"prompt": str, "prompt_token_ids": list, "steps": list, "text": str, "finish_reason": str,
+                 "generation_config": dict, "batch_shape": str}
+
+
+def _malformed(goldens: Any) -> str | None:
+    """What is wrong with a parsed ``goldens`` section (a hand edit, a bad merge), or None."""
+    if not isinstance(goldens, dict):
+        return "'goldens' is not an object"
+    for key, variants in goldens.items():
+        if not isinstance(variants, dict):
+            return f"{key!r} is not an object of variants"
+        for variant, entry in variants.items():
+            where = f"[{key!r}][{variant!r}]"
+            if not isinstance(entry, dict):
+                return f"{where} is not an object"
+            for field, kind in _ENTRY_FIELDS.items():
+                if not isinstance(entry.get(field), kind):
+                    return f"{where} field {field!r} is missing or not a {kind.__name__}"
+            for index, step in enumerate(entry["steps"]):
+                if not _step_ok(step):
+                    return f"{where} step {index} needs hash (str), token (int), margin (number), top ([[int, number], ...])"
+    return None
+
+
+def _step_ok(step: Any) -> bool:
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return (isinstance(step, dict) and isinstance(step.get("hash"), str)
+            and isinstance(step.get("token"), int) and not isinstance(step.get("token"), bool)
+            and number(step.get("margin")) and isinstance(step.get("top"), list)
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and number(p[1])
+                    for p in step["top"]))
 
 
 def dumps(goldens: Goldens) -> str:

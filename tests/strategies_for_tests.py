@@ -32,3 +32,14 @@ def generations(draw, steps=None):
         fingerprint={"device_class": "cpu", "dtype": draw(st.sampled_from(["float32", "bfloat16"])),
                      "torch": "2.13.0"},
     )
+
+
+def sample_generation(steps: int = 2) -> Generation:
+    """A fixed, valid record for tests that edit one field of it."""
+    tops = tuple(((10 + i, -0.1), (20 + i, -2.5)) for i in range(steps))
+    return Generation(
+        prompt="p", prompt_token_ids=(1, 2), token_ids=tuple(10 + i for i in range(steps)), text="ab",
+        logit_hashes=tuple(f"{i:016x}" for i in range(steps)), top_logprobs=tops,
+        margins=(2.4,) * steps, finish_reason="length", generation_config={"max_new_tokens": steps},
+        batch_shape="1x8", pieces=("a", "b", "c", "d")[:steps], fingerprint={"dtype": "float32"},
+    )

@@ -79,7 +79,24 @@ def test_changed_hash_definition_is_a_schema_error(tmp_path):
 def test_malformed_entry_is_named(tmp_path):
     path = tmp_path / "test_m.json"
     path.write_text(store.dumps({"test_x": {"cpu/float32": {"prompt": "x"}}}))
-    with pytest.raises(GoldenFileError, match="malformed 'goldens' section"):
+    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] field 'prompt_token_ids'"):
+        store.read(path)
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda step: step.pop("hash"), "step 0 needs hash"),
+    (lambda step: step.update(token="x"), "step 0 needs hash"),
+    (lambda step: step.update(top=[[1]]), "step 0 needs hash"),
+    (lambda step: step.update(margin=None), "step 0 needs hash"),
+])
+def test_hand_edited_step_is_named(tmp_path, edit, problem):
+    from .strategies_for_tests import sample_generation
+
+    entry = store.to_entry(sample_generation())
+    edit(entry["steps"][0])
+    path = tmp_path / "test_m.json"
+    path.write_text(store.dumps({"test_x": {"cpu/float32": entry}}))
+    with pytest.raises(GoldenFileError, match=problem):
         store.read(path)
 
 

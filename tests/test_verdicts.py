@@ -85,7 +85,8 @@ def test_changed_prompt_is_input_changed_with_the_id_diff(recorded):
     result.stdout.fnmatch_lines([
         "E*INPUT_CHANGED — prompt_token_ids — fails under 'exact'",
         "E*the input changed, so outputs were not compared:",
-        "E*prompt_token_ids: (1, *) -> (1, *)",
+        "E*prompt: 'The cat sat on the' -> 'The cat sat on a'",
+        "E*prompt_token_ids differ from position * (* -> * ids): [[]*] -> [[]*]",
     ])
     assert "context:" not in result.stdout.str()
 
