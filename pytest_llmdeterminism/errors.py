@@ -74,16 +74,19 @@ class NonFiniteLogitsError(LLMDeterminismError, ValueError):
 class PromptTooLongError(LLMDeterminismError, ValueError):
     """A prompt has more tokens than the fixed batch shape's length L."""
 
-    def __init__(self, prompt: str, n_tokens: int, batch_shape: str) -> None:
+    def __init__(self, prompt: str, n_tokens: int, batch_shape: str, *,
+                 setting: str = "llm_batch_shape") -> None:
         self.prompt = prompt
         self.n_tokens = n_tokens
         self.batch_shape = batch_shape
         rows, _, length = batch_shape.partition("x")
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        fitting = f"{rows}x{_next_power_of_two(n_tokens)}"
+        fix = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
+               f"llm_batch_shape = \"{fitting}\" (or --llm-batch-shape)")
         super().__init__(
-            f"prompt {shown!r} has {n_tokens} tokens but llm_batch_shape {batch_shape!r} allows "
-            f"{length}. Every generation runs at one fixed shape BxL; raise L, e.g. "
-            f"llm_batch_shape = \"{rows}x{_next_power_of_two(n_tokens)}\" (or --llm-batch-shape). "
+            f"prompt {shown!r} has {n_tokens} tokens but {setting.replace('=...', '')} {batch_shape!r} "
+            f"allows {length}. Every generation runs at one fixed shape BxL; raise L, e.g. {fix}. "
             "Changing the shape changes the numerics, so re-record goldens afterwards."
         )
 
@@ -103,7 +106,7 @@ class GoldenFileError(LLMDeterminismError):
 class GoldenMismatchError(LLMDeterminismError, AssertionError):
     """A golden check failed. ``comparison`` carries the verdict and the first divergence."""
 
-    def __init__(self, message: str, comparison: Comparison | None, **details: Any) -> None:
+    def __init__(self, message: str, comparison: Comparison, **details: Any) -> None:
         self.comparison = comparison
         self.details = details
         super().__init__(message)

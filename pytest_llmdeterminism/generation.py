@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_llmdeterminism.errors import SamplingRefusedError
+from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
 
 TopK = tuple[tuple[int, float], ...]
 
@@ -90,10 +90,34 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
             raise SamplingRefusedError(
                 name, value, f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})"
             )
-        if name == "eos_token_id":
-            value = sorted([value] if isinstance(value, int) else list(value))
-        effective[name] = value
+        effective[name] = _checked_override(name, value)
     return effective
+
+
+def _checked_override(name: str, value: Any) -> Any:
+    """An accepted override, validated so that a bad value fails here, not deep in transformers."""
+    __tracebackhide__ = True
+
+    def integer(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    checks: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "max_new_tokens": (lambda v: integer(v) and v >= 1, "an integer >= 1"),
+        "min_new_tokens": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
+        "no_repeat_ngram_size": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
+        "repetition_penalty": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+                               "a number > 0 (1.0 means no penalty)"),
+        "use_cache": (lambda v: isinstance(v, bool), "True or False"),
+        "eos_token_id": (lambda v: integer(v) or (isinstance(v, (list, tuple)) and bool(v)
+                                                  and all(integer(t) for t in v)),
+                         "a token id or a non-empty list of token ids"),
+    }
+    ok, expected = checks[name]
+    if not ok(value):
+        raise ConfigurationError(f"llm_model.generate({name}=...)", value, f"expected {expected}")
+    if name == "eos_token_id":
+        return sorted([value] if isinstance(value, int) else set(value))
+    return value
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
-from pytest_llmdeterminism.errors import GoldenMismatchError
+from pytest_llmdeterminism.errors import ConfigurationError, GoldenMismatchError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
@@ -60,7 +60,7 @@ class GoldenTokens:
                 return None
             self._outcomes.count(Verdict.MISSING.value)
             raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
-                                      None, key=key)
+                                      Comparison(Verdict.MISSING), key=key, path=self._path)
         expected = store.from_entry(stored)
         profile = self._tolerance or self._session.options.tolerance.profile_for(
             generation.fingerprint.get("device_class", "cpu"), generation.fingerprint.get("dtype", "float32"))
@@ -74,7 +74,8 @@ class GoldenTokens:
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=str(profile))
-        raise GoldenMismatchError(message, comparison, key=key)
+        raise GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
+                                  actual=generation)
 
     def _key(self, name: str | None) -> str:
         __tracebackhide__ = True
@@ -83,10 +84,11 @@ class GoldenTokens:
             key = self._test_key if self._unnamed == 1 else f"{self._test_key}#{self._unnamed}"
         else:
             if not name or not isinstance(name, str):
-                raise ValueError(f"golden_tokens.check(name=...) must be a non-empty string, got {name!r}")
+                raise ConfigurationError("golden_tokens.check(name=...)", name, "expected a non-empty string")
             key = f"{self._test_key}::{name}"
         if key in self._used:
-            raise ValueError(f"golden {key!r} is checked twice in one test; give each check its own name=")
+            raise ConfigurationError("golden_tokens.check(name=...)", name,
+                                     f"golden {key!r} is checked twice in one test; give each check its own name=")
         self._used.add(key)
         return key
 

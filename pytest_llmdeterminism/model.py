@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import StepCapture
 from pytest_llmdeterminism.determinism import deterministic_state
-from pytest_llmdeterminism.errors import PromptTooLongError
+from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError
 from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.options import BatchShape
@@ -30,6 +30,7 @@ class GenerationSettings:
     batch_shape: BatchShape
     max_new_tokens: int
     seed: int
+    batch_shape_setting: str = "llm_batch_shape"  # where the shape came from, for error messages
 
 
 class LLMModel:
@@ -94,9 +95,11 @@ class LLMModel:
         __tracebackhide__ = True
         ids = list(self.tokenizer(prompt)["input_ids"])
         if not ids:
-            raise ValueError(f"prompt {prompt!r} encodes to no tokens; give the model something to continue")
+            raise ConfigurationError("llm_model.generate(prompt)", prompt,
+                                     "encodes to no tokens; give the model something to continue")
         if len(ids) > self.settings.batch_shape.length:
-            raise PromptTooLongError(prompt, len(ids), str(self.settings.batch_shape))
+            raise PromptTooLongError(prompt, len(ids), str(self.settings.batch_shape),
+                                     setting=self.settings.batch_shape_setting)
         return ids
 
     def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: dict[str, Any]) -> list[Generation]:

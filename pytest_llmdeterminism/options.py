@@ -128,10 +128,10 @@ def read(config: pytest.Config) -> Options:
         return str(raw).strip() if raw not in (None, "") else None
 
     rootdir = Path(config.rootpath)
-    golden_dir = value("llm_golden_dir")
+    golden_dir = _path_setting("llm_golden_dir", value("llm_golden_dir"), config)
     return Options(
         model=_model_spec(value("llm_model"), config),
-        golden_dir=(rootdir / golden_dir).resolve() if golden_dir else None,
+        golden_dir=Path(golden_dir).resolve() if golden_dir else None,
         batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
         dtype=_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
         device=_device(value("llm_device") or "auto"),
@@ -150,13 +150,21 @@ def read(config: pytest.Config) -> Options:
 
 
 def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
-    """Resolve a path relative to the ini file that set it (or the rootdir), keep builtin: names."""
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
-    path = Path(spec).expanduser()
+    return _path_setting("llm_model", spec, config)
+
+
+def _path_setting(name: str, raw: str | None, config: pytest.Config) -> str | None:
+    """A path from the command line is relative to where pytest started; one from the ini file is
+    relative to that file (as a user reads it); ``~`` is expanded in both."""
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
     if not path.is_absolute():
-        base = config.inipath.parent if config.getoption("llm_model") is None and config.inipath else None
-        path = (base or Path.cwd()) / path
+        from_ini = config.getoption(name) is None and config.inipath is not None
+        base = config.inipath.parent if from_ini and config.inipath else Path(config.invocation_params.dir)
+        path = base / path
     return str(path)
 
 

@@ -89,18 +89,23 @@ class LLMSession:
                 self._models[key] = backends.load(spec, dtype=self.options.dtype, device=self.options.device)
             except ModelLoadError as error:
                 self._models[key] = error  # fail every test the same way, without loading again
+            except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
+                self._models[key] = ModelLoadError(spec, f"{type(error).__name__}: {error}")
         loaded = self._models[key]
         if isinstance(loaded, ModelLoadError):
             raise loaded
         return loaded
 
     def _marker_kwargs(self, item: pytest.Item) -> dict[str, object]:
+        """Arguments of every ``@deterministic`` on the test, its class and module; closest wins."""
         __tracebackhide__ = True
-        marker = item.get_closest_marker(MARKER)
-        if marker and marker.args:
-            raise ConfigurationError(f"@deterministic in {item.nodeid}", marker.args,
-                                     "takes keyword arguments only, e.g. @deterministic(max_new_tokens=24)")
-        return validate_marker_kwargs(dict(marker.kwargs), item.nodeid) if marker else {}
+        merged: dict[str, object] = {}
+        for marker in reversed(list(item.iter_markers(MARKER))):  # farthest first
+            if marker.args:
+                raise ConfigurationError(f"@deterministic in {item.nodeid}", marker.args,
+                                         "takes keyword arguments only, e.g. @deterministic(max_new_tokens=24)")
+            merged.update(marker.kwargs)
+        return validate_marker_kwargs(merged, item.nodeid)
 
     def tolerance_for(self, item: pytest.Item) -> Profile | None:
         """The marker's ``tolerance=`` profile; None lets the options decide per device class."""
@@ -118,6 +123,7 @@ class LLMSession:
         assert isinstance(shape, BatchShape)
         return GenerationSettings(
             batch_shape=shape,
+            batch_shape_setting="@deterministic(batch_shape=...)" if "batch_shape" in given else "llm_batch_shape",
             max_new_tokens=int(given.get("max_new_tokens", self.options.max_new_tokens)),  # type: ignore[call-overload]
             seed=int(given.get("seed", self.options.seed)),  # type: ignore[call-overload]
         )

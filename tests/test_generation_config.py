@@ -86,3 +86,19 @@ def test_sampling_inside_a_deterministic_test_fails_at_the_users_line(suite):
         ">*llm_model.generate(*do_sample=True, temperature=0.7)",
         "E*SamplingRefusedError: llm_model.generate(do_sample=True) refused: sampling draws tokens at random*",
     ])
+
+
+@pytest.mark.parametrize(("argument", "value", "expected"), [
+    ("max_new_tokens", 0, "an integer >= 1"),
+    ("max_new_tokens", "5", "an integer >= 1"),
+    ("min_new_tokens", -1, "an integer >= 0"),
+    ("repetition_penalty", 0, "a number > 0"),
+    ("eos_token_id", None, "a token id or a non-empty list"),
+    ("eos_token_id", [], "a token id or a non-empty list"),
+    ("use_cache", 1, "True or False"),
+])
+def test_bad_accepted_override_values_fail_early_and_clearly(argument, value, expected):
+    from pytest_llmdeterminism.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=rf"llm_model.generate\({argument}=...\) = .*expected {expected}"):
+        resolve(**{argument: value})

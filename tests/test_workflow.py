@@ -235,3 +235,29 @@ def test_xdist_worker_crash_keeps_goldens_recorded_before_it(suite):
     result = suite.runpytest_subprocess("-n", "1", "-p", "no:randomly", "--llm-golden-update")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["golden checks: 1 recorded", "wrote __golden__/test_crash.json (1 golden)"])
+
+
+def test_class_marker_arguments_merge_with_the_methods(suite):
+    suite.makepyfile(
+        test_cls="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(batch_shape="2x16", seed=3)
+        class TestGroup:
+            @deterministic(max_new_tokens=2)
+            def test_m(self, llm_model, golden_tokens):
+                result = llm_model.generate("Count: one,")
+                assert result.batch_shape == "2x16" and len(result.token_ids) == 2
+                golden_tokens.check(result)
+        """
+    )
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    goldens = json.loads((suite.path / "__golden__" / "test_cls.json").read_text())["goldens"]
+    assert list(goldens) == ["TestGroup::test_m"]
+
+
+def test_unavailable_device_is_a_load_error_reported_once(suite):
+    suite.makepyfile("def test_a(llm_model): pass\ndef test_b(llm_model): pass\n")
+    result = suite.runpytest("--llm-device=cuda:3")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*llm_device = 'cuda:3' but this machine has 0 CUDA device(s) visible*"])

@@ -27,12 +27,21 @@ def _offline() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def pick_device(device: str) -> str:
+def pick_device(spec: str, device: str) -> str:
     import torch
 
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise ModelLoadError(spec, f"llm_device = {device!r} but this machine has {count} CUDA "
+                                 "device(s) visible. Use llm_device = \"auto\" or \"cpu\", or check "
+                                 "CUDA_VISIBLE_DEVICES")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(spec, "llm_device = 'mps' but MPS is not available here; use \"auto\" or \"cpu\"")
+    return device
 
 
 def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
@@ -41,7 +50,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    device = pick_device(device)
+    device = pick_device(spec, device)
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if kind == "gguf":
         source, common["gguf_file"] = str(path.parent), path.name
