@@ -121,12 +121,29 @@ def register(parser: pytest.Parser) -> None:
     )
 
 
+_PATH_FLAGS = ("--llm-model", "--llm-golden-dir")
+
+
+def _require_equals_for_paths(args: list[str]) -> None:
+    """pytest picks its rootdir and ini file from the command line's existing paths before plugin
+    options are parsed, so ``--llm-model DIR`` makes DIR look like a test path and the project's
+    ini file silently goes unread. ``--llm-model=DIR`` is unambiguous."""
+    for flag, following in zip(args, args[1:]):
+        if flag in _PATH_FLAGS and not following.startswith("-"):
+            raise ConfigurationError(
+                flag, following,
+                f"write {flag}={following} (with '='): with a space pytest reads {following!r} as a "
+                "test path when it looks for your pytest.ini / pyproject.toml, and ignores them",
+            )
+
+
 def read(config: pytest.Config) -> Options:
     def value(ini: str) -> str | None:
         cli = config.getoption(ini)
         raw = cli if cli is not None else config.getini(ini)
         return str(raw).strip() if raw not in (None, "") else None
 
+    _require_equals_for_paths([str(a) for a in config.invocation_params.args])
     rootdir = Path(config.rootpath)
     golden_dir = _path_setting("llm_golden_dir", value("llm_golden_dir"), config)
     return Options(

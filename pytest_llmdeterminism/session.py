@@ -81,7 +81,7 @@ class LLMSession:
             raise ConfigurationError(
                 "llm_model", None,
                 "no model configured. Set llm_model in your pytest ini (e.g. llm_model = \"builtin:tiny\" "
-                "or a local folder / .gguf file) or pass --llm-model PATH",
+                "or a local folder / .gguf file) or pass --llm-model=PATH",
             )
         key = (spec, self.options.dtype, self.options.device)
         if key not in self._models:

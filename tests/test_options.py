@@ -53,7 +53,7 @@ def test_no_model_configured_names_the_setting(pytester):
     pytester.makepyfile("def test_x(llm_model): pass")
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*no model configured*llm_model = \"builtin:tiny\"*--llm-model PATH*"])
+    result.stdout.fnmatch_lines(["*no model configured*llm_model = \"builtin:tiny\"*--llm-model=PATH*"])
 
 
 def test_missing_model_path_says_nothing_is_downloaded(pytester):
@@ -88,3 +88,11 @@ def test_bad_marker_argument_names_it(suite):
     result = suite.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*@deterministic(temperature=...)*unknown argument; accepted: batch_shape, max_new_tokens, seed, tolerance*"])
+
+
+def test_path_options_need_an_equals_sign(pytester, tmp_path):
+    pytester.makeini("[pytest]\nllm_batch_shape = 4x32\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--llm-model", str(tmp_path))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --llm-model = '{tmp_path}': write --llm-model={tmp_path} (with '=')*"])

@@ -50,7 +50,7 @@ def resolve(spec: str) -> tuple[str, Path]:
         spec,
         "no such folder or .gguf file. The plugin never downloads from a model hub; download the "
         "model first (e.g. `hf download ORG/NAME --local-dir models/NAME`) and set "
-        "llm_model = \"models/NAME\" (or --llm-model models/NAME)",
+        "llm_model = \"models/NAME\" (or --llm-model=models/NAME)",
     )
 
 
