@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_llmdeterminism.audit import AuditReport, NondeterminismError, audit
 from pytest_llmdeterminism.errors import (
     ConfigurationError,
     GoldenFileError,
@@ -21,6 +22,7 @@ from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.golden import assert_tokens_match
 
 __all__ = [
+    "AuditReport",
     "ConfigurationError",
     "Generation",
     "GoldenFileError",
@@ -28,9 +30,11 @@ __all__ = [
     "LLMDeterminismError",
     "ModelLoadError",
     "NonFiniteLogitsError",
+    "NondeterminismError",
     "PromptTooLongError",
     "SamplingRefusedError",
     "assert_tokens_match",
+    "audit",
     "deterministic",
 ]
 

@@ -45,8 +45,11 @@ class StepCapture:
     ``rows x k`` top-k; the per-row records are built once, when the block ends.
     """
 
-    def __init__(self, model: torch.nn.Module, rows: int, top_k: int = TOP_K) -> None:
+    def __init__(self, model: torch.nn.Module, rows: int, top_k: int = TOP_K, *,
+                 keep_logits: bool = False) -> None:
         self._model = model
+        self._keep_logits = keep_logits
+        self.logits: list[Any] = []  # per step, rows x vocab float32 (only with keep_logits, for audits)
         self._top_k = top_k
         self._n_rows = rows
         self._hashes: list[list[str]] = []
@@ -90,6 +93,8 @@ class StepCapture:
         if self._non_finite is None and not np.isfinite(raw).all():
             self._non_finite = (len(self._hashes), int(np.nonzero(~np.isfinite(raw).all(axis=1))[0][0]))
         self._hashes.append([xxhash.xxh3_64_hexdigest(row) for row in raw])
+        if self._keep_logits:
+            self.logits.append(raw.copy())
 
     def _on_scores(self, scores: torch.Tensor) -> None:
         import torch

@@ -8,7 +8,8 @@ changes a result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -37,9 +38,17 @@ class LLMModel:
     """Greedy, fixed-shape generation with per-step capture. ``.model`` and ``.tokenizer`` are the
     underlying transformers objects."""
 
-    def __init__(self, loaded: LoadedModel, settings: GenerationSettings) -> None:
+    def __init__(self, loaded: LoadedModel, settings: GenerationSettings, *,
+                 after_generate: Callable[[LLMModel, list[Generation], dict[str, Any]], None] | None = None) -> None:
         self._loaded = loaded
         self.settings = settings
+        self._after_generate = after_generate  # the --llm-audit hook
+        self._keep_logits = False
+        self.last_logits: list[Any] = []  # per prompt of the last call: steps x vocab, audits only
+
+    def with_settings(self, **changes: Any) -> LLMModel:
+        """The same loaded model under other settings (shape, seed, ...): for audits and probes."""
+        return LLMModel(self._loaded, dataclasses.replace(self.settings, **changes))
 
     @property
     def model(self) -> Any:
@@ -79,9 +88,12 @@ class LLMModel:
         encoded = [self._encode(p) for p in prompts]
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
+        self.last_logits = []
         for start in range(0, len(prompts), rows):
             chunk = list(zip(prompts[start:start + rows], encoded[start:start + rows]))
             results += self._generate_chunk(chunk, config)
+        if self._after_generate is not None:
+            self._after_generate(self, results, overrides)
         return results[0] if isinstance(prompt, str) else results
 
     def _eos_token_ids(self) -> list[int]:
@@ -125,7 +137,7 @@ class LLMModel:
         model.generation_config = GenerationConfig()
         try:
             with deterministic_state(self.settings.seed), torch.inference_mode(), \
-                    StepCapture(model, rows=len(chunk)) as capture:
+                    StepCapture(model, rows=len(chunk), keep_logits=self._keep_logits) as capture:
                 output = model.generate(
                     input_ids=input_ids.to(device),
                     attention_mask=attention_mask.to(device),
@@ -137,10 +149,14 @@ class LLMModel:
             model.generation_config = checkpoint_config
         new_tokens = output[:, shape.length:].cpu().tolist()
         eos = set(config["eos_token_id"])
-        return [
+        records = [
             self._record(prompt, ids, new_tokens[row], capture.rows[row], config, eos, fingerprint_now)
             for row, (prompt, ids) in enumerate(chunk)
         ]
+        if self._keep_logits:
+            self.last_logits += [[step[row] for step in capture.logits[: len(record.token_ids)]]
+                                 for row, record in enumerate(records)]
+        return records
 
     def _record(self, prompt: str, prompt_ids: list[int], tokens: list[int], steps: Any,
                 config: dict[str, Any], eos: set[int], fingerprint_now: dict[str, Any]) -> Generation:

@@ -7,6 +7,7 @@ error that names the setting and shows a valid example.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ class Options:
     update: UpdateMode | None
     tolerance: ToleranceSetting
     golden_fallback: bool
+    audit: int | None  # repeats per audited generation, or None when --llm-audit is off
+    audit_dtype: str | None
     rootdir: Path
     invocation_dir: Path
     cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
@@ -105,6 +108,15 @@ def _update_mode(value: str) -> str:
     )
 
 
+def _audit_repeats(value: str) -> int:
+    if value.isdigit() and int(value) >= 2:
+        return int(value)
+    raise argparse.ArgumentTypeError(
+        f"expected a number of repeats >= 2, got {value!r}. To audit and name test paths, write "
+        "'--llm-audit=5 PATH' (or put PATH before the flag)."
+    )
+
+
 def register(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmdeterminism", "LLM output regression testing (pytest-llmdeterminism)")
     for setting in SETTINGS:
@@ -114,6 +126,15 @@ def register(parser: pytest.Parser) -> None:
         "--llm-golden-update", dest="llm_golden_update", nargs="?", const="all", default=None,
         type=_update_mode, metavar="all|new",
         help="record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
+    )
+    group.addoption(
+        "--llm-audit", dest="llm_audit", nargs="?", const=5, default=None, type=_audit_repeats, metavar="N",
+        help="audit every deterministic generation: repeat it N times (default 5) and re-run it at another "
+             "batch size, padding, cache setting and thread count; report what changed the result",
+    )
+    group.addoption(
+        "--llm-audit-dtype", dest="llm_audit_dtype", default=None, choices=DTYPES,
+        help="with --llm-audit, also re-run each generation in this dtype",
     )
     group.addoption(
         "--llm-golden-fallback", dest="llm_golden_fallback", action="store_true", default=False,
@@ -128,7 +149,7 @@ def _require_equals_for_paths(args: list[str]) -> None:
     """pytest picks its rootdir and ini file from the command line's existing paths before plugin
     options are parsed, so ``--llm-model DIR`` makes DIR look like a test path and the project's
     ini file silently goes unread. ``--llm-model=DIR`` is unambiguous."""
-    for flag, following in zip(args, args[1:]):
+    for flag, following in itertools.pairwise(args):
         if flag in _PATH_FLAGS and not following.startswith("-"):
             raise ConfigurationError(
                 flag, following,
@@ -159,6 +180,8 @@ def read(config: pytest.Config) -> Options:
         tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
         if value("llm_tolerance") else ToleranceSetting({}),
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
+        audit=config.getoption("llm_audit"),
+        audit_dtype=config.getoption("llm_audit_dtype"),
         rootdir=rootdir,
         invocation_dir=Path(config.invocation_params.dir),
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS

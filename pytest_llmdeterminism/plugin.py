@@ -86,7 +86,7 @@ class _OutcomeCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         payload = getattr(report, REPORT_ATTRIBUTE, None)
         if payload is not None:
-            self._session.collect(payload)
+            self._session.collect(payload, report.nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -123,7 +123,9 @@ def llm_model(request: pytest.FixtureRequest) -> LLMModel:
 
     __tracebackhide__ = True
     session = request.config.stash[SESSION]
-    return LLMModel(session.loaded_model(), session.settings_for(request.node))
+    outcomes = request.node.stash.setdefault(_OUTCOMES, TestOutcomes())
+    return LLMModel(session.loaded_model(), session.settings_for(request.node),
+                    after_generate=session.audit_hook(request.node, outcomes))
 
 
 @pytest.fixture

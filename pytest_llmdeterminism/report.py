@@ -176,6 +176,26 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One table per audited generation, then which sources moved results, across the session."""
+    from pytest_llmdeterminism.audit import AuditReport
+
+    if not audits:
+        return []
+    reports = [(nodeid, AuditReport.from_json(data)) for nodeid, data in audits]
+    lines: list[str] = []
+    for nodeid, found in reports:
+        lines += [f"{nodeid}: " + found.lines()[0], *found.lines()[1:]]
+    moved: dict[str, int] = {}
+    for _, found in reports:
+        for row in found.rows:
+            moved[row.source] = moved.get(row.source, 0) + row.moved
+    nondeterministic = sum(found.nondeterministic for _, found in reports)
+    lines.append(f"audit summary: {len(reports)} generation(s), {nondeterministic} nondeterministic; "
+                 "results moved by " + ", ".join(f"{source} {n}/{len(reports)}" for source, n in moved.items()))
+    return lines
+
+
 def summary(counts: dict[str, int], written: Sequence[str], errors: Iterable[str],
             notes: Sequence[str] = ()) -> list[str]:
     """Terminal summary lines: checks per outcome, files written, write problems, notes."""

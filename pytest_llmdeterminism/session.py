@@ -41,6 +41,7 @@ class TestOutcomes:
     records: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    audits: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
@@ -53,9 +54,10 @@ class TestOutcomes:
         self.notes.append(line)
 
     def to_json(self) -> dict[str, Any] | None:
-        if not (self.records or self.counts or self.notes):
+        if not (self.records or self.counts or self.notes or self.audits):
             return None
-        payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes}
+        payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes,
+                   "audits": self.audits}
         # Plain JSON types only: the payload crosses process boundaries under xdist.
         return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
 
@@ -70,6 +72,7 @@ class LLMSession:
         self.written: list[str] = []
         self.write_errors: list[str] = []
         self.notes: list[str] = []
+        self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
 
     # -- models ---------------------------------------------------------------------------
     def loaded_model(self) -> LoadedModel:
@@ -114,6 +117,25 @@ class LLMSession:
         assert profile is None or isinstance(profile, Profile)
         return profile
 
+    def audit_hook(self, item: pytest.Item, outcomes: TestOutcomes) -> Any:
+        """Under ``--llm-audit``, what ``llm_model.generate`` calls after each deterministic call."""
+        if self.options.audit is None or item.get_closest_marker(MARKER) is None:
+            return None
+        repeats, dtype = self.options.audit, self.options.audit_dtype
+
+        def after_generate(llm: Any, results: list[Generation], overrides: dict[str, Any]) -> None:
+            __tracebackhide__ = True
+            from pytest_llmdeterminism.audit import NondeterminismError, audit
+
+            for result in results:
+                found = audit(llm, result.prompt, repeats=repeats, dtype=dtype, **overrides)
+                outcomes.audits.append(found.to_json())
+                if found.nondeterministic:
+                    outcomes.count("NONDETERMINISTIC (failed)")
+                    raise NondeterminismError(found)
+
+        return after_generate
+
     def settings_for(self, item: pytest.Item) -> GenerationSettings:
         __tracebackhide__ = True
         from pytest_llmdeterminism.model import GenerationSettings
@@ -157,12 +179,13 @@ class LLMSession:
         return self._goldens[path]
 
     # -- end of each test, end of run ----------------------------------------------------
-    def collect(self, payload: dict[str, Any]) -> None:
+    def collect(self, payload: dict[str, Any], nodeid: str = "") -> None:
         """Take one test's outcomes (:meth:`TestOutcomes.to_json`), from this process or a worker."""
         for path, key, variant, entry in payload["records"]:
             self.pending.setdefault(path, {}).setdefault(key, {})[variant] = entry
         self.counts.update(payload["counts"])
         self.notes += payload["notes"]
+        self.audits += [(nodeid, audit) for audit in payload["audits"]]
 
     def flush(self) -> None:
         """Write every queued golden, one atomic write per file; one bad file never stops the rest."""
@@ -176,4 +199,5 @@ class LLMSession:
         self.pending.clear()
 
     def summary_lines(self) -> list[str]:
-        return report.summary(dict(self.counts), self.written, self.write_errors, self.notes)
+        return report.summary(dict(self.counts), self.written, self.write_errors, self.notes) + \
+            report.audit_summary(self.audits)

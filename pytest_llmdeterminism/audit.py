@@ -1,0 +1,190 @@
+"""Determinism audit: re-run one generation under each known source of change and say which moved it.
+
+Each row answers "does this change the result?" with: tokens changed (and the first step), and the
+largest absolute difference of the raw logits before the tokens part ways. Rows:
+
+- ``repeat``: the same call N times in this process; more than one distinct result is
+  ``NONDETERMINISTIC`` and fails the test;
+- ``batch``: among other prompts at the same shape (the plugin's promise: nothing changes);
+- ``batch_size``, ``padding``: another B, another L;
+- ``cache``: the KV cache off;
+- ``threads``: another torch thread count;
+- ``dtype``: another dtype, when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.options import BatchShape
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.model import LLMModel
+
+DEFAULT_REPEATS = 5
+COMPANIONS = ("Hello there, how are you today?", "def add(a, b):", "1 2 3", "The weather today is",
+              "Once upon a time, in a land far away,", "Q:")
+EXPLANATIONS = {
+    "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
+              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in eval()",
+    "batch": "other prompts in the batch changed the numerics: run every generation at one fixed shape",
+    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's identity)",
+    "padding": "padded length changes numerics: keep L in llm_batch_shape fixed",
+    "cache": "KV cache on/off takes another numeric path: keep use_cache pinned",
+    "threads": "thread count changes CPU reduction order: pin torch.set_num_threads / OMP_NUM_THREADS",
+    "dtype": "dtype changes rounding: keep llm_dtype fixed and record one golden variant per dtype",
+}
+
+
+class NondeterminismError(LLMDeterminismError, AssertionError):
+    """Repeated identical calls gave different results. ``audit`` holds the full report."""
+
+    def __init__(self, audit: AuditReport) -> None:
+        self.audit = audit
+        super().__init__("NONDETERMINISTIC: " + "\n".join(audit.lines()))
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    source: str
+    change: str  # what was varied, e.g. "4 -> 1"
+    tokens_changed: bool
+    first_step: int | None  # first step whose token differs
+    max_logit_delta: float  # max |Δlogit| over the steps before the tokens part ways
+    ran: bool = True  # False when the change does not apply (e.g. no companions at B=1)
+
+    @property
+    def moved(self) -> bool:
+        return self.ran and (self.tokens_changed or self.max_logit_delta > 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    prompt: str
+    batch_shape: str
+    rows: tuple[AuditRow, ...]
+    unique: int
+    repeats: int
+
+    @property
+    def nondeterministic(self) -> bool:
+        return self.unique > 1
+
+    def lines(self) -> list[str]:
+        head = f"audit of {self.prompt!r} at {self.batch_shape}:"
+        table = [f"  {'source':<12}{'change':<26}{'tokens':<16}{'max |Δlogit|':<14}what it means"]
+        for row in self.rows:
+            if not row.ran:
+                tokens, delta, meaning = "-", "-", "not run: " + row.change
+                change = ""
+            else:
+                tokens = f"changed at {row.first_step}" if row.tokens_changed else "same"
+                delta = f"{row.max_logit_delta:.2g}" if row.max_logit_delta else "0"
+                meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
+                change = row.change
+            table.append(f"  {row.source:<12}{change:<26}{tokens:<16}{delta:<14}{meaning}")
+        return [head, *table]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "batch_shape": self.batch_shape, "unique": self.unique,
+                "repeats": self.repeats, "rows": [row.to_json() for row in self.rows]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AuditReport:
+        return cls(data["prompt"], data["batch_shape"], tuple(AuditRow(**r) for r in data["rows"]),
+                   data["unique"], data["repeats"])
+
+
+def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, dtype: str | None = None,
+          **overrides: Any) -> AuditReport:
+    """Re-run ``prompt`` under each source of change; see the module docstring for the rows."""
+    import torch
+
+    shape = llm_model.settings.batch_shape
+    probe = llm_model.with_settings()
+    probe._keep_logits = True
+
+    def run(view: LLMModel, prompts: Sequence[str], row: int, **extra: Any) -> tuple[Generation, list[Any]]:
+        view._keep_logits = True
+        results = view.generate(list(prompts), **{**overrides, **extra})
+        return results[row], view.last_logits[row]
+
+    runs = [run(probe, [prompt], 0) for _ in range(max(repeats, 1))]
+    base = runs[0]
+    unique = len({(g.token_ids, g.logit_hashes) for g, _ in runs})
+    rows = [_row("repeat", f"{unique} unique of {len(runs)}", base,
+                 max(runs[1:], key=lambda r: _difference(base, r)[2], default=base))]
+
+    companions = _fitting(llm_model, COMPANIONS, shape.length)[: shape.rows - 1]
+    if companions:
+        rows.append(_row("batch", f"{len(companions)} companion(s), row {len(companions)}", base,
+                         run(probe, [*companions, prompt], len(companions))))
+    else:
+        rows.append(AuditRow("batch", f"B={shape.rows} leaves no room for companions", False, None, 0.0,
+                             ran=False))
+    other_rows = 1 if shape.rows > 1 else 4
+    rows.append(_row("batch_size", f"B {shape.rows} -> {other_rows}", base,
+                     run(llm_model.with_settings(batch_shape=BatchShape(other_rows, shape.length)), [prompt], 0)))
+    longer = shape.length + 16
+    rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
+                     run(llm_model.with_settings(batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
+    rows.append(_row("cache", "use_cache True -> False", base, run(probe, [prompt], 0, use_cache=False)))
+    threads = torch.get_num_threads()
+    other_threads = 1 if threads > 1 else 2
+    torch.set_num_threads(other_threads)
+    try:
+        rows.append(_row("threads", f"{threads} -> {other_threads}", base, run(probe, [prompt], 0)))
+    finally:
+        torch.set_num_threads(threads)
+    if dtype is not None:
+        rows.append(_row("dtype", f"{llm_model.fingerprint['dtype']} -> {dtype}", base,
+                         run(_in_dtype(llm_model, dtype), [prompt], 0)))
+    return AuditReport(prompt, str(shape), tuple(rows), unique, len(runs))
+
+
+def _row(source: str, change: str, base: tuple[Generation, list[Any]],
+         other: tuple[Generation, list[Any]]) -> AuditRow:
+    changed, first, delta = _difference(base, other)
+    return AuditRow(source, change, changed, first, delta)
+
+
+def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
+    import numpy as np
+
+    (gen_a, logits_a), (gen_b, logits_b) = a, b
+    steps = min(len(gen_a.token_ids), len(gen_b.token_ids))
+    first = next((t for t in range(steps) if gen_a.token_ids[t] != gen_b.token_ids[t]), None)
+    if first is None and len(gen_a.token_ids) != len(gen_b.token_ids):
+        first = steps
+    upto = steps if first is None else min(first + 1, steps)
+    delta = max((float(np.max(np.abs(logits_a[t].astype(np.float64) - logits_b[t]))) for t in range(upto)),
+                default=0.0)
+    return first is not None, first, delta
+
+
+def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[str]:
+    return [p for p in prompts if 0 < len(llm_model.tokenizer(p)["input_ids"]) <= length]
+
+
+def _in_dtype(llm_model: LLMModel, dtype: str) -> LLMModel:
+    """The same weights cast to ``dtype`` (a copy, cached on the loaded model)."""
+    import copy
+
+    import torch
+
+    from pytest_llmdeterminism.model import LLMModel
+
+    loaded = llm_model._loaded
+    key = f"audit-dtype:{dtype}"
+    if key not in loaded.cache:
+        model = copy.deepcopy(loaded.model).to(getattr(torch, dtype))
+        loaded.cache[key] = type(loaded)(spec=loaded.spec, kind=loaded.kind, path=loaded.path, model=model,
+                                         tokenizer=loaded.tokenizer, dtype=dtype, device=loaded.device)
+    return LLMModel(loaded.cache[key], llm_model.settings)

@@ -1,0 +1,108 @@
+"""Hypothesis strategies for LLM tests, and the batch-invariance assertion they feed.
+
+    from hypothesis import given
+    from pytest_llmdeterminism.strategies import batch_compositions, assert_batch_invariant
+
+    @given(composition=batch_compositions(["The sky is", "Count: one,"]))
+    def test_batch_invariant(llm_model, composition):
+        assert_batch_invariant(llm_model, "The capital of France is", composition)
+
+Under ``@given`` a failing batch shrinks to a minimal one: fewest companions, shortest texts.
+Importing this module imports hypothesis; the plugin itself never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.report import decoder_for, mismatch
+
+__all__ = ["BatchComposition", "BatchInvarianceError", "assert_batch_invariant", "batch_compositions",
+           "prompts"]
+
+_WORDS = ("the", "a", "model", "capital", "of", "is", "Paris", "count", "one", "two", "sky", "blue",
+          "hello", "world", "def", "return", "time", "once", "upon", "cat", "sat", "on", "?", "!", ",")
+
+
+@dataclass(frozen=True)
+class BatchComposition:
+    """Companion prompts of a batch, and the row where the prompt under test sits."""
+
+    companions: tuple[str, ...]
+    row: int
+
+    def batch(self, prompt: str) -> list[str]:
+        return [*self.companions[: self.row], prompt, *self.companions[self.row:]]
+
+
+class BatchInvarianceError(LLMDeterminismError, AssertionError):
+    """A prompt's result changed with the other prompts in its batch."""
+
+    def __init__(self, message: str, composition: BatchComposition, alone: Any, batched: Any) -> None:
+        self.composition = composition
+        self.alone = alone
+        self.batched = batched
+        super().__init__(message)
+
+
+def prompts(*, min_words: int = 1, max_words: int = 12, tokenizer: Any = None,
+            max_tokens: int | None = None) -> st.SearchStrategy[str]:
+    """Prompt texts: words from a small vocabulary mixed with arbitrary printable text.
+
+    With ``tokenizer`` and ``max_tokens`` (e.g. ``llm_model.tokenizer`` and the shape's L), only
+    texts that encode to between 1 and ``max_tokens`` tokens are drawn.
+    """
+    words = st.lists(st.one_of(st.sampled_from(_WORDS), st.text(st.characters(codec="ascii",
+                                                                             categories=("L", "N", "P")),
+                                                                min_size=1, max_size=8)),
+                     min_size=min_words, max_size=max_words)
+    texts = words.map(" ".join)
+    if tokenizer is None or max_tokens is None:
+        return texts
+    return texts.filter(lambda text: 0 < len(tokenizer(text)["input_ids"]) <= max_tokens)
+
+
+@st.composite
+def batch_compositions(draw: st.DrawFn, pool: Sequence[str] = (), *, max_companions: int = 7,
+                       tokenizer: Any = None, max_tokens: int | None = None) -> BatchComposition:
+    """A batch around the prompt under test: companions from ``pool`` and generated text, of varied
+    lengths, and the row where the prompt sits. Keep ``max_companions`` below the shape's B to stay
+    in one batch, or above it to cross chunks too."""
+    sources = [prompts(tokenizer=tokenizer, max_tokens=max_tokens)]
+    if pool:
+        sources.insert(0, st.sampled_from(list(pool)))
+    companions = draw(st.lists(st.one_of(*sources), max_size=max_companions))
+    row = draw(st.integers(min_value=0, max_value=len(companions)))
+    return BatchComposition(tuple(companions), row)
+
+
+def assert_batch_invariant(llm_model: Any, prompt: str,
+                           composition: BatchComposition | Sequence[str]) -> None:
+    """Generate ``prompt`` alone and inside ``composition``; fail if tokens or logit hashes differ.
+
+    ``composition`` is what :func:`batch_compositions` draws, or a plain list of companion prompts
+    (the prompt then goes last).
+    """
+    __tracebackhide__ = True
+    if not isinstance(composition, BatchComposition):
+        composition = BatchComposition(tuple(composition), len(composition))
+    alone = llm_model.generate(prompt)
+    batch = composition.batch(prompt)
+    batched = llm_model.generate(batch)[composition.row]
+    comparison = compare(alone, batched)
+    if comparison.verdict is Verdict.IDENTICAL:
+        return
+    text = mismatch("batch invariance", f"alone vs row {composition.row} of {len(batch)} prompts", None,
+                    comparison, alone, batched, decoder_for(alone, batched, getattr(llm_model, "tokenizer", None)),
+                    profile="exact")
+    raise BatchInvarianceError(
+        f"{prompt!r} changed when batched with {list(composition.companions)!r} at row {composition.row}:\n"
+        + text.split(": ", 1)[1],
+        composition, alone, batched,
+    )
