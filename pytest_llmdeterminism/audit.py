@@ -132,7 +132,7 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
     other_rows = 1 if shape.rows > 1 else 4
     rows.append(_row("batch_size", f"B {shape.rows} -> {other_rows}", base,
                      run(llm_model.with_settings(batch_shape=BatchShape(other_rows, shape.length)), [prompt], 0)))
-    longer = shape.length + 16
+    longer = shape.length + 8  # not a multiple of 16: some kernels block by 16 and would hide the change
     rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
                      run(llm_model.with_settings(batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
     rows.append(_row("cache", "use_cache True -> False", base, run(probe, [prompt], 0, use_cache=False)))

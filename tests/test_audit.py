@@ -35,7 +35,7 @@ def test_audit_shows_every_row_and_one_unique_result_of_five(suite):
         "*repeat*1 unique of 5*same*0*no effect",
         "*batch *3 companion(s), row 3*same*0*no effect",
         "*batch_size*B 4 -> 1*",
-        "*padding*L 32 -> 48*",
+        "*padding*L 32 -> 40*",
         "*cache*use_cache True -> False*",
         "*threads*2 -> 1*",
         "*dtype*float32 -> bfloat16*dtype changes rounding*",

