@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,6 +129,10 @@ def register(parser: pytest.Parser) -> None:
         help="record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
     )
     group.addoption(
+        "--llm-golden-update-in-ci", dest="llm_golden_update_in_ci", action="store_true", default=False,
+        help="allow --llm-golden-update when the CI environment variable is set (refused otherwise)",
+    )
+    group.addoption(
         "--llm-audit", dest="llm_audit", nargs="?", const=5, default=None, type=_audit_repeats, metavar="N",
         help="audit every deterministic generation: repeat it N times (default 5) and re-run it at another "
              "batch size, padding, cache setting and thread count; report what changed the result",
@@ -176,7 +181,7 @@ def read(config: pytest.Config) -> Options:
         seed=_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
         max_new_tokens=_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
                                 DEFAULT_MAX_NEW_TOKENS, minimum=1),
-        update=config.getoption("llm_golden_update"),
+        update=_update_mode_allowed(config),
         tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
         if value("llm_tolerance") else ToleranceSetting({}),
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
@@ -187,6 +192,23 @@ def read(config: pytest.Config) -> Options:
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
                            if config.getoption(s.ini) is not None),
     )
+
+
+def running_in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _update_mode_allowed(config: pytest.Config) -> UpdateMode | None:
+    """Goldens are recorded where a person reviews them, not silently by a pipeline."""
+    update: UpdateMode | None = config.getoption("llm_golden_update")
+    if update and running_in_ci() and not config.getoption("llm_golden_update_in_ci"):
+        raise ConfigurationError(
+            "--llm-golden-update", update,
+            f"refused because CI={os.environ.get('CI')!r} is set: in CI goldens are checked, never "
+            "written, so a pipeline cannot approve its own changes. Record them on a development "
+            "machine and commit them, or add --llm-golden-update-in-ci to write them here anyway",
+        )
+    return update
 
 
 def _model_spec(spec: str | None, config: pytest.Config) -> str | None:

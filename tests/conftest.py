@@ -15,6 +15,13 @@ SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smoll
                    / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+@pytest.fixture(autouse=True)
+def _not_in_ci(monkeypatch):
+    """The suite itself runs in CI (CI=true), where the plugin refuses to write goldens; the
+    pytester projects it creates are developer workflows, so they run without CI set."""
+    monkeypatch.delenv("CI", raising=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _import_heavy_libraries_once(tiny):
     """Load and run the tiny model before any in-process pytester run.

@@ -261,3 +261,17 @@ def test_unavailable_device_is_a_load_error_reported_once(suite):
     result = suite.runpytest("--llm-device=cuda:3")
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["*llm_device = 'cuda:3' but this machine has 0 CUDA device(s) visible*"])
+
+
+def test_ci_refuses_to_write_goldens_unless_forced_and_missing_ones_fail(project, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    refused = project.runpytest("--llm-golden-update")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["ERROR: --llm-golden-update = 'all': refused because CI='true' is set*"
+                                  "--llm-golden-update-in-ci*"])
+    missing = project.runpytest()
+    missing.assert_outcomes(failed=4)
+    assert not (project.path / "__golden__").exists()
+    forced = project.runpytest("--llm-golden-update", "--llm-golden-update-in-ci")
+    forced.assert_outcomes(passed=4)
+    project.runpytest().assert_outcomes(passed=4)
