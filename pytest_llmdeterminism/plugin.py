@@ -74,6 +74,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         payload = outcomes.to_json()
         if payload is not None:
             setattr(report, REPORT_ATTRIBUTE, payload)
+        # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards.
+        item.user_properties += [("llm_verdict", outcome) for outcome in outcomes.sequence]
     return report
 
 

@@ -42,6 +42,7 @@ class TestOutcomes:
     counts: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
     audits: list[dict[str, Any]] = field(default_factory=list)
+    sequence: list[str] = field(default_factory=list)  # each check's outcome, in call order
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
@@ -49,6 +50,7 @@ class TestOutcomes:
 
     def count(self, outcome: str) -> None:
         self.counts[outcome] += 1
+        self.sequence.append(outcome)
 
     def note(self, line: str) -> None:
         self.notes.append(line)

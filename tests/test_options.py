@@ -96,3 +96,13 @@ def test_path_options_need_an_equals_sign(pytester, tmp_path):
     result = pytester.runpytest("--llm-model", str(tmp_path))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: --llm-model = '{tmp_path}': write --llm-model={tmp_path} (with '=')*"])
+
+
+@pytest.mark.parametrize(("worker", "count", "index"), [
+    (None, 4, 0), ("gw0", 4, 0), ("gw3", 4, 3), ("gw5", 4, 1), ("gw7", 2, 1), ("gw2", 1, 0),
+    ("gw2", 0, 0), ("master", 4, 0),
+])
+def test_each_xdist_worker_takes_its_own_visible_gpu(worker, count, index):
+    from pytest_llmdeterminism.backends import worker_cuda_index
+
+    assert worker_cuda_index(worker, count) == index

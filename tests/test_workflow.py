@@ -275,3 +275,15 @@ def test_ci_refuses_to_write_goldens_unless_forced_and_missing_ones_fail(project
     forced = project.runpytest("--llm-golden-update", "--llm-golden-update-in-ci")
     forced.assert_outcomes(passed=4)
     project.runpytest().assert_outcomes(passed=4)
+
+
+def test_junit_xml_carries_one_llm_verdict_property_per_check(project):
+    import xml.etree.ElementTree as ET
+
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    project.runpytest("--junitxml=report.xml").assert_outcomes(passed=4)
+    tree = ET.parse(project.path / "report.xml")
+    verdicts = {case.get("name"): [p.get("value") for p in case.iter("property") if p.get("name") == "llm_verdict"]
+                for case in tree.iter("testcase")}
+    assert verdicts["test_two_checks"] == ["IDENTICAL", "IDENTICAL", "IDENTICAL"]
+    assert verdicts["test_capital"] == ["IDENTICAL"]

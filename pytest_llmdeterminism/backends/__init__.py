@@ -6,6 +6,7 @@ weights and ``.gguf`` files; ``builtin:tiny`` is a transformers folder shipped i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,15 @@ class LoadedModel:
     dtype: str
     device: str
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
+
+
+def worker_cuda_index(worker_id: str | None, device_count: int) -> int:
+    """The visible CUDA device for a pytest-xdist worker: ``gwK`` takes ``K mod device_count``.
+
+    Indices count visible devices, so ``CUDA_VISIBLE_DEVICES`` is honoured; outside xdist it is 0.
+    """
+    match = re.fullmatch(r"gw(\d+)", worker_id or "")
+    return int(match[1]) % device_count if match and device_count > 0 else 0
 
 
 def resolve(spec: str) -> tuple[str, Path]:

@@ -30,8 +30,12 @@ def _offline() -> Iterator[None]:
 def pick_device(spec: str, device: str) -> str:
     import torch
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    from pytest_llmdeterminism.backends import worker_cuda_index
+
+    if device == "auto" and not torch.cuda.is_available():
+        return "cpu"
+    if device in ("auto", "cuda"):  # one GPU per xdist worker; an explicit cuda:N is kept
+        return f"cuda:{worker_cuda_index(os.environ.get('PYTEST_XDIST_WORKER'), torch.cuda.device_count())}"
     if device.startswith("cuda"):
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = int(device.partition(":")[2] or 0)
