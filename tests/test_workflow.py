@@ -267,8 +267,8 @@ def test_ci_refuses_to_write_goldens_unless_forced_and_missing_ones_fail(project
     monkeypatch.setenv("CI", "true")
     refused = project.runpytest("--llm-golden-update")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
-    refused.stderr.fnmatch_lines(["ERROR: --llm-golden-update = 'all': refused because CI='true' is set*"
-                                  "--llm-golden-update-in-ci*"])
+    refused.stderr.fnmatch_lines([("ERROR: --llm-golden-update = 'all': refused because CI='true' is set*"
+                                  "--llm-golden-update-in-ci*")])
     missing = project.runpytest()
     missing.assert_outcomes(failed=4)
     assert not (project.path / "__golden__").exists()
