@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import ConfigurationError, GoldenMismatchError
+from pytest_llmdeterminism.fingerprint import diff
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
@@ -58,7 +59,7 @@ class GoldenTokens:
             if update:
                 self._outcomes.record(self._path, key, generation, outcome="recorded")
                 return None
-            self._outcomes.count(Verdict.MISSING.value)
+            self._outcomes.checked(key, variant, Comparison(Verdict.MISSING), passed=False)
             raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
                                       Comparison(Verdict.MISSING), key=key, path=self._path)
         expected = store.from_entry(stored)
@@ -68,7 +69,8 @@ class GoldenTokens:
         if not passed and update == "all":
             self._outcomes.record(self._path, key, generation, outcome="updated")
             return comparison
-        self._outcomes.count(comparison.verdict.value if passed else f"{comparison.verdict.value} (failed)")
+        self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
+                               changed=diff(expected.fingerprint, generation.fingerprint))
         if passed:
             return comparison
         decode = report.decoder_for(expected, generation, self._tokenizer())

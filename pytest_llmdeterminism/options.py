@@ -63,6 +63,7 @@ class Options:
     golden_fallback: bool
     audit: int | None  # repeats per audited generation, or None when --llm-audit is off
     audit_dtype: str | None
+    report: Path | None
     rootdir: Path
     invocation_dir: Path
     cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
@@ -118,6 +119,12 @@ def _audit_repeats(value: str) -> int:
     )
 
 
+def _report_path(value: str) -> str:
+    if Path(value).suffix in (".json", ".md"):
+        return value
+    raise argparse.ArgumentTypeError(f"expected a path ending in .json or .md, got {value!r}")
+
+
 def register(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmdeterminism", "LLM output regression testing (pytest-llmdeterminism)")
     for setting in SETTINGS:
@@ -127,6 +134,10 @@ def register(parser: pytest.Parser) -> None:
         "--llm-golden-update", dest="llm_golden_update", nargs="?", const="all", default=None,
         type=_update_mode, metavar="all|new",
         help="record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
+    )
+    group.addoption(
+        "--llm-report", dest="llm_report", default=None, metavar="PATH", type=_report_path,
+        help="write a report of every golden check: .json (machine-readable) or .md (pull-request comment)",
     )
     group.addoption(
         "--llm-golden-update-in-ci", dest="llm_golden_update_in_ci", action="store_true", default=False,
@@ -187,6 +198,8 @@ def read(config: pytest.Config) -> Options:
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
         audit=config.getoption("llm_audit"),
         audit_dtype=config.getoption("llm_audit_dtype"),
+        report=Path(config.invocation_params.dir, config.getoption("llm_report"))
+        if config.getoption("llm_report") else None,
         rootdir=rootdir,
         invocation_dir=Path(config.invocation_params.dir),
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS

@@ -96,6 +96,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return  # an xdist worker: its outcomes went to the controller with each test report
     llm = session.config.stash[SESSION]
     llm.flush()
+    llm.write_reports()
     if llm.write_errors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -207,3 +207,49 @@ def summary(counts: dict[str, int], written: Sequence[str], errors: Iterable[str
     lines += [f"wrote {path}" for path in written]
     lines += [f"NOT written: {problem}" for problem in errors]
     return lines
+
+
+REPORT_SCHEMA = "pytest-llmdeterminism/report"
+REPORT_VERSION = 1
+
+
+def run_report(checks: Sequence[dict[str, Any]], audits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The ``--llm-report *.json`` document: one entry per golden check, and every audit.
+
+    Each check: ``test`` (node id), ``name`` (golden key), ``variant``, ``verdict``, ``passed``,
+    ``profile``, ``first_divergence`` (step or null), ``golden_margin``, ``max_logprob_delta``,
+    ``input_changes`` (field names) and ``changed_fingerprint`` (field -> [recorded, now]).
+    """
+    counts: dict[str, int] = {}
+    for check in checks:
+        counts[check["verdict"]] = counts.get(check["verdict"], 0) + 1
+    return {"schema": REPORT_SCHEMA, "version": REPORT_VERSION,
+            "summary": {"checks": len(checks), "failed": sum(not c["passed"] for c in checks),
+                        "by_verdict": dict(sorted(counts.items()))},
+            "checks": list(checks),
+            "audits": [{"test": nodeid, **audit} for nodeid, audit in audits]}
+
+
+def run_report_markdown(document: dict[str, Any]) -> str:
+    """A pull-request comment: counts per verdict, then the failing checks, most confident first."""
+    summary = document["summary"]
+    lines = ["## LLM golden checks", "",
+             f"{summary['checks']} checks, {summary['failed']} failed.", "",
+             "| verdict | checks | failed |", "|---|---|---|"]
+    for verdict, n in summary["by_verdict"].items():
+        failed = sum(1 for c in document["checks"] if c["verdict"] == verdict and not c["passed"])
+        lines.append(f"| `{verdict}` | {n} | {failed} |")
+    failing = sorted((c for c in document["checks"] if not c["passed"]),
+                     key=lambda c: -(c["golden_margin"] or 0))
+    if failing:
+        lines += ["", "### Failing checks (most confident divergence first)", "",
+                  "| test | golden | verdict | step | golden margin | what changed |", "|---|---|---|---|---|---|"]
+        for c in failing[:50]:
+            changed = ", ".join(f"{k}: {v[0]} → {v[1]}" for k, v in c["changed_fingerprint"].items()
+                                if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
+            margin = "" if c["golden_margin"] is None else f"{c['golden_margin']:.3g}"
+            step = "" if c["first_divergence"] is None else str(c["first_divergence"])
+            lines.append(f"| `{c['test']}` | `{c['name']}` | `{c['verdict']}` | {step} | {margin} | {changed} |")
+        if len(failing) > 50:
+            lines.append(f"| … {len(failing) - 50} more | | | | | |")
+    return "\n".join(lines) + "\n"

@@ -22,7 +22,10 @@ from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_k
 from pytest_llmdeterminism.tolerance import Profile
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pytest_llmdeterminism.backends import LoadedModel
+    from pytest_llmdeterminism.compare import Comparison
     from pytest_llmdeterminism.generation import Generation
     from pytest_llmdeterminism.model import GenerationSettings
 
@@ -43,6 +46,7 @@ class TestOutcomes:
     notes: list[str] = field(default_factory=list)
     audits: list[dict[str, Any]] = field(default_factory=list)
     sequence: list[str] = field(default_factory=list)  # each check's outcome, in call order
+    checks: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
@@ -55,11 +59,26 @@ class TestOutcomes:
     def note(self, line: str) -> None:
         self.notes.append(line)
 
+    def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
+                changed: Sequence[tuple[str, Any, Any]] = ()) -> None:
+        """One golden comparison's result, as the machine-readable report lists it."""
+        verdict = comparison.verdict.value
+        self.count(verdict if passed else f"{verdict} (failed)")
+        divergence = comparison.divergence
+        self.checks.append({
+            "name": key, "variant": variant, "verdict": verdict, "passed": passed, "profile": profile,
+            "first_divergence": divergence.step if divergence else comparison.first_hash_step,
+            "golden_margin": divergence.golden_margin if divergence else None,
+            "max_logprob_delta": comparison.max_logprob_delta,
+            "input_changes": [field for field, _, _ in comparison.input_changes],
+            "changed_fingerprint": {field: [old, new] for field, old, new in changed},
+        })
+
     def to_json(self) -> dict[str, Any] | None:
         if not (self.records or self.counts or self.notes or self.audits):
             return None
         payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes,
-                   "audits": self.audits}
+                   "audits": self.audits, "checks": self.checks}
         # Plain JSON types only: the payload crosses process boundaries under xdist.
         return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
 
@@ -75,6 +94,7 @@ class LLMSession:
         self.write_errors: list[str] = []
         self.notes: list[str] = []
         self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
+        self.checks: list[dict[str, Any]] = []  # every golden comparison, for --llm-report
 
     # -- models ---------------------------------------------------------------------------
     def loaded_model(self) -> LoadedModel:
@@ -188,6 +208,7 @@ class LLMSession:
         self.counts.update(payload["counts"])
         self.notes += payload["notes"]
         self.audits += [(nodeid, audit) for audit in payload["audits"]]
+        self.checks += [{"test": nodeid, **check} for check in payload["checks"]]
 
     def flush(self) -> None:
         """Write every queued golden, one atomic write per file; one bad file never stops the rest."""
@@ -199,6 +220,25 @@ class LLMSession:
             else:
                 self.written.append(f"{self.display_path(Path(path))} ({len(updates)} golden{'s' * (len(updates) != 1)})")
         self.pending.clear()
+
+    def write_reports(self) -> None:
+        """``--llm-report`` (JSON or Markdown), and the Markdown summary for GitHub Actions."""
+        if not self.checks and self.options.report is None:
+            return
+        document = report.run_report(self.checks, self.audits)
+        markdown = report.run_report_markdown(document)
+        if self.options.report is not None:
+            text = json.dumps(document, indent=1, sort_keys=True) if self.options.report.suffix == ".json" \
+                else markdown
+            try:
+                store.write_text_atomic(self.options.report, text)
+                self.written.append(f"{self.display_path(self.options.report)} (report)")
+            except OSError as error:
+                self.write_errors.append(f"{self.options.report}: {error}")
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary and self.checks:
+            with open(step_summary, "a", encoding="utf-8") as handle:
+                handle.write(markdown)
 
     def summary_lines(self) -> list[str]:
         return report.summary(dict(self.counts), self.written, self.write_errors, self.notes) + \

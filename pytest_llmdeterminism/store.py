@@ -171,8 +171,11 @@ def _compact(value: Any) -> str:
 
 def write(path: Path, goldens: Goldens) -> None:
     """Write atomically: a temp file in the same folder, then ``os.replace``."""
+    write_text_atomic(path, dumps(goldens))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps(goldens)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:

@@ -287,3 +287,41 @@ def test_junit_xml_carries_one_llm_verdict_property_per_check(project):
                 for case in tree.iter("testcase")}
     assert verdicts["test_two_checks"] == ["IDENTICAL", "IDENTICAL", "IDENTICAL"]
     assert verdicts["test_capital"] == ["IDENTICAL"]
+
+
+def test_json_and_markdown_reports_list_every_check(project, tmp_path, monkeypatch):
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    summary_file = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary_file))
+    result = project.runpytest(f"--llm-model={changed_model}", "--llm-report=out/report.json")
+    result.stdout.fnmatch_lines(["wrote out/report.json (report)"])
+    document = json.loads((project.path / "out" / "report.json").read_text())
+    assert document["schema"] == "pytest-llmdeterminism/report" and document["version"] == 1
+    checks = document["checks"]
+    assert document["summary"]["checks"] == len(checks) >= 4  # a failing check stops its test
+    fields = {"test": str, "name": str, "variant": str, "verdict": str, "passed": bool, "profile": str,
+              "max_logprob_delta": float, "input_changes": list, "changed_fingerprint": dict}
+    for check in checks:
+        for field, kind in fields.items():
+            assert isinstance(check[field], kind), (field, check)
+        assert check["first_divergence"] is None or isinstance(check["first_divergence"], int)
+        assert check["changed_fingerprint"]["model"] == ["builtin:tiny", "changed"]
+    capital = next(c for c in checks if c["name"] == "test_capital")
+    assert capital["verdict"] == "REGRESSION" and capital["first_divergence"] == 0 and not capital["passed"]
+    assert document["summary"]["failed"] == sum(not c["passed"] for c in checks)
+
+    project.runpytest(f"--llm-model={changed_model}", "--llm-report=report.md")
+    markdown = (project.path / "report.md").read_text()
+    assert "| `REGRESSION` |" in markdown
+    for check in checks:
+        if not check["passed"]:
+            assert f"`{check['name']}`" in markdown
+    assert summary_file.read_text().count("## LLM golden checks") == 2
+
+
+def test_report_path_must_be_json_or_markdown(suite):
+    suite.makepyfile("def test_nothing(): pass")
+    result = suite.runpytest("--llm-report=out.txt")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*expected a path ending in .json or .md, got 'out.txt'*"])
