@@ -45,6 +45,7 @@ class GoldenTokens:
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
         key = self._key(name)
+        self._outcomes.used(self._path, key)
         variants = self._session.goldens(self._path).get(key, {})
         variant = generation.variant
         update = self._session.options.update
@@ -93,6 +94,29 @@ class GoldenTokens:
                                      f"golden {key!r} is checked twice in one test; give each check its own name=")
         self._used.add(key)
         return key
+
+
+def owner(key: str, test_keys: Iterable[str]) -> str | None:
+    """The test a golden key belongs to: ``test``, ``test#2`` and ``test::name`` belong to ``test``."""
+    matches = [t for t in test_keys if key == t or key.startswith((f"{t}#", f"{t}::"))]
+    return max(matches, key=len, default=None)
+
+
+def unused_keys(keys: Iterable[str], tests: Mapping[str, str], used: set[str]) -> list[str]:
+    """Golden keys of a module that a complete run did not check.
+
+    ``tests`` maps each test of the module that ran to its outcome. A key is unused when no test
+    owns it (the test was deleted or renamed), or its test passed without checking it. A key of a
+    skipped or failed test was not exercised: it is never unused.
+    """
+    unused = []
+    for key in keys:
+        if key in used:
+            continue
+        test = owner(key, tests)
+        if test is None or tests[test] == "passed":
+            unused.append(key)
+    return sorted(unused)
 
 
 def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:

@@ -64,6 +64,8 @@ class Options:
     audit: int | None  # repeats per audited generation, or None when --llm-audit is off
     audit_dtype: str | None
     report: Path | None
+    prune: bool
+    partial: tuple[str, ...]  # why this run does not see every test (then unused goldens are not judged)
     rootdir: Path
     invocation_dir: Path
     cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
@@ -140,6 +142,10 @@ def register(parser: pytest.Parser) -> None:
         help="write a report of every golden check: .json (machine-readable) or .md (pull-request comment)",
     )
     group.addoption(
+        "--llm-golden-prune", dest="llm_golden_prune", action="store_true", default=False,
+        help="after a complete run in which every test passed, delete goldens that no test checked",
+    )
+    group.addoption(
         "--llm-golden-update-in-ci", dest="llm_golden_update_in_ci", action="store_true", default=False,
         help="allow --llm-golden-update when the CI environment variable is set (refused otherwise)",
     )
@@ -198,6 +204,8 @@ def read(config: pytest.Config) -> Options:
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
         audit=config.getoption("llm_audit"),
         audit_dtype=config.getoption("llm_audit_dtype"),
+        prune=bool(config.getoption("llm_golden_prune")),
+        partial=partial_run_reasons(config),
         report=Path(config.invocation_params.dir, config.getoption("llm_report"))
         if config.getoption("llm_report") else None,
         rootdir=rootdir,
@@ -205,6 +213,21 @@ def read(config: pytest.Config) -> Options:
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
                            if config.getoption(s.ini) is not None),
     )
+
+
+def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:
+    """Selections after which some goldens were simply not visited: never judge them unused then."""
+    reasons = []
+    if config.getoption("keyword", ""):
+        reasons.append("-k")
+    if config.getoption("markexpr", ""):
+        reasons.append("-m")
+    if any("::" in str(arg) for arg in config.args):
+        reasons.append("test ids on the command line")
+    for option, flag in (("lf", "--lf"), ("deselect", "--deselect"), ("stepwise", "--sw")):
+        if config.getoption(option, None):
+            reasons.append(flag)
+    return tuple(reasons)
 
 
 def running_in_ci() -> bool:

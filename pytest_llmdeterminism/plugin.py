@@ -86,6 +86,7 @@ class _OutcomeCollector:
         self._session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._session.test_finished(report.nodeid, report.when, report.outcome)
         payload = getattr(report, REPORT_ATTRIBUTE, None)
         if payload is not None:
             self._session.collect(payload, report.nodeid)
@@ -96,6 +97,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return  # an xdist worker: its outcomes went to the controller with each test report
     llm = session.config.stash[SESSION]
     llm.flush()
+    llm.find_unused(failed=session.testsfailed > 0 or session.shouldfail is not False
+                    or session.shouldstop is not False)
+    if llm.options.prune:
+        llm.prune()
     llm.write_reports()
     if llm.write_errors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
@@ -193,6 +194,22 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     nondeterministic = sum(found.nondeterministic for _, found in reports)
     lines.append(f"audit summary: {len(reports)} generation(s), {nondeterministic} nondeterministic; "
                  "results moved by " + ", ".join(f"{source} {n}/{len(reports)}" for source, n in moved.items()))
+    return lines
+
+
+def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial: Sequence[str],
+                   display: Callable[[Path], str], *, prune: bool) -> list[str]:
+    if pruned:
+        return [f"pruned {len(pruned)} unused golden(s):", *(f"  {item}" for item in pruned)]
+    if partial:
+        verb = "not pruned" if prune else "not reported"
+        return [f"unused goldens {verb}: this run was partial ({'; '.join(partial)})"] if prune else []
+    lines = []
+    for path, keys in sorted(unused.items()):
+        lines += [f"unused golden in {display(Path(path))}: {key!r}" for key in keys]
+    if lines:
+        lines.append("these goldens were not checked by any test in this complete run; "
+                     "delete them with: pytest --llm-golden-prune")
     return lines
 
 

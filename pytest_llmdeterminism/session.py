@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
+from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, ModelLoadError
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
 from pytest_llmdeterminism.tolerance import Profile
 
@@ -47,6 +47,7 @@ class TestOutcomes:
     audits: list[dict[str, Any]] = field(default_factory=list)
     sequence: list[str] = field(default_factory=list)  # each check's outcome, in call order
     checks: list[dict[str, Any]] = field(default_factory=list)
+    used_keys: list[tuple[str, str]] = field(default_factory=list)  # (golden file, key) looked up
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
@@ -58,6 +59,9 @@ class TestOutcomes:
 
     def note(self, line: str) -> None:
         self.notes.append(line)
+
+    def used(self, path: Path, key: str) -> None:
+        self.used_keys.append((str(path), key))
 
     def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
                 changed: Sequence[tuple[str, Any, Any]] = ()) -> None:
@@ -75,10 +79,10 @@ class TestOutcomes:
         })
 
     def to_json(self) -> dict[str, Any] | None:
-        if not (self.records or self.counts or self.notes or self.audits):
+        if not (self.records or self.counts or self.notes or self.audits or self.used_keys):
             return None
         payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes,
-                   "audits": self.audits, "checks": self.checks}
+                   "audits": self.audits, "checks": self.checks, "used": self.used_keys}
         # Plain JSON types only: the payload crosses process boundaries under xdist.
         return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
 
@@ -95,6 +99,11 @@ class LLMSession:
         self.notes: list[str] = []
         self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
         self.checks: list[dict[str, Any]] = []  # every golden comparison, for --llm-report
+        self.used_keys: set[tuple[str, str]] = set()
+        self.test_outcomes: dict[str, str] = {}  # node id -> passed / failed / skipped
+        self.partial_reasons: list[str] = list(options.partial)  # why unused goldens cannot be judged
+        self.unused: dict[str, list[str]] = {}
+        self.pruned: list[str] = []
 
     # -- models ---------------------------------------------------------------------------
     def loaded_model(self) -> LoadedModel:
@@ -209,6 +218,7 @@ class LLMSession:
         self.notes += payload["notes"]
         self.audits += [(nodeid, audit) for audit in payload["audits"]]
         self.checks += [{"test": nodeid, **check} for check in payload["checks"]]
+        self.used_keys.update((path, key) for path, key in payload["used"])
 
     def flush(self) -> None:
         """Write every queued golden, one atomic write per file; one bad file never stops the rest."""
@@ -220,6 +230,47 @@ class LLMSession:
             else:
                 self.written.append(f"{self.display_path(Path(path))} ({len(updates)} golden{'s' * (len(updates) != 1)})")
         self.pending.clear()
+
+    def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
+        """Keep each test's overall outcome: failed beats skipped beats passed."""
+        if when == "call" or outcome != "passed":
+            rank = {"passed": 0, "skipped": 1, "failed": 2}
+            if rank[outcome] >= rank[self.test_outcomes.get(nodeid, "passed")]:
+                self.test_outcomes[nodeid] = outcome
+
+    def find_unused(self, *, failed: bool) -> None:
+        """After a complete, green run: golden keys no test checked. Never after a partial run."""
+        reasons = list(self.partial_reasons) + (["some tests failed"] if failed else [])
+        if reasons or not self.test_outcomes:
+            self.partial_reasons = reasons
+            return
+        by_module: dict[Path, dict[str, str]] = {}
+        for nodeid, outcome in self.test_outcomes.items():
+            module, _, test = nodeid.partition("::")
+            if test:
+                golden = self.golden_path(self.options.rootdir / module)
+                by_module.setdefault(golden, {})[test] = outcome
+        used = {(Path(path), key) for path, key in self.used_keys}
+        for path, tests in sorted(by_module.items()):
+            try:
+                keys = self.goldens(path).keys()
+            except GoldenFileError:
+                continue  # already reported by the tests that read it
+            from pytest_llmdeterminism.golden import unused_keys
+
+            unused = unused_keys(keys, tests, {key for p, key in used if p == path})
+            if unused:
+                self.unused[str(path)] = unused
+
+    def prune(self) -> None:
+        for path, keys in sorted(self.unused.items()):
+            try:
+                store.remove(Path(path), keys)
+            except (GoldenFileError, OSError) as error:
+                self.write_errors.append(f"{self.display_path(Path(path))}: {error}")
+            else:
+                self.pruned += [f"{self.display_path(Path(path))} [{key!r}]" for key in keys]
+        self.unused = {}
 
     def write_reports(self) -> None:
         """``--llm-report`` (JSON or Markdown), and the Markdown summary for GitHub Actions."""
@@ -242,4 +293,5 @@ class LLMSession:
 
     def summary_lines(self) -> list[str]:
         return report.summary(dict(self.counts), self.written, self.write_errors, self.notes) + \
-            report.audit_summary(self.audits)
+            report.unused_summary(self.unused, self.pruned, self.partial_reasons, self.display_path,
+                                  prune=self.options.prune) + report.audit_summary(self.audits)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -186,6 +186,17 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def remove(path: Path, keys: Iterable[str]) -> None:
+    """Delete ``keys`` (all their variants) from the file as it is on disk now; delete an emptied file."""
+    goldens = read(path)
+    for key in keys:
+        goldens.pop(key, None)
+    if goldens:
+        write(path, goldens)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def merge(path: Path, updates: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> None:

@@ -325,3 +325,50 @@ def test_report_path_must_be_json_or_markdown(suite):
     result = suite.runpytest("--llm-report=out.txt")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*expected a path ending in .json or .md, got 'out.txt'*"])
+
+
+def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_on_request(project):
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    # Remove one check from a test and a whole test; skip another test.
+    source = (project.path / "test_suite.py").read_text()
+    source = source.replace('golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")', 'pass')
+    source = source.replace("@deterministic(max_new_tokens=6)\ndef test_capital", "@deterministic(max_new_tokens=6)\ndef xtest_capital")
+    source = source.replace("@deterministic\n@pytest.mark.parametrize", "@pytest.mark.skip('GPU only')\n@deterministic\n@pytest.mark.parametrize")
+    project.makepyfile(test_suite=source)
+    before = (project.path / GOLDEN).read_bytes()
+
+    partial = project.runpytest("-k", "two_checks")
+    partial.assert_outcomes(passed=1, deselected=2)
+    assert "unused golden" not in partial.stdout.str()
+    not_pruned = project.runpytest("-k", "two_checks", "--llm-golden-prune")
+    not_pruned.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (-k)"])
+    assert (project.path / GOLDEN).read_bytes() == before
+
+    complete = project.runpytest()
+    complete.assert_outcomes(passed=1, skipped=2)
+    complete.stdout.fnmatch_lines([
+        "unused golden in __golden__/test_suite.json: 'test_capital'",
+        "unused golden in __golden__/test_suite.json: 'test_two_checks::code'",
+        "*delete them with: pytest --llm-golden-prune",
+    ])
+    assert "test_param" not in complete.stdout.str().split("llm goldens")[-1]  # skipped: not exercised
+
+    pruned = project.runpytest("--llm-golden-prune")
+    pruned.stdout.fnmatch_lines(["pruned 2 unused golden(s):", "  __golden__/test_suite.json ['test_capital']",
+                                 "  __golden__/test_suite.json ['test_two_checks::code']"])
+    assert golden_keys(project) == ["test_param[Count: one,]", "test_param[The cat sat on the]",
+                                    "test_two_checks", "test_two_checks#2"]
+
+
+def test_unused_goldens_merge_across_xdist_workers(project):
+    pytest.importorskip("xdist")
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    result = project.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=4)
+    assert "unused golden" not in result.stdout.str()  # every key was used, by one worker or the other
+    source = (project.path / "test_suite.py").read_text().replace(
+        'golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")', 'pass')
+    project.makepyfile(test_suite=source)
+    result = project.runpytest_subprocess("-n", "2")
+    result.stdout.fnmatch_lines(["unused golden in __golden__/test_suite.json: 'test_two_checks::code'"])
+    assert result.stdout.str().count("unused golden in") == 1
