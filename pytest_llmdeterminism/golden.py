@@ -61,6 +61,7 @@ class GoldenTokens:
                 self._outcomes.record(self._path, key, generation, outcome="recorded")
                 return None
             self._outcomes.checked(key, variant, Comparison(Verdict.MISSING), passed=False)
+            self._outcomes.candidate(self._path, key, generation)
             raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
                                       Comparison(Verdict.MISSING), key=key, path=self._path)
         expected = store.from_entry(stored)
@@ -74,6 +75,7 @@ class GoldenTokens:
                                changed=diff(expected.fingerprint, generation.fingerprint))
         if passed:
             return comparison
+        self._outcomes.candidate(self._path, key, generation)
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=str(profile))

@@ -64,6 +64,7 @@ class Options:
     audit: int | None  # repeats per audited generation, or None when --llm-audit is off
     audit_dtype: str | None
     report: Path | None
+    artifacts: Path | None
     prune: bool
     partial: tuple[str, ...]  # why this run does not see every test (then unused goldens are not judged)
     rootdir: Path
@@ -142,6 +143,11 @@ def register(parser: pytest.Parser) -> None:
         help="write a report of every golden check: .json (machine-readable) or .md (pull-request comment)",
     )
     group.addoption(
+        "--llm-golden-artifacts", dest="llm_golden_artifacts", default=None, metavar="DIR",
+        help="write the candidate golden of every missing or failing check under DIR (e.g. for a CI "
+             "artifact); review, then import them with: llm-golden accept DIR",
+    )
+    group.addoption(
         "--llm-golden-prune", dest="llm_golden_prune", action="store_true", default=False,
         help="after a complete run in which every test passed, delete goldens that no test checked",
     )
@@ -164,7 +170,7 @@ def register(parser: pytest.Parser) -> None:
     )
 
 
-_PATH_FLAGS = ("--llm-model", "--llm-golden-dir")
+_PATH_FLAGS = ("--llm-model", "--llm-golden-dir", "--llm-golden-artifacts", "--llm-report")
 
 
 def _require_equals_for_paths(args: list[str]) -> None:
@@ -205,6 +211,8 @@ def read(config: pytest.Config) -> Options:
         audit=config.getoption("llm_audit"),
         audit_dtype=config.getoption("llm_audit_dtype"),
         prune=bool(config.getoption("llm_golden_prune")),
+        artifacts=Path(config.invocation_params.dir, config.getoption("llm_golden_artifacts"))
+        if config.getoption("llm_golden_artifacts") else None,
         partial=partial_run_reasons(config),
         report=Path(config.invocation_params.dir, config.getoption("llm_report"))
         if config.getoption("llm_report") else None,

@@ -97,6 +97,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return  # an xdist worker: its outcomes went to the controller with each test report
     llm = session.config.stash[SESSION]
     llm.flush()
+    llm.write_candidates()
     llm.find_unused(failed=session.testsfailed > 0 or session.shouldfail is not False
                     or session.shouldstop is not False)
     if llm.options.prune:

@@ -48,6 +48,7 @@ class TestOutcomes:
     sequence: list[str] = field(default_factory=list)  # each check's outcome, in call order
     checks: list[dict[str, Any]] = field(default_factory=list)
     used_keys: list[tuple[str, str]] = field(default_factory=list)  # (golden file, key) looked up
+    candidates: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
@@ -59,6 +60,10 @@ class TestOutcomes:
 
     def note(self, line: str) -> None:
         self.notes.append(line)
+
+    def candidate(self, path: Path, key: str, generation: Generation) -> None:
+        """A missing or failing check's actual result, for ``--llm-golden-artifacts``."""
+        self.candidates.append((str(path), key, generation.variant, store.to_entry(generation)))
 
     def used(self, path: Path, key: str) -> None:
         self.used_keys.append((str(path), key))
@@ -79,10 +84,12 @@ class TestOutcomes:
         })
 
     def to_json(self) -> dict[str, Any] | None:
-        if not (self.records or self.counts or self.notes or self.audits or self.used_keys):
+        if not (self.records or self.counts or self.notes or self.audits or self.used_keys
+                or self.candidates):
             return None
         payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes,
-                   "audits": self.audits, "checks": self.checks, "used": self.used_keys}
+                   "audits": self.audits, "checks": self.checks, "used": self.used_keys,
+                   "candidates": self.candidates}
         # Plain JSON types only: the payload crosses process boundaries under xdist.
         return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
 
@@ -100,6 +107,7 @@ class LLMSession:
         self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
         self.checks: list[dict[str, Any]] = []  # every golden comparison, for --llm-report
         self.used_keys: set[tuple[str, str]] = set()
+        self.candidates: dict[str, dict[str, dict[str, Any]]] = {}  # like pending, for artifacts
         self.test_outcomes: dict[str, str] = {}  # node id -> passed / failed / skipped
         self.partial_reasons: list[str] = list(options.partial)  # why unused goldens cannot be judged
         self.unused: dict[str, list[str]] = {}
@@ -219,6 +227,8 @@ class LLMSession:
         self.audits += [(nodeid, audit) for audit in payload["audits"]]
         self.checks += [{"test": nodeid, **check} for check in payload["checks"]]
         self.used_keys.update((path, key) for path, key in payload["used"])
+        for path, key, variant, entry in payload["candidates"]:
+            self.candidates.setdefault(path, {}).setdefault(key, {})[variant] = entry
 
     def flush(self) -> None:
         """Write every queued golden, one atomic write per file; one bad file never stops the rest."""
@@ -261,6 +271,25 @@ class LLMSession:
             unused = unused_keys(keys, tests, {key for p, key in used if p == path})
             if unused:
                 self.unused[str(path)] = unused
+
+    def write_candidates(self) -> None:
+        """Candidate goldens of missing and failing checks under ``--llm-golden-artifacts`` DIR,
+        at the golden file's path relative to the rootdir, for review and ``llm-golden accept``."""
+        folder = self.options.artifacts
+        if folder is None or not self.candidates:
+            return
+        for path, updates in sorted(self.candidates.items()):
+            try:
+                relative = Path(path).relative_to(self.options.rootdir)
+            except ValueError:
+                relative = Path(Path(path).name)
+            target = folder / relative
+            try:
+                store.merge(target, updates)
+            except (GoldenFileError, OSError) as error:
+                self.write_errors.append(f"{self.display_path(target)}: {error}")
+            else:
+                self.written.append(f"{self.display_path(target)} ({len(updates)} candidate(s))")
 
     def prune(self) -> None:
         for path, keys in sorted(self.unused.items()):

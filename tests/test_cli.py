@@ -1,0 +1,88 @@
+"""The `llm-golden` command and CI candidate goldens: show, diff, accept, prune."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import perturbed_tiny_copy
+from .test_workflow import SUITE
+
+GOLDEN = "__golden__/test_suite.json"
+
+
+def llm_golden(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "pytest_llmdeterminism.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def project(suite):
+    suite.makepyfile(test_suite=SUITE)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    return suite
+
+
+def test_candidates_written_in_ci_are_accepted_locally_then_pass(project, tmp_path, monkeypatch):
+    changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    monkeypatch.setenv("CI", "true")
+    in_ci = project.runpytest(f"--llm-model={changed}", "--llm-golden-artifacts=artifacts")
+    in_ci.assert_outcomes(failed=4)
+    in_ci.stdout.fnmatch_lines(["wrote artifacts/__golden__/test_suite.json (4 candidate(s))"])
+    candidates = json.loads((project.path / "artifacts" / GOLDEN).read_text())["goldens"]
+    assert set(candidates) == {"test_capital", "test_param[Count: one,]", "test_param[The cat sat on the]",
+                               "test_two_checks"}
+    assert candidates["test_capital"]["cpu/float32"]["fingerprint"]["model"] == "changed"
+
+    monkeypatch.delenv("CI")
+    accepted = llm_golden("accept", "artifacts", "--root", ".", cwd=project.path)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "accepted __golden__/test_suite.json ['test_capital'] (cpu/float32)" in accepted.stdout
+    # Accepting a first failing check lets the next check of the same test run: repeat until green.
+    for _ in range(3):
+        result = project.runpytest(f"--llm-model={changed}", "--llm-golden-artifacts=artifacts2")
+        if result.ret == 0:
+            break
+        assert llm_golden("accept", "artifacts2", cwd=project.path).returncode == 0
+        (project.path / "artifacts2").rename(project.path / f"done-{_}")
+    project.runpytest(f"--llm-model={changed}").assert_outcomes(passed=4)
+
+
+def test_diff_exit_codes_for_identical_sets_and_a_regression(project, tmp_path):
+    same = llm_golden("diff", "__golden__", "__golden__", cwd=project.path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "summary: 6 IDENTICAL" in same.stdout
+
+    changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    project.runpytest(f"--llm-model={changed}", "--llm-golden-dir=after", "--llm-golden-update")
+    upgraded = llm_golden("diff", "__golden__", "after", cwd=project.path)
+    assert upgraded.returncode == 1
+    assert "REGRESSION     test_suite.json ['test_capital']['cpu/float32']  step 0:" in upgraded.stdout
+    assert upgraded.stdout.strip().splitlines()[-1].startswith("summary: ")
+
+    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
+    project.runpytest(f"--llm-model={drifted}", "--llm-golden-dir=drift", "--llm-golden-update")
+    drift = llm_golden("diff", "__golden__", "drift", cwd=project.path)
+    assert drift.returncode == 0  # logit drift alone does not fail the gate
+    assert "LOGIT_DRIFT" in drift.stdout
+
+
+def test_show_prints_prompt_continuation_and_margins(project):
+    shown = llm_golden("show", GOLDEN, cwd=project.path)
+    assert shown.returncode == 0
+    assert "test_param[The cat sat on the] [cpu/float32]  shape 4x32, finish: " in shown.stdout
+    assert "  prompt: 'The cat sat on the'" in shown.stdout
+    assert "<- near tie" in shown.stdout  # the cat/mat coin flip
+    missing = llm_golden("show", "nope.json", cwd=project.path)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_prune_runs_the_suite_with_prune(project):
+    source = (project.path / "test_suite.py").read_text().replace(
+        'golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")', "pass")
+    project.makepyfile(test_suite=source)
+    pruned = llm_golden("prune", "-p", "no:cacheprovider", cwd=project.path)
+    assert pruned.returncode == 0, pruned.stdout[-2000:]
+    assert "pruned 1 unused golden(s):" in pruned.stdout
+    assert "test_two_checks::code" not in json.loads((project.path / GOLDEN).read_text())["goldens"]
