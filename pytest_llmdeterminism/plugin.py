@@ -125,6 +125,16 @@ def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str]
     return None
 
 
+def pytest_collect_file(file_path: Any, parent: pytest.Collector) -> pytest.Collector | None:
+    from pytest_llmdeterminism import suites
+
+    return suites.PromptSuite.from_parent(parent, path=file_path) if suites.is_suite(file_path) else None
+
+
+def outcomes_of(item: pytest.Item) -> TestOutcomes:
+    return item.stash.setdefault(_OUTCOMES, TestOutcomes())
+
+
 @pytest.fixture
 def llm_model(request: pytest.FixtureRequest) -> LLMModel:
     """The configured model: greedy, fixed-shape ``generate()`` with per-step capture."""
@@ -132,7 +142,7 @@ def llm_model(request: pytest.FixtureRequest) -> LLMModel:
 
     __tracebackhide__ = True
     session = request.config.stash[SESSION]
-    outcomes = request.node.stash.setdefault(_OUTCOMES, TestOutcomes())
+    outcomes = outcomes_of(request.node)
     return LLMModel(session.loaded_model(), session.settings_for(request.node),
                     after_generate=session.audit_hook(request.node, outcomes))
 
@@ -147,7 +157,7 @@ def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
     def tokenizer() -> Any:
         return session.loaded_model().tokenizer
 
-    outcomes = request.node.stash.setdefault(_OUTCOMES, TestOutcomes())
+    outcomes = outcomes_of(request.node)
     return GoldenTokens(session, outcomes, request.node.nodeid, request.node.path, tokenizer,
                         rerun=session.rerun_arguments(request.node),
                         tolerance=session.tolerance_for(request.node))
