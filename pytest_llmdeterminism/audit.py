@@ -135,7 +135,8 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
     longer = shape.length + 8  # not a multiple of 16: some kernels block by 16 and would hide the change
     rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
                      run(llm_model.with_settings(batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
-    rows.append(_row("cache", "use_cache True -> False", base, run(probe, [prompt], 0, use_cache=False)))
+    cache = overrides.get("use_cache", True)
+    rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base, run(probe, [prompt], 0, use_cache=not cache)))
     threads = torch.get_num_threads()
     other_threads = 1 if threads > 1 else 2
     torch.set_num_threads(other_threads)

@@ -81,12 +81,13 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
         self.batch_shape = batch_shape
         rows, _, length = batch_shape.partition("x")
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
-        fitting = f"{rows}x{_next_power_of_two(n_tokens)}"
+        fitting = f"{rows}x{_next_power_of_two(n_tokens + 1)}"
         fix = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
                f"llm_batch_shape = \"{fitting}\" (or --llm-batch-shape)")
         super().__init__(
             f"prompt {shown!r} has {n_tokens} tokens but {setting.replace('=...', '')} {batch_shape!r} "
-            f"allows {length}. Every generation runs at one fixed shape BxL; raise L, e.g. {fix}. "
+            f"allows {int(length) - 1} (one position always stays padding). Every generation runs at "
+            f"one fixed shape BxL; raise L, e.g. {fix}. "
             "Changing the shape changes the numerics, so re-record goldens afterwards."
         )
 

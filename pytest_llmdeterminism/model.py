@@ -109,7 +109,10 @@ class LLMModel:
         if not ids:
             raise ConfigurationError("llm_model.generate(prompt)", prompt,
                                      "encodes to no tokens; give the model something to continue")
-        if len(ids) > self.settings.batch_shape.length:
+        # One position always stays padding: a batch without any padding drops the attention mask
+        # and takes another kernel path, so a prompt of exactly L tokens would change with its
+        # companions (measured: logit hashes differ alone vs batched at 4x32).
+        if len(ids) >= self.settings.batch_shape.length:
             raise PromptTooLongError(prompt, len(ids), str(self.settings.batch_shape),
                                      setting=self.settings.batch_shape_setting)
         return ids

@@ -69,7 +69,7 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
     assert d is not None
     margins = f"golden margin {d.golden_margin:.3g}"
     if d.golden_margin >= comparison.tie_margin:
-        confidence = f"{margins} >= tie margin {comparison.tie_margin:g}: confident"
+        confidence = f"{margins} >= tie margin {comparison.tie_margin:g}: not a near tie"
     elif comparison.verdict is Verdict.TIE_FLIP:
         confidence = f"{margins} < tie margin {comparison.tie_margin:g}: near tie"
     else:
@@ -163,8 +163,8 @@ def _fingerprint_changes(expected: Generation, actual: Generation) -> list[str]:
 
     changes = diff(expected.fingerprint, actual.fingerprint)
     if not changes:
-        return ["  environment: unchanged since the golden was recorded"]
-    return ["  environment changed since recording:"] + [
+        return ["  environment: the same on both sides"]
+    return ["  environment changed (expected -> got):"] + [
         f"    {field}: {_short(old)} -> {_short(new)}" for field, old, new in changes
     ]
 

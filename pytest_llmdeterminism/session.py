@@ -170,7 +170,6 @@ class LLMSession:
                 found = audit(llm, result.prompt, repeats=repeats, dtype=dtype, **overrides)
                 outcomes.audits.append(found.to_json())
                 if found.nondeterministic:
-                    outcomes.count("NONDETERMINISTIC (failed)")
                     raise NondeterminismError(found)
 
         return after_generate

@@ -136,6 +136,11 @@ def _malformed(goldens: Any) -> str | None:
     return None
 
 
+def entry_problem(entry: Any) -> str | None:
+    """What keeps ``entry`` from being one golden entry, or None."""
+    return _malformed({"entry": {"variant": entry}})
+
+
 def _step_ok(step: Any) -> bool:
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -1,10 +1,13 @@
 """Hypothesis strategies for LLM tests, and the batch-invariance assertion they feed.
 
-    from hypothesis import given
+    from hypothesis import HealthCheck, given, settings, strategies as st
     from pytest_llmdeterminism.strategies import batch_compositions, assert_batch_invariant
 
-    @given(composition=batch_compositions(["The sky is", "Count: one,"]))
-    def test_batch_invariant(llm_model, composition):
+    @given(data=st.data())
+    # llm_model is function-scoped but stateless between examples, so reusing it is safe.
+    @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    def test_batch_invariant(llm_model, data):
+        composition = data.draw(batch_compositions(["The sky is", "Count: one,"], llm_model=llm_model))
         assert_batch_invariant(llm_model, "The capital of France is", composition)
 
 Under ``@given`` a failing batch shrinks to a minimal one: fewest companions, shortest texts.
@@ -51,13 +54,16 @@ class BatchInvarianceError(LLMDeterminismError, AssertionError):
         super().__init__(message)
 
 
-def prompts(*, min_words: int = 1, max_words: int = 12, tokenizer: Any = None,
+def prompts(*, min_words: int = 1, max_words: int = 12, llm_model: Any = None, tokenizer: Any = None,
             max_tokens: int | None = None) -> st.SearchStrategy[str]:
     """Prompt texts: words from a small vocabulary mixed with arbitrary printable text.
 
-    With ``tokenizer`` and ``max_tokens`` (e.g. ``llm_model.tokenizer`` and the shape's L), only
-    texts that encode to between 1 and ``max_tokens`` tokens are drawn.
+    With ``llm_model``, only texts that fit its fixed shape are drawn (at most L-1 tokens); or
+    give ``tokenizer`` and ``max_tokens`` yourself.
     """
+    if llm_model is not None:
+        tokenizer = llm_model.tokenizer
+        max_tokens = llm_model.settings.batch_shape.length - 1
     words = st.lists(st.one_of(st.sampled_from(_WORDS), st.text(st.characters(codec="ascii",
                                                                              categories=("L", "N", "P")),
                                                                 min_size=1, max_size=8)),
@@ -70,11 +76,13 @@ def prompts(*, min_words: int = 1, max_words: int = 12, tokenizer: Any = None,
 
 @st.composite
 def batch_compositions(draw: st.DrawFn, pool: Sequence[str] = (), *, max_companions: int = 7,
-                       tokenizer: Any = None, max_tokens: int | None = None) -> BatchComposition:
+                       llm_model: Any = None, tokenizer: Any = None,
+                       max_tokens: int | None = None) -> BatchComposition:
     """A batch around the prompt under test: companions from ``pool`` and generated text, of varied
-    lengths, and the row where the prompt sits. Keep ``max_companions`` below the shape's B to stay
-    in one batch, or above it to cross chunks too."""
-    sources = [prompts(tokenizer=tokenizer, max_tokens=max_tokens)]
+    lengths, and the row where the prompt sits. Pass ``llm_model`` so that generated companions
+    fit its shape. Keep ``max_companions`` below the shape's B to stay in one batch, or above it
+    to cross chunks too."""
+    sources = [prompts(llm_model=llm_model, tokenizer=tokenizer, max_tokens=max_tokens)]
     if pool:
         sources.insert(0, st.sampled_from(list(pool)))
     companions = draw(st.lists(st.one_of(*sources), max_size=max_companions))

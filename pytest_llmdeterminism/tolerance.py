@@ -14,6 +14,7 @@ A setting may map device classes to profiles: ``cpu: exact, cuda: near_tie(margi
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,15 @@ class Profile:
     def __str__(self) -> str:
         params = [f"{p}={getattr(self, p):g}" for p in _PARAMETERS[self.name] if getattr(self, p) is not None]
         return f"{self.name}({', '.join(params)})" if params else self.name
+
+    def describe(self, dtype: str) -> str:
+        """The profile with the thresholds it applies for ``dtype`` spelled out."""
+        if self.name in ("exact", "tokens"):
+            return str(self)
+        atol = self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
+        if self.name == "close":
+            return f"close(atol={atol:g})"
+        return f"near_tie(margin={self.tie_margin(dtype):g}, atol={atol:g})"
 
     def tie_margin(self, dtype: str) -> float:
         """The margin below which a flipped token counts as a near tie."""
@@ -92,8 +102,10 @@ def parse_profile(text: str, *, setting: str = "llm_tolerance") -> Profile:
             number = float(raw)
         except ValueError:
             number = -1.0
-        if number < 0:
+        if not number >= 0 or math.isnan(number):  # NaN compares false with everything
             raise ConfigurationError(setting, text, f"{key} must be a number >= 0, e.g. {EXAMPLE!r}")
+        if key in values:
+            raise ConfigurationError(setting, text, f"{key} is given twice")
         values[key] = number
     return Profile(name, **values)
 

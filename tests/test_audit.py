@@ -75,7 +75,7 @@ def test_unseeded_noise_is_reported_nondeterministic(suite):
     result.stdout.fnmatch_lines([
         "E*NondeterminismError: NONDETERMINISTIC: audit of 'The capital of France is' at 4x32:",
         "E*repeat*5 unique of 5*nondeterministic kernel or unseeded randomness*",
-        "*golden checks: 1 NONDETERMINISTIC (failed)*",
+        "audit summary: 1 generation(s), 1 nondeterministic*",
     ])
 
 
@@ -94,7 +94,7 @@ def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_fixed_shape_is_batch_invariant(make_llm, data):
     llm = make_llm("4x32", max_new_tokens=4)
-    composition = data.draw(batch_compositions(POOL, max_companions=5, tokenizer=llm.tokenizer, max_tokens=32))
+    composition = data.draw(batch_compositions(POOL, max_companions=5, llm_model=llm))
     assert_batch_invariant(llm, "The capital of France is", composition)
 
 
@@ -138,5 +138,6 @@ def test_plain_list_of_companions_and_prompt_strategy(make_llm):
     llm = make_llm("4x32", max_new_tokens=3)
     assert_batch_invariant(llm, "Count: one,", ["The sky is", "x"])
     strategy = prompts(tokenizer=llm.tokenizer, max_tokens=8)
+    assert find(prompts(llm_model=llm), lambda text: len(text) > 20, settings=settings(database=None))
     example = find(strategy, lambda text: len(text) > 3, settings=settings(database=None))
     assert 0 < len(llm.tokenizer(example)["input_ids"]) <= 8

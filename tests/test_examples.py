@@ -16,5 +16,5 @@ def test_example_suite_passes_against_committed_goldens():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "golden checks: 8 IDENTICAL" in result.stdout
-    assert "6 passed" in result.stdout
+    assert "7 passed" in result.stdout
     assert golden.read_bytes() == before

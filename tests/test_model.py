@@ -49,8 +49,8 @@ def test_prompt_longer_than_the_shape_names_the_setting(make_llm):
     with pytest.raises(PromptTooLongError) as info:
         llm.generate(["x", long_prompt])
     message = str(info.value)
-    assert "llm_batch_shape '2x8' allows 8" in message
-    assert f'llm_batch_shape = "2x{1 << (info.value.n_tokens - 1).bit_length()}"' in message
+    assert "llm_batch_shape '2x8' allows 7 (one position always stays padding)" in message
+    assert f'llm_batch_shape = "2x{1 << info.value.n_tokens.bit_length()}"' in message
     assert info.value.n_tokens > 8
 
 
@@ -137,3 +137,19 @@ def test_nan_logits_are_a_clear_error(tmp_path):
     llm = LLMModel(load(str(broken), dtype="float32", device="cpu"), GenerationSettings(BatchShape(2, 16), 3, 0))
     with pytest.raises(NonFiniteLogitsError, match=r"NaN or infinite logits at step 0 \(row 0"):
         llm.generate(["x", "y"])
+
+
+def test_a_prompt_one_token_short_of_l_is_batch_invariant_and_l_tokens_are_refused(make_llm):
+    # With no padding anywhere the attention mask is dropped and another kernel path runs, which
+    # made a prompt of exactly L tokens change with its companions; one position stays padding.
+    from pytest_llmdeterminism.strategies import assert_batch_invariant
+
+    llm = make_llm("4x32", max_new_tokens=3)
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen"]
+    candidates = (" ".join(words[:n]) + " x" * k for n in range(len(words), 0, -1) for k in range(8))
+    longest = next(c for c in candidates if len(llm.tokenizer(c)["input_ids"]) == 31)
+    assert len(llm.tokenizer(longest)["input_ids"]) == 31
+    assert_batch_invariant(llm, longest, ["Q:"])
+    assert_batch_invariant(llm, longest, ["Q:", "The sky is", "x"])
+    with pytest.raises(PromptTooLongError):
+        llm.generate(" ".join(words))  # 32 tokens

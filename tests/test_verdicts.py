@@ -57,7 +57,7 @@ def test_flip_at_a_near_tie_step_is_tie_flip_or_regression_by_margin(recorded, t
     below.assert_outcomes(failed=1)
     below.stdout.fnmatch_lines([
         (f"E*REGRESSION at step 0 — expected * (id {first_step['token']}), got * (id {runner_up}); "
-        f"golden margin {first_step['margin']:.3g} >= tie margin 0.05: confident — fails under "
+        f"golden margin {first_step['margin']:.3g} >= tie margin 0.05: not a near tie — fails under "
         "'near_tie(margin=0.05, atol=0.1)'"),
     ])
     exact = recorded.runpytest(f"--llm-model={flipped}", "--llm-tolerance=exact")
@@ -75,7 +75,7 @@ def test_large_weight_noise_is_a_regression_under_every_profile(suite, tmp_path)
     for profile in ("exact", "tokens", "close(atol=100)", "near_tie(margin=0.5, atol=100)"):
         result = suite.runpytest(f"--llm-model={broken}", f"--llm-tolerance={profile}")
         result.assert_outcomes(failed=1)
-        result.stdout.fnmatch_lines([f"E*REGRESSION at step 0*confident — fails under '{profile}'"])
+        result.stdout.fnmatch_lines([f"E*REGRESSION at step 0*not a near tie — fails under '{profile}'"])
 
 
 def test_changed_prompt_is_input_changed_with_the_id_diff(recorded):
@@ -128,7 +128,7 @@ def test_edited_version_field_is_shown_as_an_environment_change(recorded, tmp_pa
     drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
     result = recorded.runpytest(f"--llm-model={drifted}")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E*environment changed since recording:", "E*transformers: '4.57.1' -> '*'"])
+    result.stdout.fnmatch_lines(["E*environment changed (expected -> got):", "E*transformers: '4.57.1' -> '*'"])
 
 
 def test_assert_equal_on_generations_renders_like_a_golden_check(suite, tmp_path):

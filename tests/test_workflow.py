@@ -45,7 +45,7 @@ def test_first_run_fails_naming_the_update_flag_and_writes_nothing(project):
     result.stdout.fnmatch_lines([
         "E*no golden recorded for 'test_capital' in __golden__/test_suite.json [[]'test_capital'][[]'cpu/float32'].",
         "E*Record it with: pytest test_suite.py::test_capital --llm-golden-update",
-        "golden checks: 4 MISSING",
+        "golden checks: 4 MISSING (failed)",
     ])
     result.stdout.fnmatch_lines(["E*Record it with: pytest 'test_suite.py::test_param[[]Count: one,]' --llm-golden-update"])
     assert not (project.path / "__golden__").exists()
@@ -69,11 +69,11 @@ def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
     failed.assert_outcomes(failed=1, deselected=3)
     failed.stdout.fnmatch_lines([
         ("E*golden mismatch in 'test_capital': REGRESSION at step 0 — expected ' Tokyo' (id *), "
-        "got ' Rome' (id *); golden margin * >= tie margin 0.05: confident — fails under 'exact'"),
+        "got ' Rome' (id *); golden margin * >= tie margin 0.05: not a near tie — fails under 'exact'"),
         "E*expected: [[]step 0] ' Tokyo'(*",
         "E*got:      [[]step 0] ' Rome'(*",
         "E*expected top-5 at step 0: ' Tokyo' *",
-        "E*environment changed since recording:",
+        "E*environment changed (expected -> got):",
         "E*weights_hash: '*' -> '*'",
         "E*Accept with: pytest test_suite.py::test_capital --llm-model=*/changed --llm-golden-update",
     ])
