@@ -60,7 +60,7 @@ class GoldenTokens:
             if update:
                 self._outcomes.record(self._path, key, generation, outcome="recorded")
                 return None
-            self._outcomes.checked(key, variant, Comparison(Verdict.MISSING), passed=False)
+            self._outcomes.checked(key, variant, Comparison(Verdict.MISSING), passed=False, actual=generation)
             self._outcomes.candidate(self._path, key, generation)
             raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
                                       Comparison(Verdict.MISSING), key=key, path=self._path)
@@ -74,7 +74,8 @@ class GoldenTokens:
             self._outcomes.record(self._path, key, generation, outcome="updated")
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
-                               changed=diff(expected.fingerprint, generation.fingerprint))
+                               changed=diff(expected.fingerprint, generation.fingerprint),
+                               expected=expected, actual=generation)
         if passed:
             return comparison
         self._outcomes.candidate(self._path, key, generation)

@@ -123,9 +123,9 @@ def _audit_repeats(value: str) -> int:
 
 
 def _report_path(value: str) -> str:
-    if Path(value).suffix in (".json", ".md"):
+    if Path(value).suffix in (".json", ".md", ".html"):
         return value
-    raise argparse.ArgumentTypeError(f"expected a path ending in .json or .md, got {value!r}")
+    raise argparse.ArgumentTypeError(f"expected a path ending in .json, .md or .html, got {value!r}")
 
 
 def register(parser: pytest.Parser) -> None:

@@ -270,3 +270,55 @@ def run_report_markdown(document: dict[str, Any]) -> str:
         if len(failing) > 50:
             lines.append(f"| … {len(failing) - 50} more | | | | | |")
     return "\n".join(lines) + "\n"
+
+
+_HTML_STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}h1{font-size:20px}
+section{border:1px solid #ddd;border-radius:6px;margin:1em 0;padding:.6em 1em}
+section.failed{border-color:#d33}.verdict{font-weight:600}.passed .verdict{color:#1a7f37}.failed .verdict{color:#d33}
+.tokens{display:flex;flex-wrap:wrap;gap:2px;margin:.3em 0;align-items:flex-end}
+.tok{font-family:ui-monospace,monospace;background:#f3f3f3;padding:1px 3px;border-radius:3px;white-space:pre;
+display:flex;flex-direction:column;align-items:center}
+.tok.div{background:#ffd7d5;outline:2px solid #d33}.tok .bar{height:4px;background:#4a7bd0;margin-top:2px}
+.tok.tie .bar{background:#e8a317}.label{color:#666;font-size:12px;width:5.5em;flex:none}
+table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}
+"""
+
+
+def run_report_html(document: dict[str, Any]) -> str:
+    """A self-contained page: per check, both continuations token by token, the divergent token
+    highlighted, and a bar under each token for the model's margin at that step."""
+    import html
+
+    summary = document["summary"]
+    rows = "".join(f"<tr><td>{html.escape(v)}</td><td>{n}</td></tr>" for v, n in summary["by_verdict"].items())
+    sections = []
+    for check in document["checks"]:
+        status = "passed" if check["passed"] else "failed"
+        step = check["first_divergence"] if check["verdict"] in ("TIE_FLIP", "REGRESSION") else None
+        lines = []
+        for side in ("expected", "actual"):
+            tokens = []
+            for index, (piece, token, margin, _) in enumerate(check["steps"].get(side, [])):
+                width = max(2, min(60, int(margin * 6)))
+                classes = "tok" + (" div" if index == step else "") + (" tie" if margin < 0.5 else "")
+                tokens.append(f'<span class="{classes}" title="step {index}, id {token}, margin {margin:.3g}">'
+                              f'{html.escape(piece)}<span class="bar" style="width:{width}px"></span></span>')
+            if tokens:
+                lines.append(f'<div class="tokens"><span class="label">{side}</span>{"".join(tokens)}</div>')
+        changed = "; ".join(f"{html.escape(k)}: {html.escape(str(v[0]))} → {html.escape(str(v[1]))}"
+                            for k, v in check["changed_fingerprint"].items())
+        detail = [f"profile {html.escape(check['profile'])}" if check["profile"] else "",
+                  f"first divergence at step {check['first_divergence']}" if check["first_divergence"] is not None else "",
+                  f"golden margin {check['golden_margin']:.3g}" if check["golden_margin"] is not None else "",
+                  f"changed: {changed}" if changed else ""]
+        sections.append(
+            f'<section class="{status}"><div><span class="verdict">{html.escape(check["verdict"])}</span> '
+            f'<code>{html.escape(check["test"])}</code> — <code>{html.escape(check["name"])}</code> '
+            f'[{html.escape(check["variant"])}]</div><div class="label" style="width:auto">'
+            f'{" · ".join(d for d in detail if d)}</div>{"".join(lines)}</section>')
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks</title>'
+            f"<style>{_HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>"
+            f"<p>{summary['checks']} checks, {summary['failed']} failed. Bars under tokens show the model's "
+            f"top-1/top-2 margin at that step (amber: near tie); the divergent token is outlined.</p>"
+            f"<table><tr><th>verdict</th><th>checks</th></tr>{rows}</table>{''.join(sections)}</body></html>\n")

@@ -69,7 +69,8 @@ class TestOutcomes:
         self.used_keys.append((str(path), key))
 
     def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
-                changed: Sequence[tuple[str, Any, Any]] = ()) -> None:
+                changed: Sequence[tuple[str, Any, Any]] = (), expected: Generation | None = None,
+                actual: Generation | None = None) -> None:
         """One golden comparison's result, as the machine-readable report lists it."""
         verdict = comparison.verdict.value
         self.count(verdict if passed else f"{verdict} (failed)")
@@ -81,6 +82,7 @@ class TestOutcomes:
             "max_logprob_delta": comparison.max_logprob_delta,
             "input_changes": [field for field, _, _ in comparison.input_changes],
             "changed_fingerprint": {field: [old, new] for field, old, new in changed},
+            "steps": {side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
         })
 
     def to_json(self) -> dict[str, Any] | None:
@@ -92,6 +94,13 @@ class TestOutcomes:
                    "candidates": self.candidates}
         # Plain JSON types only: the payload crosses process boundaries under xdist.
         return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
+
+
+def _steps(generation: Generation, limit: int = 64) -> list[list[Any]]:
+    """``[piece, token id, margin, top-1 logprob]`` per step, for the HTML report."""
+    return [[piece, token, margin, top[0][1] if top else None]
+            for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
+                                                 generation.top_logprobs)][:limit]
 
 
 class LLMSession:
@@ -307,8 +316,9 @@ class LLMSession:
         document = report.run_report(self.checks, self.audits)
         markdown = report.run_report_markdown(document)
         if self.options.report is not None:
-            text = json.dumps(document, indent=1, sort_keys=True) if self.options.report.suffix == ".json" \
-                else markdown
+            suffix = self.options.report.suffix
+            text = (json.dumps(document, indent=1, sort_keys=True) if suffix == ".json"
+                    else report.run_report_html(document) if suffix == ".html" else markdown)
             try:
                 store.write_text_atomic(self.options.report, text)
                 self.written.append(f"{self.display_path(self.options.report)} (report)")

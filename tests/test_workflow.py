@@ -324,7 +324,7 @@ def test_report_path_must_be_json_or_markdown(suite):
     suite.makepyfile("def test_nothing(): pass")
     result = suite.runpytest("--llm-report=out.txt")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*expected a path ending in .json or .md, got 'out.txt'*"])
+    result.stderr.fnmatch_lines(["*expected a path ending in .json, .md or .html, got 'out.txt'*"])
 
 
 def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_on_request(project):
@@ -372,3 +372,77 @@ def test_unused_goldens_merge_across_xdist_workers(project):
     result = project.runpytest_subprocess("-n", "2")
     result.stdout.fnmatch_lines(["unused golden in __golden__/test_suite.json: 'test_two_checks::code'"])
     assert result.stdout.str().count("unused golden in") == 1
+
+
+def test_xdist_four_workers_200_cases_one_model_load_each(suite):
+    pytest.importorskip("xdist")
+    suite.makeconftest(
+        """
+        import os
+        import pytest_llmdeterminism.backends as backends
+
+        _load = backends.load
+
+        def counting_load(*args, **kwargs):
+            with open(f"loads-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.txt", "a") as log:
+                log.write("load\\n")
+            return _load(*args, **kwargs)
+
+        backends.load = counting_load
+        """
+    )
+    suite.makepyfile(
+        test_many="""
+        import pytest
+
+        WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+        @pytest.mark.parametrize("n", range(200))
+        def test_case(llm_model, golden_tokens, n):
+            prompt = f"Count: {WORDS[n % 10]}, {WORDS[(n // 10) % 10]}" + "!" * (n // 100)
+            golden_tokens.check(llm_model.generate(prompt, max_new_tokens=2))
+        """
+    )
+    recorded = suite.runpytest_subprocess("-n", "4", "--llm-golden-update")
+    recorded.assert_outcomes(passed=200)
+    recorded.stdout.fnmatch_lines(["golden checks: 200 recorded", "wrote __golden__/test_many.json (200 goldens)"])
+    goldens = json.loads((suite.path / "__golden__" / "test_many.json").read_text())["goldens"]
+    assert sorted(goldens) == sorted(f"test_case[{n}]" for n in range(200))
+    logs = sorted(suite.path.glob("loads-gw*.txt"))
+    assert len(logs) == 4 and all(log.read_text() == "load\n" for log in logs)
+    checked = suite.runpytest_subprocess("-n", "4")
+    checked.assert_outcomes(passed=200)
+    checked.stdout.fnmatch_lines(["golden checks: 200 IDENTICAL"])
+
+
+def test_html_report_is_self_contained_and_shows_every_check(project, tmp_path):
+    from html.parser import HTMLParser
+
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    project.runpytest(f"--llm-model={changed_model}", "--llm-report=report.json")
+    project.runpytest(f"--llm-model={changed_model}", "--llm-report=report.html")
+    checks = json.loads((project.path / "report.json").read_text())["checks"]
+    page = (project.path / "report.html").read_text()
+
+    class Collect(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.sections, self.divergent, self.external = [], 0, []
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "section":
+                self.sections.append(attrs["class"])
+            if "div" in (attrs.get("class") or "").split() and tag == "span":
+                self.divergent += 1
+            if attrs.get("src") or (tag == "link" and attrs.get("href")):
+                self.external.append(attrs)
+
+    parsed = Collect()
+    parsed.feed(page)
+    assert len(parsed.sections) == len(checks)
+    assert parsed.sections.count("failed") == sum(not c["passed"] for c in checks)
+    assert parsed.divergent >= 2  # the divergent token is outlined on both sides of a regression
+    assert parsed.external == []
+    assert "test_capital" in page and "REGRESSION" in page

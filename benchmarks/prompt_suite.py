@@ -1,0 +1,58 @@
+"""A 64-prompt JSONL suite (generated B at a time) vs 64 one-prompt tests, side by side.
+
+    python benchmarks/prompt_suite.py [--model builtin:tiny] [--shape 8x32]
+
+Both run in fresh pytest processes against goldens recorded first; the script prints the time of
+the generation phase (pytest's own "in N s", which excludes interpreter start) and the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+PROMPTS = [f"Count: {a}, {b}," for a in WORDS for b in WORDS]  # 64 prompts
+
+
+def run(folder: Path, *args: str) -> float:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                         cwd=folder, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(out.stdout[-3000:] + out.stderr[-2000:])
+    return float(re.findall(r"in ([0-9.]+)s", out.stdout)[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:tiny")
+    parser.add_argument("--shape", default="8x32")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "pytest.ini").write_text(f"[pytest]\nllm_model = {args.model}\nllm_batch_shape = {args.shape}\n"
+                                           f"llm_max_new_tokens = {args.max_new_tokens}\n")
+        (folder / "test_suite.llm.jsonl").write_text(
+            "".join(json.dumps({"id": f"p{i:02d}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+        (folder / "test_single.py").write_text(
+            "import pytest\n\n"
+            f"PROMPTS = {PROMPTS!r}\n\n"
+            "@pytest.mark.parametrize('prompt', PROMPTS)\n"
+            "def test_one(llm_model, golden_tokens, prompt):\n"
+            "    golden_tokens.check(llm_model.generate(prompt))\n")
+        run(folder, "--llm-golden-update")
+        suite = run(folder, "test_suite.llm.jsonl")
+        single = run(folder, "test_single.py")
+    print(f"{args.model} at {args.shape}, {len(PROMPTS)} prompts, {args.max_new_tokens} new tokens:")
+    print(f"  64 one-prompt tests: {single:6.2f} s")
+    print(f"  JSONL suite (batched): {suite:6.2f} s   speed-up {single / suite:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
