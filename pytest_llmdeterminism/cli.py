@@ -5,8 +5,8 @@
     llm-golden accept DIR [--root R]   import candidate goldens written by --llm-golden-artifacts
     llm-golden prune [PYTEST ARGS...]  run the suite and delete goldens no test checked
 
-Exit status: 0 on success; ``diff`` exits 1 when any case is a REGRESSION, INPUT_CHANGED or
-missing from CAND; 2 on a usage error or an unreadable file.
+Exit status: 0 on success; ``diff`` exits 1 when any case is a REGRESSION or INPUT_CHANGED
+(cases only in BASE are listed as ABSENT); 2 on a usage error or an unreadable file.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.errors import GoldenFileError
 
-FAILING = {Verdict.REGRESSION, Verdict.INPUT_CHANGED, Verdict.MISSING}
+FAILING = {Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value}
+ABSENT = "ABSENT"  # in BASE only: a candidate set holds just the cases that changed
 _BAR = 20
 
 
@@ -82,15 +83,14 @@ def _diff(base: Path, candidate: Path) -> int:
             for variant, entry in sorted(variants.items()):
                 other = cand_goldens.get(key, {}).get(variant)
                 if other is None:
-                    verdict, detail = Verdict.MISSING, "not in the candidate set"
+                    verdict, detail = ABSENT, "  (not in CAND)"
                 else:
                     comparison = compare(store.from_entry(entry), store.from_entry(other))
-                    verdict = comparison.verdict
-                    detail = _detail(comparison)
-                verdicts[verdict.value] += 1
-                print(f"{verdict.value:<14} {name} [{key!r}][{variant!r}]{detail}")
+                    verdict, detail = comparison.verdict.value, _detail(comparison)
+                verdicts[verdict] += 1
+                print(f"{verdict:<14} {name} [{key!r}][{variant!r}]{detail}")
     print("summary: " + (", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no goldens"))
-    return 1 if any(Verdict(v) in FAILING for v in verdicts) else 0
+    return 1 if FAILING & set(verdicts) else 0
 
 
 def _detail(comparison: object) -> str:
