@@ -89,7 +89,7 @@ class _OutcomeCollector:
         self._session.test_finished(report.nodeid, report.when, report.outcome)
         payload = getattr(report, REPORT_ATTRIBUTE, None)
         if payload is not None:
-            self._session.collect(payload, report.nodeid)
+            self._session.collect(payload, report.nodeid, report.duration)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

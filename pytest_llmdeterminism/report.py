@@ -233,9 +233,11 @@ REPORT_VERSION = 1
 def run_report(checks: Sequence[dict[str, Any]], audits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The ``--llm-report *.json`` document: one entry per golden check, and every audit.
 
-    Each check: ``test`` (node id), ``name`` (golden key), ``variant``, ``verdict``, ``passed``,
-    ``profile``, ``first_divergence`` (step or null), ``golden_margin``, ``max_logprob_delta``,
-    ``input_changes`` (field names) and ``changed_fingerprint`` (field -> [recorded, now]).
+    Each check: ``test`` (node id), ``test_duration_s`` (the test's call phase), ``name`` (golden
+    key), ``variant``, ``verdict``, ``passed``, ``profile``, ``first_divergence`` (step or null),
+    ``golden_margin``, ``max_logprob_delta``, ``input_changes`` (field names),
+    ``changed_fingerprint`` (field -> [recorded, now]) and ``steps`` (``expected`` / ``actual``:
+    ``[piece, token id, margin, top-1 logprob]`` per step, at most 64).
     """
     counts: dict[str, int] = {}
     for check in checks:

@@ -226,14 +226,15 @@ class LLMSession:
         return self._goldens[path]
 
     # -- end of each test, end of run ----------------------------------------------------
-    def collect(self, payload: dict[str, Any], nodeid: str = "") -> None:
+    def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
         """Take one test's outcomes (:meth:`TestOutcomes.to_json`), from this process or a worker."""
         for path, key, variant, entry in payload["records"]:
             self.pending.setdefault(path, {}).setdefault(key, {})[variant] = entry
         self.counts.update(payload["counts"])
         self.notes += payload["notes"]
         self.audits += [(nodeid, audit) for audit in payload["audits"]]
-        self.checks += [{"test": nodeid, **check} for check in payload["checks"]]
+        self.checks += [{"test": nodeid, "test_duration_s": round(duration, 4), **check}
+                        for check in payload["checks"]]
         self.used_keys.update((path, key) for path, key in payload["used"])
         for path, key, variant, entry in payload["candidates"]:
             self.candidates.setdefault(path, {}).setdefault(key, {})[variant] = entry

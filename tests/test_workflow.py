@@ -301,7 +301,8 @@ def test_json_and_markdown_reports_list_every_check(project, tmp_path, monkeypat
     checks = document["checks"]
     assert document["summary"]["checks"] == len(checks) >= 4  # a failing check stops its test
     fields = {"test": str, "name": str, "variant": str, "verdict": str, "passed": bool, "profile": str,
-              "max_logprob_delta": float, "input_changes": list, "changed_fingerprint": dict}
+              "max_logprob_delta": float, "input_changes": list, "changed_fingerprint": dict,
+              "test_duration_s": float, "steps": dict}
     for check in checks:
         for field, kind in fields.items():
             assert isinstance(check[field], kind), (field, check)
