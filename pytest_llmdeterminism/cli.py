@@ -12,6 +12,7 @@ Exit status: 0 on success; ``diff`` exits 1 when any case is a REGRESSION or INP
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -55,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GoldenFileError as error:
         print(f"llm-golden: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `llm-golden show FILE | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps interpreter shutdown from raising again
+        return 0
 
 
 def _show(path: Path) -> int:
