@@ -22,7 +22,7 @@ from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_k
 from pytest_llmdeterminism.tolerance import Profile
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from pytest_llmdeterminism.backends import LoadedModel
     from pytest_llmdeterminism.compare import Comparison
@@ -101,6 +101,13 @@ def _steps(generation: Generation, limit: int = 64) -> list[list[Any]]:
     return [[piece, token, margin, top[0][1] if top else None]
             for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
                                                  generation.top_logprobs)][:limit]
+
+
+def _file_updates(into: dict[str, dict[str, dict[str, Any]]],
+                  rows: Iterable[tuple[str, str, str, dict[str, Any]]]) -> None:
+    """Fold ``(file, key, variant, entry)`` rows into ``file -> key -> variant -> entry``."""
+    for path, key, variant, entry in rows:
+        into.setdefault(path, {}).setdefault(key, {})[variant] = entry
 
 
 class LLMSession:
@@ -201,11 +208,14 @@ class LLMSession:
     def golden_path(self, test_path: Path) -> Path:
         if self.options.golden_dir is None:
             return test_path.parent / GOLDEN_FOLDER / f"{test_path.stem}.json"
+        return self.options.golden_dir / self._under_root(test_path).with_suffix(".json")
+
+    def _under_root(self, path: Path) -> Path:
+        """``path`` relative to the rootdir, or just its name when it lies outside."""
         try:
-            relative = test_path.relative_to(self.options.rootdir)
+            return path.relative_to(self.options.rootdir)
         except ValueError:
-            relative = Path(test_path.name)
-        return self.options.golden_dir / relative.with_suffix(".json")
+            return Path(path.name)
 
     def rerun_arguments(self, item: pytest.Item) -> str:
         """Shell arguments that select this test from where pytest was started, with the run's own
@@ -228,27 +238,31 @@ class LLMSession:
     # -- end of each test, end of run ----------------------------------------------------
     def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
         """Take one test's outcomes (:meth:`TestOutcomes.to_json`), from this process or a worker."""
-        for path, key, variant, entry in payload["records"]:
-            self.pending.setdefault(path, {}).setdefault(key, {})[variant] = entry
+        _file_updates(self.pending, payload["records"])
         self.counts.update(payload["counts"])
         self.notes += payload["notes"]
         self.audits += [(nodeid, audit) for audit in payload["audits"]]
         self.checks += [{"test": nodeid, "test_duration_s": round(duration, 4), **check}
                         for check in payload["checks"]]
         self.used_keys.update((path, key) for path, key in payload["used"])
-        for path, key, variant, entry in payload["candidates"]:
-            self.candidates.setdefault(path, {}).setdefault(key, {})[variant] = entry
+        _file_updates(self.candidates, payload["candidates"])
 
     def flush(self) -> None:
-        """Write every queued golden, one atomic write per file; one bad file never stops the rest."""
-        for path, updates in sorted(self.pending.items()):
-            try:
-                store.merge(Path(path), updates)
-            except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
-                self.write_errors.append(f"{self.display_path(Path(path))}: {type(error).__name__}: {error}")
-            else:
-                self.written.append(f"{self.display_path(Path(path))} ({len(updates)} golden{'s' * (len(updates) != 1)})")
+        """Write every queued golden, one atomic write per file."""
+        self._merge_files(self.pending, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}")
         self.pending.clear()
+
+    def _merge_files(self, updates_by_file: dict[str, dict[str, dict[str, Any]]],
+                     target: Callable[[Path], Path], describe: Callable[[int], str]) -> None:
+        """Merge each file's updates into ``target(file)``; one bad file never stops the rest."""
+        for path, updates in sorted(updates_by_file.items()):
+            destination = target(Path(path))
+            try:
+                store.merge(destination, updates)
+            except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+                self.write_errors.append(f"{self.display_path(destination)}: {type(error).__name__}: {error}")
+            else:
+                self.written.append(f"{self.display_path(destination)} ({describe(len(updates))})")
 
     def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
         """Keep each test's overall outcome: failed beats skipped beats passed."""
@@ -285,20 +299,9 @@ class LLMSession:
         """Candidate goldens of missing and failing checks under ``--llm-golden-artifacts`` DIR,
         at the golden file's path relative to the rootdir, for review and ``llm-golden accept``."""
         folder = self.options.artifacts
-        if folder is None or not self.candidates:
-            return
-        for path, updates in sorted(self.candidates.items()):
-            try:
-                relative = Path(path).relative_to(self.options.rootdir)
-            except ValueError:
-                relative = Path(Path(path).name)
-            target = folder / relative
-            try:
-                store.merge(target, updates)
-            except (GoldenFileError, OSError) as error:
-                self.write_errors.append(f"{self.display_path(target)}: {error}")
-            else:
-                self.written.append(f"{self.display_path(target)} ({len(updates)} candidate(s))")
+        if folder is not None:
+            self._merge_files(self.candidates, lambda path: folder / self._under_root(path),
+                              lambda n: f"{n} candidate(s)")
 
     def prune(self) -> None:
         for path, keys in sorted(self.unused.items()):
