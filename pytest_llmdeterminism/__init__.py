@@ -9,6 +9,7 @@ import pytest
 
 from pytest_llmdeterminism.audit import AuditReport, NondeterminismError, audit
 from pytest_llmdeterminism.errors import (
+    BatchInvarianceError,
     ConfigurationError,
     GoldenFileError,
     GoldenMismatchError,
@@ -23,6 +24,7 @@ from pytest_llmdeterminism.golden import assert_tokens_match
 
 __all__ = [
     "AuditReport",
+    "BatchInvarianceError",
     "ConfigurationError",
     "Generation",
     "GoldenFileError",

@@ -177,6 +177,7 @@ def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[s
 def _in_dtype(llm_model: LLMModel, dtype: str) -> LLMModel:
     """The same weights cast to ``dtype`` (a copy, cached on the loaded model)."""
     import copy
+    import dataclasses
 
     import torch
 
@@ -186,6 +187,5 @@ def _in_dtype(llm_model: LLMModel, dtype: str) -> LLMModel:
     key = f"audit-dtype:{dtype}"
     if key not in loaded.cache:
         model = copy.deepcopy(loaded.model).to(getattr(torch, dtype))
-        loaded.cache[key] = type(loaded)(spec=loaded.spec, kind=loaded.kind, path=loaded.path, model=model,
-                                         tokenizer=loaded.tokenizer, dtype=dtype, device=loaded.device)
+        loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={})
     return LLMModel(loaded.cache[key], llm_model.settings)

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.compare import Comparison
 
 __all__ = [
+    "BatchInvarianceError",
     "ConfigurationError",
     "GoldenFileError",
     "GoldenMismatchError",
@@ -90,6 +91,30 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
             f"one fixed shape BxL; raise L, e.g. {fix}. "
             "Changing the shape changes the numerics, so re-record goldens afterwards."
         )
+
+
+class BatchInvarianceError(LLMDeterminismError):
+    """On this machine a prompt's result depends on its row and companions in the fixed shape, or
+    (``nondeterministic``) the same batch run twice gave different logits."""
+
+    def __init__(self, prompt: str, batch_shape: str, step: int, in_force: str, fix: str, *,
+                 nondeterministic: bool = False) -> None:
+        self.prompt = prompt
+        self.batch_shape = batch_shape
+        self.step = step
+        self.nondeterministic = nondeterministic
+        shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        rows = int(batch_shape.partition("x")[0])
+        if nondeterministic:
+            what = (f"NONDETERMINISTIC: the same {batch_shape} batch with {shown!r} gave different logits twice "
+                    f"(first at step {step}): something in the forward pass is random (an unseeded random "
+                    "source, dropout, a hook adding noise, or a nondeterministic kernel)")
+            fix = "find it with --llm-audit, which repeats each generation and tables what moved it"
+        else:
+            what = (f"batch invariance fails here: {shown!r} gives different logits at row 0 and at row "
+                    f"{rows - 1} of a {batch_shape} batch with other companions (first at step {step}), so "
+                    "every result would depend on what else is batched with it")
+        super().__init__(f"{what}. In force: {in_force}. Fix: {fix}")
 
 
 class GoldenFileError(LLMDeterminismError):

@@ -36,10 +36,44 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any,
     return changes
 
 
+# The fields that decide a golden's bits, by device class and CPU numerics mode. Equal fields:
+# the same numerics, so exact comparison is the default; any difference: near-tie tolerance.
+_NUMERICS_COMMON = ("device_class", "machine", "dtype", "torch", "transformers", "attention_implementation")
+_NUMERICS_BY_KIND = {
+    "cpu-portable": ("cpu_numerics",),
+    # native kernels depend on the SIMD level, MKL's branch (picked by CPU and vendor) and threads
+    "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "torch_threads"),
+    "gpu": ("device_name", "compute_capability", "cuda", "cudnn", "cuda_driver"),
+}
+
+
+def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Fields that decide the bits and differ between a golden's fingerprint and this run's.
+
+    Pure. A field the golden did not record (it predates the field) counts as changed.
+    """
+    device_class = current.get("device_class")
+    if device_class != "cpu":
+        kind = "gpu"
+    else:
+        modes = {recorded.get("cpu_numerics"), current.get("cpu_numerics")}
+        kind = "cpu-portable" if modes == {"portable"} else "cpu-native"
+    fields = _NUMERICS_COMMON + _NUMERICS_BY_KIND[kind]
+    return [(name, recorded.get(name), current.get(name)) for name in fields
+            if recorded.get(name) != current.get(name)]
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
+    """``cpu_capability 'AVX512' → 'AVX2', torch '2.12.0' → '2.13.0'``"""
+    return ", ".join(f"{name} {old!r} → {new!r}" for name, old, new in changes)
+
+
 def _static(loaded: LoadedModel) -> dict[str, Any]:
     import tokenizers
     import torch
     import transformers
+
+    from pytest_llmdeterminism import numerics
 
     model, tokenizer = loaded.model, loaded.tokenizer
     device = torch.device(loaded.device)
@@ -60,7 +94,10 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "device_class": device.type,
         "device_name": device_name,
         "compute_capability": capability,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # SIMD kernels: AVX512, AVX2, ...
+        "machine": platform.machine(),
+        "cpu_numerics": loaded.cpu_numerics,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's SIMD kernels: AVX512, AVX2, DEFAULT
+        "mkl_cbwr": numerics.effective()["mkl_cbwr"],  # MKL's code path: COMPATIBLE when portable
         "torch_threads": torch.get_num_threads(),
         "dtype": loaded.dtype,
         "attention_implementation": getattr(model.config, "_attn_implementation", None),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import ConfigurationError, GoldenMismatchError
-from pytest_llmdeterminism.fingerprint import diff
+from pytest_llmdeterminism.fingerprint import describe_changes, diff, numerics_changes
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
@@ -65,8 +65,17 @@ class GoldenTokens:
             raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
                                       Comparison(Verdict.MISSING), key=key, path=self._path)
         expected = store.from_entry(stored)
+        dtype = str(generation.fingerprint.get("dtype", "float32"))
+        environment = numerics_changes(expected.fingerprint, generation.fingerprint)
         profile = self._tolerance or self._session.options.tolerance.profile_for(
-            generation.fingerprint.get("device_class", "cpu"), generation.fingerprint.get("dtype", "float32"))
+            str(generation.fingerprint.get("device_class", "cpu")), dtype, same_environment=not environment)
+        across = ""
+        if environment:
+            chosen = "as set" if self._tolerance or self._session.options.tolerance.explicit_for(
+                str(generation.fingerprint.get("device_class", "cpu"))) else "by default"
+            across = (f"compared across environments: {describe_changes(environment)}; "
+                      f"tolerance {profile.describe(dtype)} {chosen}")
+            self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
         # A flip at a near tie may pass, but the golden's continuation after it no longer describes
         # the model: updating re-records it, as it does every failing check.
@@ -75,13 +84,14 @@ class GoldenTokens:
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
                                changed=diff(expected.fingerprint, generation.fingerprint),
+                               numerics_changed=[name for name, _, _ in environment],
                                expected=expected, actual=generation)
         if passed:
             return comparison
         self._outcomes.candidate(self._path, key, generation)
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
-                                  decode, profile=profile.describe(str(generation.fingerprint.get("dtype"))))
+                                  decode, profile=profile.describe(dtype), across=across)
         raise GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
                                   actual=generation)
 

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import StepCapture
 from pytest_llmdeterminism.determinism import deterministic_state
-from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError
+from pytest_llmdeterminism.errors import BatchInvarianceError, ConfigurationError, PromptTooLongError
 from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.options import BatchShape
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.backends import LoadedModel
+
+PROBE_STEPS = 3  # tokens the batch-invariance probe generates per row
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,13 @@ class LLMModel:
     underlying transformers objects."""
 
     def __init__(self, loaded: LoadedModel, settings: GenerationSettings, *,
-                 after_generate: Callable[[LLMModel, list[Generation], dict[str, Any]], None] | None = None) -> None:
+                 after_generate: Callable[[LLMModel, list[Generation], dict[str, Any]], None] | None = None,
+                 note: Callable[[str], None] | None = None) -> None:
         self._loaded = loaded
         self.settings = settings
         self._after_generate = after_generate  # the --llm-audit hook
+        self._note = note  # tells the run's summary what the batch-invariance probe found
+        self._noted = False
         self._keep_logits = False
         self.last_logits: list[Any] = []  # per prompt of the last call: steps x vocab, audits only
 
@@ -86,6 +91,7 @@ class LLMModel:
         )
         prompts = list(prompts)
         encoded = [self._encode(p) for p in prompts]
+        self._verify_batch_invariance(prompts[0], encoded[0])
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
         self.last_logits = []
@@ -95,6 +101,58 @@ class LLMModel:
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
         return results[0] if isinstance(prompt, str) else results
+
+    def _verify_batch_invariance(self, prompt: str, ids: list[int]) -> None:
+        """Once per loaded model and shape: does a prompt give the same bits at the first and the last
+        row among other companions? Everything the fixed shape promises rests on it."""
+        __tracebackhide__ = True
+        shape = str(self.settings.batch_shape)
+        probed = self._loaded.cache.setdefault("batch_invariance", {})
+        outcome = probed.get(shape) or self._probe_batch_invariance(prompt, ids)
+        if not (isinstance(outcome, BatchInvarianceError) and outcome.nondeterministic):
+            probed[shape] = outcome  # randomness may come from this test alone (a hook): probe again next time
+        if isinstance(outcome, BatchInvarianceError):
+            raise outcome
+        if self._note is not None and not self._noted:
+            self._noted = True
+            self._note(outcome)
+
+    def _probe_batch_invariance(self, prompt: str, ids: list[int]) -> str | BatchInvarianceError:
+        shape = self.settings.batch_shape
+        if shape.rows == 1:
+            return f"batch invariance: nothing to verify at {shape} (one row per batch)"
+        config = resolve_generation_config({}, max_new_tokens=PROBE_STEPS, eos_token_ids=[],
+                                           pad_token_id=self.tokenizer.pad_token_id)
+        others = _companions(ids, shape.length, 2 * (shape.rows - 1))
+        first_batch = [(prompt, ids)] + [("", c) for c in others[: shape.rows - 1]]
+        first = self._generate_chunk(first_batch, config)[0]
+        last = self._generate_chunk([("", c) for c in others[shape.rows - 1:]] + [(prompt, ids)], config)[-1]
+        if _first_difference(first, last) is None:
+            return f"batch invariance: verified at {shape} (row 0 vs row {shape.rows - 1}, {PROBE_STEPS} steps)"
+        again = self._generate_chunk(first_batch, config)[0]
+        nondeterministic = _first_difference(first, again)
+        step = nondeterministic if nondeterministic is not None else _first_difference(first, last)
+        assert step is not None
+        return BatchInvarianceError(prompt, str(shape), step, *self._invariance_advice(),
+                                    nondeterministic=nondeterministic is not None)
+
+    def _invariance_advice(self) -> tuple[str, str]:
+        """What was in force, and what restores invariance there."""
+        import torch
+
+        fingerprint_now = fingerprint(self._loaded)
+        device = str(fingerprint_now["device_class"])
+        in_force = (f"device {self._loaded.device}, {self._loaded.dtype}, attention "
+                    f"{fingerprint_now['attention_implementation']!r}")
+        if device != "cpu":
+            return in_force, (f"load the model with attn_implementation=\"eager\" in its config.json, or run one "
+                              f"prompt per batch: llm_batch_shape = \"1x{self.settings.batch_shape.length}\"")
+        in_force += f", cpu numerics {self._loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
+        if self._loaded.cpu_numerics != "portable":
+            return in_force, ("llm_cpu_numerics = \"portable\" (the default; rows stay invariant at any thread "
+                              "count), or one thread (OMP_NUM_THREADS=1)")
+        return in_force, ("one thread (OMP_NUM_THREADS=1), or one prompt per batch: llm_batch_shape = "
+                          f"\"1x{self.settings.batch_shape.length}\"; please report this machine (lscpu) as a bug")
 
     def _eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -185,3 +243,20 @@ class LLMModel:
             pieces=tuple(pieces),
             fingerprint=fingerprint_now,
         )
+
+
+def _companions(ids: list[int], length: int, count: int) -> list[list[int]]:
+    """``count`` token sequences unlike ``ids``, of lengths spread over ``1 .. length - 1`` so that the
+    rows beside the probed prompt carry other tokens and other amounts of padding."""
+    pool = list(reversed(ids))
+    sequences = []
+    for index in range(count):
+        size = 1 + (len(ids) + 5 * (index + 1)) % (length - 1) if length > 2 else 1
+        sequences.append([pool[(index + j) % len(pool)] for j in range(size)])
+    return sequences
+
+
+def _first_difference(a: Generation, b: Generation) -> int | None:
+    """The first step whose logit hash or token differs, or None when both agree bit for bit."""
+    steps = zip(zip(a.logit_hashes, a.token_ids), zip(b.logit_hashes, b.token_ids))
+    return next((t for t, (x, y) in enumerate(steps) if x != y), None)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_profile, parse_setting
 
@@ -58,6 +59,7 @@ class Options:
     device: str
     seed: int
     max_new_tokens: int
+    cpu_numerics: str  # numerics.PORTABLE or numerics.NATIVE
     update: UpdateMode | None
     tolerance: ToleranceSetting
     golden_fallback: bool
@@ -101,6 +103,10 @@ SETTINGS = (
     _Setting("llm_max_new_tokens", "--llm-max-new-tokens",
              f"new tokens per generation unless a test says otherwise (default {DEFAULT_MAX_NEW_TOKENS})",
              str(DEFAULT_MAX_NEW_TOKENS)),
+    _Setting("llm_cpu_numerics", "--llm-cpu-numerics",
+             "portable (default): CPU kernels that give the same bits on any x86-64 CPU and thread count; "
+             "native: the CPU's fastest kernels, goldens specific to the CPU model and thread count",
+             numerics.DEFAULT_MODE),
 )
 
 
@@ -204,6 +210,7 @@ def read(config: pytest.Config) -> Options:
         seed=_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
         max_new_tokens=_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
                                 DEFAULT_MAX_NEW_TOKENS, minimum=1),
+        cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),
         update=_update_mode_allowed(config),
         tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
         if value("llm_tolerance") else ToleranceSetting({}),
@@ -221,6 +228,12 @@ def read(config: pytest.Config) -> Options:
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
                            if config.getoption(s.ini) is not None),
     )
+
+
+def early_cpu_numerics(early_config: pytest.Config) -> str:
+    """``llm_cpu_numerics`` before conftests load (and before anything can have imported torch)."""
+    raw = getattr(early_config.known_args_namespace, "llm_cpu_numerics", None)
+    return numerics.parse_mode(raw if raw is not None else str(early_config.getini("llm_cpu_numerics")))
 
 
 def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:

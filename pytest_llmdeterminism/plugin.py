@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism import determinism, options
+from pytest_llmdeterminism import determinism, numerics, options
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.session import MARKER, REPORT_ATTRIBUTE, LLMSession, TestOutcomes
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 SESSION = pytest.StashKey[LLMSession]()
 _OUTCOMES = pytest.StashKey[TestOutcomes]()
 _SET_CUBLAS = pytest.StashKey[bool]()
+_REPLACED_ENVIRONMENT = pytest.StashKey[dict[str, "str | None"]]()
 _MARKER_HELP = (
     f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
     "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
@@ -37,6 +38,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.stash[_SET_CUBLAS] = not was_set
     if warning:
         early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
+    # ATen and MKL pick their CPU kernels when torch first computes: pin them before any conftest can.
+    try:
+        early_config.stash[_REPLACED_ENVIRONMENT] = numerics.pin(options.early_cpu_numerics(early_config))
+    except ConfigurationError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,6 +62,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.stash.get(_SET_CUBLAS, False):
         os.environ.pop(determinism.CUBLAS_WORKSPACE_CONFIG, None)
+    numerics.unpin(config.stash.get(_REPLACED_ENVIRONMENT, {}))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return config.stash[SESSION].header_lines()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -144,7 +155,7 @@ def llm_model(request: pytest.FixtureRequest) -> LLMModel:
     session = request.config.stash[SESSION]
     outcomes = outcomes_of(request.node)
     return LLMModel(session.loaded_model(), session.settings_for(request.node),
-                    after_generate=session.audit_hook(request.node, outcomes))
+                    after_generate=session.audit_hook(request.node, outcomes), note=outcomes.note)
 
 
 @pytest.fixture

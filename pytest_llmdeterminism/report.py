@@ -34,9 +34,11 @@ def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] 
 
 
 def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
-             expected: Generation, actual: Generation, decode: Decode, *, profile: str) -> str:
+             expected: Generation, actual: Generation, decode: Decode, *, profile: str, across: str = "") -> str:
     """A failure message of bounded length: verdict, where and how confident, what changed, the fix."""
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode)} — fails under {profile!r}"]
+    if across:
+        lines.append(f"  {across}")
     if comparison.verdict is Verdict.INPUT_CHANGED:
         lines.append("  the input changed, so outputs were not compared:")
         for field, old, new in comparison.input_changes:
@@ -236,7 +238,8 @@ def run_report(checks: Sequence[dict[str, Any]], audits: Sequence[tuple[str, dic
     Each check: ``test`` (node id), ``test_duration_s`` (the test's call phase), ``name`` (golden
     key), ``variant``, ``verdict``, ``passed``, ``profile``, ``first_divergence`` (step or null),
     ``golden_margin``, ``max_logprob_delta``, ``input_changes`` (field names),
-    ``changed_fingerprint`` (field -> [recorded, now]) and ``steps`` (``expected`` / ``actual``:
+    ``changed_fingerprint`` (field -> [recorded, now]), ``numerics_changed`` (the fields that
+    decide the bits and differ: non-empty means compared across environments) and ``steps`` (``expected`` / ``actual``:
     ``[piece, token id, margin, top-1 logprob]`` per step, at most 64).
     """
     counts: dict[str, int] = {}

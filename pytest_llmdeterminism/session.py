@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, ModelLoadError
+from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, LLMDeterminismError, ModelLoadError
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
 from pytest_llmdeterminism.tolerance import Profile
 
@@ -69,8 +69,8 @@ class TestOutcomes:
         self.used_keys.append((str(path), key))
 
     def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
-                changed: Sequence[tuple[str, Any, Any]] = (), expected: Generation | None = None,
-                actual: Generation | None = None) -> None:
+                changed: Sequence[tuple[str, Any, Any]] = (), numerics_changed: Sequence[str] = (),
+                expected: Generation | None = None, actual: Generation | None = None) -> None:
         """One golden comparison's result, as the machine-readable report lists it."""
         verdict = comparison.verdict.value
         self.count(verdict if passed else f"{verdict} (failed)")
@@ -82,6 +82,7 @@ class TestOutcomes:
             "max_logprob_delta": comparison.max_logprob_delta,
             "input_changes": [field for field, _, _ in comparison.input_changes],
             "changed_fingerprint": {field: [old, new] for field, old, new in changed},
+            "numerics_changed": list(numerics_changed),  # non-empty: compared across environments
             "steps": {side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
         })
 
@@ -113,7 +114,7 @@ def _file_updates(into: dict[str, dict[str, dict[str, Any]]],
 class LLMSession:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self._models: dict[tuple[str, str, str], LoadedModel | ModelLoadError] = {}
+        self._models: dict[tuple[str, str, str], LoadedModel | LLMDeterminismError] = {}
         self._goldens: dict[Path, store.Goldens] = {}
         self.pending: dict[str, dict[str, dict[str, Any]]] = {}  # file -> key -> variant -> entry
         self.counts: Counter[str] = Counter()
@@ -144,13 +145,14 @@ class LLMSession:
         key = (spec, self.options.dtype, self.options.device)
         if key not in self._models:
             try:
-                self._models[key] = backends.load(spec, dtype=self.options.dtype, device=self.options.device)
-            except ModelLoadError as error:
+                self._models[key] = backends.load(spec, dtype=self.options.dtype, device=self.options.device,
+                                                  cpu_numerics=self.options.cpu_numerics)
+            except LLMDeterminismError as error:
                 self._models[key] = error  # fail every test the same way, without loading again
             except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
                 self._models[key] = ModelLoadError(spec, f"{type(error).__name__}: {error}")
         loaded = self._models[key]
-        if isinstance(loaded, ModelLoadError):
+        if isinstance(loaded, LLMDeterminismError):
             raise loaded
         return loaded
 
@@ -333,7 +335,22 @@ class LLMSession:
             with open(step_summary, "a", encoding="utf-8") as handle:
                 handle.write(markdown)
 
+    def header_lines(self) -> list[str]:
+        """What the run is pinned to, before anything loads (``pytest_report_header``)."""
+        from pytest_llmdeterminism import numerics
+
+        options = self.options
+        if options.model is None:
+            return []
+        return [
+            f"llm: model {options.model}, batch shape {options.batch_shape}, {options.dtype} on {options.device}, "
+            f"seed {options.seed}",
+            f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
+            "generation of each shape",
+        ]
+
     def summary_lines(self) -> list[str]:
-        return report.summary(dict(self.counts), self.written, self.write_errors, self.notes) + \
+        notes = list(dict.fromkeys(self.notes))  # every xdist worker reports its own probe and fallbacks
+        return report.summary(dict(self.counts), self.written, self.write_errors, notes) + \
             report.unused_summary(self.unused, self.pruned, self.partial_reasons, self.display_path,
                                   prune=self.options.prune) + report.audit_summary(self.audits)

@@ -73,7 +73,8 @@ class PromptItem(pytest.Item):
         session: LLMSession = self.config.stash[SESSION]
         settings = session.settings_for(self)
         self.rows = settings.batch_shape.rows
-        llm = LLMModel(session.loaded_model(), settings)
+        outcomes: TestOutcomes = outcomes_of(self)
+        llm = LLMModel(session.loaded_model(), settings, note=outcomes.note)
 
         def generate(prompts: list[str], budget: int | None) -> list[Generation]:
             return llm.generate(prompts, **({} if budget is None else {"max_new_tokens": budget}))
@@ -82,7 +83,6 @@ class PromptItem(pytest.Item):
         result = self.parent.results_for(self, generate)
         tolerance = self.case.get("tolerance")
         profile = validate_marker_kwargs({"tolerance": tolerance}, self.nodeid)["tolerance"] if tolerance else None
-        outcomes: TestOutcomes = outcomes_of(self)
         golden = GoldenTokens(session, outcomes, self.nodeid, self.path, lambda: llm.tokenizer,
                               rerun=session.rerun_arguments(self), tolerance=profile)  # type: ignore[arg-type]
         golden.check(result)

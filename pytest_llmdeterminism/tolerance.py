@@ -2,14 +2,16 @@
 
 The verdict says what happened; the profile decides whether that passes::
 
-    exact                           tokens and logit hashes must match (default on CPU)
+    exact                           tokens and logit hashes must match
     tokens                          tokens must match; logit drift passes
     close(atol=1e-3)                tokens must match and top-k logprobs agree within atol
     near_tie(margin=0.1, atol=1e-2) like close; a first divergence at a step whose golden
                                     top-1/top-2 margin was below `margin` passes as TIE_FLIP
-                                    (default on CUDA, margin and atol scaled by dtype)
 
 A setting may map device classes to profiles: ``cpu: exact, cuda: near_tie(margin=0.2)``.
+Without a setting the default follows the environment: ``exact`` when the golden was recorded
+with the same numerics (see ``fingerprint.numerics_changes``), else ``near_tie`` with the dtype's
+margin and atol, because another CPU, GPU or library version changes bits, not behaviour.
 """
 
 from __future__ import annotations
@@ -74,13 +76,18 @@ class ToleranceSetting:
 
     by_device: Mapping[str | None, Profile]
 
-    def profile_for(self, device_class: str, dtype: str) -> Profile:
-        profile = self.by_device.get(device_class, self.by_device.get(None))
-        return profile if profile is not None else default_profile(device_class, dtype)
+    def explicit_for(self, device_class: str) -> Profile | None:
+        """The profile the user set for this device class, or None."""
+        return self.by_device.get(device_class, self.by_device.get(None))
+
+    def profile_for(self, device_class: str, dtype: str, *, same_environment: bool = True) -> Profile:
+        profile = self.explicit_for(device_class)
+        return profile if profile is not None else default_profile(dtype, same_environment=same_environment)
 
 
-def default_profile(device_class: str, dtype: str) -> Profile:
-    if device_class == "cpu":
+def default_profile(dtype: str, *, same_environment: bool) -> Profile:
+    """``exact`` where the golden's numerics are this run's; the dtype's ``near_tie`` across environments."""
+    if same_environment:
         return Profile("exact")
     return Profile("near_tie", atol=DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"]),
                    margin=DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"]))

@@ -105,9 +105,19 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has goldens "
                                   "for 'cpu/float32'; compare with one of them via --llm-golden-fallback).")])
-    fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
+    # Another dtype is another environment: by default judged with bf16's near-tie tolerance...
+    across = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
+    across.assert_outcomes(passed=1)
+    across.stdout.fnmatch_lines([
+        "golden checks: 1 LOGIT_DRIFT",
+        "*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
+        "by default",
+    ])
+    # ... and exactly when the user says so.
+    fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-tolerance=exact")
     fallback.assert_outcomes(failed=1)
     fallback.stdout.fnmatch_lines([
+        "E*compared across environments: dtype 'float32' → 'bfloat16'; tolerance exact as set",
         "E*dtype: 'float32' -> 'bfloat16'",
         "E*golden: __golden__/test_v.json [[]'test_case'][[]'cpu/float32']",
         "*'test_case': no 'cpu/bfloat16' golden; compared with 'cpu/float32' (--llm-golden-fallback)",
@@ -126,7 +136,7 @@ def test_edited_version_field_is_shown_as_an_environment_change(recorded, tmp_pa
     document["goldens"]["test_case"]["cpu/float32"]["fingerprint"]["transformers"] = "4.57.1"
     path.write_text(json.dumps(document))
     drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
-    result = recorded.runpytest(f"--llm-model={drifted}")
+    result = recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=exact")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["E*environment changed (expected -> got):", "E*transformers: '4.57.1' -> '*'"])
 
@@ -144,3 +154,39 @@ def test_assert_equal_on_generations_renders_like_a_golden_check(suite, tmp_path
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["E*Generation == Generation: INPUT_CHANGED — generation_config.repetition_penalty*",
                                  "E*generation_config.repetition_penalty: 3.0 -> 1.0"])  # golden (right) -> actual (left)
+
+
+def _as_if_recorded_natively_elsewhere(recorded):
+    """Edit the golden's fingerprint as a native run on another CPU would have written it."""
+    path = recorded.path / GOLDEN
+    document = json.loads(path.read_text())
+    fingerprint = document["goldens"]["test_case"]["cpu/float32"]["fingerprint"]
+    fingerprint.update(cpu_numerics="native", cpu_capability="AVX512", mkl_cbwr="OFF",
+                       device_name="Intel(R) Xeon(R) Platinum 8488C")
+    path.write_text(json.dumps(document))
+
+
+def test_default_tolerance_follows_the_environment_and_a_regression_fails_in_both(recorded, tmp_path):
+    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
+    broken = perturbed_tiny_copy(tmp_path / "broken", scale=0.5)
+    same = recorded.runpytest(f"--llm-model={drifted}")
+    same.assert_outcomes(failed=1)
+    same.stdout.fnmatch_lines(["E*LOGIT_DRIFT at step 0*fails under 'exact'"])
+    assert "compared across environments" not in same.stdout.str()
+    recorded.runpytest(f"--llm-model={broken}").stdout.fnmatch_lines(["E*REGRESSION at step*fails under 'exact'"])
+
+    _as_if_recorded_natively_elsewhere(recorded)
+    across = recorded.runpytest(f"--llm-model={drifted}")
+    across.assert_outcomes(passed=1)
+    across.stdout.fnmatch_lines([
+        "golden checks: 1 LOGIT_DRIFT",
+        "compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → 'DEFAULT'*"
+        "tolerance near_tie(margin=0.05, atol=0.001) by default",
+    ])
+    regression = recorded.runpytest(f"--llm-model={broken}")
+    regression.assert_outcomes(failed=1)
+    regression.stdout.fnmatch_lines([
+        "E*REGRESSION at step*fails under 'near_tie(margin=0.05, atol=0.001)'",
+        "E*compared across environments: *cpu_numerics 'native' → 'portable'*by default",
+    ])
+    assert recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=exact").ret == 1  # explicit wins

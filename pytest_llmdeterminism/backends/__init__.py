@@ -28,6 +28,7 @@ class LoadedModel:
     tokenizer: Any
     dtype: str
     device: str
+    cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load)
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
 
 
@@ -64,11 +65,14 @@ def resolve(spec: str) -> tuple[str, Path]:
     )
 
 
-def load(spec: str, *, dtype: str, device: str) -> LoadedModel:
+def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
+    """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
     __tracebackhide__ = True
+    from pytest_llmdeterminism import numerics
     from pytest_llmdeterminism.backends import hf
 
     kind, path = resolve(spec)
+    numerics.check(cpu_numerics)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer,
-                       dtype=dtype, device=device)
+                       dtype=dtype, device=device, cpu_numerics=cpu_numerics)

@@ -84,8 +84,10 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None:
-        # Pad positions are masked out; any id works, and EOS is what most checkpoints expect.
-        tokenizer.pad_token = tokenizer.eos_token
+        # Pad positions are masked out, so any id works: EOS where there is one (what most
+        # checkpoints expect), else the vocabulary's first token.
+        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token_id is not None \
+            else tokenizer.convert_ids_to_tokens(0)
     return model, tokenizer, device
 
 

@@ -1,0 +1,128 @@
+"""CPU numerics: which kernels torch's CPU math takes, pinned so that goldens travel between machines.
+
+Measured with torch 2.13 (MKL 2024.2) on the tiny model and SmolLM2-135M, fp32 and bf16, 4x32:
+
+- ATen dispatches its vectorised kernels by the CPU's SIMD level (AVX512, AVX2, none), and
+  MKL picks its GEMM code path by CPU *and vendor*: the same binaries gave different logit hashes
+  on a native AMD EPYC, an emulated Intel Haswell and an emulated Intel Nehalem, and multithreaded
+  SDPA decode made rows of one batch differ from each other.
+- ``ATEN_CPU_CAPABILITY=default`` plus ``MKL_CBWR=COMPATIBLE`` gives one hash on all of them, at
+  1, 2 and 4 threads, and restores row invariance. Neither variable alone does;
+  ``MKL_CBWR=AVX2`` is ignored by MKL on AMD (it falls back to AUTO), so it is not portable.
+  oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``) changed no hash, fp32 or bf16, so it is not pinned.
+
+Both variables are read lazily, at torch's first CPU kernel and MKL's first call, so the plugin
+sets them in its earliest hook and then *checks* what is in force when the model loads: a run that
+torch started too early is refused, never recorded as portable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+
+PORTABLE = "portable"
+NATIVE = "native"
+MODES = (PORTABLE, NATIVE)
+DEFAULT_MODE = PORTABLE
+PORTABLE_ENVIRONMENT: Mapping[str, str] = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"}
+_PORTABLE_EFFECTIVE = {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE"}
+
+# MKL's branch codes (mkl_cbwr.h); the STRICT flag is bit 16.
+_MKL_BRANCHES = {0: "UNSET", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
+                 8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1",
+                 14: "AVX512_E1"}
+_MKL_STRICT = 0x10000
+
+
+class CPUNumericsError(LLMDeterminismError):
+    """The CPU numerics in force are not the ones the run asked for."""
+
+    def __init__(self, mode: str, effective: Mapping[str, Any], wrong: Mapping[str, Any]) -> None:
+        self.mode = mode
+        self.effective = dict(effective)
+        found = ", ".join(f"{name} is {value!r} (portable needs {_PORTABLE_EFFECTIVE[name]!r})"
+                          for name, value in wrong.items())
+        environment = " ".join(f"{k}={v}" for k, v in PORTABLE_ENVIRONMENT.items())
+        super().__init__(
+            f"llm_cpu_numerics = {mode!r} is not in force: {found}. torch ran CPU kernels before "
+            "pytest-llmdeterminism could pin them (a plugin, conftest or script imported and used torch "
+            "first), so this run would record machine-specific goldens as portable. Start pytest with "
+            f"the variables set: `{environment} python -m pytest ...`, or choose "
+            "llm_cpu_numerics = \"native\" (or --llm-cpu-numerics=native) to accept machine-specific numerics."
+        )
+
+
+def parse_mode(raw: str | None, *, setting: str = "llm_cpu_numerics") -> str:
+    mode = (raw or DEFAULT_MODE).strip()
+    if mode not in MODES:
+        raise ConfigurationError(setting, raw, f"expected {PORTABLE!r} (the default: the same bits on any "
+                                 f"x86-64 CPU and thread count) or {NATIVE!r} (the CPU's fastest kernels)")
+    return mode
+
+
+def pin(mode: str) -> dict[str, str | None]:
+    """Set the environment for ``mode`` before torch starts; returns the values it replaced."""
+    if mode != PORTABLE:
+        return {}
+    replaced = {name: os.environ.get(name) for name in PORTABLE_ENVIRONMENT}
+    os.environ.update(PORTABLE_ENVIRONMENT)
+    return replaced
+
+
+def unpin(replaced: Mapping[str, str | None]) -> None:
+    for name, value in replaced.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def effective() -> dict[str, Any]:
+    """What CPU numerics torch runs with now (imports torch)."""
+    import torch
+
+    return {"aten_capability": str(torch.backends.cpu.get_cpu_capability()), "mkl_cbwr": _mkl_branch(torch)}
+
+
+def check(mode: str) -> dict[str, Any]:
+    """The effective numerics, or :class:`CPUNumericsError` when ``portable`` is not in force."""
+    __tracebackhide__ = True
+    found = effective()
+    if mode == PORTABLE:
+        wrong = {name: found[name] for name, wanted in _PORTABLE_EFFECTIVE.items()
+                 if found[name] is not None and found[name] != wanted}
+        if wrong:
+            raise CPUNumericsError(mode, found, wrong)
+    return found
+
+
+def describe(mode: str) -> str:
+    """One line for the pytest header."""
+    if mode == PORTABLE:
+        pinned = ", ".join(f"{k}={v}" for k, v in PORTABLE_ENVIRONMENT.items())
+        return f"cpu numerics: portable ({pinned}; {platform.machine()})"
+    return f"cpu numerics: native (machine-specific kernels; {platform.machine()})"
+
+
+def _mkl_branch(torch: Any) -> str | None:
+    """MKL's conditional-numerical-reproducibility branch in force, or None without MKL."""
+    if not torch.backends.mkl.is_available():
+        return None
+    # torch links MKL statically; its service layer exports the getter under this name.
+    library = os.path.join(os.path.dirname(torch.__file__), "lib",
+                           "libtorch_cpu.dylib" if sys.platform == "darwin" else "libtorch_cpu.so")
+    try:
+        getter = ctypes.CDLL(library).mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    getter.restype, getter.argtypes = ctypes.c_int, [ctypes.c_int]
+    code = int(getter(1))  # MKL_CBWR_BRANCH
+    name = _MKL_BRANCHES.get(code & ~_MKL_STRICT, str(code & ~_MKL_STRICT))
+    return f"{name},STRICT" if code & _MKL_STRICT else name
