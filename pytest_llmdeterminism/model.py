@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import StepCapture
 from pytest_llmdeterminism.determinism import deterministic_state
-from pytest_llmdeterminism.errors import BatchInvarianceError, ConfigurationError, PromptTooLongError
+from pytest_llmdeterminism.errors import BatchInvarianceProbeError, ConfigurationError, PromptTooLongError
 from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.options import BatchShape
@@ -109,15 +109,15 @@ class LLMModel:
         shape = str(self.settings.batch_shape)
         probed = self._loaded.cache.setdefault("batch_invariance", {})
         outcome = probed.get(shape) or self._probe_batch_invariance(prompt, ids)
-        if not (isinstance(outcome, BatchInvarianceError) and outcome.nondeterministic):
+        if not (isinstance(outcome, BatchInvarianceProbeError) and outcome.nondeterministic):
             probed[shape] = outcome  # randomness may come from this test alone (a hook): probe again next time
-        if isinstance(outcome, BatchInvarianceError):
+        if isinstance(outcome, BatchInvarianceProbeError):
             raise outcome
         if self._note is not None and not self._noted:
             self._noted = True
             self._note(outcome)
 
-    def _probe_batch_invariance(self, prompt: str, ids: list[int]) -> str | BatchInvarianceError:
+    def _probe_batch_invariance(self, prompt: str, ids: list[int]) -> str | BatchInvarianceProbeError:
         shape = self.settings.batch_shape
         if shape.rows == 1:
             return f"batch invariance: nothing to verify at {shape} (one row per batch)"
@@ -133,7 +133,7 @@ class LLMModel:
         nondeterministic = _first_difference(first, again)
         step = nondeterministic if nondeterministic is not None else _first_difference(first, last)
         assert step is not None
-        return BatchInvarianceError(prompt, str(shape), step, *self._invariance_advice(),
+        return BatchInvarianceProbeError(prompt, str(shape), step, *self._invariance_advice(),
                                     nondeterministic=nondeterministic is not None)
 
     def _invariance_advice(self) -> tuple[str, str]:

@@ -1,0 +1,100 @@
+"""Goldens travel between CPUs: one short golden check re-run under emulated CPUs of another vendor
+and instruction set (qemu-x86_64 user mode runs this very Python and torch, reporting another CPU).
+
+Portable numerics must give the goldens recorded here bit for bit; native numerics must not (the
+negative control that shows the check can fail). Emulation is slow, so the probe is one small test.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_llmdeterminism import numerics
+
+QEMU = shutil.which("qemu-x86_64")
+pytestmark = [
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="qemu-x86_64 user mode emulates x86-64 hosts only"),
+    pytest.mark.skipif(QEMU is None, reason="qemu-x86_64 is not installed: apt-get install qemu-user "
+                                            "(.ci/run installs it)"),
+]
+
+PROBE = """
+from pytest_llmdeterminism import deterministic
+
+PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):"]
+
+@deterministic(max_new_tokens=4)
+def test_probe(llm_model, golden_tokens):
+    for prompt, result in zip(PROMPTS, llm_model.generate(PROMPTS)):
+        golden_tokens.check(result, name=prompt)
+"""
+
+
+def _host_vendor() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+
+
+def _foreign_cpus() -> tuple[str, str]:
+    """Another vendor with AVX2, and an SSE4.2-only CPU (no AVX at all: another ISA than any current host)."""
+    return ("Haswell" if _host_vendor() == "AuthenticAMD" else "EPYC"), "Nehalem"
+
+
+def _environment() -> dict[str, str]:
+    """This process pins portable numerics for itself; the runs below choose their own mode."""
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE_ENVIRONMENT and k != "CI"}
+    return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _pytest(project: Path, *args: str, cpu: str | None = None, threads: int | None = None) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    if cpu is not None:
+        command = [str(QEMU), "-cpu", cpu, *command]
+    env = _environment() if threads is None else {**_environment(), "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen(command, cwd=project, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def _finish(run: subprocess.Popen[str]) -> tuple[int, str]:
+    output, _ = run.communicate(timeout=1500)
+    lines = [line for line in output.splitlines() if not line.startswith("qemu-x86_64: warning")]
+    return run.returncode, "\n".join(lines)
+
+
+def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n")
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    # Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread),
+    # so the negative control runs one prompt per batch, at one thread.
+    native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native", "--llm-batch-shape=1x32")
+    for args, threads in ((("--llm-golden-update",), None), ((*native, "--llm-golden-update"), 1)):
+        code, output = _finish(_pytest(tmp_path, *args, threads=threads))
+        assert code == 0 and "golden checks: 3 recorded" in output, output[-3000:]
+
+    other_vendor, old_isa = _foreign_cpus()
+    runs = {
+        other_vendor: _pytest(tmp_path, cpu=other_vendor),
+        old_isa: _pytest(tmp_path, cpu=old_isa),
+        f"native on {old_isa}": _pytest(tmp_path, *native, "--llm-tolerance=exact", cpu=old_isa, threads=1),
+    }
+    results = {name: _finish(run) for name, run in runs.items()}
+
+    for cpu in (other_vendor, old_isa):
+        code, output = results[cpu]
+        assert code == 0, f"portable goldens failed under -cpu {cpu}:\n{output[-4000:]}"
+        assert "golden checks: 3 IDENTICAL" in output, output[-3000:]
+        assert "batch invariance: verified at 4x32" in output
+        assert "compared across environments" not in output
+
+    # Negative control: native kernels on an SSE4.2-only CPU give other bits than native ones here.
+    code, output = results[f"native on {old_isa}"]
+    assert code == 1, output[-3000:]
+    assert "LOGIT_DRIFT (failed)" in output or "REGRESSION (failed)" in output or "TIE_FLIP (failed)" in output
+    assert "compared across environments:" in output and "cpu_capability" in output, output[-3000:]

@@ -1,0 +1,208 @@
+"""CPU numerics mode, the batch-invariance probe, and the environment-aware default tolerance."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pytest_llmdeterminism import BatchInvarianceProbeError, numerics
+from pytest_llmdeterminism.fingerprint import numerics_changes
+
+PORTABLE_CPU = {"device_class": "cpu", "machine": "x86_64", "dtype": "float32", "torch": "2.13.0",
+                "transformers": "5.24.0", "attention_implementation": "sdpa", "cpu_numerics": "portable",
+                "device_name": "AMD EPYC", "cpu_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE", "torch_threads": 2}
+
+
+def test_this_test_run_is_itself_pinned_to_portable_numerics():
+    found = numerics.effective()
+    assert found["aten_capability"] == "DEFAULT"
+    assert found["mkl_cbwr"] in ("COMPATIBLE", None)  # None: a torch without MKL
+    assert {name: os.environ[name] for name in numerics.PORTABLE_ENVIRONMENT} == dict(numerics.PORTABLE_ENVIRONMENT)
+
+
+def test_portable_goldens_ignore_cpu_model_and_threads_but_not_software_or_mode():
+    other_cpu = {**PORTABLE_CPU, "device_name": "Intel(R) Xeon(R) Platinum 8488C", "torch_threads": 8}
+    assert numerics_changes(PORTABLE_CPU, other_cpu) == []
+    upgraded = {**PORTABLE_CPU, "torch": "2.14.0"}
+    assert numerics_changes(PORTABLE_CPU, upgraded) == [("torch", "2.13.0", "2.14.0")]
+    arm = {**PORTABLE_CPU, "machine": "aarch64"}
+    assert numerics_changes(PORTABLE_CPU, arm) == [("machine", "x86_64", "aarch64")]
+    native = {**PORTABLE_CPU, "cpu_numerics": "native", "cpu_capability": "AVX512", "mkl_cbwr": "OFF"}
+    assert [name for name, _, _ in numerics_changes(native, PORTABLE_CPU)] == [
+        "cpu_numerics", "cpu_capability", "mkl_cbwr"]
+
+
+def test_native_goldens_depend_on_cpu_and_threads_gpu_goldens_on_device_and_driver():
+    native = {**PORTABLE_CPU, "cpu_numerics": "native", "cpu_capability": "AVX512", "mkl_cbwr": "OFF"}
+    assert numerics_changes(native, {**native, "torch_threads": 1}) == [("torch_threads", 2, 1)]
+    assert [c[0] for c in numerics_changes(native, {**native, "device_name": "Intel Xeon"})] == ["device_name"]
+    gpu = {**PORTABLE_CPU, "device_class": "cuda", "device_name": "NVIDIA H200", "compute_capability": "9.0",
+           "cuda": "12.8", "cudnn": 91002, "cuda_driver": "13.0"}
+    assert numerics_changes(gpu, {**gpu, "torch_threads": 64, "cpu_capability": "AVX2"}) == []
+    assert numerics_changes(gpu, {**gpu, "cuda_driver": "13.1"}) == [("cuda_driver", "13.0", "13.1")]
+
+
+def test_a_golden_that_predates_the_numerics_fields_counts_as_another_environment():
+    old = {k: v for k, v in PORTABLE_CPU.items() if k not in ("cpu_numerics", "machine", "mkl_cbwr")}
+    assert {name for name, _, _ in numerics_changes(old, PORTABLE_CPU)} >= {"cpu_numerics", "machine"}
+
+
+def test_bad_cpu_numerics_value_is_a_usage_error_naming_both_modes(pytester):
+    pytester.makeini("[pytest]\nllm_cpu_numerics = fast\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: llm_cpu_numerics = 'fast': expected 'portable' (the default*'native'*"])
+
+
+def test_header_names_the_numerics_and_goldens_record_them(suite):
+    suite.makepyfile("""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=2)
+        def test_one(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The sky is"))
+        """)
+    result = suite.runpytest("--llm-golden-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "llm: model builtin:tiny, batch shape 4x32, float32 on auto, seed 0",
+        "llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=default; x86_64)*",
+        "batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)",
+    ])
+    golden = json.loads((suite.path / "__golden__" / "test_header_names_the_numerics_and_goldens_record_them.json")
+                        .read_text())["goldens"]["test_one"]["cpu/float32"]["fingerprint"]
+    assert golden["cpu_numerics"] == "portable" and golden["cpu_capability"] == "DEFAULT"
+
+
+def test_plugin_restores_the_environment_it_pinned(pytester, monkeypatch):
+    for name in numerics.PORTABLE_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    pytester.makepyfile("""
+        import os
+
+        def test_pinned():
+            assert os.environ["MKL_CBWR"] == "COMPATIBLE"
+            assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
+        """)
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert os.environ["MKL_CBWR"] == "AVX2" and "ATEN_CPU_CAPABILITY" not in os.environ
+    pytester.runpytest("--llm-cpu-numerics=native").assert_outcomes(failed=1)  # native pins nothing
+
+
+STARTED_EARLY = """
+import sys
+import torch
+torch.ones(8, 8) @ torch.ones(8, 8)  # CPU kernels picked before pytest runs
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(pytester):
+    pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x16\n")
+    pytester.makepyfile(test_early="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=2)
+        def test_one(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The sky is"))
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE_ENVIRONMENT and k != "CI"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", STARTED_EARLY, "-p", "no:cacheprovider", *args],
+                              cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
+
+    refused = run("--llm-golden-update")
+    assert refused.returncode == 1, refused.stdout[-2000:]
+    assert "llm_cpu_numerics = 'portable' is not in force:" in refused.stdout
+    assert "MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default python -m pytest" in refused.stdout
+    assert "llm_cpu_numerics = \"native\"" in refused.stdout
+    assert not (pytester.path / "__golden__").exists()
+    native = run("--llm-golden-update", "--llm-cpu-numerics=native")
+    assert native.returncode == 0, native.stdout[-2000:]
+    golden = json.loads((pytester.path / "__golden__" / "test_early.json").read_text())
+    assert golden["goldens"]["test_one"]["cpu/float32"]["fingerprint"]["cpu_numerics"] == "native"
+
+
+@pytest.fixture
+def fresh_tiny(tiny):
+    """The loaded tiny model with an empty probe cache, so the next generation probes again."""
+    return dataclasses.replace(tiny, cache={})
+
+
+def _llm(loaded, shape="4x32"):
+    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
+    from pytest_llmdeterminism.options import BatchShape
+
+    return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), 3, 0))
+
+
+def test_a_row_dependent_forward_pass_is_refused_at_the_first_generation(fresh_tiny):
+    def last_row_differs(module, args, output):
+        output.logits[-1:] += 1e-4  # what a row-dependent kernel does, at the last row only
+
+    handle = fresh_tiny.model.register_forward_hook(last_row_differs)
+    try:
+        with pytest.raises(BatchInvarianceProbeError) as info:
+            _llm(fresh_tiny).generate("The capital of France is")
+    finally:
+        handle.remove()
+    message = str(info.value)
+    assert "batch invariance fails here: 'The capital of France is' gives different logits at row 0 and at row 3 " \
+           "of a 4x32 batch with other companions (first at step 0)" in message
+    assert "cpu numerics 'portable'" in message and "Fix: one thread (OMP_NUM_THREADS=1)" in message
+    assert not info.value.nondeterministic
+    with pytest.raises(BatchInvarianceProbeError):  # remembered for the model and shape: every test fails alike
+        _llm(fresh_tiny).generate("Count: one,")
+    assert _llm(fresh_tiny, "1x32").generate("Count: one,").token_ids  # one row per batch: nothing to verify
+
+
+def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_remembered(fresh_tiny):
+    import torch
+
+    def noise(module, args, output):
+        output.logits.add_(torch.randn(output.logits.shape, generator=torch.Generator().manual_seed(
+            int.from_bytes(os.urandom(4), "little"))) * 1e-3)
+
+    handle = fresh_tiny.model.register_forward_hook(noise)
+    try:
+        with pytest.raises(BatchInvarianceProbeError, match=r"^NONDETERMINISTIC: the same 4x32 batch") as info:
+            _llm(fresh_tiny).generate("The capital of France is")
+    finally:
+        handle.remove()
+    assert info.value.nondeterministic and "--llm-audit" in str(info.value)
+    notes = []
+    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
+    from pytest_llmdeterminism.options import BatchShape
+
+    LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0), note=notes.append).generate("The sky is")
+    assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"]
+
+
+def test_tokenizer_without_pad_and_eos_tokens_gets_a_safe_pad(tmp_path):
+    import shutil
+
+    from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+
+    folder = shutil.copytree(BUILTIN_MODELS["tiny"], tmp_path / "no-pad-no-eos")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    for key in ("pad_token", "eos_token"):
+        config.pop(key, None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    for name in ("config.json", "generation_config.json"):
+        data = json.loads((folder / name).read_text())
+        data.pop("eos_token_id", None)
+        data.pop("pad_token_id", None)
+        (folder / name).write_text(json.dumps(data))
+    loaded = load(str(folder), dtype="float32", device="cpu")
+    assert loaded.tokenizer.eos_token_id is None and loaded.tokenizer.pad_token_id == 0
+    result = _llm(loaded).generate(["The sky is", "Count: one,"])
+    assert [len(r.token_ids) for r in result] == [3, 3] and {r.finish_reason for r in result} == {"length"}
