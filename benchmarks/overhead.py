@@ -38,7 +38,6 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     from pytest_llmdeterminism.model import GenerationSettings, LLMModel
     from pytest_llmdeterminism.options import BatchShape, Options
     from pytest_llmdeterminism.session import LLMSession, TestOutcomes
-
     from pytest_llmdeterminism.tolerance import ToleranceSetting
 
     def session(update):
@@ -63,8 +62,9 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
         results = None
     for prompt, result in zip(PROMPTS, results or []):
         golden.check(result, name=prompt)
-    recorder.collect(outcomes.to_json())
-    recorder.flush()
+    if results is not None:
+        recorder.collect(outcomes.to_json())
+        recorder.flush()
     checker = session(None)
     checker._models = recorder._models  # share the loaded model
 

@@ -11,7 +11,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import ConfigurationError, GoldenMismatchError
 from pytest_llmdeterminism.fingerprint import describe_changes, diff, numerics_changes
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.tolerance import Profile, parse_profile
+from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.session import LLMSession, TestOutcomes
@@ -67,14 +67,13 @@ class GoldenTokens:
         expected = store.from_entry(stored)
         dtype = str(generation.fingerprint.get("dtype", "float32"))
         environment = numerics_changes(expected.fingerprint, generation.fingerprint)
-        profile = self._tolerance or self._session.options.tolerance.profile_for(
-            str(generation.fingerprint.get("device_class", "cpu")), dtype, same_environment=not environment)
+        explicit = self._tolerance or self._session.options.tolerance.explicit_for(
+            str(generation.fingerprint.get("device_class", "cpu")))
+        profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
         if environment:
-            chosen = "as set" if self._tolerance or self._session.options.tolerance.explicit_for(
-                str(generation.fingerprint.get("device_class", "cpu"))) else "by default"
             across = (f"compared across environments: {describe_changes(environment)}; "
-                      f"tolerance {profile.describe(dtype)} {chosen}")
+                      f"tolerance {profile.describe(dtype)} {'as set' if explicit else 'by default'}")
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
         # A flip at a near tie may pass, but the golden's continuation after it no longer describes

@@ -134,7 +134,7 @@ class LLMModel:
         step = nondeterministic if nondeterministic is not None else _first_difference(first, last)
         assert step is not None
         return BatchInvarianceProbeError(prompt, str(shape), step, *self._invariance_advice(),
-                                    nondeterministic=nondeterministic is not None)
+                                         nondeterministic=nondeterministic is not None)
 
     def _invariance_advice(self) -> tuple[str, str]:
         """What was in force, and what restores invariance there."""

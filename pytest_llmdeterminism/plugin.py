@@ -62,7 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.stash.get(_SET_CUBLAS, False):
         os.environ.pop(determinism.CUBLAS_WORKSPACE_CONFIG, None)
-    numerics.unpin(config.stash.get(_REPLACED_ENVIRONMENT, {}))
+    replaced = config.stash.get(_REPLACED_ENVIRONMENT, None)
+    if replaced:
+        numerics.unpin(replaced)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError, LLMDeterminismError, ModelLoadError
+from pytest_llmdeterminism.errors import (
+    ConfigurationError,
+    GoldenFileError,
+    LLMDeterminismError,
+    ModelLoadError,
+)
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
 from pytest_llmdeterminism.tolerance import Profile
 
@@ -343,10 +348,10 @@ class LLMSession:
         if options.model is None:
             return []
         return [
-            f"llm: model {options.model}, batch shape {options.batch_shape}, {options.dtype} on {options.device}, "
-            f"seed {options.seed}",
-            f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
-            "generation of each shape",
+            (f"llm: model {options.model}, batch shape {options.batch_shape}, {options.dtype} on "
+             f"{options.device}, seed {options.seed}"),
+            (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
+             "generation of each shape"),
         ]
 
     def summary_lines(self) -> list[str]:

@@ -80,10 +80,6 @@ class ToleranceSetting:
         """The profile the user set for this device class, or None."""
         return self.by_device.get(device_class, self.by_device.get(None))
 
-    def profile_for(self, device_class: str, dtype: str, *, same_environment: bool = True) -> Profile:
-        profile = self.explicit_for(device_class)
-        return profile if profile is not None else default_profile(dtype, same_environment=same_environment)
-
 
 def default_profile(dtype: str, *, same_environment: bool) -> Profile:
     """``exact`` where the golden's numerics are this run's; the dtype's ``near_tie`` across environments."""

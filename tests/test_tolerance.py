@@ -38,16 +38,13 @@ def test_bad_profiles_name_the_problem_and_an_example(text, problem):
 
 def test_device_mapping_and_defaults():
     setting = parse_setting("cpu: exact, cuda: near_tie(margin=0.2, atol=0.05)")
-    assert setting.profile_for("cpu", "float32") == Profile("exact")
-    assert setting.profile_for("cuda", "bfloat16") == Profile("near_tie", atol=0.05, margin=0.2)
-    assert setting.profile_for("mps", "float32") == Profile("exact")
-    assert setting.profile_for("mps", "float32", same_environment=False) == default_profile(
-        "float32", same_environment=False)
+    assert setting.explicit_for("cpu") == Profile("exact")
+    assert setting.explicit_for("cuda") == Profile("near_tie", atol=0.05, margin=0.2)
+    assert setting.explicit_for("mps") is None  # unset: the default decides, by environment
     multi_line = parse_setting("\ncpu: tokens\n*: close(atol=0.01)\n")
-    assert multi_line.profile_for("cpu", "float32") == Profile("tokens")
-    assert multi_line.profile_for("cuda", "float16") == Profile("close", atol=0.01)
+    assert multi_line.explicit_for("cpu") == Profile("tokens")
+    assert multi_line.explicit_for("cuda") == Profile("close", atol=0.01)
     assert default_profile("float32", same_environment=True) == Profile("exact")
-    assert setting.profile_for("cpu", "float32", same_environment=False) == Profile("exact")  # explicit wins
     cuda_bf16, cuda_fp32 = (default_profile(dtype, same_environment=False) for dtype in ("bfloat16", "float32"))
     assert cuda_bf16.name == cuda_fp32.name == "near_tie"
     assert cuda_bf16.margin > cuda_fp32.margin and cuda_bf16.atol > cuda_fp32.atol

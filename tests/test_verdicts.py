@@ -110,8 +110,8 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     across.assert_outcomes(passed=1)
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
-        "*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
-        "by default",
+        ("*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
+         "by default"),
     ])
     # ... and exactly when the user says so.
     fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-tolerance=exact")
@@ -180,8 +180,8 @@ def test_default_tolerance_follows_the_environment_and_a_regression_fails_in_bot
     across.assert_outcomes(passed=1)
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
-        "compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → 'DEFAULT'*"
-        "tolerance near_tie(margin=0.05, atol=0.001) by default",
+        ("compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → 'DEFAULT'*"
+         "tolerance near_tie(margin=0.05, atol=0.001) by default"),
     ])
     regression = recorded.runpytest(f"--llm-model={broken}")
     regression.assert_outcomes(failed=1)
