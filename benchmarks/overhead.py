@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--model", action="append", help="builtin:tiny, a folder or a .gguf (repeatable)")
     parser.add_argument("--shape", default="4x32")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per mode (default 6)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per model")
     parser.add_argument("--no-memory", action="store_true", help="time only; skip the peak-RSS processes")
     args = parser.parse_args()

@@ -73,7 +73,9 @@ class GoldenTokens:
         across = ""
         if environment:
             across = (f"compared across environments: {describe_changes(environment)}; "
-                      f"tolerance {profile.describe(dtype)} {'as set' if explicit else 'by default'}")
+                      f"tolerance {profile.describe(dtype)} {'as set' if explicit else 'by default'}"
+                      + ("" if explicit else "; to compare exactly again, re-record with "
+                         "--llm-golden-update --llm-tolerance=exact"))
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
         # A flip at a near tie may pass, but the golden's continuation after it no longer describes

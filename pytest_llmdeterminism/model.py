@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import StepCapture
+from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.determinism import deterministic_state
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, ConfigurationError, PromptTooLongError
 from pytest_llmdeterminism.fingerprint import fingerprint
@@ -42,18 +43,20 @@ class LLMModel:
 
     def __init__(self, loaded: LoadedModel, settings: GenerationSettings, *,
                  after_generate: Callable[[LLMModel, list[Generation], dict[str, Any]], None] | None = None,
-                 note: Callable[[str], None] | None = None) -> None:
+                 note: Callable[[str], None] | None = None, verify_batch_invariance: bool = True) -> None:
         self._loaded = loaded
         self.settings = settings
         self._after_generate = after_generate  # the --llm-audit hook
         self._note = note  # tells the run's summary what the batch-invariance probe found
         self._noted = False
+        # The audit measures rows, shapes and repeats itself (its views run other shapes on purpose).
+        self._verify = verify_batch_invariance and after_generate is None
         self._keep_logits = False
         self.last_logits: list[Any] = []  # per prompt of the last call: steps x vocab, audits only
 
     def with_settings(self, **changes: Any) -> LLMModel:
         """The same loaded model under other settings (shape, seed, ...): for audits and probes."""
-        return LLMModel(self._loaded, dataclasses.replace(self.settings, **changes))
+        return LLMModel(self._loaded, dataclasses.replace(self.settings, **changes), verify_batch_invariance=False)
 
     @property
     def model(self) -> Any:
@@ -91,7 +94,8 @@ class LLMModel:
         )
         prompts = list(prompts)
         encoded = [self._encode(p) for p in prompts]
-        self._verify_batch_invariance(prompts[0], encoded[0])
+        if self._verify:
+            self._verify_batch_invariance(prompts[0], encoded[0])
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
         self.last_logits = []
@@ -106,13 +110,15 @@ class LLMModel:
         """Once per loaded model and shape: does a prompt give the same bits at the first and the last
         row among other companions? Everything the fixed shape promises rests on it."""
         __tracebackhide__ = True
-        shape = str(self.settings.batch_shape)
+        import torch
+
+        key = f"{self.settings.batch_shape}@{torch.get_num_threads()}"  # natively, threads decide it too
         probed = self._loaded.cache.setdefault("batch_invariance", {})
-        outcome = probed.get(shape) or self._probe_batch_invariance(prompt, ids)
+        outcome = probed.get(key) or self._probe_batch_invariance(prompt, ids)
         if not (isinstance(outcome, BatchInvarianceProbeError) and outcome.nondeterministic):
-            probed[shape] = outcome  # randomness may come from this test alone (a hook): probe again next time
+            probed[key] = outcome  # randomness may come from this test alone (a hook): probe again next time
         if isinstance(outcome, BatchInvarianceProbeError):
-            raise outcome
+            raise outcome.with_traceback(None)  # one error object for many tests: no earlier test's frames
         if self._note is not None and not self._noted:
             self._noted = True
             self._note(outcome)
@@ -123,18 +129,19 @@ class LLMModel:
             return f"batch invariance: nothing to verify at {shape} (one row per batch)"
         config = resolve_generation_config({}, max_new_tokens=PROBE_STEPS, eos_token_ids=[],
                                            pad_token_id=self.tokenizer.pad_token_id)
-        others = _companions(ids, shape.length, 2 * (shape.rows - 1))
+        vocab_size = min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
+        others = _companions(ids, shape.length, 2 * (shape.rows - 1), vocab_size)
         first_batch = [(prompt, ids)] + [("", c) for c in others[: shape.rows - 1]]
         first = self._generate_chunk(first_batch, config)[0]
         last = self._generate_chunk([("", c) for c in others[shape.rows - 1:]] + [(prompt, ids)], config)[-1]
-        if _first_difference(first, last) is None:
+        rows = compare(first, last)
+        if rows.verdict is Verdict.IDENTICAL:
             return f"batch invariance: verified at {shape} (row 0 vs row {shape.rows - 1}, {PROBE_STEPS} steps)"
-        again = self._generate_chunk(first_batch, config)[0]
-        nondeterministic = _first_difference(first, again)
-        step = nondeterministic if nondeterministic is not None else _first_difference(first, last)
-        assert step is not None
+        repeat = compare(first, self._generate_chunk(first_batch, config)[0])
+        differing = rows if repeat.verdict is Verdict.IDENTICAL else repeat
+        step = differing.first_hash_step if differing.first_hash_step is not None else differing.steps_compared
         return BatchInvarianceProbeError(prompt, str(shape), step, *self._invariance_advice(),
-                                         nondeterministic=nondeterministic is not None)
+                                         nondeterministic=differing is repeat)
 
     def _invariance_advice(self) -> tuple[str, str]:
         """What was in force, and what restores invariance there."""
@@ -145,8 +152,8 @@ class LLMModel:
         in_force = (f"device {self._loaded.device}, {self._loaded.dtype}, attention "
                     f"{fingerprint_now['attention_implementation']!r}")
         if device != "cpu":
-            return in_force, (f"load the model with attn_implementation=\"eager\" in its config.json, or run one "
-                              f"prompt per batch: llm_batch_shape = \"1x{self.settings.batch_shape.length}\"")
+            return in_force, (f"run one prompt per batch: llm_batch_shape = \"1x{self.settings.batch_shape.length}\" "
+                              "(or give the model eager attention, attn_implementation=\"eager\" in its config)")
         in_force += f", cpu numerics {self._loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
         if self._loaded.cpu_numerics != "portable":
             return in_force, ("llm_cpu_numerics = \"portable\" (the default; rows stay invariant at any thread "
@@ -245,18 +252,11 @@ class LLMModel:
         )
 
 
-def _companions(ids: list[int], length: int, count: int) -> list[list[int]]:
-    """``count`` token sequences unlike ``ids``, of lengths spread over ``1 .. length - 1`` so that the
-    rows beside the probed prompt carry other tokens and other amounts of padding."""
-    pool = list(reversed(ids))
+def _companions(ids: list[int], length: int, count: int, vocab_size: int) -> list[list[int]]:
+    """``count`` token sequences unlike ``ids`` (other tokens, and lengths spread evenly over
+    ``1 .. length - 1``), so the rows beside the probed prompt carry other inputs and other padding."""
     sequences = []
     for index in range(count):
-        size = 1 + (len(ids) + 5 * (index + 1)) % (length - 1) if length > 2 else 1
-        sequences.append([pool[(index + j) % len(pool)] for j in range(size)])
+        size = 1 + (index + 1) * max(length - 2, 0) // (count + 1)
+        sequences.append([(ids[j % len(ids)] + 7 * (index + 1) + j) % vocab_size for j in range(size)])
     return sequences
-
-
-def _first_difference(a: Generation, b: Generation) -> int | None:
-    """The first step whose logit hash or token differs, or None when both agree bit for bit."""
-    steps = zip(zip(a.logit_hashes, a.token_ids), zip(b.logit_hashes, b.token_ids))
-    return next((t for t, (x, y) in enumerate(steps) if x != y), None)

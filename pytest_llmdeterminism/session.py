@@ -158,7 +158,7 @@ class LLMSession:
                 self._models[key] = ModelLoadError(spec, f"{type(error).__name__}: {error}")
         loaded = self._models[key]
         if isinstance(loaded, LLMDeterminismError):
-            raise loaded
+            raise loaded.with_traceback(None)  # one error object for many tests: no earlier test's frames
         return loaded
 
     def _marker_kwargs(self, item: pytest.Item) -> dict[str, object]:
@@ -247,7 +247,7 @@ class LLMSession:
         """Take one test's outcomes (:meth:`TestOutcomes.to_json`), from this process or a worker."""
         _file_updates(self.pending, payload["records"])
         self.counts.update(payload["counts"])
-        self.notes += payload["notes"]
+        self.notes += [note for note in payload["notes"] if note not in self.notes]
         self.audits += [(nodeid, audit) for audit in payload["audits"]]
         self.checks += [{"test": nodeid, "test_duration_s": round(duration, 4), **check}
                         for check in payload["checks"]]
@@ -355,7 +355,6 @@ class LLMSession:
         ]
 
     def summary_lines(self) -> list[str]:
-        notes = list(dict.fromkeys(self.notes))  # every xdist worker reports its own probe and fallbacks
-        return report.summary(dict(self.counts), self.written, self.write_errors, notes) + \
+        return report.summary(dict(self.counts), self.written, self.write_errors, self.notes) + \
             report.unused_summary(self.unused, self.pruned, self.partial_reasons, self.display_path,
                                   prune=self.options.prune) + report.audit_summary(self.audits)

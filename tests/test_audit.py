@@ -59,7 +59,6 @@ def test_unseeded_noise_is_reported_nondeterministic(suite):
 
         @deterministic(max_new_tokens=4)
         def test_noisy(llm_model):
-            llm_model.generate("Count: one,")  # the first generation verifies batch invariance, noise-free
             rng = np.random.default_rng()  # fresh OS entropy: no seed the plugin can set
             def add_noise(module, args, output):
                 noise = torch.from_numpy(rng.normal(0, 1e-3, output.logits.shape).astype("float32"))
@@ -76,7 +75,7 @@ def test_unseeded_noise_is_reported_nondeterministic(suite):
     result.stdout.fnmatch_lines([
         "E*NondeterminismError: NONDETERMINISTIC: audit of 'The capital of France is' at 4x32:",
         "E*repeat*5 unique of 5*nondeterministic kernel or unseeded randomness*",
-        "audit summary: 2 generation(s), 1 nondeterministic*",
+        "audit summary: 1 generation(s), 1 nondeterministic*",
     ])
 
 

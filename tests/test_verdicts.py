@@ -111,7 +111,7 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
         ("*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
-         "by default"),
+         "by default; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact"),
     ])
     # ... and exactly when the user says so.
     fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-tolerance=exact")
@@ -181,12 +181,12 @@ def test_default_tolerance_follows_the_environment_and_a_regression_fails_in_bot
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
         ("compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → 'DEFAULT'*"
-         "tolerance near_tie(margin=0.05, atol=0.001) by default"),
+         "tolerance near_tie(margin=0.05, atol=0.001) by default; to compare exactly again*"),
     ])
     regression = recorded.runpytest(f"--llm-model={broken}")
     regression.assert_outcomes(failed=1)
     regression.stdout.fnmatch_lines([
         "E*REGRESSION at step*fails under 'near_tie(margin=0.05, atol=0.001)'",
-        "E*compared across environments: *cpu_numerics 'native' → 'portable'*by default",
+        "E*compared across environments: *cpu_numerics 'native' → 'portable'*by default*",
     ])
     assert recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=exact").ret == 1  # explicit wins
