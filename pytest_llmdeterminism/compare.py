@@ -112,6 +112,8 @@ def _classify(divergence: Divergence, tie_margin: float) -> Verdict:
 
 
 def _max_logprob_delta(expected: tuple[TopK, ...], actual: tuple[TopK, ...]) -> float:
+    if expected == actual:  # the common case, compared at C speed
+        return 0.0
     delta = 0.0
     for exp_top, act_top in zip(expected, actual):
         act = dict(act_top)

@@ -115,6 +115,7 @@ def _capture(torch: Any) -> dict[str, Any]:
         "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "threads": torch.get_num_threads(),
     }
     if _has_fp32_precision_api(torch):
         saved["fp32_precision"] = {name: knob.fp32_precision for name, knob in _precision_knobs(torch).items()}
@@ -159,6 +160,8 @@ def _restore(torch: Any, saved: dict[str, Any]) -> None:
     torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
     torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
     torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+    if torch.get_num_threads() != saved["threads"]:
+        torch.set_num_threads(saved["threads"])
     if "fp32_precision" in saved:
         knobs = _precision_knobs(torch)
         for name, value in saved["fp32_precision"].items():  # parents first, as captured

@@ -30,6 +30,20 @@ DEFAULT_SEED = 0
 UpdateMode = Literal["all", "new"]
 
 
+# Beyond these a shape is a typo, not a test: refused at start-up instead of deep inside torch.
+MAX_ROWS = 4096
+MAX_LENGTH = 131_072  # beyond the context of the models this runs on
+MAX_TOKENS = 1 << 22
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if n_bytes < 1000 or unit == "PB":
+            return f"{n_bytes:,.0f} {unit}" if unit == "bytes" else f"{n_bytes:,.1f} {unit}"
+        n_bytes /= 1000
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class BatchShape:
     """The one shape ``rows x length`` that every generation runs in."""
@@ -44,7 +58,16 @@ class BatchShape:
             raise ConfigurationError(
                 setting, text, "expected 'BxL' (rows x padded prompt length), for example '4x64'"
             )
-        return cls(int(match[1]), int(match[2]))
+        rows, length = int(match[1]), int(match[2])
+        if rows > MAX_ROWS or length > MAX_LENGTH or rows * length > MAX_TOKENS:
+            raise ConfigurationError(
+                setting, text,
+                f"{rows * length:,} tokens per batch: the input ids and attention mask alone would take "
+                f"{_size(16 * rows * length)}, and attention needs about {_size(4 * rows * length * length)} "
+                f"per layer and head for its fp32 scores. Expected B <= {MAX_ROWS}, L <= {MAX_LENGTH:,} and "
+                f"B x L <= {MAX_TOKENS:,}, for example '4x64'",
+            )
+        return cls(rows, length)
 
     def __str__(self) -> str:
         return f"{self.rows}x{self.length}"

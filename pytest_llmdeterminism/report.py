@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -245,11 +246,31 @@ def run_report(checks: Sequence[dict[str, Any]], audits: Sequence[tuple[str, dic
     counts: dict[str, int] = {}
     for check in checks:
         counts[check["verdict"]] = counts.get(check["verdict"], 0) + 1
-    return {"schema": REPORT_SCHEMA, "version": REPORT_VERSION,
-            "summary": {"checks": len(checks), "failed": sum(not c["passed"] for c in checks),
-                        "by_verdict": dict(sorted(counts.items()))},
-            "checks": list(checks),
-            "audits": [{"test": nodeid, **audit} for nodeid, audit in audits]}
+    return _strict_json({"schema": REPORT_SCHEMA, "version": REPORT_VERSION,  # type: ignore[no-any-return]
+                         "summary": {"checks": len(checks), "failed": sum(not c["passed"] for c in checks),
+                                     "by_verdict": dict(sorted(counts.items()))},
+                         "checks": list(checks),
+                         "audits": [{"test": nodeid, **audit} for nodeid, audit in audits]})
+
+
+def _strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None: strict JSON parsers reject both."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _md(value: Any) -> str:
+    """Text for one Markdown table cell, inert: no column break, code span, HTML tag or new line."""
+    text = str(value)
+    for raw, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "&#124;"), ("`", "&#96;"),
+                        ("[", "&#91;"), ("]", "&#93;"), ("\\", "&#92;"), ("*", "&#42;"), ("_", "&#95;")):
+        text = text.replace(raw, entity)
+    return " ".join(text.split())
 
 
 def run_report_markdown(document: dict[str, Any]) -> str:
@@ -271,7 +292,8 @@ def run_report_markdown(document: dict[str, Any]) -> str:
                                 if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
             margin = "" if c["golden_margin"] is None else f"{c['golden_margin']:.3g}"
             step = "" if c["first_divergence"] is None else str(c["first_divergence"])
-            lines.append(f"| `{c['test']}` | `{c['name']}` | `{c['verdict']}` | {step} | {margin} | {changed} |")
+            lines.append(f"| {_md(c['test'])} | {_md(c['name'])} | `{c['verdict']}` | {step} | {margin} "
+                         f"| {_md(changed)} |")
         if len(failing) > 50:
             lines.append(f"| … {len(failing) - 50} more | | | | | |")
     return "\n".join(lines) + "\n"

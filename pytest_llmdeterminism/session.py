@@ -328,7 +328,7 @@ class LLMSession:
         markdown = report.run_report_markdown(document)
         if self.options.report is not None:
             suffix = self.options.report.suffix
-            text = (json.dumps(document, indent=1, sort_keys=True) if suffix == ".json"
+            text = (json.dumps(document, indent=1, sort_keys=True, allow_nan=False) if suffix == ".json"
                     else report.run_report_html(document) if suffix == ".html" else markdown)
             try:
                 store.write_text_atomic(self.options.report, text)

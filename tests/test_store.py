@@ -79,15 +79,18 @@ def test_changed_hash_definition_is_a_schema_error(tmp_path):
 def test_malformed_entry_is_named(tmp_path):
     path = tmp_path / "test_m.json"
     path.write_text(store.dumps({"test_x": {"cpu/float32": {"prompt": "x"}}}))
-    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] field 'prompt_token_ids'"):
+    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] Object missing "
+                       r"required field `batch_shape`"):
         store.read(path)
 
 
 @pytest.mark.parametrize(("edit", "problem"), [
-    (lambda step: step.pop("hash"), "step 0 needs hash"),
-    (lambda step: step.update(token="x"), "step 0 needs hash"),
-    (lambda step: step.update(top=[[1]]), "step 0 needs hash"),
-    (lambda step: step.update(margin=None), "step 0 needs hash"),
+    (lambda step: step.pop("hash"), r"\['test_x'\]\['cpu/float32'\] steps\[0\]: Object missing required field `hash`"),
+    (lambda step: step.update(token="x"), r"steps\[0\].token: Expected `int`, got `str`"),
+    (lambda step: step.update(top=[[1]]), r"steps\[0\].top\[0\]: Expected `array` of length 2, got 1"),
+    (lambda step: step.update(margin=None), r"steps\[0\].margin: Expected `float`, got `null`"),
+    (lambda step: step.update(margin=-1.0), r"steps\[0\].margin: Expected `float` >= 0.0"),
+    (lambda step: step.update(token=-3), r"steps\[0\].token: Expected `int` >= 0"),
 ])
 def test_hand_edited_step_is_named(tmp_path, edit, problem):
     from .strategies_for_tests import sample_generation

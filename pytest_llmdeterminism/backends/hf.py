@@ -11,6 +11,7 @@ from typing import Any
 from pytest_llmdeterminism.errors import ModelLoadError
 
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
 @contextmanager
@@ -34,6 +35,11 @@ def pick_device(spec: str, device: str) -> str:
 
     if device == "auto" and not torch.cuda.is_available():
         return "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ModelLoadError(spec, f"llm_device = {device!r} but CUDA is not available here (torch "
+                             f"{torch.__version__}, {built}). Use llm_device = \"auto\" or \"cpu\" "
+                             "(or --llm-device=cpu), or install a CUDA build of torch")
     if device in ("auto", "cuda"):  # one GPU per xdist worker; an explicit cuda:N is kept
         return f"cuda:{worker_cuda_index(os.environ.get('PYTEST_XDIST_WORKER'), torch.cuda.device_count())}"
     if device.startswith("cuda"):
@@ -61,6 +67,13 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
         _require_gguf_support(spec)
     else:
         source = str(path)
+        pickles = sorted(p.name for pattern in _PICKLE_WEIGHTS for p in path.glob(pattern))
+        if pickles and not any(path.glob("model*.safetensors")):
+            raise ModelLoadError(
+                spec, f"{str(path)!r} holds pickle weights ({', '.join(pickles[:4])}), which can run code "
+                "when loaded and are refused. Convert them to safetensors once, in a trusted environment "
+                "(model.save_pretrained(dir, safe_serialization=True)).",
+            )
         if not any(path.glob("*.safetensors")):
             found = sorted(p.name for p in path.iterdir())[:8]
             raise ModelLoadError(

@@ -1,0 +1,65 @@
+"""Configuration mistakes end in one message that names the setting and the fix."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
+from pytest_llmdeterminism.options import BatchShape
+
+
+@pytest.mark.parametrize("shape", ["1x100000000", "100000x8", "4096x4096"])
+def test_an_absurd_batch_shape_is_refused_with_the_memory_it_would_need(shape):
+    with pytest.raises(ConfigurationError, match=r"llm_batch_shape = '.*': [\d,]+ tokens per batch: the input ids "
+                                                 r"and attention mask alone would take [\d.,]+ [KMGT]?B"):
+        BatchShape.parse(shape)
+    assert BatchShape.parse("4096x1024") == BatchShape(4096, 1024)  # large but sane
+
+
+def test_absurd_ini_shape_stops_pytest_before_any_test(pytester):
+    pytester.makeini("[pytest]\nllm_batch_shape = 1x100000000\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: llm_batch_shape = '1x100000000': 100,000,000 tokens per batch*"])
+
+
+def test_cuda_on_a_machine_without_cuda_names_the_setting():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ModelLoadError, match=rf"llm_device = '{device}' but CUDA is not available here "
+                                                 r"\(torch .*\)\. Use llm_device = \"auto\" or \"cpu\""):
+            load("builtin:tiny", dtype="float32", device=device)
+
+
+def test_a_pickle_checkpoint_is_named_even_beside_a_stray_adapter_safetensors(tmp_path):
+    folder = tmp_path / "pickled"
+    shutil.copytree(BUILTIN_MODELS["tiny"], folder)
+    (folder / "model.safetensors").rename(folder / "adapter.safetensors")
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    with pytest.raises(ModelLoadError, match=r"holds pickle weights \(pytorch_model.bin\), which can run code when "
+                                             r"loaded and are refused\. Convert them to safetensors"):
+        load(str(folder), dtype="float32", device="cpu")
+
+
+def test_deterministic_restores_the_thread_count(suite):
+    suite.makepyfile("""
+        import torch
+        from pytest_llmdeterminism import deterministic
+
+        BEFORE = torch.get_num_threads()
+
+        @deterministic
+        def test_changes_threads():
+            torch.set_num_threads(1 if BEFORE > 1 else 2)
+
+        def test_after():
+            assert torch.get_num_threads() == BEFORE
+        """)
+    suite.runpytest("-p", "no:randomly").assert_outcomes(passed=2)

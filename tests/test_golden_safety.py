@@ -1,0 +1,289 @@
+"""Goldens under hostile input, concurrency and crashes; reports that stay valid and inert."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import stat
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism import cli, report, store
+from pytest_llmdeterminism.compare import compare
+from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.session import TestOutcomes
+
+from .strategies_for_tests import generations, sample_generation
+
+
+def _valid_document(steps: int = 2) -> dict:
+    return json.loads(store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation(steps))}}))
+
+
+def _write(tmp_path, document, name="test_m.json"):
+    path = tmp_path / name
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    return path
+
+
+def _rejected(path, match):
+    before = path.read_bytes()
+    with pytest.raises(GoldenFileError, match=match) as info:
+        store.read(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before  # never rewritten while the error stands
+    return info.value
+
+
+@pytest.mark.parametrize("where", ["goldens", "fingerprint"])
+def test_deep_nesting_is_a_golden_file_error_in_checks_and_in_llm_golden_show(tmp_path, capsys, where):
+    deep = "[" * 100_000 + "]" * 100_000
+    if where == "goldens":
+        text = '{"schema": 1, "goldens": ' + deep + "}"
+        problem = r"malformed golden: goldens: Expected `object`, got `array`"
+    else:
+        text = json.dumps(_valid_document()).replace('"fingerprint": {', '"fingerprint": {"deep": ' + deep + ", ", 1)
+        problem = r"malformed golden: .*fingerprint.*got `array`"
+    path = _write(tmp_path, text)
+    _rejected(path, problem)
+    assert cli.main(["show", str(path)]) == 2
+    assert "test_m.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("literal", ["NaN", "-Infinity", "Infinity", "1e400"])
+def test_non_finite_numbers_are_refused(tmp_path, literal):
+    text = store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation())}})
+    text = text.replace('"margin":2.4', f'"margin":{literal}', 1)
+    assert literal in text
+    _rejected(_write(tmp_path, text), "not valid JSON|malformed golden")
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda e: e["steps"][0].update(piece=7), r"steps\[0\].piece: Expected `str`, got `int`"),
+    (lambda e: e.update(fingerprint=["cpu"]), r"fingerprint: Expected `object`, got `array`"),
+    (lambda e: e.update(fingerprint="cpu"), r"fingerprint: Expected `object`, got `str`"),
+    (lambda e: e["fingerprint"].update(dtype=["float32"]), r"fingerprint\[...\]: Expected .*, got `array`"),
+    (lambda e: e["fingerprint"].update(dtype=32), r"fingerprint field 'dtype' is 32, expected a string"),
+    (lambda e: e["steps"][0].update(top=[]), r"step 0 has an empty 'top'"),
+    (lambda e: e["steps"][0].update(hash="xyz"), r"steps\[0\].hash: Expected `str` of length >= 16"),
+    (lambda e: e.update(extra=1), r"Object contains unknown field `extra`"),
+])
+def test_wrong_types_are_named_with_their_place(tmp_path, edit, problem):
+    document = _valid_document()
+    edit(document["goldens"]["test_x"]["cpu/float32"])
+    _rejected(_write(tmp_path, document), r"malformed golden: \['test_x'\]\['cpu/float32'\] .*" + problem)
+
+
+def test_duplicate_keys_are_an_error_at_any_depth(tmp_path):
+    text = store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation())}})
+    twice = text.replace('    "test_x": {', '    "test_x": {},\n    "test_x": {', 1)
+    _rejected(_write(tmp_path, twice, "a.json"), "has the key 'test_x' twice")
+    in_step = text.replace('"token":10,', '"token":10,"token":11,', 1)
+    assert in_step != text
+    _rejected(_write(tmp_path, in_step, "b.json"), "has the key 'token' twice")
+
+
+def test_a_string_schema_says_it_is_a_string(tmp_path):
+    document = {**_valid_document(), "schema": "1"}
+    _rejected(_write(tmp_path, document), r"schema version '1' \(a str, not an integer\)")
+
+
+# -- fuzzing the loader --------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+_VALID = store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation(3))}}).encode()
+_FIELD_PATHS = [("batch_shape",), ("finish_reason",), ("fingerprint",), ("fingerprint", "dtype"),
+                ("fingerprint", "device_class"), ("generation_config",), ("generation_config", "eos_token_id"),
+                ("prompt",), ("prompt_token_ids",), ("steps",), ("steps", 0), ("steps", 0, "hash"),
+                ("steps", 0, "margin"), ("steps", 0, "token"), ("steps", 0, "top"), ("steps", 0, "top", 0),
+                ("steps", 0, "top", 0, 1), ("steps", 0, "piece"), ("text",)]
+
+
+def _survives(tmp_path, data: bytes) -> None:
+    """Loading either fails with GoldenFileError or gives goldens every consumer can use."""
+    path = tmp_path / "test_fuzz.json"
+    path.write_bytes(data)
+    try:
+        goldens = store.read(path)
+    except GoldenFileError:
+        return
+    for variants in goldens.values():
+        for entry in variants.values():
+            generation = store.from_entry(entry)
+            comparison = compare(generation, generation)
+            outcomes = TestOutcomes()
+            outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation, actual=generation)
+            document = report.run_report([{**check, "test": "test_fuzz.py::t"} for check in outcomes.checks], [])
+            json.dumps(document, allow_nan=False)
+            report.run_report_html(document)
+            report.run_report_markdown(document)
+    store.dumps(goldens)
+
+
+_FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_FUZZ
+@given(data=st.data())
+def test_fuzz_whole_document_byte_mutations(tmp_path, data):
+    raw = bytearray(_VALID)
+    for _ in range(data.draw(st.integers(1, 4))):
+        if not raw:
+            break
+        position = data.draw(st.integers(0, len(raw) - 1))
+        action = data.draw(st.sampled_from(["flip", "delete", "insert", "truncate"]))
+        if action == "flip":
+            raw[position] = data.draw(st.sampled_from(b'{}[]",:0123456789-.eEtfn \\x'))
+        elif action == "delete":
+            del raw[position]
+        elif action == "insert":
+            raw[position:position] = data.draw(st.sampled_from([b"[", b"{", b'"', b",", b"NaN", b"1e999", b"-1"]))
+        else:
+            del raw[position:]
+    _survives(tmp_path, bytes(raw))
+
+
+@_FUZZ
+@given(path=st.sampled_from(_FIELD_PATHS), value=_json)
+def test_fuzz_typed_field_mutations(tmp_path, path, value):
+    document = json.loads(_VALID)
+    holder = document["goldens"]["test_x"]["cpu/float32"]
+    for part in path[:-1]:
+        holder = holder[part]
+    holder[path[-1]] = value
+    _survives(tmp_path, json.dumps(document).encode())
+
+
+@_FUZZ
+@given(goldens=_json, schema=st.sampled_from([1, "1", 1.0, None, 2]))
+def test_fuzz_arbitrary_goldens_sections(tmp_path, goldens, schema):
+    document = {"schema": schema, "logit_hash": json.loads(_VALID)["logit_hash"], "goldens": goldens}
+    _survives(tmp_path, json.dumps(document).encode())
+
+
+@_FUZZ
+@given(generation=generations())
+def test_fuzz_recorded_generations_round_trip_unchanged(tmp_path, generation):
+    path = tmp_path / "test_round.json"
+    store.write(path, {"k": {"cpu/float32": store.to_entry(generation)}})
+    assert store.from_entry(store.read(path)["k"]["cpu/float32"]) == generation
+    assert store.dumps(store.read(path)).encode() == path.read_bytes()
+
+
+# -- concurrency, modes, temp files -------------------------------------------------------------
+
+def _update(path: str, key: str, barrier, locked: bool) -> None:
+    """In a forked process: merge ``key`` into ``path`` at the barrier, with a widened read-write window."""
+    import contextlib
+    import time
+    from pathlib import Path
+
+    if not locked:  # the negative control
+        store._locked = lambda _path: contextlib.nullcontext()
+    original = store.read
+
+    def slow_read(target):
+        goldens = original(target)
+        time.sleep(0.05)  # both processes would be between read and write here
+        return goldens
+
+    store.read = slow_read
+    barrier.wait(timeout=30)
+    store.merge(Path(path), {key: {"cpu/float32": store.to_entry(sample_generation())}})
+
+
+def _race(path, trials: int, *, locked: bool) -> int:
+    """Two processes merge different keys into one file at the same moment; returns updates lost."""
+    context = multiprocessing.get_context("fork")
+    lost = 0
+    for trial in range(trials):
+        path.unlink(missing_ok=True)
+        barrier = context.Barrier(2)
+        workers = [context.Process(target=_update, args=(str(path), f"test_{side}", barrier, locked))
+                   for side in ("a", "b")]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+            assert worker.exitcode == 0, f"trial {trial}: a writer failed"
+        lost += 2 - len(store.read(path))
+    return lost
+
+
+def test_concurrent_updates_of_one_file_lose_nothing(tmp_path):
+    assert _race(tmp_path / "test_shared.json", 20, locked=True) == 0
+
+
+def test_the_race_is_real_without_the_lock(tmp_path):
+    """Negative control: the same race, lock removed, loses updates (both read before either writes)."""
+    assert _race(tmp_path / "test_shared.json", 3, locked=False) > 0
+
+
+def test_written_goldens_keep_their_mode_or_get_the_umask_default(tmp_path):
+    new = tmp_path / "new.json"
+    store.merge(new, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask
+    os.chmod(new, 0o640)
+    store.merge(new, {"k2": {"cpu/float32": store.to_entry(sample_generation())}})
+    assert stat.S_IMODE(new.stat().st_mode) == 0o640
+
+
+def test_temp_files_of_killed_writers_are_removed_by_the_next_write(tmp_path):
+    path = tmp_path / "test_m.json"
+    dead = multiprocessing.get_context("fork").Process(target=lambda: None)
+    dead.start()
+    dead.join()
+    orphan = tmp_path / f".test_m.json.{dead.pid}.abc123.tmp"
+    orphan.write_text("half a golden")
+    live = tmp_path / f".test_m.json.{os.getppid()}.def456.tmp"  # a running process's: kept
+    live.write_text("being written")
+    store.merge(path, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    assert not orphan.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "test_m.json"])
+
+
+def test_an_invalid_entry_is_refused_before_anything_is_written(tmp_path):
+    path = tmp_path / "test_m.json"
+    store.merge(path, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    before = path.read_bytes()
+    bad = store.to_entry(sample_generation())
+    bad["steps"][0]["margin"] = math.nan
+    with pytest.raises(msgspec.ValidationError):
+        store.merge(path, {"k2": {"cpu/float32": bad}})
+    assert path.read_bytes() == before
+
+
+# -- reports -------------------------------------------------------------------------------------
+
+HOSTILE = "<script>alert(1)</script> | `code` ![x](http://e/x.png) <img src=x onerror=alert(1)>"
+
+
+def test_reports_are_strict_json_and_inert_markdown():
+    generation = sample_generation()
+    other = store.from_entry({**store.to_entry(generation), "steps": store.to_entry(generation)["steps"][:1]})
+    comparison = compare(other, generation)  # the golden stopped where the actual went on: margin inf
+    assert comparison.divergence.golden_margin == math.inf
+    outcomes = TestOutcomes()
+    outcomes.checked(HOSTILE, "cpu/float32", comparison, passed=False,
+                     changed=[("torch", HOSTILE, "2.13|0")], expected=other, actual=generation)
+    document = report.run_report([{**check, "test": HOSTILE} for check in outcomes.checks], [])
+    text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
+    assert json.loads(text)["checks"][0]["golden_margin"] is None
+    markdown = report.run_report_markdown(document)
+    row = next(line for line in markdown.splitlines() if "script" in line)
+    assert "<" not in row and ">" not in row and "`" not in row.replace("`REGRESSION`", "")
+    assert row.count("|") == 7  # six cells: no cell was split by a '|' from the data
+    html = report.run_report_html(document)
+    assert "<script>" not in html and "&lt;script&gt;" in html
