@@ -265,12 +265,18 @@ def _strict_json(value: Any) -> Any:
 
 
 def _md(value: Any) -> str:
-    """Text for one Markdown table cell, inert: no column break, code span, HTML tag or new line."""
+    """Text for one Markdown table cell, inert: no column break, code span, link, HTML or new line."""
     text = str(value)
     for raw, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "&#124;"), ("`", "&#96;"),
-                        ("[", "&#91;"), ("]", "&#93;"), ("\\", "&#92;"), ("*", "&#42;"), ("_", "&#95;")):
+                        ("[", "&#91;"), ("]", "&#93;"), ("\\", "&#92;")):
         text = text.replace(raw, entity)
     return " ".join(text.split())
+
+
+def _md_code(value: Any) -> str:
+    """An identifier as an inert code span in a table cell (HTML inside a code span is shown, not run)."""
+    text = " ".join(str(value).split()).replace("`", "'").replace("\\", "\\\\").replace("|", "\\|")
+    return f"`{text}`"
 
 
 def run_report_markdown(document: dict[str, Any]) -> str:
@@ -292,7 +298,7 @@ def run_report_markdown(document: dict[str, Any]) -> str:
                                 if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
             margin = "" if c["golden_margin"] is None else f"{c['golden_margin']:.3g}"
             step = "" if c["first_divergence"] is None else str(c["first_divergence"])
-            lines.append(f"| {_md(c['test'])} | {_md(c['name'])} | `{c['verdict']}` | {step} | {margin} "
+            lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | `{c['verdict']}` | {step} | {margin} "
                          f"| {_md(changed)} |")
         if len(failing) > 50:
             lines.append(f"| … {len(failing) - 50} more | | | | | |")
