@@ -286,7 +286,7 @@ def test_reports_are_strict_json_and_inert_markdown():
     row = next(line for line in markdown.splitlines() if "script" in line)
     cells = re.split(r"(?<!\\)\|", row)[1:-1]
     assert len(cells) == 6  # no cell was split by a '|' from the data
-    test, name, _, _, _, changed = (cell.strip() for cell in cells)
+    test, _, _, _, _, changed = (cell.strip() for cell in cells)
     # identifiers are code spans (HTML inside one is shown, not run) with no backtick inside to end them
     assert test.startswith("`") and test.endswith("`") and "`" not in test[1:-1] and "<script>" in test
     assert "<" not in changed and ">" not in changed and "`" not in changed and "&lt;script&gt;" in changed

@@ -72,8 +72,8 @@ def test_pickle_checkpoint_is_refused(pytester):
     pytester.makepyfile("def test_x(llm_model): pass")
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*holds pickle weights (pytorch_model.bin), which can run code when loaded and are "
-                                 "refused*"])
+    result.stdout.fnmatch_lines([("*holds pickle weights (pytorch_model.bin), which can run code when loaded and are "
+                                  "refused*")])
 
 
 def test_bad_marker_argument_names_it(suite):
