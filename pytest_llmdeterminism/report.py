@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.generation import Generation, TopK
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.records import CheckRecord
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -233,7 +236,7 @@ REPORT_SCHEMA = "pytest-llmdeterminism/report"
 REPORT_VERSION = 1
 
 
-def run_report(checks: Sequence[dict[str, Any]], audits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The ``--llm-report *.json`` document: one entry per golden check, and every audit.
 
     Each check: ``test`` (node id), ``test_duration_s`` (the test's call phase), ``name`` (golden
@@ -243,13 +246,15 @@ def run_report(checks: Sequence[dict[str, Any]], audits: Sequence[tuple[str, dic
     decide the bits and differ: non-empty means compared across environments) and ``steps`` (``expected`` / ``actual``:
     ``[piece, token id, margin, top-1 logprob]`` per step, at most 64).
     """
+    import msgspec
+
     counts: dict[str, int] = {}
     for check in checks:
-        counts[check["verdict"]] = counts.get(check["verdict"], 0) + 1
+        counts[check.verdict] = counts.get(check.verdict, 0) + 1
     return _strict_json({"schema": REPORT_SCHEMA, "version": REPORT_VERSION,  # type: ignore[no-any-return]
-                         "summary": {"checks": len(checks), "failed": sum(not c["passed"] for c in checks),
+                         "summary": {"checks": len(checks), "failed": sum(not c.passed for c in checks),
                                      "by_verdict": dict(sorted(counts.items()))},
-                         "checks": list(checks),
+                         "checks": msgspec.to_builtins(list(checks)),
                          "audits": [{"test": nodeid, **audit} for nodeid, audit in audits]})
 
 

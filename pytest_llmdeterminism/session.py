@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pytest
 
 from pytest_llmdeterminism import report, store
@@ -24,6 +24,7 @@ from pytest_llmdeterminism.errors import (
     ModelLoadError,
 )
 from pytest_llmdeterminism.options import BatchShape, Options, validate_marker_kwargs
+from pytest_llmdeterminism.records import CheckRecord, GoldenWrite, TestRecords
 from pytest_llmdeterminism.tolerance import Profile
 
 if TYPE_CHECKING:
@@ -39,39 +40,45 @@ GOLDEN_FOLDER = "__golden__"
 MARKER = "deterministic"
 
 
-@dataclass
 class TestOutcomes:
-    """What one test's golden checks decided. Travels on the test's report, so under xdist the
-    controller has it as soon as the test ends, even if the worker later dies."""
+    """What one test's golden checks decided, as typed :class:`TestRecords`. Travels on the test's
+    report, so under xdist the controller has it as soon as the test ends, even if the worker
+    later dies."""
 
     __test__ = False  # not a pytest test class
 
-    records: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
-    counts: Counter[str] = field(default_factory=Counter)
-    notes: list[str] = field(default_factory=list)
-    audits: list[dict[str, Any]] = field(default_factory=list)
-    sequence: list[str] = field(default_factory=list)  # each check's outcome, in call order
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    used_keys: list[tuple[str, str]] = field(default_factory=list)  # (golden file, key) looked up
-    candidates: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.data = TestRecords()
+
+    @property
+    def sequence(self) -> list[str]:
+        return self.data.sequence
+
+    @property
+    def checks(self) -> list[CheckRecord]:
+        return self.data.checks
+
+    @property
+    def audits(self) -> list[dict[str, Any]]:
+        return self.data.audits
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
-        self.records.append((str(path), key, generation.variant, store.to_entry(generation)))
+        self.data.records.append(_golden_write(path, key, generation))
         self.count(outcome)
 
     def count(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-        self.sequence.append(outcome)
+        self.data.counts[outcome] = self.data.counts.get(outcome, 0) + 1
+        self.data.sequence.append(outcome)
 
     def note(self, line: str) -> None:
-        self.notes.append(line)
+        self.data.notes.append(line)
 
     def candidate(self, path: Path, key: str, generation: Generation) -> None:
         """A missing or failing check's actual result, for ``--llm-golden-artifacts``."""
-        self.candidates.append((str(path), key, generation.variant, store.to_entry(generation)))
+        self.data.candidates.append(_golden_write(path, key, generation))
 
     def used(self, path: Path, key: str) -> None:
-        self.used_keys.append((str(path), key))
+        self.data.used.append((str(path), key))
 
     def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
                 changed: Sequence[tuple[str, Any, Any]] = (), numerics_changed: Sequence[str] = (),
@@ -80,40 +87,36 @@ class TestOutcomes:
         verdict = comparison.verdict.value
         self.count(verdict if passed else f"{verdict} (failed)")
         divergence = comparison.divergence
-        self.checks.append({
-            "name": key, "variant": variant, "verdict": verdict, "passed": passed, "profile": profile,
-            "first_divergence": divergence.step if divergence else comparison.first_hash_step,
-            "golden_margin": divergence.golden_margin if divergence else None,
-            "max_logprob_delta": comparison.max_logprob_delta,
-            "input_changes": [field for field, _, _ in comparison.input_changes],
-            "changed_fingerprint": {field: [old, new] for field, old, new in changed},
-            "numerics_changed": list(numerics_changed),  # non-empty: compared across environments
-            "steps": {side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
-        })
+        self.data.checks.append(CheckRecord(
+            name=key, variant=variant, verdict=verdict, passed=passed, profile=profile,
+            first_divergence=divergence.step if divergence else comparison.first_hash_step,
+            golden_margin=divergence.golden_margin if divergence else None,
+            max_logprob_delta=comparison.max_logprob_delta,
+            input_changes=[field for field, _, _ in comparison.input_changes],
+            changed_fingerprint={field: (old, new) for field, old, new in changed},
+            numerics_changed=list(numerics_changed),
+            steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
+        ))
 
     def to_json(self) -> dict[str, Any] | None:
-        if not (self.records or self.counts or self.notes or self.audits or self.used_keys
-                or self.candidates):
-            return None
-        payload = {"records": self.records, "counts": dict(self.counts), "notes": self.notes,
-                   "audits": self.audits, "checks": self.checks, "used": self.used_keys,
-                   "candidates": self.candidates}
-        # Plain JSON types only: the payload crosses process boundaries under xdist.
-        return json.loads(json.dumps(payload))  # type: ignore[no-any-return]
+        return None if self.data.is_empty() else self.data.to_payload()
 
 
-def _steps(generation: Generation, limit: int = 64) -> list[list[Any]]:
-    """``[piece, token id, margin, top-1 logprob]`` per step, for the HTML report."""
-    return [[piece, token, margin, top[0][1] if top else None]
+def _golden_write(path: Path, key: str, generation: Generation) -> GoldenWrite:
+    return GoldenWrite(str(path), key, generation.variant, store.to_struct(store.to_entry(generation)))
+
+
+def _steps(generation: Generation, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
+    """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report."""
+    return [(piece, token, margin, top[0][1] if top else None)
             for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
                                                  generation.top_logprobs)][:limit]
 
 
-def _file_updates(into: dict[str, dict[str, dict[str, Any]]],
-                  rows: Iterable[tuple[str, str, str, dict[str, Any]]]) -> None:
-    """Fold ``(file, key, variant, entry)`` rows into ``file -> key -> variant -> entry``."""
-    for path, key, variant, entry in rows:
-        into.setdefault(path, {}).setdefault(key, {})[variant] = entry
+def _file_updates(into: dict[str, dict[str, dict[str, store.Entry]]], rows: Iterable[GoldenWrite]) -> None:
+    """Fold golden writes into ``file -> key -> variant -> entry``."""
+    for row in rows:
+        into.setdefault(row.path, {}).setdefault(row.key, {})[row.variant] = row.entry
 
 
 class LLMSession:
@@ -121,15 +124,15 @@ class LLMSession:
         self.options = options
         self._models: dict[tuple[str, str, str], LoadedModel | LLMDeterminismError] = {}
         self._goldens: dict[Path, store.Goldens] = {}
-        self.pending: dict[str, dict[str, dict[str, Any]]] = {}  # file -> key -> variant -> entry
+        self.pending: dict[str, dict[str, dict[str, store.Entry]]] = {}  # file -> key -> variant -> entry
         self.counts: Counter[str] = Counter()
         self.written: list[str] = []
         self.write_errors: list[str] = []
         self.notes: list[str] = []
         self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
-        self.checks: list[dict[str, Any]] = []  # every golden comparison, for --llm-report
+        self.checks: list[CheckRecord] = []  # every golden comparison, for --llm-report
         self.used_keys: set[tuple[str, str]] = set()
-        self.candidates: dict[str, dict[str, dict[str, Any]]] = {}  # like pending, for artifacts
+        self.candidates: dict[str, dict[str, dict[str, store.Entry]]] = {}  # like pending, for artifacts
         self.test_outcomes: dict[str, str] = {}  # node id -> passed / failed / skipped
         self.partial_reasons: list[str] = list(options.partial)  # why unused goldens cannot be judged
         self.unused: dict[str, list[str]] = {}
@@ -245,21 +248,22 @@ class LLMSession:
     # -- end of each test, end of run ----------------------------------------------------
     def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
         """Take one test's outcomes (:meth:`TestOutcomes.to_json`), from this process or a worker."""
-        _file_updates(self.pending, payload["records"])
-        self.counts.update(payload["counts"])
-        self.notes += [note for note in payload["notes"] if note not in self.notes]
-        self.audits += [(nodeid, audit) for audit in payload["audits"]]
-        self.checks += [{"test": nodeid, "test_duration_s": round(duration, 4), **check}
-                        for check in payload["checks"]]
-        self.used_keys.update((path, key) for path, key in payload["used"])
-        _file_updates(self.candidates, payload["candidates"])
+        records = TestRecords.from_payload(payload)
+        _file_updates(self.pending, records.records)
+        self.counts.update(records.counts)
+        self.notes += [note for note in records.notes if note not in self.notes]
+        self.audits += [(nodeid, audit) for audit in records.audits]
+        self.checks += [msgspec.structs.replace(check, test=nodeid, test_duration_s=round(duration, 4))
+                        for check in records.checks]
+        self.used_keys.update(records.used)
+        _file_updates(self.candidates, records.candidates)
 
     def flush(self) -> None:
         """Write every queued golden, one atomic write per file."""
         self._merge_files(self.pending, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}")
         self.pending.clear()
 
-    def _merge_files(self, updates_by_file: dict[str, dict[str, dict[str, Any]]],
+    def _merge_files(self, updates_by_file: dict[str, dict[str, dict[str, store.Entry]]],
                      target: Callable[[Path], Path], describe: Callable[[int], str]) -> None:
         """Merge each file's updates into ``target(file)``; one bad file never stops the rest."""
         for path, updates in sorted(updates_by_file.items()):
