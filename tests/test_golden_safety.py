@@ -293,3 +293,39 @@ def test_reports_are_strict_json_and_inert_markdown():
     assert "<" not in changed and ">" not in changed and "`" not in changed and "&lt;script&gt;" in changed
     html = report.run_report_html(document)
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+# -- a bad golden everywhere it can be read ------------------------------------------------------
+
+_BAD_GOLDENS = {
+    "nan": _VALID.decode().replace('"margin":2.4', '"margin":NaN', 1),
+    "duplicate": _VALID.decode().replace('    "test_x": {', '    "test_x": {},\n    "test_x": {', 1),
+    "string schema": _VALID.decode().replace('"schema": 1', '"schema": "1"'),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(_BAD_GOLDENS))
+def test_llm_golden_diff_and_accept_name_the_bad_file(tmp_path, capsys, bad):
+    good = tmp_path / "base" / "test_m.json"
+    good.parent.mkdir()
+    good.write_bytes(_VALID)
+    broken = tmp_path / "candidates" / "test_m.json"
+    broken.parent.mkdir()
+    broken.write_text(_BAD_GOLDENS[bad])
+    assert cli.main(["diff", str(good), str(broken)]) == 2
+    assert cli.main(["accept", str(broken.parent), "--root", str(tmp_path / "base")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("llm-golden: golden file") == 2 and "candidates/test_m.json" in err
+    assert good.read_bytes() == _VALID
+
+
+def test_a_bad_golden_no_test_reads_does_not_crash_the_end_of_a_green_run(suite):
+    suite.makepyfile(test_unread="def test_plain():\n    pass\n")
+    (suite.path / "__golden__").mkdir()
+    (suite.path / "__golden__" / "test_unread.json").write_text(_BAD_GOLDENS["nan"])
+    result = suite.runpytest("--llm-report=report.html")
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    pruned = suite.runpytest("--llm-golden-prune")
+    assert pruned.ret == 0 and "Traceback" not in pruned.stdout.str()
+    assert (suite.path / "__golden__" / "test_unread.json").read_text() == _BAD_GOLDENS["nan"]
