@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,8 +106,8 @@ def _checked_override(name: str, value: Any) -> Any:
         "max_new_tokens": (lambda v: integer(v) and v >= 1, "an integer >= 1"),
         "min_new_tokens": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
         "no_repeat_ngram_size": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
-        "repetition_penalty": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-                               "a number > 0 (1.0 means no penalty)"),
+        "repetition_penalty": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                               and math.isfinite(v), "a finite number > 0 (1.0 means no penalty)"),
         "use_cache": (lambda v: isinstance(v, bool), "True or False"),
         "eos_token_id": (lambda v: integer(v) or (isinstance(v, (list, tuple)) and bool(v)
                                                   and all(integer(t) for t in v)),

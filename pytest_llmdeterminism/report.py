@@ -280,7 +280,7 @@ def _md(value: Any) -> str:
 
 def _md_code(value: Any) -> str:
     """An identifier as an inert code span in a table cell (HTML inside a code span is shown, not run)."""
-    text = " ".join(str(value).split()).replace("`", "'").replace("\\", "\\\\").replace("|", "\\|")
+    text = " ".join(str(value).split()).replace("`", "'").replace("|", "\\|")
     return f"`{text}`"
 
 

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
+import socket
 import stat
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from json.encoder import encode_basestring
@@ -54,11 +57,13 @@ Scalar = Union[str, int, float, bool, None]  # noqa: UP007 - msgspec reads the a
 FingerprintValue = Union[Scalar, dict[str, Union[Scalar, dict[str, Scalar]]]]  # noqa: UP007
 
 
-class Step(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
+# Every field is required (the writer always writes them all): a missing field is named, and the
+# fast duplicate-key proof can count keys from the types alone.
+class Step(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     # Fields in sorted order: a step is written as msgspec encodes it, one compact line.
     hash: LogitHash
     margin: Margin
-    piece: str = ""
+    piece: str
     token: TokenId
     top: tuple[tuple[TokenId, Logprob], ...]
 
@@ -66,18 +71,18 @@ class Step(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, gc=False):
 class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     """One recorded generation: one variant of one golden."""
 
-    batch_shape: Annotated[str, msgspec.Meta(pattern=r"^\d+x\d+$")]
+    batch_shape: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+x[0-9]+\Z")]
     finish_reason: str
     generation_config: dict[str, Union[Scalar, list[Scalar]]]  # noqa: UP007
     prompt: str
     prompt_token_ids: tuple[TokenId, ...]
     steps: list[Step]
     text: str
-    fingerprint: dict[str, FingerprintValue] = msgspec.field(default_factory=dict)
+    fingerprint: dict[str, FingerprintValue]
 
 
-class _Document(msgspec.Struct):
-    schema: Any = None
+class _Document(msgspec.Struct, forbid_unknown_fields=True):
+    schema: Any = None  # checked by _check_header, which names a missing or newer schema
     logit_hash: Any = None
     goldens: dict[str, dict[str, Entry]] = msgspec.field(default_factory=dict)
 
@@ -126,9 +131,7 @@ def to_entry(generation: Generation) -> dict[str, Any]:
 
 def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
     """``entry`` as a validated :class:`Entry`; ``msgspec.ValidationError`` says what is wrong."""
-    if isinstance(entry, Entry):
-        return entry
-    converted = msgspec.convert(entry, Entry)
+    converted = entry if isinstance(entry, Entry) else msgspec.convert(entry, Entry)
     problem = _semantic_problem(converted)
     if problem:
         raise msgspec.ValidationError(problem)
@@ -186,7 +189,7 @@ def parse(path: Path, data: bytes) -> Goldens:
     goldens = document.goldens
     for key, variants in goldens.items():
         for variant, entry in variants.items():
-            problem = _semantic_problem(entry)
+            problem = _semantic_problem(entry, decoded_from_json=True)
             if problem:
                 raise GoldenFileError(path, f"has a malformed golden: [{key!r}][{variant!r}] {problem}",
                                       _restore_fix(path))
@@ -204,18 +207,20 @@ _KEY_WITH_SPACE = re.compile(rb'"\s+:')
 def _no_duplicate_keys(data: bytes, goldens: Goldens) -> bool:
     """A fast proof that no object in ``data`` repeats a key (False: take the exact, slow check).
 
-    Inside a JSON string a quote is always escaped, so ``":`` occurs once per key, plus once per
-    escaped quote followed by a colon inside a string. When the count equals the number of keys
-    the decoder kept, no key was dropped as a duplicate.
+    Inside a JSON string a quote is always escaped, so ``":`` not preceded by a backslash occurs
+    once per key (a key ending in an escaped backslash takes the exact path). Every field of the
+    schema is required, so the decoder kept exactly as many keys as the types say: when the two
+    counts agree, no key was dropped as a duplicate.
     """
-    if _KEY_WITH_SPACE.search(data):
-        return False
-    kept = 3 + len(goldens)  # schema, logit_hash, goldens; the test keys
+    if _KEY_WITH_SPACE.search(data) or b'\\\\":' in data or b'"goldens":' not in data:
+        return False  # a key ending in an escaped backslash, or no goldens key: let the exact check decide
+    kept = 3 + len(goldens)  # schema, logit_hash, goldens (all required to get here); the test keys
     for variants in goldens.values():
         kept += len(variants)
         for entry in variants.values():
             kept += 8 + _keys(entry.fingerprint) + len(entry.generation_config) + 5 * len(entry.steps)
-    return data.count(b'":') == kept
+    # ``":`` preceded by a backslash is an escaped quote inside a string (JSON in a prompt), not a key.
+    return data.count(b'":') - data.count(b'\\":') == kept
 
 
 def _keys(value: Any) -> int:
@@ -269,12 +274,14 @@ def _locate(data: bytes, error: msgspec.ValidationError) -> str:
         document = msgspec.json.decode(data)
     except (msgspec.DecodeError, RecursionError):
         return _where(error)
-    goldens = document.get("goldens") if isinstance(document, dict) else None
+    if not isinstance(document, dict) or not set(document) <= {"schema", "logit_hash", "goldens"}:
+        return _where(error)
+    goldens = document.get("goldens")
     if not isinstance(goldens, dict):
-        return f"'goldens' is {type(goldens).__name__}, not an object of tests"
+        return f"'goldens' is {_json_type(goldens)}, not an object of tests"
     for key, variants in goldens.items():
         if not isinstance(variants, dict):
-            return f"[{key!r}] is {type(variants).__name__}, not an object of variants"
+            return f"[{key!r}] is {_json_type(variants)}, not an object of variants"
         for variant, entry in variants.items():
             try:
                 msgspec.convert(entry, Entry)
@@ -283,8 +290,15 @@ def _locate(data: bytes, error: msgspec.ValidationError) -> str:
     return _where(error)
 
 
-def _semantic_problem(entry: Entry) -> str | None:
-    """What the types cannot say: one top-k per step, text where the comparator expects text."""
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | None:
+    """What the types cannot say: one top-k per step, text where the comparator expects text, and
+    (for entries built in Python: JSON has no NaN or infinity) finite numbers everywhere."""
     for index, step in enumerate(entry.steps):
         if not step.top:
             return f"step {index} has an empty 'top'"
@@ -292,6 +306,14 @@ def _semantic_problem(entry: Entry) -> str | None:
         value = entry.fingerprint.get(name)
         if value is not None and not isinstance(value, str):
             return f"fingerprint field {name!r} is {value!r}, expected a string"
+    if decoded_from_json:
+        return None
+    sections: tuple[tuple[str, Mapping[str, Any]], ...] = (
+        ("generation_config", entry.generation_config), ("fingerprint", entry.fingerprint))
+    for section, values in sections:
+        for name, number in values.items():
+            if isinstance(number, float) and not math.isfinite(number):
+                return f"{section} field {name!r} is {number!r}, not a finite number"
     return None
 
 
@@ -410,13 +432,14 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Temp file in the same folder (named with this process's id), then ``os.replace``. The file
     keeps its mode, or gets the one a new file gets under the umask; the temp file never outlives
     this call, and temp files left by killed processes are removed."""
+    path = Path(os.path.realpath(path))  # a symlinked golden: write its target, keep the link
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temp_files(path)
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
         mode = 0o666 & ~_umask()
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}-{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
@@ -435,11 +458,21 @@ def _umask() -> int:
     return current
 
 
+_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+_ORPHAN_AGE_S = 60
+
+
 def _remove_orphaned_temp_files(path: Path) -> None:
-    """``.NAME.PID.*.tmp`` beside ``path`` whose process no longer runs (a SIGKILL mid-write)."""
-    for temp in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = temp.name[len(path.name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
+    """``.NAME.HOST-PID.*.tmp`` beside ``path`` written on this host by a process that no longer
+    runs (a SIGKILL mid-write), and older than a minute. Other hosts' temp files are left alone."""
+    now = time.time()
+    for temp in path.parent.glob(f".{path.name}.{_HOST}-*.tmp"):
+        pid = temp.name[len(path.name) + len(_HOST) + 3:].split(".", 1)[0]
+        try:
+            stale = pid.isdigit() and not _process_alive(int(pid)) and now - temp.stat().st_mtime > _ORPHAN_AGE_S
+        except (OSError, OverflowError, ValueError):
+            continue
+        if stale:
             temp.unlink(missing_ok=True)
 
 
@@ -459,7 +492,9 @@ def _process_alive(pid: int) -> bool:
 def _locked(path: Path) -> Iterator[None]:
     """Hold the folder's lock while reading, merging and writing ``path``: concurrent updates
     from other processes (two pytest runs, xdist controllers) wait instead of losing entries.
-    POSIX: ``flock`` on the folder itself, so no lock file is left behind."""
+    POSIX: ``flock`` on the folder itself, so no lock file is left behind. The lock holds between
+    processes of one host (on NFS, ``flock`` does not reach other clients)."""
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl

@@ -89,6 +89,43 @@ def test_duplicate_keys_are_an_error_at_any_depth(tmp_path):
     _rejected(_write(tmp_path, in_step, "b.json"), "has the key 'token' twice")
 
 
+def test_a_duplicate_hidden_by_a_missing_field_is_still_found(tmp_path):
+    """A missing field must never let one duplicate key balance the key count."""
+    text = _VALID.decode()
+    no_fingerprint = re.sub(r'"fingerprint": \{.*?\n        \},\n', "", text, count=1, flags=re.DOTALL)
+    assert '"fingerprint"' not in no_fingerprint
+    twice = no_fingerprint.replace('"text": "', '"text": "FAKE", "text": "', 1)
+    _rejected(_write(tmp_path, twice, "a.json"), "missing required field `fingerprint`|has the key 'text' twice")
+    no_piece = text.replace('"piece":"a",', "", 1).replace('"token":10,', '"token":10,"token":11,', 1)
+    _rejected(_write(tmp_path, no_piece, "b.json"), "missing required field `piece`|has the key 'token' twice")
+    header_only = f'{{"logit_hash": {json.dumps(json.loads(_VALID)["logit_hash"])}, "schema": 2, "schema": 1}}'
+    _rejected(_write(tmp_path, header_only, "c.json"), "has the key 'schema' twice")
+
+
+def test_an_unknown_top_level_field_is_an_error_not_an_empty_file(tmp_path):
+    document = _valid_document()
+    document["Goldens"] = document.pop("goldens")
+    _rejected(_write(tmp_path, document), "unknown field `Goldens`")
+
+
+def test_json_inside_prompts_keeps_the_fast_duplicate_proof(tmp_path):
+    generation = sample_generation()
+    entry = {**store.to_entry(generation), "prompt": 'Reply in JSON: {"a": 1, "b": [2]}'}
+    data = store.dumps({"test_x": {"cpu/float32": entry}}).encode()
+    goldens = store.parse(tmp_path / "x.json", data)
+    assert store._no_duplicate_keys(data, goldens)
+    assert goldens["test_x"]["cpu/float32"].prompt == entry["prompt"]
+
+
+def test_a_symlinked_golden_is_updated_through_its_link(tmp_path):
+    target = tmp_path / "real" / "test_m.json"
+    store.merge(target, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    link = tmp_path / "test_m.json"
+    link.symlink_to(target)
+    store.merge(link, {"k2": {"cpu/float32": store.to_entry(sample_generation())}})
+    assert link.is_symlink() and sorted(store.read(target)) == ["k", "k2"]
+
+
 def test_a_string_schema_says_it_is_a_string(tmp_path):
     document = {**_valid_document(), "schema": "1"}
     _rejected(_write(tmp_path, document), r"schema version '1' \(a str, not an integer\)")
@@ -190,13 +227,16 @@ def _update(path: str, key: str, barrier, locked: bool) -> None:
     import time
     from pathlib import Path
 
-    if not locked:  # the negative control
+    if not locked:  # the negative control: both processes provably read before either writes
         store._locked = lambda _path: contextlib.nullcontext()
     original = store.read
 
     def slow_read(target):
         goldens = original(target)
-        time.sleep(0.05)  # both processes would be between read and write here
+        if locked:
+            time.sleep(0.05)  # the other process, at the lock, would be between read and write here
+        else:
+            barrier.wait(timeout=30)
         return goldens
 
     store.read = slow_read
@@ -228,7 +268,7 @@ def test_concurrent_updates_of_one_file_lose_nothing(tmp_path):
 
 def test_the_race_is_real_without_the_lock(tmp_path):
     """Negative control: the same race, lock removed, loses updates (both read before either writes)."""
-    assert _race(tmp_path / "test_shared.json", 3, locked=False) > 0
+    assert _race(tmp_path / "test_shared.json", 3, locked=False) == 3
 
 
 def test_written_goldens_keep_their_mode_or_get_the_umask_default(tmp_path):
@@ -247,13 +287,21 @@ def test_temp_files_of_killed_writers_are_removed_by_the_next_write(tmp_path):
     dead = multiprocessing.get_context("fork").Process(target=lambda: None)
     dead.start()
     dead.join()
-    orphan = tmp_path / f".test_m.json.{dead.pid}.abc123.tmp"
+    orphan = tmp_path / f".test_m.json.{store._HOST}-{dead.pid}.abc123.tmp"
     orphan.write_text("half a golden")
-    live = tmp_path / f".test_m.json.{os.getppid()}.def456.tmp"  # a running process's: kept
+    os.utime(orphan, (0, 0))  # older than a minute
+    live = tmp_path / f".test_m.json.{store._HOST}-{os.getppid()}.def456.tmp"  # a running process's: kept
     live.write_text("being written")
+    os.utime(live, (0, 0))
+    fresh = tmp_path / f".test_m.json.{store._HOST}-{dead.pid}.ghi789.tmp"  # too recent to judge: kept
+    fresh.write_text("just now")
+    other_host = tmp_path / f".test_m.json.otherhost-{dead.pid}.jkl012.tmp"  # not ours to judge: kept
+    other_host.write_text("elsewhere")
+    os.utime(other_host, (0, 0))
     store.merge(path, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
-    assert not orphan.exists() and live.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "test_m.json"])
+    assert not orphan.exists() and live.exists() and fresh.exists() and other_host.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, fresh.name, other_host.name, "test_m.json"])
 
 
 def test_an_invalid_entry_is_refused_before_anything_is_written(tmp_path):
