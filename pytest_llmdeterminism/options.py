@@ -60,9 +60,11 @@ class BatchShape:
             )
         rows, length = int(match[1]), int(match[2])
         if rows > MAX_ROWS or length > MAX_LENGTH or rows * length > MAX_TOKENS:
+            limit = (f"B = {rows:,} is above {MAX_ROWS}; " if rows > MAX_ROWS else
+                     f"L = {length:,} is above {MAX_LENGTH:,}; " if length > MAX_LENGTH else "")
             raise ConfigurationError(
                 setting, text,
-                f"{rows * length:,} tokens per batch: the input ids and attention mask alone would take "
+                f"{limit}{rows * length:,} tokens per batch: the input ids and attention mask alone would take "
                 f"{_size(16 * rows * length)}, and attention needs about {_size(4 * rows * length * length)} "
                 f"per layer and head for its fp32 scores. Expected B <= {MAX_ROWS}, L <= {MAX_LENGTH:,} and "
                 f"B x L <= {MAX_TOKENS:,}, for example '4x64'",

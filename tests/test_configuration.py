@@ -13,9 +13,11 @@ from pytest_llmdeterminism.options import BatchShape
 
 @pytest.mark.parametrize("shape", ["1x100000000", "100000x8", "4096x4096"])
 def test_an_absurd_batch_shape_is_refused_with_the_memory_it_would_need(shape):
-    with pytest.raises(ConfigurationError, match=r"llm_batch_shape = '.*': [\d,]+ tokens per batch: the input ids "
-                                                 r"and attention mask alone would take [\d.,]+ [KMGT]?B"):
+    with pytest.raises(ConfigurationError, match=r"llm_batch_shape = '.*': (B = .* is above 4096; |L = .* is above "
+                                                 r"131,072; )?[\d,]+ tokens per batch: the input ids and attention "
+                                                 r"mask alone would take [\d.,]+ [KMGT]?B") as info:
         BatchShape.parse(shape)
+    assert ("B = 100,000 is above 4096" in str(info.value)) == (shape == "100000x8")
     assert BatchShape.parse("4096x1024") == BatchShape(4096, 1024)  # large but sane
 
 
