@@ -26,8 +26,8 @@ def test_absurd_ini_shape_stops_pytest_before_any_test(pytester):
     pytester.makepyfile("def test_nothing(): pass")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: llm_batch_shape = '1x100000000': L = 100,000,000 is above 131,072; 100,000,000 "
-                                 "tokens per batch*"])
+    result.stderr.fnmatch_lines([("ERROR: llm_batch_shape = '1x100000000': L = 100,000,000 is above 131,072; "
+                                  "100,000,000 tokens per batch*")])
 
 
 def test_cuda_on_a_machine_without_cuda_names_the_setting():
