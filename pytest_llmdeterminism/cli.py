@@ -23,8 +23,9 @@ from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.errors import GoldenFileError
 
-FAILING = {Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value}
 ABSENT = "ABSENT"  # in BASE only: a candidate set holds just the cases that changed
+NEW = "NEW"  # in CAND only: a golden that BASE lacks (a missing check's candidate, a new variant)
+FAILING = {Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW}  # exit 1: needs a reviewer
 _BAR = 20
 
 
@@ -81,7 +82,7 @@ def _diff(base: Path, candidate: Path) -> int:
     pairs = _pair_files(base, candidate)
     verdicts: Counter[str] = Counter()
     for name, base_file, cand_file in pairs:
-        base_goldens = _read_existing(base_file)
+        base_goldens = _read_existing(base_file) if base_file.exists() or not cand_file.exists() else {}
         cand_goldens = store.read(cand_file) if cand_file.exists() else {}
         for key, variants in sorted(base_goldens.items()):
             for variant, entry in sorted(variants.items()):
@@ -93,6 +94,10 @@ def _diff(base: Path, candidate: Path) -> int:
                     verdict, detail = comparison.verdict.value, _detail(comparison)
                 verdicts[verdict] += 1
                 print(f"{verdict:<14} {name} [{key!r}][{variant!r}]{detail}")
+        for key, variants in sorted(cand_goldens.items()):
+            for variant in sorted(set(variants) - set(base_goldens.get(key, {}))):
+                verdicts[NEW] += 1
+                print(f"{NEW:<14} {name} [{key!r}][{variant!r}]  (only in CAND: no golden to compare with)")
     print("summary: " + (", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no goldens"))
     return 1 if FAILING & set(verdicts) else 0
 
@@ -127,8 +132,12 @@ def _accept(folder: Path, root: Path) -> int:
 
 
 def _pair_files(base: Path, candidate: Path) -> list[tuple[str, Path, Path]]:
+    """(name, BASE file, CAND file) for every file in either folder (or the two files given)."""
     if base.is_dir():
-        return [(str(p.relative_to(base)), p, candidate / p.relative_to(base)) for p in sorted(base.rglob("*.json"))]
+        names = {p.relative_to(base) for p in base.rglob("*.json")}
+        if candidate.is_dir():
+            names |= {p.relative_to(candidate) for p in candidate.rglob("*.json")}
+        return [(str(name), base / name, candidate / name) for name in sorted(names)]
     return [(base.name, base, candidate)]
 
 

@@ -54,6 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION] = session
     if not hasattr(config, "workerinput"):  # the process that writes: plain pytest or the xdist controller
         config.pluginmanager.register(_OutcomeCollector(session), "llmdeterminism-collector")
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_WorkerReports(session), "llmdeterminism-xdist")
     warning = determinism.cuda_started_without_workspace_config()
     if warning:
         config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
@@ -105,9 +107,30 @@ class _OutcomeCollector:
             self._session.collect(payload, report.nodeid, report.duration)
 
 
+class _WorkerReports:
+    """xdist controller only: what each worker saw of the run beyond its test reports."""
+
+    def __init__(self, session: LLMSession) -> None:
+        self._session = session
+
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self._session.partial(getattr(node, "workeroutput", {}).get(_PARTIAL, []))
+
+
+_PARTIAL = "llm_partial_reasons"
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    # Whoever deselects (-k, -m, --lf, a conftest or another plugin), those goldens were not visited.
+    if items:
+        items[0].config.stash[SESSION].partial([f"{len(items)} test(s) deselected"])
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
-        return  # an xdist worker: its outcomes went to the controller with each test report
+        # an xdist worker: its outcomes went to the controller with each test report
+        session.config.workeroutput[_PARTIAL] = session.config.stash[SESSION].partial_reasons  # type: ignore[attr-defined]
+        return
     llm = session.config.stash[SESSION]
     llm.flush()
     llm.write_candidates()

@@ -275,6 +275,10 @@ class LLMSession:
             else:
                 self.written.append(f"{self.display_path(destination)} ({describe(len(updates))})")
 
+    def partial(self, reasons: Iterable[str]) -> None:
+        """This run did not visit every test (for the given reasons): unused goldens are not judged."""
+        self.partial_reasons += [reason for reason in reasons if reason not in self.partial_reasons]
+
     def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
         """Keep each test's overall outcome: failed beats skipped beats passed."""
         if when == "call" or outcome != "passed":

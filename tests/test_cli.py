@@ -86,3 +86,23 @@ def test_prune_runs_the_suite_with_prune(project):
     assert pruned.returncode == 0, pruned.stdout[-2000:]
     assert "pruned 1 unused golden(s):" in pruned.stdout
     assert "test_two_checks::code" not in json.loads((project.path / GOLDEN).read_text())["goldens"]
+
+
+def test_diff_lists_goldens_only_in_cand_as_new_and_exits_1(project, tmp_path):
+    """A missing check's candidate (or a new dtype variant) has nothing in BASE to compare with:
+    it is listed as NEW, and the exit code asks for a review."""
+    bf16 = project.runpytest("--llm-dtype=bfloat16", "--llm-golden-artifacts=artifacts")
+    bf16.assert_outcomes(failed=4)
+    diff = llm_golden("diff", "__golden__", "artifacts/__golden__", cwd=project.path)
+    assert diff.returncode == 1, diff.stdout
+    new_lines = [line for line in diff.stdout.splitlines() if line.startswith("NEW")]
+    # 4, not 5: a test still stops at its first failing check (test_two_checks has two goldens)
+    assert len(new_lines) == 4 and all("['cpu/bfloat16']  (only in CAND" in line for line in new_lines)
+    assert "summary: 6 ABSENT, 4 NEW" in diff.stdout  # the 6 float32 goldens had no candidate
+    only_new = tmp_path / "only-new"
+    (only_new / "sub").mkdir(parents=True)
+    (only_new / "sub" / "test_extra.json").write_text((project.path / "artifacts" / GOLDEN).read_text())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    diff = llm_golden("diff", empty, only_new, cwd=project.path)
+    assert diff.returncode == 1 and "summary: 4 NEW" in diff.stdout, diff.stdout + diff.stderr
