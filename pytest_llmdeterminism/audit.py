@@ -171,7 +171,8 @@ def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]
 
 
 def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[str]:
-    return [p for p in prompts if 0 < len(llm_model.tokenizer(p)["input_ids"]) <= length]
+    """The prompts that fit a shape of ``length``: one position always stays padding."""
+    return [p for p in prompts if 0 < len(llm_model.tokenizer(p)["input_ids"]) < length]
 
 
 def _in_dtype(llm_model: LLMModel, dtype: str) -> LLMModel:

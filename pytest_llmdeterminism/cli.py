@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_llmdeterminism import store
-from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.compare import Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
 
 ABSENT = "ABSENT"  # in BASE only: a candidate set holds just the cases that changed
@@ -70,9 +70,10 @@ def _show(path: Path) -> int:
             print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
             print(f"  prompt: {gen.prompt!r}")
             print(f"  output: {gen.text!r}")
+            tie_margin = default_tie_margin(str(gen.fingerprint.get("dtype", "float32")))
             for step, (piece, token, margin) in enumerate(zip(gen.pieces, gen.token_ids, gen.margins)):
                 bar = "#" * min(_BAR, int(margin * 2))
-                tie = "  <- near tie" if margin < 0.5 else ""
+                tie = f"  <- near tie (< {tie_margin:g})" if margin < tie_margin else ""
                 print(f"  {step:>4}  {piece!r:<16} id {token:<7} margin {margin:8.3f} {bar}{tie}")
             print()
     return 0

@@ -37,6 +37,7 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     first_divergence: int | None = None
     golden_margin: float | None = None  # None also where the golden had stopped (no margin)
     max_logprob_delta: float = 0.0
+    tie_margin: float = 0.0  # below this golden margin a step is a near tie (the comparator's own)
     input_changes: list[str] = msgspec.field(default_factory=list)
     changed_fingerprint: dict[str, tuple[Any, Any]] = msgspec.field(default_factory=dict)
     numerics_changed: list[str] = msgspec.field(default_factory=list)  # non-empty: across environments

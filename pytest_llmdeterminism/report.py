@@ -339,7 +339,8 @@ def run_report_html(document: dict[str, Any]) -> str:
             tokens = []
             for index, (piece, token, margin, _) in enumerate(check["steps"].get(side, [])):
                 width = max(2, min(60, int(margin * 6)))
-                classes = "tok" + (" div" if index == step else "") + (" tie" if margin < 0.5 else "")
+                tie = margin < check.get("tie_margin", 0.0)  # the comparator's near-tie margin for this check
+                classes = "tok" + (" div" if index == step else "") + (" tie" if tie else "")
                 tokens.append(f'<span class="{classes}" title="step {index}, id {token}, margin {margin:.3g}">'
                               f'{html.escape(piece)}<span class="bar" style="width:{width}px"></span></span>')
             if tokens:

@@ -91,7 +91,7 @@ class TestOutcomes:
             name=key, variant=variant, verdict=verdict, passed=passed, profile=profile,
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
-            max_logprob_delta=comparison.max_logprob_delta,
+            max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
             input_changes=[field for field, _, _ in comparison.input_changes],
             changed_fingerprint={field: (old, new) for field, old, new in changed},
             numerics_changed=list(numerics_changed),

@@ -141,3 +141,11 @@ def test_plain_list_of_companions_and_prompt_strategy(make_llm):
     assert find(prompts(llm_model=llm), lambda text: len(text) > 20, settings=settings(database=None))
     example = find(strategy, lambda text: len(text) > 3, settings=settings(database=None))
     assert 0 < len(llm.tokenizer(example)["input_ids"]) <= 8
+
+
+def test_a_companion_of_exactly_l_tokens_is_not_used_by_the_audit(make_llm):
+    """'Hello there, how are you today?' is 16 tokens: at 4x16 it cannot be a companion (one
+    position always stays padding), so the audit picks others instead of failing."""
+    found = audit(make_llm("4x16", max_new_tokens=2), "The sky is", repeats=2)
+    assert found.unique == 1
+    assert {row.source for row in found.rows if row.ran} >= {"repeat", "batch"}

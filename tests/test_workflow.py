@@ -342,7 +342,7 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
     partial.assert_outcomes(passed=1, deselected=2)
     assert "unused golden" not in partial.stdout.str()
     not_pruned = project.runpytest("-k", "two_checks", "--llm-golden-prune")
-    not_pruned.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (-k)"])
+    not_pruned.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (-k; 2 test(s) deselected)"])
     assert (project.path / GOLDEN).read_bytes() == before
 
     complete = project.runpytest()
