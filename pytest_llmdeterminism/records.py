@@ -7,7 +7,6 @@ plain JSON types (:meth:`TestRecords.to_payload`) and is decoded back, and valid
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgspec
@@ -35,7 +34,7 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     passed: bool
     profile: str = ""
     first_divergence: int | None = None
-    golden_margin: float | None = None  # None also where the golden had stopped (no margin)
+    golden_margin: float | None = None  # inf where the golden had stopped; the JSON report writes null
     max_logprob_delta: float = 0.0
     tie_margin: float = 0.0  # below this golden margin a step is a near tie (the comparator's own)
     input_changes: list[str] = msgspec.field(default_factory=list)
@@ -43,10 +42,6 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     numerics_changed: list[str] = msgspec.field(default_factory=list)  # non-empty: across environments
     # [piece, token id, margin, top-1 logprob] per step and side ("expected", "actual"), for HTML.
     steps: dict[str, list[tuple[str, int, float, float | None]]] = msgspec.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.golden_margin is not None and not math.isfinite(self.golden_margin):
-            self.golden_margin = None
 
 
 class TestRecords(msgspec.Struct):
