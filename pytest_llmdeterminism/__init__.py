@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_llmdeterminism.audit import AuditReport, NondeterminismError, audit
+from pytest_llmdeterminism.compare import GoldenMismatchError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
     ConfigurationError,
     GoldenFileError,
-    GoldenMismatchError,
     LLMDeterminismError,
     ModelLoadError,
     NonFiniteLogitsError,

@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmdeterminism.compare import first_token_divergence
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.options import BatchShape
+from pytest_llmdeterminism.values import BatchShape
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_llmdeterminism.model import LLMModel
 
 DEFAULT_REPEATS = 5
@@ -108,11 +111,9 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
     import torch
 
     shape = llm_model.settings.batch_shape
-    probe = llm_model.with_settings()
-    probe._keep_logits = True
+    probe = llm_model.with_settings(keep_logits=True)
 
     def run(view: LLMModel, prompts: Sequence[str], row: int, **extra: Any) -> tuple[Generation, list[Any]]:
-        view._keep_logits = True
         results = view.generate(list(prompts), **{**overrides, **extra})
         return results[row], view.last_logits[row]
 
@@ -131,10 +132,11 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
                              ran=False))
     other_rows = 1 if shape.rows > 1 else 4
     rows.append(_row("batch_size", f"B {shape.rows} -> {other_rows}", base,
-                     run(llm_model.with_settings(batch_shape=BatchShape(other_rows, shape.length)), [prompt], 0)))
+                     run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(other_rows, shape.length)),
+                         [prompt], 0)))
     longer = shape.length + 8  # not a multiple of 16: some kernels block by 16 and would hide the change
     rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
-                     run(llm_model.with_settings(batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
+                     run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
     cache = overrides.get("use_cache", True)
     rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base, run(probe, [prompt], 0, use_cache=not cache)))
     threads = torch.get_num_threads()
@@ -146,7 +148,7 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
         torch.set_num_threads(threads)
     if dtype is not None:
         rows.append(_row("dtype", f"{llm_model.fingerprint['dtype']} -> {dtype}", base,
-                         run(_in_dtype(llm_model, dtype), [prompt], 0)))
+                         run(llm_model.in_dtype(dtype, keep_logits=True), [prompt], 0)))
     return AuditReport(prompt, str(shape), tuple(rows), unique, len(runs))
 
 
@@ -161,9 +163,7 @@ def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]
 
     (gen_a, logits_a), (gen_b, logits_b) = a, b
     steps = min(len(gen_a.token_ids), len(gen_b.token_ids))
-    first = next((t for t in range(steps) if gen_a.token_ids[t] != gen_b.token_ids[t]), None)
-    if first is None and len(gen_a.token_ids) != len(gen_b.token_ids):
-        first = steps
+    first = first_token_divergence(gen_a.token_ids, gen_b.token_ids)
     upto = steps if first is None else min(first + 1, steps)
     delta = max((float(np.max(np.abs(logits_a[t].astype(np.float64) - logits_b[t]))) for t in range(upto)),
                 default=0.0)
@@ -175,18 +175,18 @@ def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[s
     return [p for p in prompts if 0 < len(llm_model.tokenizer(p)["input_ids"]) < length]
 
 
-def _in_dtype(llm_model: LLMModel, dtype: str) -> LLMModel:
-    """The same weights cast to ``dtype`` (a copy, cached on the loaded model)."""
-    import copy
-    import dataclasses
+def after_generate_hook(repeats: int, dtype: str | None,
+                        record: Callable[[dict[str, Any]], None]) -> Callable[[LLMModel, list[Generation],
+                                                                               dict[str, Any]], None]:
+    """What ``llm_model.generate`` calls after each call under ``--llm-audit``: audit every result,
+    ``record`` each report, fail on nondeterminism."""
 
-    import torch
+    def after_generate(llm: LLMModel, results: list[Generation], overrides: dict[str, Any]) -> None:
+        __tracebackhide__ = True
+        for result in results:
+            found = audit(llm, result.prompt, repeats=repeats, dtype=dtype, **overrides)
+            record(found.to_json())
+            if found.nondeterministic:
+                raise NondeterminismError(found)
 
-    from pytest_llmdeterminism.model import LLMModel
-
-    loaded = llm_model._loaded
-    key = f"audit-dtype:{dtype}"
-    if key not in loaded.cache:
-        model = copy.deepcopy(loaded.model).to(getattr(torch, dtype))
-        loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={})
-    return LLMModel(loaded.cache[key], llm_model.settings)
+    return after_generate

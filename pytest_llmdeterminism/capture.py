@@ -17,18 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.errors import NonFiniteLogitsError
+from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR, TOP_K
 
 if TYPE_CHECKING:
     import torch
 
-LOGIT_HASH_DEFINITION = (
-    "xxh3_64 hex digest of the model forward's output logits at the last position of each row, "
-    "before any logits processor, cast to float32, as little-endian bytes"
-)
-TOP_K = 5
-LOGPROB_DECIMALS = 6
-# A token a processor suppressed has logprob -inf, which JSON cannot hold; stored as this floor.
-LOGPROB_FLOOR = -1e9
 
 
 @dataclass

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, TopK
 
 # Below this golden top-1/top-2 margin (in logprob) a flipped token is classed as a near tie,
@@ -59,9 +61,7 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
     steps = min(len(expected.token_ids), len(actual.token_ids))
-    token_step = next((t for t in range(steps) if expected.token_ids[t] != actual.token_ids[t]), None)
-    if token_step is None and len(expected.token_ids) != len(actual.token_ids):
-        token_step = steps  # one side stopped (EOS) where the other went on
+    token_step = first_token_divergence(expected.token_ids, actual.token_ids)
     compared = steps if token_step is None else token_step
     # Steps after a token divergence see different inputs: nothing there is evidence.
     hashed = min(steps, compared + 1)
@@ -75,6 +75,14 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
         verdict = _classify(divergence, margin)
     return Comparison(verdict, divergence=divergence, first_hash_step=first_hash, steps_compared=compared,
                       total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin)
+
+
+def first_token_divergence(expected: Sequence[int], actual: Sequence[int]) -> int | None:
+    """The first step whose token differs; where one side stopped (EOS) and the other went on, the
+    step after the shorter one; None when both are the same."""
+    steps = min(len(expected), len(actual))
+    step = next((t for t in range(steps) if expected[t] != actual[t]), None)
+    return steps if step is None and len(expected) != len(actual) else step
 
 
 def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, Any, Any], ...]:
@@ -121,3 +129,15 @@ def _max_logprob_delta(expected: tuple[TopK, ...], actual: tuple[TopK, ...]) -> 
             if token in act:
                 delta = max(delta, abs(logprob - act[token]))
     return delta
+
+
+class GoldenMismatchError(LLMDeterminismError, AssertionError):
+    """A golden check failed. ``comparison`` carries the verdict and the first divergence;
+    ``failures`` every failing check of the test when there were several."""
+
+    def __init__(self, message: str, comparison: Comparison, *,
+                 failures: tuple[GoldenMismatchError, ...] = (), **details: Any) -> None:
+        self.comparison = comparison
+        self.failures = failures or (self,)
+        self.details = details
+        super().__init__(message)

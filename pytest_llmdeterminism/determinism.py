@@ -108,21 +108,14 @@ def _has_fp32_precision_api(torch: Any) -> bool:
 
 
 def _capture(torch: Any) -> dict[str, Any]:
+    """Everything :func:`_apply` changes: the flags as :func:`flags` reports them, and the RNG states."""
     saved: dict[str, Any] = {
+        **flags(),
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
         "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "threads": torch.get_num_threads(),
     }
-    if _has_fp32_precision_api(torch):
-        saved["fp32_precision"] = {name: knob.fp32_precision for name, knob in _precision_knobs(torch).items()}
-    else:
-        saved["matmul_precision"] = torch.get_float32_matmul_precision()
-        saved["matmul_tf32"] = torch.backends.cuda.matmul.allow_tf32
-        saved["cudnn_tf32"] = torch.backends.cudnn.allow_tf32
     numpy = _numpy()
     if numpy is not None:
         saved["numpy"] = numpy.random.get_state()
@@ -157,7 +150,7 @@ def _restore(torch: Any, saved: dict[str, Any]) -> None:
         _numpy().random.set_state(saved["numpy"])
     if "cuda" in saved:
         torch.cuda.set_rng_state_all(saved["cuda"])
-    torch.use_deterministic_algorithms(saved["deterministic"], warn_only=saved["warn_only"])
+    torch.use_deterministic_algorithms(saved["deterministic_algorithms"], warn_only=saved["warn_only"])
     torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
     torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
     if torch.get_num_threads() != saved["threads"]:
@@ -167,11 +160,11 @@ def _restore(torch: Any, saved: dict[str, Any]) -> None:
         for name, value in saved["fp32_precision"].items():  # parents first, as captured
             knobs[name].fp32_precision = value
     else:
-        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
-        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
+        torch.backends.cuda.matmul.allow_tf32 = saved["cuda_matmul_allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_allow_tf32"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.set_float32_matmul_precision(saved["matmul_precision"])
+            torch.set_float32_matmul_precision(saved["float32_matmul_precision"])
 
 
 def _numpy() -> Any:

@@ -1,18 +1,17 @@
-"""One exception tree. Each error keeps the objects it failed on, so reports need not parse text."""
+"""One exception tree. Each error keeps the objects it failed on, so reports need not parse text.
+
+This module imports nothing from the package; ``GoldenMismatchError`` lives beside the
+``Comparison`` it carries, in ``compare.py``, and every error is exported from the package root.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pytest_llmdeterminism.compare import Comparison
 
 __all__ = [
     "BatchInvarianceProbeError",
     "ConfigurationError",
     "GoldenFileError",
-    "GoldenMismatchError",
     "LLMDeterminismError",
     "ModelLoadError",
     "NonFiniteLogitsError",
@@ -127,15 +126,6 @@ class GoldenFileError(LLMDeterminismError):
         self.path = path
         self.problem = problem
         super().__init__(f"golden file {str(path)!r} {problem}. The file was left untouched. {fix}")
-
-
-class GoldenMismatchError(LLMDeterminismError, AssertionError):
-    """A golden check failed. ``comparison`` carries the verdict and the first divergence."""
-
-    def __init__(self, message: str, comparison: Comparison, **details: Any) -> None:
-        self.comparison = comparison
-        self.details = details
-        super().__init__(message)
 
 
 def _next_power_of_two(n: int) -> int:

@@ -11,6 +11,16 @@ from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedErro
 
 TopK = tuple[tuple[int, float], ...]
 
+# What a Generation's per-step fields mean (golden files name the hash definition in their header).
+LOGIT_HASH_DEFINITION = (
+    "xxh3_64 hex digest of the model forward's output logits at the last position of each row, "
+    "before any logits processor, cast to float32, as little-endian bytes"
+)
+TOP_K = 5
+LOGPROB_DECIMALS = 6
+# A token a processor suppressed has logprob -inf, which JSON cannot hold; stored as this floor.
+LOGPROB_FLOOR = -1e9
+
 # Arguments that change every step's scores or the length: accepted, recorded in the golden.
 ACCEPTED_OVERRIDES = (
     "max_new_tokens",
@@ -126,7 +136,7 @@ class Generation:
     """One prompt's greedy continuation and what the model computed at each step.
 
     Step ``t`` holds: the chosen token ``token_ids[t]``, ``logit_hashes[t]`` (xxh3-64 of the raw
-    logits row, see :data:`pytest_llmdeterminism.capture.LOGIT_HASH_DEFINITION`),
+    logits row, see :data:`LOGIT_HASH_DEFINITION`),
     ``top_logprobs[t]`` (the k best ``(token id, logprob)`` pairs) and ``margins[t]`` (top-1 minus
     top-2 logprob: how sure the model was).
     """

@@ -2,72 +2,87 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.compare import Comparison, Verdict, compare
-from pytest_llmdeterminism.errors import ConfigurationError, GoldenMismatchError
+from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict, compare
+from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.fingerprint import describe_changes, diff, numerics_changes
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.session import LLMSession, TestOutcomes
+    from pytest_llmdeterminism.files import GoldenFiles
+    from pytest_llmdeterminism.options import Options
+    from pytest_llmdeterminism.records import Site, TestOutcomes
 
 
 class GoldenTokens:
     """Compares generations with the test's stored goldens, or records them when updating."""
 
-    def __init__(self, session: LLMSession, outcomes: TestOutcomes, nodeid: str, test_path: Path,
-                 tokenizer: Callable[[], Any], *, rerun: str | None = None,
+    def __init__(self, files: GoldenFiles, outcomes: TestOutcomes, options: Options, *, nodeid: str,
+                 test_path: Path, tokenizer: Callable[[], Any], rerun: str | None = None,
                  tolerance: Profile | None = None) -> None:
-        self._session = session
+        self._files = files
         self._outcomes = outcomes
+        self._options = options
         self._target = rerun or report.shell_quote(nodeid)
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
-        self._path = session.golden_path(test_path)
+        self._path = files.path_for(test_path)
         self._tokenizer = tokenizer
         self._tolerance = tolerance
         self._used: set[str] = set()
         self._unnamed = 0
 
+    @property
+    def accept_command(self) -> str:
+        """The command that records (or re-records) this test's goldens, with the run's options."""
+        return report.accept_command(self._target)
+
     def check(self, generation: Generation, name: str | None = None) -> Comparison | None:
         """Compare ``generation`` with its golden (or record it under ``--llm-golden-update``).
 
         Several checks in one test need distinct goldens: unnamed ones are numbered in call order
-        (``test``, ``test#2``, ...), named ones are stored as ``test::name``.
-        Returns the comparison, or None when a golden was recorded.
+        (``test``, ``test#2``, ...), named ones are stored as ``test::name``. Returns the comparison, or
+        None when a golden was recorded. A failing check does not stop the test: every check is
+        judged and gets its candidate, and the test fails at its end listing each failing one.
         """
         __tracebackhide__ = True
         if not isinstance(generation, Generation):
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
+        caller = sys._getframe(1)
+        site: Site = (caller, caller.f_lasti, caller.f_lineno)
         key = self._key(name)
         self._outcomes.used(self._path, key)
-        variants = self._session.goldens(self._path).get(key, {})
+        variants = self._files.read(self._path).get(key, {})
         variant = generation.variant
-        update = self._session.options.update
-        if variant not in variants and not update and self._session.options.golden_fallback:
+        update = self._options.update
+        if variant not in variants and not update and self._options.golden_fallback:
             variant = fallback_variant(variant, variants) or variant
             if variant != generation.variant:
                 self._outcomes.note(f"{key!r}: no {generation.variant!r} golden; compared with "
                                    f"{variant!r} (--llm-golden-fallback)")
-        location = f"{self._session.display_path(self._path)} [{key!r}][{variant!r}]"
+        location = f"{self._files.display(self._path)} [{key!r}][{variant!r}]"
         stored = variants.get(variant)
         if stored is None:
             if update:
                 self._outcomes.record(self._path, key, generation, outcome="recorded")
                 return None
-            self._outcomes.checked(key, variant, Comparison(Verdict.MISSING), passed=False, actual=generation)
+            missing = Comparison(Verdict.MISSING)
+            self._outcomes.checked(key, variant, missing, passed=False, actual=generation)
             self._outcomes.candidate(self._path, key, generation)
-            raise GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
-                                      Comparison(Verdict.MISSING), key=key, path=self._path)
+            self._outcomes.fail(GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
+                                                    missing, key=key, path=self._path), site,
+                               accept=self.accept_command)
+            return missing
         expected = store.from_entry(stored)
         dtype = str(generation.fingerprint.get("dtype", "float32"))
         environment = numerics_changes(expected.fingerprint, generation.fingerprint)
-        explicit = self._tolerance or self._session.options.tolerance.explicit_for(
+        explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
         profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
@@ -93,8 +108,9 @@ class GoldenTokens:
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype), across=across)
-        raise GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
-                                  actual=generation)
+        self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
+                                                actual=generation), site, accept=self.accept_command)
+        return comparison
 
     def _key(self, name: str | None) -> str:
         __tracebackhide__ = True
@@ -110,29 +126,6 @@ class GoldenTokens:
                                      f"golden {key!r} is checked twice in one test; give each check its own name=")
         self._used.add(key)
         return key
-
-
-def owner(key: str, test_keys: Iterable[str]) -> str | None:
-    """The test a golden key belongs to: ``test``, ``test#2`` and ``test::name`` belong to ``test``."""
-    matches = [t for t in test_keys if key == t or key.startswith((f"{t}#", f"{t}::"))]
-    return max(matches, key=len, default=None)
-
-
-def unused_keys(keys: Iterable[str], tests: Mapping[str, str], used: set[str]) -> list[str]:
-    """Golden keys of a module that a complete run did not check.
-
-    ``tests`` maps each test of the module that ran to its outcome. A key is unused when no test
-    owns it (the test was deleted or renamed), or its test passed without checking it. A key of a
-    skipped or failed test was not exercised: it is never unused.
-    """
-    unused = []
-    for key in keys:
-        if key in used:
-            continue
-        test = owner(key, tests)
-        if test is None or tests[test] == "passed":
-            unused.append(key)
-    return sorted(unused)
 
 
 def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import StepCapture
@@ -19,22 +18,12 @@ from pytest_llmdeterminism.determinism import deterministic_state
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, ConfigurationError, PromptTooLongError
 from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
-from pytest_llmdeterminism.options import BatchShape
+from pytest_llmdeterminism.values import GenerationSettings
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.backends import LoadedModel
 
 PROBE_STEPS = 3  # tokens the batch-invariance probe generates per row
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """Per-test settings: the options, overridden by the test's ``@deterministic(...)`` marker."""
-
-    batch_shape: BatchShape
-    max_new_tokens: int
-    seed: int
-    batch_shape_setting: str = "llm_batch_shape"  # where the shape came from, for error messages
 
 
 class LLMModel:
@@ -52,11 +41,33 @@ class LLMModel:
         # The audit measures rows, shapes and repeats itself (its views run other shapes on purpose).
         self._verify = verify_batch_invariance and after_generate is None
         self._keep_logits = False
-        self.last_logits: list[Any] = []  # per prompt of the last call: steps x vocab, audits only
+        self.last_logits: list[Any] = []  # per prompt of the last call: steps x vocab, audit views only
 
-    def with_settings(self, **changes: Any) -> LLMModel:
-        """The same loaded model under other settings (shape, seed, ...): for audits and probes."""
-        return LLMModel(self._loaded, dataclasses.replace(self.settings, **changes), verify_batch_invariance=False)
+    @property
+    def audited(self) -> bool:
+        """Under ``--llm-audit``: every generation is audited after it runs."""
+        return self._after_generate is not None
+
+    def with_settings(self, *, keep_logits: bool = False, **changes: Any) -> LLMModel:
+        """The same loaded model under other settings (shape, seed, ...), for audits and probes.
+        With ``keep_logits`` each call keeps every step's raw logits in ``last_logits``."""
+        view = LLMModel(self._loaded, dataclasses.replace(self.settings, **changes), verify_batch_invariance=False)
+        view._keep_logits = keep_logits
+        return view
+
+    def in_dtype(self, dtype: str, *, keep_logits: bool = False) -> LLMModel:
+        """The same weights cast to ``dtype`` (a copy, made once per loaded model), as a view."""
+        import copy
+
+        import torch
+
+        key = f"dtype-copy:{dtype}"
+        if key not in self._loaded.cache:
+            model = copy.deepcopy(self._loaded.model).to(getattr(torch, dtype))
+            self._loaded.cache[key] = dataclasses.replace(self._loaded, model=model, dtype=dtype, cache={})
+        view = LLMModel(self._loaded.cache[key], self.settings, verify_batch_invariance=False)
+        view._keep_logits = keep_logits
+        return view
 
     @property
     def model(self) -> Any:

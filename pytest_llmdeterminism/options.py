@@ -10,69 +10,22 @@ import argparse
 import itertools
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_profile, parse_setting
+from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
+from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape
 
 if TYPE_CHECKING:
     import pytest
 
-BUILTIN_PREFIX = "builtin:"
-DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_BATCH_SHAPE = "1x128"
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_SEED = 0
 UpdateMode = Literal["all", "new"]
-
-
-# Beyond these a shape is a typo, not a test: refused at start-up instead of deep inside torch.
-MAX_ROWS = 4096
-MAX_LENGTH = 131_072  # beyond the context of the models this runs on
-MAX_TOKENS = 1 << 22
-
-
-def _size(n_bytes: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
-        if n_bytes < 1000 or unit == "PB":
-            return f"{n_bytes:,.0f} {unit}" if unit == "bytes" else f"{n_bytes:,.1f} {unit}"
-        n_bytes /= 1000
-    raise AssertionError("unreachable")
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """The one shape ``rows x length`` that every generation runs in."""
-
-    rows: int
-    length: int
-
-    @classmethod
-    def parse(cls, text: str, *, setting: str = "llm_batch_shape") -> BatchShape:
-        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
-        if not match or int(match[1]) < 1 or int(match[2]) < 1:
-            raise ConfigurationError(
-                setting, text, "expected 'BxL' (rows x padded prompt length), for example '4x64'"
-            )
-        rows, length = int(match[1]), int(match[2])
-        if rows > MAX_ROWS or length > MAX_LENGTH or rows * length > MAX_TOKENS:
-            limit = (f"B = {rows:,} is above {MAX_ROWS}; " if rows > MAX_ROWS else
-                     f"L = {length:,} is above {MAX_LENGTH:,}; " if length > MAX_LENGTH else "")
-            raise ConfigurationError(
-                setting, text,
-                f"{limit}{rows * length:,} tokens per batch: the input ids and attention mask alone would take "
-                f"{_size(16 * rows * length)}, and attention needs about {_size(4 * rows * length * length)} "
-                f"per layer and head for its fp32 scores. Expected B <= {MAX_ROWS}, L <= {MAX_LENGTH:,} and "
-                f"B x L <= {MAX_TOKENS:,}, for example '4x64'",
-            )
-        return cls(rows, length)
-
-    def __str__(self) -> str:
-        return f"{self.rows}x{self.length}"
 
 
 @dataclass(frozen=True)
@@ -232,8 +185,8 @@ def read(config: pytest.Config) -> Options:
         batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
         dtype=_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
         device=_device(value("llm_device") or "auto"),
-        seed=_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
-        max_new_tokens=_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
+        seed=parse_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
+        max_new_tokens=parse_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
                                 DEFAULT_MAX_NEW_TOKENS, minimum=1),
         cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),
         update=_update_mode_allowed(config),
@@ -324,7 +277,7 @@ def _device(raw: str) -> str:
     return raw
 
 
-def _integer(setting: str, raw: str | None, default: int, *, minimum: int) -> int:
+def parse_integer(setting: str, raw: str | None, default: int, *, minimum: int) -> int:
     if raw is None:
         return default
     try:
@@ -334,25 +287,3 @@ def _integer(setting: str, raw: str | None, default: int, *, minimum: int) -> in
     if number < minimum:
         raise ConfigurationError(setting, raw, f"expected an integer >= {minimum}, e.g. '{default}'")
     return number
-
-
-def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, object]:
-    """Check ``@deterministic(...)`` arguments; return them parsed."""
-    __tracebackhide__ = True
-    parsers: dict[str, Callable[[object], object]] = {
-        "seed": lambda v: _integer("@deterministic(seed=...)", str(v), DEFAULT_SEED, minimum=0),
-        "max_new_tokens": lambda v: _integer("@deterministic(max_new_tokens=...)", str(v), 1, minimum=1),
-        "batch_shape": lambda v: BatchShape.parse(str(v), setting="@deterministic(batch_shape=...)"),
-        "tolerance": lambda v: parse_profile(str(v), setting="@deterministic(tolerance=...)"),
-    }
-    parsed = {}
-    for key, raw in kwargs.items():
-        if key not in parsers:
-            raise ConfigurationError(
-                f"@deterministic({key}=...) in {nodeid}", raw,
-                f"unknown argument; accepted: {', '.join(sorted(parsers))}",
-            )
-        if isinstance(raw, bool) or (key not in ("batch_shape", "tolerance") and not isinstance(raw, int)):
-            raise ConfigurationError(f"@deterministic({key}=...) in {nodeid}", raw, "expected an integer")
-        parsed[key] = parsers[key](raw)
-    return parsed

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism import determinism, numerics, options
+from pytest_llmdeterminism import determinism, numerics, options, suites
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.session import MARKER, REPORT_ATTRIBUTE, LLMSession, TestOutcomes
+from pytest_llmdeterminism.session import LLMSession
+from pytest_llmdeterminism.values import MARKER
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.golden import GoldenTokens
     from pytest_llmdeterminism.model import LLMModel
 
 SESSION = pytest.StashKey[LLMSession]()
-_OUTCOMES = pytest.StashKey[TestOutcomes]()
+REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 _SET_CUBLAS = pytest.StashKey[bool]()
 _REPLACED_ENVIRONMENT = pytest.StashKey[dict[str, "str | None"]]()
 _MARKER_HELP = (
@@ -75,22 +77,36 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    if item.get_closest_marker(MARKER) is None:
-        return (yield)
-    with determinism.deterministic_state(item.config.stash[SESSION].settings_for(item).seed):
-        return (yield)
+    __tracebackhide__ = True
+    llm = item.config.stash[SESSION]
+    seeded = determinism.deterministic_state(llm.settings(item).generation.seed) \
+        if item.get_closest_marker(MARKER) else contextlib.nullcontext()
+    outcomes = llm.outcomes(item)
+    outcomes.deferring = True  # a failing golden check lets the test go on: every check is judged
+    try:
+        with seeded:
+            result = yield
+    except BaseException:
+        waiting = outcomes.failure_text()
+        if waiting:
+            item.add_report_section("call", "llm golden checks that failed too", waiting)
+        raise
+    finally:
+        outcomes.deferring = False
+    outcomes.raise_failures()
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
-    outcomes = item.stash.get(_OUTCOMES, None)
+    outcomes = LLMSession.outcomes_if_any(item)
     if outcomes is not None and call.when == "call":
         payload = outcomes.to_json()
         if payload is not None:
             setattr(report, REPORT_ATTRIBUTE, payload)
         # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards.
-        item.user_properties += [("llm_verdict", outcome) for outcome in outcomes.sequence]
+        item.user_properties += [("llm_verdict", outcome) for outcome in outcomes.data.sequence]
     return report
 
 
@@ -101,10 +117,10 @@ class _OutcomeCollector:
         self._session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self._session.test_finished(report.nodeid, report.when, report.outcome)
+        self._session.ledger.test_finished(report.nodeid, report.when, report.outcome)
         payload = getattr(report, REPORT_ATTRIBUTE, None)
         if payload is not None:
-            self._session.collect(payload, report.nodeid, report.duration)
+            self._session.ledger.collect(payload, report.nodeid, report.duration)
 
 
 class _WorkerReports:
@@ -114,7 +130,7 @@ class _WorkerReports:
         self._session = session
 
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        self._session.partial(getattr(node, "workeroutput", {}).get(_PARTIAL, []))
+        self._session.ledger.partial(getattr(node, "workeroutput", {}).get(_PARTIAL, []))
 
 
 _PARTIAL = "llm_partial_reasons"
@@ -123,23 +139,17 @@ _PARTIAL = "llm_partial_reasons"
 def pytest_deselected(items: list[pytest.Item]) -> None:
     # Whoever deselects (-k, -m, --lf, a conftest or another plugin), those goldens were not visited.
     if items:
-        items[0].config.stash[SESSION].partial([f"{len(items)} test(s) deselected"])
+        items[0].config.stash[SESSION].ledger.partial([f"{len(items)} test(s) deselected"])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    llm = session.config.stash[SESSION]
     if hasattr(session.config, "workerinput"):
         # an xdist worker: its outcomes went to the controller with each test report
-        session.config.workeroutput[_PARTIAL] = session.config.stash[SESSION].partial_reasons  # type: ignore[attr-defined]
+        session.config.workeroutput[_PARTIAL] = llm.ledger.partial_reasons  # type: ignore[attr-defined]
         return
-    llm = session.config.stash[SESSION]
-    llm.flush()
-    llm.write_candidates()
-    llm.find_unused(failed=session.testsfailed > 0 or session.shouldfail is not False
-                    or session.shouldstop is not False)
-    if llm.options.prune:
-        llm.prune()
-    llm.write_reports()
-    if llm.write_errors:
+    failed = session.testsfailed > 0 or session.shouldfail is not False or session.shouldstop is not False
+    if not llm.finish(failed=failed):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -162,38 +172,18 @@ def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str]
 
 
 def pytest_collect_file(file_path: Any, parent: pytest.Collector) -> pytest.Collector | None:
-    from pytest_llmdeterminism import suites
-
     return suites.PromptSuite.from_parent(parent, path=file_path) if suites.is_suite(file_path) else None
-
-
-def outcomes_of(item: pytest.Item) -> TestOutcomes:
-    return item.stash.setdefault(_OUTCOMES, TestOutcomes())
 
 
 @pytest.fixture
 def llm_model(request: pytest.FixtureRequest) -> LLMModel:
     """The configured model: greedy, fixed-shape ``generate()`` with per-step capture."""
-    from pytest_llmdeterminism.model import LLMModel
-
     __tracebackhide__ = True
-    session = request.config.stash[SESSION]
-    outcomes = outcomes_of(request.node)
-    return LLMModel(session.loaded_model(), session.settings_for(request.node),
-                    after_generate=session.audit_hook(request.node, outcomes), note=outcomes.note)
+    return request.config.stash[SESSION].llm_model(request.node)
 
 
 @pytest.fixture
 def golden_tokens(request: pytest.FixtureRequest) -> GoldenTokens:
     """``golden_tokens.check(generation, name=None)``: compare with (or record) the stored golden."""
-    from pytest_llmdeterminism.golden import GoldenTokens
-
-    session = request.config.stash[SESSION]
-
-    def tokenizer() -> Any:
-        return session.loaded_model().tokenizer
-
-    outcomes = outcomes_of(request.node)
-    return GoldenTokens(session, outcomes, request.node.nodeid, request.node.path, tokenizer,
-                        rerun=session.rerun_arguments(request.node),
-                        tolerance=session.tolerance_for(request.node))
+    __tracebackhide__ = True
+    return request.config.stash[SESSION].golden_tokens(request.node)

@@ -1,17 +1,28 @@
 """Typed records of what one test decided, carried from the test to the run's end and into reports.
 
-Under pytest-xdist a test's :class:`TestRecords` travels to the controller on the test's report as
-plain JSON types (:meth:`TestRecords.to_payload`) and is decoded back, and validated, with
+:class:`TestOutcomes` is the recorder a test's fixtures write to; it holds a :class:`TestRecords`.
+Under pytest-xdist that travels to the controller on the test's report as plain JSON types
+(:meth:`TestRecords.to_payload`) and is decoded back, and validated, with
 :meth:`TestRecords.from_payload`: the same types on both sides, the golden entries included.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from pytest_llmdeterminism import store
+from pytest_llmdeterminism.compare import GoldenMismatchError
 from pytest_llmdeterminism.store import Entry
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pytest_llmdeterminism.compare import Comparison
+    from pytest_llmdeterminism.generation import Generation
 
 
 class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
@@ -21,6 +32,10 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     key: str
     variant: str
     entry: Entry
+
+    @classmethod
+    def of(cls, path: Path, key: str, generation: Generation) -> GoldenWrite:
+        return cls(str(path), key, generation.variant, store.to_struct(store.to_entry(generation)))
 
 
 class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
@@ -68,3 +83,107 @@ class TestRecords(msgspec.Struct):
     @classmethod
     def from_payload(cls, payload: Any) -> TestRecords:
         return msgspec.convert(payload, cls)
+
+
+Site = tuple[types.FrameType, int, int]  # the frame that called check(), its instruction and line
+
+
+class TestOutcomes:
+    """The recorder of one test (kept in its ``item.stash``): what its checks decided, and the
+    failures that wait for the test's end.
+
+    While the test's body runs (``deferring``) a failing check is recorded and the test goes on, so
+    every check is judged and gets its candidate; the plugin raises them together when the body
+    returns (:meth:`raise_failures`). Outside the body a failing check raises at once.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self) -> None:
+        self.data = TestRecords()
+        self.deferring = False
+        self._failures: list[tuple[GoldenMismatchError, Site | None]] = []
+        self._accept = ""
+
+    def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
+        self.data.records.append(GoldenWrite.of(path, key, generation))
+        self.count(outcome)
+
+    def count(self, outcome: str) -> None:
+        self.data.counts[outcome] = self.data.counts.get(outcome, 0) + 1
+        self.data.sequence.append(outcome)
+
+    def note(self, line: str) -> None:
+        self.data.notes.append(line)
+
+    def audited(self, report: dict[str, Any]) -> None:
+        self.data.audits.append(report)
+
+    def candidate(self, path: Path, key: str, generation: Generation) -> None:
+        """A missing or failing check's actual result, for ``--llm-golden-artifacts``."""
+        self.data.candidates.append(GoldenWrite.of(path, key, generation))
+
+    def used(self, path: Path, key: str) -> None:
+        self.data.used.append((str(path), key))
+
+    def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
+                changed: Sequence[tuple[str, Any, Any]] = (), numerics_changed: Sequence[str] = (),
+                expected: Generation | None = None, actual: Generation | None = None) -> None:
+        """One golden comparison's result, as the machine-readable report lists it."""
+        verdict = comparison.verdict.value
+        self.count(verdict if passed else f"{verdict} (failed)")
+        divergence = comparison.divergence
+        self.data.checks.append(CheckRecord(
+            name=key, variant=variant, verdict=verdict, passed=passed, profile=profile,
+            first_divergence=divergence.step if divergence else comparison.first_hash_step,
+            golden_margin=divergence.golden_margin if divergence else None,
+            max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
+            input_changes=[field for field, _, _ in comparison.input_changes],
+            changed_fingerprint={field: (old, new) for field, old, new in changed},
+            numerics_changed=list(numerics_changed),
+            steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
+        ))
+
+    def fail(self, error: GoldenMismatchError, site: Site | None, *, accept: str) -> None:
+        """A failing check: kept for the end of the test's body, or raised now outside it.
+        ``accept`` is the command that records or accepts the test's goldens."""
+        __tracebackhide__ = True
+        if not self.deferring:
+            raise error
+        self._failures.append((error, site))
+        self._accept = accept
+
+    def failure_text(self) -> str:
+        """Every failure still waiting, as one text (for a test whose body raised something else)."""
+        return "\n\n".join(str(error) for error, _ in self._failures)
+
+    def raise_failures(self) -> None:
+        """Raise the waiting failures as one error; its traceback points at the first failing check."""
+        __tracebackhide__ = True
+        failures, self._failures, accept = self._failures, [], self._accept
+        if not failures:
+            return
+        first, site = failures[0]
+        error = first
+        if len(failures) > 1:
+            parts = [f"{len(failures)} golden checks failed in this test (every check ran and has its candidate):"]
+            for number, (failure, at) in enumerate(failures, start=1):
+                lines = str(failure).splitlines()
+                if lines and lines[-1].endswith(accept):
+                    lines.pop()  # said once, below
+                where = f" at {Path(at[0].f_code.co_filename).name}:{at[2]}" if at else ""
+                parts.append(f"[{number}/{len(failures)}]{where} " + "\n".join(lines))
+            parts.append(f"Accept all of them with: {accept}")
+            error = GoldenMismatchError("\n".join(parts), first.comparison,
+                                        failures=tuple(failure for failure, _ in failures))
+        raise error.with_traceback(types.TracebackType(None, *site) if site else None)
+
+    def to_json(self) -> dict[str, Any] | None:
+        return None if self.data.is_empty() else self.data.to_payload()
+
+
+def _steps(generation: Generation, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
+    """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report."""
+    return [(piece, token, margin, top[0][1] if top else None)
+            for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
+                                                 generation.top_logprobs)][:limit]

@@ -35,13 +35,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import msgspec
 
-from pytest_llmdeterminism.capture import LOGIT_HASH_DEFINITION, LOGPROB_FLOOR
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.generation import LOGIT_HASH_DEFINITION, LOGPROB_FLOOR, Generation
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-    from pytest_llmdeterminism.generation import Generation
 
 SCHEMA_VERSION = 1
 
@@ -139,8 +137,6 @@ def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
 
 
 def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
-    from pytest_llmdeterminism.generation import Generation
-
     entry = to_struct(entry)
     steps = entry.steps
     return Generation(

@@ -3,9 +3,13 @@
     {"id": "capital-fr", "prompt": "The capital of France is", "max_new_tokens": 8}
     {"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}
 
-Items are generated ``B`` prompts at a time in the fixed shape: the first item of a chunk runs the
-whole chunk and the others take their result from it. Results are identical to one prompt at a
-time, because a fixed shape makes a row independent of its companions.
+Each item is a test function of its own, ``@deterministic(max_new_tokens=..., tolerance=...)`` from
+its line, that takes the ``llm_model`` and ``golden_tokens`` fixtures like any test (so
+``--llm-audit``, tolerances and candidates work the same). Items are generated ``B`` prompts at a
+time: the selected items of a file with the same token budget, in file order, form fixed chunks of
+``B``; whichever item of a chunk runs first generates the chunk, whatever the test order. Results
+are identical to one prompt at a time, because a fixed shape makes a row independent of its
+companions.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.options import validate_marker_kwargs
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.tolerance import parse_profile
+from pytest_llmdeterminism.values import MARKER
 
 if TYPE_CHECKING:
+    from _pytest._code.code import ExceptionInfo, TerminalRepr
+
     from pytest_llmdeterminism.generation import Generation
-    from pytest_llmdeterminism.session import LLMSession, TestOutcomes
+    from pytest_llmdeterminism.golden import GoldenTokens
+    from pytest_llmdeterminism.model import LLMModel
 
 SUFFIX = ".llm.jsonl"
 _FIELDS = {"id", "prompt", "max_new_tokens", "tolerance"}
@@ -32,8 +40,16 @@ def is_suite(path: Path) -> bool:
     return path.name.startswith("test_") and path.name.endswith(SUFFIX)
 
 
+def check_prompt(request: pytest.FixtureRequest, llm_model: LLMModel, golden_tokens: GoldenTokens) -> None:
+    """The body of every prompt-suite item."""
+    item = request.node
+    assert isinstance(item, PromptItem) and isinstance(item.parent, PromptSuite)
+    golden_tokens.check(item.parent.result_for(item, llm_model))
+
+
 class PromptSuite(pytest.File):
     def collect(self) -> Iterator[PromptItem]:
+        self._results: dict[str, Generation] = {}
         seen: set[str] = set()
         for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
@@ -42,53 +58,43 @@ class PromptSuite(pytest.File):
             if case["id"] in seen:
                 raise self.CollectError(f"{self.path.name}:{number}: id {case['id']!r} appears twice; ids name goldens")
             seen.add(case["id"])
-            yield PromptItem.from_parent(self, name=case["id"], case=case)
+            yield PromptItem.from_parent(self, name=case["id"], callobj=check_prompt, case=case, line=number)
 
-    def results_for(self, item: PromptItem, generate: Any) -> Generation:
-        """The item's generation, running its whole chunk (same budget, B items) on first need."""
-        cache: dict[str, Generation] = self.__dict__.setdefault("_results", {})
-        if item.name not in cache:
-            budget = item.case.get("max_new_tokens")
-            peers = [i for i in self.session.items if isinstance(i, PromptItem) and i.parent is self
-                     and i.case.get("max_new_tokens") == budget and i.name not in cache]
-            start = peers.index(item)
-            chunk = peers[start:start + item.rows]
-            for peer, result in zip(chunk, generate([p.case["prompt"] for p in chunk], budget)):
-                cache[peer.name] = result
-        return cache.pop(item.name)
+    def result_for(self, item: PromptItem, llm_model: LLMModel) -> Generation:
+        """The item's generation. Audited runs generate each item alone (the audit examines every
+        generation of its own test); otherwise the item's whole chunk runs on first need."""
+        overrides = {"max_new_tokens": item.budget} if item.budget is not None else {}
+        if llm_model.audited:
+            return llm_model.generate(str(item.case["prompt"]), **overrides)
+        if item.name not in self._results:
+            peers = sorted((i for i in self.session.items
+                            if isinstance(i, PromptItem) and i.parent is self and i.budget == item.budget),
+                           key=lambda i: i.line)
+            rows = llm_model.settings.batch_shape.rows
+            start = peers.index(item) // rows * rows
+            chunk = peers[start:start + rows]
+            for peer, generated in zip(chunk, llm_model.generate([p.case["prompt"] for p in chunk], **overrides)):
+                self._results[peer.name] = generated
+        return self._results.pop(item.name)
 
 
-class PromptItem(pytest.Item):
-    def __init__(self, *, case: dict[str, Any], **kwargs: Any) -> None:
+class PromptItem(pytest.Function):
+    def __init__(self, *, case: dict[str, Any], line: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.case = case
-        self.rows = 1
-
-    def runtest(self) -> None:
-        __tracebackhide__ = True
-        from pytest_llmdeterminism.golden import GoldenTokens
-        from pytest_llmdeterminism.model import LLMModel
-        from pytest_llmdeterminism.plugin import SESSION, outcomes_of
-
-        session: LLMSession = self.config.stash[SESSION]
-        settings = session.settings_for(self)
-        self.rows = settings.batch_shape.rows
-        outcomes: TestOutcomes = outcomes_of(self)
-        llm = LLMModel(session.loaded_model(), settings, note=outcomes.note)
-
-        def generate(prompts: list[str], budget: int | None) -> list[Generation]:
-            return llm.generate(prompts, **({} if budget is None else {"max_new_tokens": budget}))
-
-        assert isinstance(self.parent, PromptSuite)
-        result = self.parent.results_for(self, generate)
-        tolerance = self.case.get("tolerance")
-        profile = validate_marker_kwargs({"tolerance": tolerance}, self.nodeid)["tolerance"] if tolerance else None
-        golden = GoldenTokens(session, outcomes, self.nodeid, self.path, lambda: llm.tokenizer,
-                              rerun=session.rerun_arguments(self), tolerance=profile)  # type: ignore[arg-type]
-        golden.check(result)
+        self.line = line
+        self.budget: int | None = case.get("max_new_tokens")
+        self.add_marker(getattr(pytest.mark, MARKER)(**{k: case[k] for k in ("max_new_tokens", "tolerance")
+                                                         if k in case}))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.name
+        return self.path, self.line - 1, self.name
+
+    def repr_failure(self, excinfo: ExceptionInfo[BaseException]) -> str | TerminalRepr:  # type: ignore[override]
+        # The plugin's own errors are complete messages; a traceback into this module adds nothing.
+        if isinstance(excinfo.value, LLMDeterminismError):
+            return f"{self.path.name}:{self.line} {self.name}\n{excinfo.value}"
+        return super().repr_failure(excinfo)
 
 
 def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
@@ -106,4 +112,7 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     budget = case.get("max_new_tokens")
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
         raise ConfigurationError(where, budget, "max_new_tokens must be an integer >= 1")
+    tolerance = case.get("tolerance")
+    if tolerance is not None:
+        parse_profile(str(tolerance), setting=f"{where} tolerance")
     return case

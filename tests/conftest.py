@@ -22,7 +22,14 @@ def _not_in_ci(monkeypatch):
     monkeypatch.delenv("CI", raising=False)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(autouse=True)
+def _heavy_libraries_before_pytester(request):
+    """Tests that run pytest in-process get torch imported first; unit tests load nothing."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("_import_heavy_libraries_once")
+
+
+@pytest.fixture(scope="session")
 def _import_heavy_libraries_once(tiny):
     """Load and run the tiny model before any in-process pytester run.
 
@@ -30,8 +37,8 @@ def _import_heavy_libraries_once(tiny):
     imported. Re-importing torch in the same process crashes it, so every torch/transformers
     module a run can touch must already be imported here, where pytester's snapshot keeps it.
     """
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     LLMModel(tiny, GenerationSettings(BatchShape(1, 8), 1, 0)).generate("x")
     import safetensors.torch  # noqa: F401  (used by perturbed copies)
@@ -48,8 +55,8 @@ def tiny():
 @pytest.fixture
 def make_llm(tiny):
     """Build an LLMModel view on the tiny model with a given shape and token budget."""
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     def make(shape: str = "4x32", max_new_tokens: int = 12, seed: int = 0) -> LLMModel:
         return LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), max_new_tokens, seed))

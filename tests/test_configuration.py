@@ -8,7 +8,7 @@ import pytest
 
 from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
-from pytest_llmdeterminism.options import BatchShape
+from pytest_llmdeterminism.values import BatchShape
 
 
 @pytest.mark.parametrize("shape", ["1x100000000", "100000x8", "4096x4096"])

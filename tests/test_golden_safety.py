@@ -162,7 +162,7 @@ def _survives(tmp_path, data: bytes) -> None:
             outcomes = TestOutcomes()
             outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation, actual=generation)
             document = report.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
-                                          for check in outcomes.checks], [])
+                                          for check in outcomes.data.checks], [])
             json.dumps(document, allow_nan=False)
             report.run_report_html(document)
             report.run_report_markdown(document)
@@ -328,7 +328,7 @@ def test_reports_are_strict_json_and_inert_markdown():
     outcomes = TestOutcomes()
     outcomes.checked(HOSTILE, "cpu/float32", comparison, passed=False,
                      changed=[("torch", HOSTILE, "2.13|0")], expected=other, actual=generation)
-    document = report.run_report([msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.checks], [])
+    document = report.run_report([msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
     text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
     assert json.loads(text)["checks"][0]["golden_margin"] is None
     markdown = report.run_report_markdown(document)

@@ -126,8 +126,8 @@ def test_nan_logits_are_a_clear_error(tmp_path):
 
     from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
     from pytest_llmdeterminism.errors import NonFiniteLogitsError
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     broken = tmp_path / "nan-tiny"
     shutil.copytree(BUILTIN_MODELS["tiny"], broken)

@@ -146,8 +146,8 @@ def fresh_tiny(tiny):
 
 
 def _llm(loaded, shape="4x32"):
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), 3, 0))
 
@@ -187,8 +187,8 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
         handle.remove()
     assert info.value.nondeterministic and "--llm-audit" in str(info.value)
     notes = []
-    from pytest_llmdeterminism.model import GenerationSettings, LLMModel
-    from pytest_llmdeterminism.options import BatchShape
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0), note=notes.append).generate("The sky is")
     assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"]

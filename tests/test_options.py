@@ -1,7 +1,7 @@
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.options import BatchShape
+from pytest_llmdeterminism.values import BatchShape
 
 
 @pytest.mark.parametrize(("text", "rows", "length"), [("4x64", 4, 64), (" 1X8 ", 1, 8), ("16x512", 16, 512)])

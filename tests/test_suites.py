@@ -41,15 +41,88 @@ def test_jsonl_suite_of_16_prompts_records_checks_and_matches_one_at_a_time(suit
     suite.runpytest("test_alone.py").assert_outcomes(passed=1)
 
 
-def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path):
-    from .conftest import perturbed_tiny_copy
+def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
+    """A copy that boosts the " m" token (cat/mat) changes some continuations and not others: the
+    lines that fail are exactly those whose tokens changed, found here by generating each prompt
+    alone with the changed model."""
+    from pytest_llmdeterminism import store
+    from pytest_llmdeterminism.backends import load
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    from .conftest import boosted_token_copy
 
     write_suite(suite)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=16)
-    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
-    result = suite.runpytest(f"--llm-model={drifted}", "--llm-tolerance=tokens")
+    boosted = boosted_token_copy(tmp_path / "boosted", tiny.tokenizer.convert_tokens_to_ids("Ġm"), factor=1.5)
+    changed = LLMModel(load(str(boosted), dtype="float32", device="cpu"), GenerationSettings(BatchShape(4, 32), 8, 0))
+    goldens = json.loads((suite.path / "__golden__" / "test_prompts.llm.json").read_text())["goldens"]
+    affected = set()
+    for line in (suite.path / "test_prompts.llm.jsonl").read_text().splitlines():
+        case = json.loads(line)
+        alone = changed.generate(case["prompt"], **{k: v for k, v in case.items() if k == "max_new_tokens"})
+        if alone.token_ids != store.from_entry(goldens[case["id"]]["cpu/float32"]).token_ids:
+            affected.add(case["id"])
+    assert 0 < len(affected) < 16
+
+    result = suite.runpytest(f"--llm-model={boosted}", "--llm-tolerance=tokens", "-rf")
+    failed = {line.split("::")[1].split(" ")[0] for line in result.stdout.lines if line.startswith("FAILED ")}
+    assert failed == affected
+    result.assert_outcomes(failed=len(affected), passed=16 - len(affected))
+
+
+COUNT_GENERATE_CALLS = """
+import pytest
+from pytest_llmdeterminism.model import LLMModel
+
+CALLS = []
+_generate = LLMModel.generate
+
+def counting(self, prompt, **overrides):
+    CALLS.append(len(prompt) if isinstance(prompt, list) else 1)
+    return _generate(self, prompt, **overrides)
+
+LLMModel.generate = counting
+
+def pytest_collection_modifyitems(items):
+    if {order!r} == "reversed":
+        items.reverse()
+
+def pytest_sessionfinish(session):
+    LLMModel.generate = _generate
+    session.config.rootpath.joinpath("calls.txt").write_text(" ".join(map(str, CALLS)))
+"""
+
+
+@pytest.mark.parametrize("order", ["file", "reversed"])
+def test_chunks_are_generated_once_whatever_the_test_order(suite, order):
+    write_suite(suite)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=16)
+    suite.makeconftest(COUNT_GENERATE_CALLS.format(order=order))
+    result = suite.runpytest("-v")
     result.assert_outcomes(passed=16)
-    result.stdout.fnmatch_lines(["golden checks: 16 LOGIT_DRIFT"])
+    ran = [line for line in result.stdout.lines if " PASSED" in line]
+    assert ("case-15" if order == "reversed" else "case-00") in ran[0]
+    # 12 prompts at the default budget and 4 at 3 tokens, 4 rows per call: four calls of 4.
+    assert (suite.path / "calls.txt").read_text().split() == ["4", "4", "4", "4"]
+
+
+def test_suite_items_go_through_the_fixtures_so_the_audit_covers_them(suite):
+    (suite.path / "test_few.llm.jsonl").write_text(
+        '{"id": "sky", "prompt": "The sky is"}\n{"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}\n')
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
+    result = suite.runpytest("--llm-audit=2")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["test_few.llm.jsonl::sky: audit of 'The sky is' at 4x32:",
+                                 "test_few.llm.jsonl::count: audit of 'Count: one,' at 4x32:",
+                                 "audit summary: 2 generation(s), 0 nondeterministic*"])
+
+
+def test_a_bad_tolerance_on_a_line_is_a_collection_error(suite):
+    (suite.path / "test_bad.llm.jsonl").write_text('{"id": "a", "prompt": "x", "tolerance": "loose"}\n')
+    result = suite.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_bad.llm.jsonl:1 tolerance = 'loose': expected one of exact, tokens*"])
 
 
 @pytest.mark.parametrize(("line", "problem"), [

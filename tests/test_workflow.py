@@ -39,34 +39,56 @@ def golden_keys(project):
     return sorted(json.loads((project.path / GOLDEN).read_text())["goldens"])
 
 
-def test_first_run_fails_naming_the_update_flag_and_writes_nothing(project):
-    result = project.runpytest()
-    result.assert_outcomes(failed=4)
+class Runner:
+    """Runs the project's pytest in-process, or in a subprocess with ``-n WORKERS`` (pytest-xdist)."""
+
+    def __init__(self, pytester, workers):
+        self.pytester = pytester
+        self.workers = workers
+
+    def __call__(self, *args, **outcomes):
+        if self.workers:
+            result = self.pytester.runpytest_subprocess("-n", str(self.workers), *args)
+            outcomes.pop("deselected", None)  # xdist's controller does not count deselected tests
+        else:
+            result = self.pytester.runpytest(*args)
+        if outcomes:
+            result.assert_outcomes(**outcomes)
+        return result
+
+
+@pytest.fixture(params=[0, 2], ids=["no-xdist", "xdist-2"])
+def run(request, project):
+    """The user's journey is the same with and without pytest-xdist: these tests run it both ways."""
+    if request.param:
+        pytest.importorskip("xdist")
+    return Runner(project, request.param)
+
+
+def test_first_run_fails_naming_the_update_flag_and_writes_nothing(project, run):
+    result = run(failed=4)
     result.stdout.fnmatch_lines([
         "E*no golden recorded for 'test_capital' in __golden__/test_suite.json [[]'test_capital'][[]'cpu/float32'].",
         "E*Record it with: pytest test_suite.py::test_capital --llm-golden-update",
-        "golden checks: 4 MISSING (failed)",
+        "golden checks: 6 MISSING (failed)",
     ])
     result.stdout.fnmatch_lines(["E*Record it with: pytest 'test_suite.py::test_param[[]Count: one,]' --llm-golden-update"])
     assert not (project.path / "__golden__").exists()
 
 
-def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
-    recorded = project.runpytest("--llm-golden-update")
-    recorded.assert_outcomes(passed=4)
+def test_update_then_check_then_changed_model_then_accept(project, run, tmp_path):
+    recorded = run("--llm-golden-update", passed=4)
     recorded.stdout.fnmatch_lines(["golden checks: 6 recorded", "wrote __golden__/test_suite.json (6 goldens)"])
     assert golden_keys(project) == [
         "test_capital", "test_param[Count: one,]", "test_param[The cat sat on the]",
         "test_two_checks", "test_two_checks#2", "test_two_checks::code",
     ]
-    checked = project.runpytest()
-    checked.assert_outcomes(passed=4)
+    checked = run(passed=4)
     checked.stdout.fnmatch_lines(["golden checks: 6 IDENTICAL"])
 
     before = (project.path / GOLDEN).read_bytes()
     changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
-    failed = project.runpytest(f"--llm-model={changed_model}", "-k", "capital")
-    failed.assert_outcomes(failed=1, deselected=3)
+    failed = run(f"--llm-model={changed_model}", "-k", "capital", failed=1, deselected=3)
     failed.stdout.fnmatch_lines([
         ("E*golden mismatch in 'test_capital': REGRESSION at step 0 — expected ' Tokyo' (id *), "
         "got ' Rome' (id *); golden margin * >= tie margin 0.05: not a near tie — fails under 'exact'"),
@@ -79,12 +101,51 @@ def test_update_then_check_then_changed_model_then_accept(project, tmp_path):
     ])
     assert (project.path / GOLDEN).read_bytes() == before  # a failing check never writes
 
-    accepted = project.runpytest(f"--llm-model={changed_model}", "--llm-golden-update")
-    accepted.assert_outcomes(passed=4)
+    accepted = run(f"--llm-model={changed_model}", "--llm-golden-update", passed=4)
     accepted.stdout.fnmatch_lines(["golden checks: *updated*"])
     assert (project.path / GOLDEN).read_bytes() != before
-    project.runpytest(f"--llm-model={changed_model}").assert_outcomes(passed=4)
-    project.runpytest().assert_outcomes(failed=4)  # the original model no longer matches
+    run(f"--llm-model={changed_model}", passed=4)
+    run(failed=4)  # the original model no longer matches
+
+
+def test_every_check_of_a_test_is_judged_and_gets_its_candidate_in_one_run(project, run, tmp_path):
+    run("--llm-golden-update", passed=4)
+    changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    result = run(f"--llm-model={changed_model}", "--llm-golden-artifacts=candidates", failed=4)
+    source = (project.path / "test_suite.py").read_text().splitlines()
+    line = {text.strip(): number for number, text in enumerate(source, start=1)}
+    result.stdout.fnmatch_lines([
+        ">*golden_tokens.check(first)",  # the traceback points at the first failing check
+        "E*3 golden checks failed in this test (every check ran and has its candidate):",
+        f"E*[[]1/3] at test_suite.py:{line['golden_tokens.check(first)']} golden mismatch in 'test_two_checks': *",
+        f"E*[[]2/3] at test_suite.py:{line['golden_tokens.check(second)']} golden mismatch in 'test_two_checks#2': *",
+        "E*[[]3/3] at test_suite.py:* golden mismatch in 'test_two_checks::code': *",
+        "E*Accept all of them with: pytest test_suite.py::test_two_checks --llm-model=*/changed --llm-golden-update",
+    ])
+    assert result.stdout.str().count("Accept with:") == 3  # once per test with one failing check
+    result.stdout.fnmatch_lines(["wrote candidates/__golden__/test_suite.json (6 candidate(s))"])
+    candidates = json.loads((project.path / "candidates" / GOLDEN).read_text())["goldens"]
+    assert sorted(candidates) == golden_keys(project)
+
+
+def test_a_failing_check_is_reported_when_the_test_then_fails_otherwise(suite, tmp_path):
+    suite.makepyfile("""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=3)
+        def test_then_asserts(llm_model, golden_tokens):
+            result = llm_model.generate("The sky is")
+            golden_tokens.check(result)
+            assert result.text == "something else"
+    """)
+    suite.runpytest("--llm-golden-update").assert_outcomes(failed=1)
+    changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    result = suite.runpytest(f"--llm-model={changed_model}", "--llm-golden-artifacts=candidates")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E*assert * == 'something else'",
+                                 "*- Captured llm golden checks that failed too call -*",
+                                 "golden mismatch in 'test_then_asserts': *"])
+    assert (suite.path / "candidates").exists()
 
 
 def test_tiny_weight_noise_is_logit_drift_with_tokens_unchanged(project, tmp_path):
@@ -328,8 +389,8 @@ def test_report_path_must_be_json_or_markdown(suite):
     result.stderr.fnmatch_lines(["*expected a path ending in .json, .md or .html, got 'out.txt'*"])
 
 
-def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_on_request(project):
-    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_on_request(project, run):
+    run("--llm-golden-update", passed=4)
     # Remove one check from a test and a whole test; skip another test.
     source = (project.path / "test_suite.py").read_text()
     source = source.replace('golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")', 'pass')
@@ -338,15 +399,13 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
     project.makepyfile(test_suite=source)
     before = (project.path / GOLDEN).read_bytes()
 
-    partial = project.runpytest("-k", "two_checks")
-    partial.assert_outcomes(passed=1, deselected=2)
+    partial = run("-k", "two_checks", passed=1, deselected=2)
     assert "unused golden" not in partial.stdout.str()
-    not_pruned = project.runpytest("-k", "two_checks", "--llm-golden-prune")
+    not_pruned = run("-k", "two_checks", "--llm-golden-prune")
     not_pruned.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (-k; 2 test(s) deselected)"])
     assert (project.path / GOLDEN).read_bytes() == before
 
-    complete = project.runpytest()
-    complete.assert_outcomes(passed=1, skipped=2)
+    complete = run(passed=1, skipped=2)
     complete.stdout.fnmatch_lines([
         "unused golden in __golden__/test_suite.json: 'test_capital'",
         "unused golden in __golden__/test_suite.json: 'test_two_checks::code'",
@@ -354,7 +413,7 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
     ])
     assert "test_param" not in complete.stdout.str().split("llm goldens")[-1]  # skipped: not exercised
 
-    pruned = project.runpytest("--llm-golden-prune")
+    pruned = run("--llm-golden-prune")
     pruned.stdout.fnmatch_lines(["pruned 2 unused golden(s):", "  __golden__/test_suite.json ['test_capital']",
                                  "  __golden__/test_suite.json ['test_two_checks::code']"])
     assert golden_keys(project) == ["test_param[Count: one,]", "test_param[The cat sat on the]",

@@ -2,17 +2,22 @@
 
 Today there is one backend, transformers (``hf.py``), which reads local folders with safetensors
 weights and ``.gguf`` files; ``builtin:tiny`` is a transformers folder shipped in this package.
+:class:`ModelCache` loads each spec once per process and remembers a failure as well.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.errors import ModelLoadError
-from pytest_llmdeterminism.options import BUILTIN_PREFIX
+from pytest_llmdeterminism import numerics
+from pytest_llmdeterminism.backends import hf
+from pytest_llmdeterminism.backends.hf import worker_cuda_index
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError
+from pytest_llmdeterminism.values import BUILTIN_PREFIX
+
+__all__ = ["BUILTIN_MODELS", "LoadedModel", "ModelCache", "load", "resolve", "worker_cuda_index"]
 
 BUILTIN_MODELS = {"tiny": Path(__file__).parent / "tiny"}
 
@@ -30,15 +35,6 @@ class LoadedModel:
     device: str
     cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
-
-
-def worker_cuda_index(worker_id: str | None, device_count: int) -> int:
-    """The visible CUDA device for a pytest-xdist worker: ``gwK`` takes ``K mod device_count``.
-
-    Indices count visible devices, so ``CUDA_VISIBLE_DEVICES`` is honoured; outside xdist it is 0.
-    """
-    match = re.fullmatch(r"gw(\d+)", worker_id or "")
-    return int(match[1]) % device_count if match and device_count > 0 else 0
 
 
 def resolve(spec: str) -> tuple[str, Path]:
@@ -68,12 +64,38 @@ def resolve(spec: str) -> tuple[str, Path]:
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
     __tracebackhide__ = True
-    from pytest_llmdeterminism import numerics
-    from pytest_llmdeterminism.backends import hf
-
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         numerics.check(cpu_numerics)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer,
                        dtype=dtype, device=device, cpu_numerics=cpu_numerics)
+
+
+class ModelCache:
+    """One load per model, dtype and device in this process. A failed load is kept too, so every
+    test that needs the model fails with the same error, without loading again."""
+
+    def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str) -> None:
+        self._spec = spec
+        self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
+        self._loaded: LoadedModel | LLMDeterminismError | None = None
+
+    def get(self) -> LoadedModel:
+        __tracebackhide__ = True
+        if self._spec is None:
+            raise ConfigurationError(
+                "llm_model", None,
+                "no model configured. Set llm_model in your pytest ini (e.g. llm_model = \"builtin:tiny\" "
+                "or a local folder / .gguf file) or pass --llm-model=PATH",
+            )
+        if self._loaded is None:
+            try:
+                self._loaded = load(self._spec, **self._how)
+            except LLMDeterminismError as error:
+                self._loaded = error
+            except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
+                self._loaded = ModelLoadError(self._spec, f"{type(error).__name__}: {error}")
+        if isinstance(self._loaded, LLMDeterminismError):
+            raise self._loaded.with_traceback(None)  # one error object for many tests: no earlier test's frames
+        return self._loaded

@@ -3,35 +3,26 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import re
 from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.errors import ModelLoadError
 
-_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
-@contextmanager
-def _offline() -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
-    os.environ.update({name: "1" for name in _OFFLINE_VARIABLES})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def worker_cuda_index(worker_id: str | None, device_count: int) -> int:
+    """The visible CUDA device for a pytest-xdist worker: ``gwK`` takes ``K mod device_count``.
+
+    Indices count visible devices, so ``CUDA_VISIBLE_DEVICES`` is honoured; outside xdist it is 0.
+    """
+    match = re.fullmatch(r"gw(\d+)", worker_id or "")
+    return int(match[1]) % device_count if match and device_count > 0 else 0
 
 
 def pick_device(spec: str, device: str) -> str:
     import torch
-
-    from pytest_llmdeterminism.backends import worker_cuda_index
 
     if device == "auto" and not torch.cuda.is_available():
         return "cpu"
@@ -84,11 +75,11 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     progress_bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one model load per session; its progress bar is noise in test output
     try:
-        with _offline():
-            tokenizer = AutoTokenizer.from_pretrained(source, **common)
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=getattr(torch, dtype), use_safetensors=kind != "gguf", **common
-            )
+        # local_files_only keeps loading offline (the hub library reads HF_HUB_OFFLINE only at import).
+        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=getattr(torch, dtype), use_safetensors=kind != "gguf", **common
+        )
     except (OSError, ValueError) as error:
         raise ModelLoadError(spec, f"{type(error).__name__}: {error}") from error
     finally:

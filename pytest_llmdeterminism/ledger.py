@@ -1,0 +1,61 @@
+"""The run's ledger: what every test decided, collected from each test's report.
+
+In a plain run the reports come from this process; under pytest-xdist the controller receives each
+worker's test reports, so one ledger sees the whole run. Nothing here writes a file: the
+end-of-run writer (``writer.py``) reads the ledger.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from pytest_llmdeterminism import store
+from pytest_llmdeterminism.records import CheckRecord, GoldenWrite, TestRecords
+
+FileUpdates = dict[str, dict[str, dict[str, store.Entry]]]  # file -> key -> variant -> entry
+_RANK = {"passed": 0, "skipped": 1, "failed": 2}
+
+
+class Ledger:
+    def __init__(self, partial: Iterable[str] = ()) -> None:
+        self.recorded: FileUpdates = {}  # goldens to write at the end of the run
+        self.candidates: FileUpdates = {}  # missing and failing checks' results, for artifacts
+        self.counts: Counter[str] = Counter()
+        self.notes: list[str] = []
+        self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
+        self.checks: list[CheckRecord] = []  # every golden comparison, for --llm-report
+        self.used: set[tuple[str, str]] = set()  # (golden file, key) some test looked up
+        self.outcomes: dict[str, str] = {}  # node id -> passed / skipped / failed
+        self.partial_reasons: list[str] = []  # why this run did not visit every test
+        self.partial(partial)
+
+    def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
+        """Take one test's records (:meth:`TestOutcomes.to_json`), from this process or a worker."""
+        records = TestRecords.from_payload(payload)
+        _fold(self.recorded, records.records)
+        _fold(self.candidates, records.candidates)
+        self.counts.update(records.counts)
+        self.notes += [note for note in records.notes if note not in self.notes]
+        self.audits += [(nodeid, audit) for audit in records.audits]
+        self.checks += [msgspec.structs.replace(check, test=nodeid, test_duration_s=round(duration, 4))
+                        for check in records.checks]
+        self.used.update(records.used)
+
+    def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
+        """Keep each test's overall outcome: failed beats skipped beats passed."""
+        counts = when == "call" or outcome != "passed"
+        if counts and _RANK[outcome] >= _RANK[self.outcomes.get(nodeid, "passed")]:
+            self.outcomes[nodeid] = outcome
+
+    def partial(self, reasons: Iterable[str]) -> None:
+        """This run did not visit every test (for the given reasons): unused goldens are not judged."""
+        self.partial_reasons += [reason for reason in reasons if reason not in self.partial_reasons]
+
+
+def _fold(into: FileUpdates, rows: Iterable[GoldenWrite]) -> None:
+    for row in rows:
+        into.setdefault(row.path, {}).setdefault(row.key, {})[row.variant] = row.entry

@@ -1,0 +1,69 @@
+"""Small values every layer shares: the batch shape, per-test generation settings, names.
+
+Nothing here imports torch or another module of the package but ``errors``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pytest_llmdeterminism.errors import ConfigurationError
+
+MARKER = "deterministic"
+BUILTIN_PREFIX = "builtin:"
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Beyond these a shape is a typo, not a test: refused at start-up instead of deep inside torch.
+MAX_ROWS = 4096
+MAX_LENGTH = 131_072  # beyond the context of the models this runs on
+MAX_TOKENS = 1 << 22
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if n_bytes < 1000 or unit == "PB":
+            return f"{n_bytes:,.0f} {unit}" if unit == "bytes" else f"{n_bytes:,.1f} {unit}"
+        n_bytes /= 1000
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The one shape ``rows x length`` that every generation runs in."""
+
+    rows: int
+    length: int
+
+    @classmethod
+    def parse(cls, text: str, *, setting: str = "llm_batch_shape") -> BatchShape:
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            raise ConfigurationError(
+                setting, text, "expected 'BxL' (rows x padded prompt length), for example '4x64'"
+            )
+        rows, length = int(match[1]), int(match[2])
+        if rows > MAX_ROWS or length > MAX_LENGTH or rows * length > MAX_TOKENS:
+            limit = (f"B = {rows:,} is above {MAX_ROWS}; " if rows > MAX_ROWS else
+                     f"L = {length:,} is above {MAX_LENGTH:,}; " if length > MAX_LENGTH else "")
+            raise ConfigurationError(
+                setting, text,
+                f"{limit}{rows * length:,} tokens per batch: the input ids and attention mask alone would take "
+                f"{_size(16 * rows * length)}, and attention needs about {_size(4 * rows * length * length)} "
+                f"per layer and head for its fp32 scores. Expected B <= {MAX_ROWS}, L <= {MAX_LENGTH:,} and "
+                f"B x L <= {MAX_TOKENS:,}, for example '4x64'",
+            )
+        return cls(rows, length)
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.length}"
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How one test generates: the options, overridden by its ``@deterministic(...)`` marker."""
+
+    batch_shape: BatchShape
+    max_new_tokens: int
+    seed: int
+    batch_shape_setting: str = "llm_batch_shape"  # where the shape came from, for error messages

@@ -1,0 +1,136 @@
+"""The end of the run: write recorded goldens and candidates, judge unused goldens, prune, write
+reports. It reads the ledger and returns what it did as a :class:`RunOutput`; one bad file never
+stops the rest, and every problem is reported (and fails the run)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_llmdeterminism import report, store
+from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.files import GoldenFiles
+from pytest_llmdeterminism.ledger import FileUpdates, Ledger
+from pytest_llmdeterminism.options import Options
+
+
+@dataclass
+class RunOutput:
+    written: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    unused: dict[str, list[str]] = field(default_factory=dict)  # golden file -> keys no test checked
+    pruned: list[str] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)  # why unused goldens were not judged
+
+
+def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool) -> RunOutput:
+    out = RunOutput()
+    _merge(ledger.recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out)
+    if options.artifacts is not None:
+        # At the golden file's path relative to the rootdir, for review and `llm-golden accept`.
+        folder = options.artifacts
+        _merge(ledger.candidates, lambda path: folder / files.under_root(path), lambda n: f"{n} candidate(s)",
+               files, out)
+    out.partial = ledger.partial_reasons + (["some tests failed"] if failed else [])
+    if not out.partial:
+        out.unused = find_unused(ledger, files)
+        if options.prune:
+            _prune(out, files)
+    _write_reports(ledger, options, files, out)
+    return out
+
+
+def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describe: Callable[[int], str],
+           files: GoldenFiles, out: RunOutput) -> None:
+    for path, updates in sorted(updates_by_file.items()):
+        destination = target(Path(path))
+        try:
+            store.merge(destination, updates)
+        except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+            out.errors.append(f"{files.display(destination)}: {type(error).__name__}: {error}")
+        else:
+            out.written.append(f"{files.display(destination)} ({describe(len(updates))})")
+
+
+def find_unused(ledger: Ledger, files: GoldenFiles) -> dict[str, list[str]]:
+    """After a complete, green run: golden keys no test checked, per golden file."""
+    by_file: dict[Path, dict[str, str]] = {}
+    for nodeid, outcome in ledger.outcomes.items():
+        module, _, test = nodeid.partition("::")
+        if test:
+            by_file.setdefault(files.path_for_nodeid(module), {})[test] = outcome
+    unused = {}
+    for path, tests in sorted(by_file.items()):
+        try:
+            keys = files.read(path).keys()
+        except GoldenFileError:
+            continue  # already reported by the tests that read it
+        found = unused_keys(keys, tests, {key for p, key in ledger.used if Path(p) == path})
+        if found:
+            unused[str(path)] = found
+    return unused
+
+
+def owner(key: str, test_keys: Iterable[str]) -> str | None:
+    """The test a golden key belongs to: ``test``, ``test#2`` and ``test::name`` belong to ``test``."""
+    matches = [t for t in test_keys if key == t or key.startswith((f"{t}#", f"{t}::"))]
+    return max(matches, key=len, default=None)
+
+
+def unused_keys(keys: Iterable[str], tests: Mapping[str, str], used: set[str]) -> list[str]:
+    """Golden keys of a module that a complete run did not check.
+
+    ``tests`` maps each test of the module that ran to its outcome. A key is unused when no test
+    owns it (the test was deleted or renamed), or its test passed without checking it. A key of a
+    skipped or failed test was not exercised: it is never unused.
+    """
+    unused = []
+    for key in keys:
+        if key in used:
+            continue
+        test = owner(key, tests)
+        if test is None or tests[test] == "passed":
+            unused.append(key)
+    return sorted(unused)
+
+
+def _prune(out: RunOutput, files: GoldenFiles) -> None:
+    for path, keys in sorted(out.unused.items()):
+        try:
+            store.remove(Path(path), keys)
+        except (GoldenFileError, OSError) as error:
+            out.errors.append(f"{files.display(Path(path))}: {error}")
+        else:
+            out.pruned += [f"{files.display(Path(path))} [{key!r}]" for key in keys]
+    out.unused = {}
+
+
+def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput) -> None:
+    """``--llm-report`` (JSON, Markdown or HTML), and the Markdown summary for GitHub Actions."""
+    if not ledger.checks and options.report is None:
+        return
+    document = report.run_report(ledger.checks, ledger.audits)
+    markdown = report.run_report_markdown(document)
+    if options.report is not None:
+        suffix = options.report.suffix
+        text = (json.dumps(document, indent=1, sort_keys=True, allow_nan=False) if suffix == ".json"
+                else report.run_report_html(document) if suffix == ".html" else markdown)
+        try:
+            store.write_text_atomic(options.report, text)
+            out.written.append(f"{files.display(options.report)} (report)")
+        except OSError as error:
+            out.errors.append(f"{options.report}: {error}")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary and ledger.checks:
+        with open(step_summary, "a", encoding="utf-8") as handle:
+            handle.write(markdown)
+
+
+def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:
+    out = out or RunOutput(partial=ledger.partial_reasons)
+    return report.summary(dict(ledger.counts), out.written, out.errors, ledger.notes) + \
+        report.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune) + \
+        report.audit_summary(ledger.audits)
