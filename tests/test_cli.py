@@ -1,6 +1,7 @@
 """The `llm-golden` command and CI candidate goldens: show, diff, accept, prune."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -88,21 +89,38 @@ def test_prune_runs_the_suite_with_prune(project):
     assert "test_two_checks::code" not in json.loads((project.path / GOLDEN).read_text())["goldens"]
 
 
-def test_diff_lists_goldens_only_in_cand_as_new_and_exits_1(project, tmp_path):
-    """A missing check's candidate (or a new dtype variant) has nothing in BASE to compare with:
-    it is listed as NEW, and the exit code asks for a review."""
+def test_bf16_candidates_are_paired_with_the_float32_goldens_they_were_checked_against(project, tmp_path):
+    """CI ran in bfloat16 against float32 goldens: each candidate is compared with the variant the
+    plugin's fallback picks and says so; nothing reads NEW or ABSENT, so no change can hide there."""
     bf16 = project.runpytest("--llm-dtype=bfloat16", "--llm-golden-artifacts=artifacts")
     bf16.assert_outcomes(failed=4)
     diff = llm_golden("diff", "__golden__", "artifacts/__golden__", cwd=project.path)
-    assert diff.returncode == 1, diff.stdout
-    new_lines = [line for line in diff.stdout.splitlines() if line.startswith("NEW")]
+    lines = diff.stdout.strip().splitlines()
+    cases, summary = lines[:-1], lines[-1]
     # every check of every test ran and has its candidate, the three of test_two_checks too
-    assert len(new_lines) == 6 and all("['cpu/bfloat16']  (only in CAND" in line for line in new_lines)
-    assert "summary: 6 ABSENT, 6 NEW" in diff.stdout  # the 6 float32 goldens had no candidate
+    assert len(cases) == 6 and all("['cpu/bfloat16'] (vs cpu/float32)  " in line for line in cases), diff.stdout
+    assert not any(line.startswith(("NEW", "ABSENT")) for line in cases)
+    assert all(line.split()[0] in {"IDENTICAL", "LOGIT_DRIFT", "TIE_FLIP"} for line in cases), diff.stdout
+    assert sum(int(n) for n in re.findall(r"(\d+) [A-Z_]+", summary)) == 6
+    assert summary.endswith("; nothing needs review (--fail-on=regression)"), summary
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    # bfloat16 noise is drift: the strictest gate asks for a review of it
+    strict = llm_golden("diff", "__golden__", "artifacts/__golden__", "--fail-on=drift", cwd=project.path)
+    assert strict.returncode == 1 and "case(s) need review (--fail-on=drift)" in strict.stdout
+
+
+def test_diff_lists_goldens_without_any_base_variant_as_new_and_exits_1(project, tmp_path):
+    """A key with no golden at all in BASE (a new test's candidate) has nothing to compare with."""
+    project.runpytest("--llm-dtype=bfloat16", "--llm-golden-artifacts=artifacts").assert_outcomes(failed=4)
     only_new = tmp_path / "only-new"
     (only_new / "sub").mkdir(parents=True)
     (only_new / "sub" / "test_extra.json").write_text((project.path / "artifacts" / GOLDEN).read_text())
     empty = tmp_path / "empty"
     empty.mkdir()
     diff = llm_golden("diff", empty, only_new, cwd=project.path)
-    assert diff.returncode == 1 and "summary: 6 NEW" in diff.stdout, diff.stdout + diff.stderr
+    assert diff.returncode == 1, diff.stdout + diff.stderr
+    assert "summary: 6 NEW; 6 case(s) need review (--fail-on=regression)" in diff.stdout
+    assert "NEW            sub/test_extra.json ['test_capital']['cpu/bfloat16']  (only in CAND" in diff.stdout
+    # The other way round every golden is ABSENT: checks that passed, which never fail the gate.
+    absent = llm_golden("diff", only_new, empty, "--fail-on=drift", cwd=project.path)
+    assert absent.returncode == 0 and "summary: 6 ABSENT; nothing needs review" in absent.stdout

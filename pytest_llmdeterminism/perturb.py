@@ -1,0 +1,107 @@
+"""``llm-golden perturb``: a copy of a safetensors model with relative Gaussian noise on its weights.
+
+The changed model of the README's upgrade walkthrough, and of this project's own tests: every
+floating tensor with more than one element gets ``scale * std(tensor) * N(0, 1)`` added, drawn
+from one seeded generator in file and tensor order, so a seed gives the same copy everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_llmdeterminism.backends import resolve
+from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.values import BUILTIN_PREFIX
+
+
+class PerturbError(LLMDeterminismError):
+    """The copy cannot be made; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Perturbed:
+    """What ``perturb`` wrote: each weights file with (tensors changed, tensors in it), the rest copied."""
+
+    dest: Path
+    weights: tuple[tuple[str, int, int], ...]
+    copied: tuple[str, ...]
+
+
+def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbed:
+    """Write the noisy copy of ``source`` (a folder or ``builtin:NAME``) to ``dest``, all or nothing."""
+    if not math.isfinite(scale) or scale <= 0:
+        raise PerturbError(f"--scale {scale!r}: give a positive relative noise size, e.g. 1e-3 "
+                           "(logit drift on the tiny model) or 0.5 (changed tokens)")
+    kind, folder = _source_folder(source)
+    if kind == "gguf":
+        raise PerturbError(f"{source!r} is a GGUF file: transformers dequantizes GGUF weights when it "
+                           "loads them and cannot save them back as GGUF. Perturb a transformers folder "
+                           "with safetensors weights instead (the model's original checkpoint).")
+    weight_files = sorted(p.relative_to(folder) for p in folder.rglob("*.safetensors"))
+    if not weight_files:
+        raise PerturbError(f"{str(folder)!r} holds no *.safetensors weights; perturb reads only "
+                           "safetensors (pickled checkpoints such as pytorch_model.bin are never loaded)")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise PerturbError(f"{str(dest)!r} already exists and is not an empty folder; perturb never "
+                           "overwrites. Give a new folder, or remove that one first.")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.perturb-"))
+    except OSError as error:
+        why = "a file is in the way" if isinstance(error, FileExistsError) else error.strerror or str(error)
+        raise PerturbError(f"cannot write into {str(dest.parent)!r} ({why}); give a DEST in a folder you "
+                           "can write to") from None
+    try:
+        copy = scratch / "copy"
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+        weights = _write_noisy(folder, copy, weight_files, scale=scale, seed=seed)
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        os.replace(copy, dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*")
+                    if p.is_file() and p.suffix != ".safetensors")
+    return Perturbed(dest, weights, tuple(copied))
+
+
+def _source_folder(source: str) -> tuple[str, Path]:
+    if not source.startswith(BUILTIN_PREFIX) and not Path(source).exists():
+        raise PerturbError(f"SRC {source!r} does not exist: give a transformers model folder with "
+                           f"safetensors weights, or {BUILTIN_PREFIX}tiny")
+    try:
+        return resolve(source)
+    except LLMDeterminismError as error:
+        raise PerturbError(str(error)) from None
+
+
+def _write_noisy(source: Path, dest: Path, files: list[Path], *, scale: float,
+                 seed: int) -> tuple[tuple[str, int, int], ...]:
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    written = []
+    for relative in files:
+        with safe_open(source / relative, framework="pt") as opened:
+            metadata = opened.metadata() or {"format": "pt"}
+        weights = load_file(source / relative)
+        changed = 0
+        for name, tensor in weights.items():
+            if tensor.is_floating_point() and tensor.numel() > 1:
+                # Noise in float32, stored in the tensor's own dtype: a bf16 checkpoint stays bf16.
+                original = tensor.float()
+                noise = torch.randn(tensor.shape, generator=generator)
+                weights[name] = (original + scale * original.std() * noise).to(tensor.dtype)
+                # Counted by result: noise below the dtype's resolution, or a constant tensor, changes nothing.
+                changed += not weights[name].equal(tensor)
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        save_file(weights, dest / relative, metadata=metadata)
+        written.append((str(relative), changed, len(weights)))
+    return tuple(written)
