@@ -46,7 +46,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
                           device="cpu", seed=0, max_new_tokens=max_new_tokens, update=update,
                           cpu_numerics=os.environ.get("LLMDET_BENCH_NUMERICS", "portable"),
                           tolerance=ToleranceSetting({}), golden_fallback=False, audit=None, audit_dtype=None,
-                          report=None, artifacts=None, prune=False, partial=(), rootdir=golden_root,
+                          reports=(), artifacts=None, prune=False, partial=(), rootdir=golden_root,
                           invocation_dir=golden_root)
         return LLMSession(options)
 

@@ -36,3 +36,12 @@ def test_near_tie_prompt(llm_model, golden_tokens):
     result = llm_model.generate("My favourite colour is", max_new_tokens=4)
     assert result.margins[0] < 1.0
     golden_tokens.check(result)
+
+
+@deterministic(max_new_tokens=4)
+def test_chat(llm_model, golden_tokens):
+    # A conversation is rendered with the tokenizer's chat template and tokenised once: the
+    # template's own special tokens are not added a second time.
+    result = llm_model.generate([{"role": "user", "content": "What is the capital of Japan?"}])
+    assert "Tokyo" in result.text
+    golden_tokens.check(result)

@@ -14,7 +14,8 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -105,17 +106,22 @@ class AuditReport:
                    data["unique"], data["repeats"])
 
 
-def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, dtype: str | None = None,
-          **overrides: Any) -> AuditReport:
-    """Re-run ``prompt`` under each source of change; see the module docstring for the rows."""
+def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], *,
+          repeats: int = DEFAULT_REPEATS, dtype: str | None = None, **overrides: Any) -> AuditReport:
+    """Re-run ``prompt`` (a string, a chat conversation or token ids) under each source of change;
+    see the module docstring for the rows."""
     import torch
 
     shape = llm_model.settings.batch_shape
     probe = llm_model.with_settings(keep_logits=True)
+    ids = [int(t) for t in prompt] if _is_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]
+    text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
 
-    def run(view: LLMModel, prompts: Sequence[str], row: int, **extra: Any) -> tuple[Generation, list[Any]]:
-        results = view.generate(list(prompts), **{**overrides, **extra})
+    def run(view: LLMModel, batch: Sequence[list[int]], row: int, **extra: Any) -> tuple[Generation, list[Any]]:
+        results = view.generate(token_ids=list(batch), **{**overrides, **extra})
         return results[row], view.last_logits[row]
+
+    prompt = ids  # every run below feeds exactly these ids
 
     runs = [run(probe, [prompt], 0) for _ in range(max(repeats, 1))]
     base = runs[0]
@@ -123,7 +129,7 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
     rows = [_row("repeat", f"{unique} unique of {len(runs)}", base,
                  max(runs[1:], key=lambda r: _difference(base, r)[2], default=base))]
 
-    companions = _fitting(llm_model, COMPANIONS, shape.length)[: shape.rows - 1]
+    companions = [llm_model.encode(c) for c in _fitting(llm_model, COMPANIONS, shape.length)[: shape.rows - 1]]
     if companions:
         rows.append(_row("batch", f"{len(companions)} companion(s), row {len(companions)}", base,
                          run(probe, [*companions, prompt], len(companions))))
@@ -149,7 +155,7 @@ def audit(llm_model: LLMModel, prompt: str, *, repeats: int = DEFAULT_REPEATS, d
     if dtype is not None:
         rows.append(_row("dtype", f"{llm_model.fingerprint['dtype']} -> {dtype}", base,
                          run(llm_model.in_dtype(dtype, keep_logits=True), [prompt], 0)))
-    return AuditReport(prompt, str(shape), tuple(rows), unique, len(runs))
+    return AuditReport(text, str(shape), tuple(rows), unique, len(runs))
 
 
 def _row(source: str, change: str, base: tuple[Generation, list[Any]],
@@ -170,6 +176,11 @@ def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]
     return first is not None, first, delta
 
 
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[str]:
     """The prompts that fit a shape of ``length``: one position always stays padding."""
     return [p for p in prompts if 0 < len(llm_model.tokenizer(p)["input_ids"]) < length]
@@ -184,7 +195,8 @@ def after_generate_hook(repeats: int, dtype: str | None,
     def after_generate(llm: LLMModel, results: list[Generation], overrides: dict[str, Any]) -> None:
         __tracebackhide__ = True
         for result in results:
-            found = audit(llm, result.prompt, repeats=repeats, dtype=dtype, **overrides)
+            found = audit(llm, list(result.prompt_token_ids), repeats=repeats, dtype=dtype, **overrides)
+            found = dataclasses.replace(found, prompt=result.prompt)  # as the test wrote it
             record(found.to_json())
             if found.nondeterministic:
                 raise NondeterminismError(found)

@@ -153,6 +153,7 @@ class Generation:
     batch_shape: str
     pieces: tuple[str, ...] = ()
     fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    prompt_form: str = "text"  # "text", "chat" (prompt is the rendered conversation) or "token_ids"
 
     def __post_init__(self) -> None:
         steps = len(self.token_ids)

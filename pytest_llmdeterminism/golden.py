@@ -55,6 +55,8 @@ class GoldenTokens:
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
         caller = sys._getframe(1)
+        while caller.f_back is not None and caller.f_locals.get("__tracebackhide__"):
+            caller = caller.f_back  # a helper that hides itself: point at the line that called it
         site: Site = (caller, caller.f_lasti, caller.f_lineno)
         key = self._key(name)
         self._outcomes.used(self._path, key)
@@ -102,9 +104,14 @@ class GoldenTokens:
                                changed=diff(expected.fingerprint, generation.fingerprint),
                                numerics_changed=[name for name, _, _ in environment],
                                expected=expected, actual=generation)
+        if variant != generation.variant:
+            # Judged against another variant: this run's own variant is still missing, so the
+            # reviewer gets it as a candidate, passing or not.
+            self._outcomes.candidate(self._path, key, generation)
         if passed:
             return comparison
-        self._outcomes.candidate(self._path, key, generation)
+        if variant == generation.variant:
+            self._outcomes.candidate(self._path, key, generation)
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype), across=across)

@@ -22,7 +22,7 @@ _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 class Ledger:
     def __init__(self, partial: Iterable[str] = ()) -> None:
-        self.recorded: FileUpdates = {}  # goldens to write at the end of the run
+        self.recorded: dict[str, list[GoldenWrite]] = {}  # node id -> goldens its checks recorded
         self.candidates: FileUpdates = {}  # missing and failing checks' results, for artifacts
         self.counts: Counter[str] = Counter()
         self.notes: list[str] = []
@@ -36,8 +36,8 @@ class Ledger:
     def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
         """Take one test's records (:meth:`TestOutcomes.to_json`), from this process or a worker."""
         records = TestRecords.from_payload(payload)
-        _fold(self.recorded, records.records)
-        _fold(self.candidates, records.candidates)
+        self.recorded.setdefault(nodeid, []).extend(records.records)
+        fold(self.candidates, records.candidates)
         self.counts.update(records.counts)
         self.notes += [note for note in records.notes if note not in self.notes]
         self.audits += [(nodeid, audit) for audit in records.audits]
@@ -51,11 +51,23 @@ class Ledger:
         if counts and _RANK[outcome] >= _RANK[self.outcomes.get(nodeid, "passed")]:
             self.outcomes[nodeid] = outcome
 
+    def goldens_to_write(self) -> tuple[FileUpdates, list[str]]:
+        """The recorded goldens of tests that passed, and the ids of failed or skipped tests whose
+        recorded goldens are held back: a test that fails after recording must not freeze its output."""
+        keep: FileUpdates = {}
+        held = []
+        for nodeid, rows in self.recorded.items():
+            if self.outcomes.get(nodeid, "passed") == "passed":
+                fold(keep, rows)
+            elif rows:
+                held.append(nodeid)
+        return keep, held
+
     def partial(self, reasons: Iterable[str]) -> None:
         """This run did not visit every test (for the given reasons): unused goldens are not judged."""
         self.partial_reasons += [reason for reason in reasons if reason not in self.partial_reasons]
 
 
-def _fold(into: FileUpdates, rows: Iterable[GoldenWrite]) -> None:
+def fold(into: FileUpdates, rows: Iterable[GoldenWrite]) -> None:
     for row in rows:
         into.setdefault(row.path, {}).setdefault(row.key, {})[row.variant] = row.entry

@@ -9,7 +9,7 @@ changes a result.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import StepCapture
@@ -82,40 +82,99 @@ class LLMModel:
         return fingerprint(self._loaded)
 
     @overload
-    def generate(self, prompt: str, **overrides: Any) -> Generation: ...
+    def generate(self, prompt: str | Conversation, **overrides: Any) -> Generation: ...
 
     @overload
-    def generate(self, prompt: Sequence[str], **overrides: Any) -> list[Generation]: ...
+    def generate(self, prompt: Sequence[str | Conversation], **overrides: Any) -> list[Generation]: ...
 
-    def generate(self, prompt: str | Sequence[str], **overrides: Any) -> Generation | list[Generation]:
-        """Greedy continuation of ``prompt`` (or of each prompt in a list).
+    @overload
+    def generate(self, *, token_ids: Sequence[int], **overrides: Any) -> Generation: ...
 
+    @overload
+    def generate(self, *, token_ids: Sequence[Sequence[int]], **overrides: Any) -> list[Generation]: ...
+
+    def generate(self, prompt: Any = None, *, token_ids: Any = None, **overrides: Any) -> Generation | list[Generation]:
+        """Greedy continuation of one input, or of each input in a list.
+
+        An input is a prompt string (tokenised with the tokenizer's special tokens), a chat
+        conversation (a list of ``{"role": ..., "content": ...}`` dicts, rendered with the
+        tokenizer's chat template and ``add_generation_prompt=True``, tokenised once without adding
+        special tokens again), or, with ``token_ids=``, the token ids themselves.
         ``overrides`` may set ``max_new_tokens``, ``min_new_tokens``, ``repetition_penalty``,
         ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``; sampling arguments are refused.
         """
         __tracebackhide__ = True
-        prompts = [prompt] if isinstance(prompt, str) else prompt
-        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
-            raise TypeError(f"llm_model.generate() takes a prompt string or a list of them, got {prompt!r}")
+        inputs, single = self._inputs(prompt, token_ids)
         config = resolve_generation_config(
             overrides,
             max_new_tokens=self.settings.max_new_tokens,
             eos_token_ids=self._eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
         )
-        prompts = list(prompts)
-        encoded = [self._encode(p) for p in prompts]
         if self._verify:
-            self._verify_batch_invariance(prompts[0], encoded[0])
+            self._verify_batch_invariance(inputs[0][0], inputs[0][1])
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
         self.last_logits = []
-        for start in range(0, len(prompts), rows):
-            chunk = list(zip(prompts[start:start + rows], encoded[start:start + rows]))
+        for start in range(0, len(inputs), rows):
+            chunk = [(text, ids) for text, ids, _ in inputs[start:start + rows]]
             results += self._generate_chunk(chunk, config)
+        results = [result if form == "text" else dataclasses.replace(result, prompt_form=form)
+                   for result, (_, _, form) in zip(results, inputs)]
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
-        return results[0] if isinstance(prompt, str) else results
+        return results[0] if single else results
+
+    def encode(self, prompt: str | Conversation) -> list[int]:
+        """The token ids ``generate`` runs for a prompt string or a chat conversation."""
+        __tracebackhide__ = True
+        return self._input(prompt)[1]
+
+    def _inputs(self, prompt: Any, token_ids: Any) -> tuple[list[tuple[str, list[int], str]], bool]:
+        """``(text, ids, form)`` per input, and whether one input (not a list) was given."""
+        __tracebackhide__ = True
+        if (prompt is None) == (token_ids is None):
+            raise TypeError("llm_model.generate() takes a prompt (a string, a chat conversation, or a list of "
+                            "them) or token_ids=[...], exactly one of the two")
+        if token_ids is not None:
+            single = isinstance(token_ids, (list, tuple)) and bool(token_ids) and \
+                all(isinstance(t, int) for t in token_ids)
+            rows = [token_ids] if single else token_ids
+            if not isinstance(rows, (list, tuple)) or not rows:
+                raise TypeError(f"llm_model.generate(token_ids=...) takes a list of token ids or a list of such "
+                                f"lists, got {token_ids!r}")
+            return [self._from_ids(row) for row in rows], single
+        if isinstance(prompt, str) or _is_conversation(prompt):
+            return [self._input(prompt)], True
+        if isinstance(prompt, (list, tuple)) and prompt:
+            return [self._input(item) for item in prompt], False
+        raise TypeError(f"llm_model.generate() takes a prompt string, a chat conversation (a list of "
+                        f"{{'role': ..., 'content': ...}} dicts) or a list of them, got {prompt!r}")
+
+    def _input(self, prompt: Any) -> tuple[str, list[int], str]:
+        __tracebackhide__ = True
+        if isinstance(prompt, str):
+            return prompt, self._checked(prompt, list(self.tokenizer(prompt)["input_ids"])), "text"
+        if not _is_conversation(prompt):
+            raise TypeError(f"llm_model.generate() takes prompt strings or chat conversations (lists of "
+                            f"{{'role': ..., 'content': ...}} dicts), got {prompt!r}")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigurationError("llm_model.generate(conversation)", prompt[0],
+                                     f"the tokenizer of {self._loaded.spec} has no chat template; pass the "
+                                     "prompt as a string, or its token ids with token_ids=[...]")
+        text = str(self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
+        # The template already wrote the special tokens it wants (a BOS, say): add none a second time.
+        return text, self._checked(text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"])), "chat"
+
+    def _from_ids(self, row: Any) -> tuple[str, list[int], str]:
+        __tracebackhide__ = True
+        vocab = len(self.tokenizer)
+        if not isinstance(row, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                         and 0 <= t < vocab for t in row):
+            raise ConfigurationError("llm_model.generate(token_ids=...)", row,
+                                     f"expected a list of token ids between 0 and {vocab - 1}")
+        text = str(self.tokenizer.decode(list(row)))
+        return text, self._checked(text, list(row)), "token_ids"
 
     def _verify_batch_invariance(self, prompt: str, ids: list[int]) -> None:
         """Once per loaded model and shape: does a prompt give the same bits at the first and the last
@@ -179,9 +238,8 @@ class LLMModel:
         ids = [eos] if isinstance(eos, int) else list(eos or [])
         return ids
 
-    def _encode(self, prompt: str) -> list[int]:
+    def _checked(self, prompt: str, ids: list[int]) -> list[int]:
         __tracebackhide__ = True
-        ids = list(self.tokenizer(prompt)["input_ids"])
         if not ids:
             raise ConfigurationError("llm_model.generate(prompt)", prompt,
                                      "encodes to no tokens; give the model something to continue")
@@ -271,3 +329,11 @@ def _companions(ids: list[int], length: int, count: int, vocab_size: int) -> lis
         size = 1 + (index + 1) * max(length - 2, 0) // (count + 1)
         sequences.append([(ids[j % len(ids)] + 7 * (index + 1) + j) % vocab_size for j in range(size)])
     return sequences
+
+
+Conversation = Sequence[Mapping[str, Any]]  # chat messages: {"role": ..., "content": ...}
+
+
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and "content" in m for m in value)

@@ -7,6 +7,7 @@ error that names the setting and shows a valid example.
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import os
 import re
@@ -43,7 +44,7 @@ class Options:
     golden_fallback: bool
     audit: int | None  # repeats per audited generation, or None when --llm-audit is off
     audit_dtype: str | None
-    report: Path | None
+    reports: tuple[Path, ...]  # --llm-report, each .json, .md or .html
     artifacts: Path | None
     prune: bool
     partial: tuple[str, ...]  # why this run does not see every test (then unused goldens are not judged)
@@ -70,7 +71,7 @@ SETTINGS = (
              DEFAULT_BATCH_SHAPE),
     _Setting("llm_dtype", "--llm-dtype", f"model dtype, one of {', '.join(DTYPES)} (default float32)",
              "float32"),
-    _Setting("llm_device", "--llm-device", "torch device: auto, cpu, cuda or cuda:N (default auto)",
+    _Setting("llm_device", "--llm-device", "torch device: auto, cpu, mps, cuda or cuda:N (default auto)",
              "auto"),
     _Setting("llm_seed", "--llm-seed", f"seed set before every deterministic test (default {DEFAULT_SEED})",
              str(DEFAULT_SEED)),
@@ -112,8 +113,18 @@ def _report_path(value: str) -> str:
     raise argparse.ArgumentTypeError(f"expected a path ending in .json, .md or .html, got {value!r}")
 
 
+FLAGS: list[str] = []  # every --llm-* option, filled by register()
+
+
 def register(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmdeterminism", "LLM output regression testing (pytest-llmdeterminism)")
+    original = group.addoption
+
+    def addoption(*names: str, **attrs: object) -> None:
+        FLAGS.extend(name for name in names if name not in FLAGS)
+        original(*names, **attrs)
+
+    group.addoption = addoption  # type: ignore[method-assign]
     for setting in SETTINGS:
         group.addoption(setting.flag, dest=setting.ini, default=None, help=setting.help)
         parser.addini(setting.ini, setting.help, default=setting.default)
@@ -123,8 +134,9 @@ def register(parser: pytest.Parser) -> None:
         help="record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
     )
     group.addoption(
-        "--llm-report", dest="llm_report", default=None, metavar="PATH", type=_report_path,
-        help="write a report of every golden check: .json (machine-readable) or .md (pull-request comment)",
+        "--llm-report", dest="llm_report", action="append", default=[], metavar="PATH", type=_report_path,
+        help="write a report of every golden check: .json (machine-readable), .md (pull-request comment) or "
+             ".html (for reviewers); repeat the option for several",
     )
     group.addoption(
         "--llm-golden-artifacts", dest="llm_golden_artifacts", default=None, metavar="DIR",
@@ -199,13 +211,39 @@ def read(config: pytest.Config) -> Options:
         artifacts=Path(config.invocation_params.dir, config.getoption("llm_golden_artifacts"))
         if config.getoption("llm_golden_artifacts") else None,
         partial=partial_run_reasons(config),
-        report=Path(config.invocation_params.dir, config.getoption("llm_report"))
-        if config.getoption("llm_report") else None,
+        reports=_reports(config.getoption("llm_report"), Path(config.invocation_params.dir)),
         rootdir=rootdir,
         invocation_dir=Path(config.invocation_params.dir),
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
                            if config.getoption(s.ini) is not None),
     )
+
+
+def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
+    paths = tuple(dict.fromkeys((base / path).resolve() for path in given))
+    suffixes = [path.suffix for path in paths]
+    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
+    if twice:
+        raise ConfigurationError("--llm-report", given, f"two {twice[0]} reports; give one path per format "
+                                 "(.json, .md, .html), e.g. --llm-report=llm.json --llm-report=llm.html")
+    return paths
+
+
+def check_names(args: list[str], ini: dict[str, str]) -> None:
+    """Misspelled ``--llm-*`` options and ``llm_*`` ini keys stop the run once, naming the closest
+    real one (pytest alone would warn about the ini key and fail every test with "no model")."""
+    known_ini = [setting.ini for setting in SETTINGS]
+    for key, raw in ini.items():
+        close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
+        if key not in known_ini and (key.startswith("llm") or close):
+            hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
+            raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
+    for arg in args:
+        flag, _, raw = arg.partition("=")
+        if flag.startswith("--llm") and flag not in FLAGS:
+            close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else "see pytest --help for the --llm-* options"
+            raise ConfigurationError(flag, raw or None, f"no such option; {hint}")
 
 
 def early_cpu_numerics(early_config: pytest.Config) -> str:

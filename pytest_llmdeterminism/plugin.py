@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -40,17 +41,29 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.stash[_SET_CUBLAS] = not was_set
     if warning:
         early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
-    # ATen and MKL pick their CPU kernels when torch first computes: pin them before any conftest can.
     try:
+        options.check_names([str(arg) for arg in early_config.invocation_params.args], _ini_values(early_config))
+        # ATen and MKL pick their CPU kernels when torch first computes: pin them before any conftest can.
         early_config.stash[_REPLACED_ENVIRONMENT] = numerics.pin(options.early_cpu_numerics(early_config))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
 
 
+def _ini_values(config: pytest.Config) -> dict[str, str]:
+    """The ini file's keys and raw values (pytest 9 deprecates the public ``inicfg``; its private twin
+    holds the same mapping)."""
+    raw = getattr(config, "_inicfg", None)
+    if raw is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raw = config.inicfg
+    return {str(key): str(getattr(value, "value", value)) for key, value in raw.items()}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     try:
-        session = LLMSession(options.read(config))
+        session = LLMSession(options.read(config), announce=_terminal_line(config))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
@@ -61,6 +74,20 @@ def pytest_configure(config: pytest.Config) -> None:
     warning = determinism.cuda_started_without_workspace_config()
     if warning:
         config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
+
+
+def _terminal_line(config: pytest.Config) -> Any:
+    """Writes a line to the terminal, past output capture (nothing on an xdist worker)."""
+
+    def write(line: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or hasattr(config, "workerinput"):
+            return
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            reporter.write_line(line)
+
+    return write
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -82,12 +109,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     seeded = determinism.deterministic_state(llm.settings(item).generation.seed) \
         if item.get_closest_marker(MARKER) else contextlib.nullcontext()
     outcomes = llm.outcomes(item)
+    outcomes.clear_failures()  # a rerun of the item starts clean
     outcomes.deferring = True  # a failing golden check lets the test go on: every check is judged
     try:
         with seeded:
             result = yield
+    except pytest.skip.Exception:
+        outcomes.raise_failures()  # a skip after a failing check must not hide it
+        raise
     except BaseException:
-        waiting = outcomes.failure_text()
+        waiting = outcomes.clear_failures()
         if waiting:
             item.add_report_section("call", "llm golden checks that failed too", waiting)
         raise

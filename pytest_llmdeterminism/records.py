@@ -44,7 +44,9 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     test: str = ""  # node id, set when the run collects the test's records
     test_duration_s: float = 0.0
     name: str  # golden key
-    variant: str
+    variant: str  # the golden variant compared with
+    run_variant: str = ""  # this run's variant, when another one was compared (--llm-golden-fallback)
+    prompt: str = ""  # as the model saw it (a chat conversation rendered with its template)
     verdict: str
     passed: bool
     profile: str = ""
@@ -133,8 +135,11 @@ class TestOutcomes:
         verdict = comparison.verdict.value
         self.count(verdict if passed else f"{verdict} (failed)")
         divergence = comparison.divergence
+        run_variant = actual.variant if actual is not None and actual.variant != variant else ""
+        shown = actual or expected
         self.data.checks.append(CheckRecord(
-            name=key, variant=variant, verdict=verdict, passed=passed, profile=profile,
+            name=key, variant=variant, run_variant=run_variant, verdict=verdict, passed=passed, profile=profile,
+            prompt=shown.prompt if shown is not None else "",
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
             max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
@@ -153,9 +158,11 @@ class TestOutcomes:
         self._failures.append((error, site))
         self._accept = accept
 
-    def failure_text(self) -> str:
-        """Every failure still waiting, as one text (for a test whose body raised something else)."""
-        return "\n\n".join(str(error) for error, _ in self._failures)
+    def clear_failures(self) -> str:
+        """Drop the waiting failures (and the frames they hold); returns them as one text, for a
+        test whose body raised something else."""
+        failures, self._failures = self._failures, []
+        return "\n\n".join(str(error) for error, _ in failures)
 
     def raise_failures(self) -> None:
         """Raise the waiting failures as one error; its traceback points at the first failing check."""

@@ -105,10 +105,24 @@ def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: 
         shown = ", ".join(map(str, ids[start:first + 6]))
         return f"[{'…, ' if start else ''}{shown}{', …' if len(ids) > first + 6 else ''}]"
 
-    lines = [f"    prompt: {_short(expected.prompt, 80)} -> {_short(actual.prompt, 80)}"]
+    old_text, new_text = _differing_window(expected.prompt, actual.prompt)
+    forms = "" if expected.prompt_form == actual.prompt_form else f" ({expected.prompt_form} -> {actual.prompt_form})"
+    lines = [f"    prompt{forms}: {old_text} -> {new_text}"]
     lines.append(f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
                  f"{window(old)} -> {window(new)}")
     return lines
+
+
+def _differing_window(old: str, new: str, before: int = 30, after: int = 50) -> tuple[str, str]:
+    """Both texts around their first differing character (a rendered chat prompt is long; the
+    change may sit anywhere in it)."""
+    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    start = max(0, first - before)
+
+    def window(text: str) -> str:
+        return ("…" if start else "") + repr(text[start:first + after]) + ("…" if len(text) > first + after else "")
+
+    return window(old), window(new)
 
 
 def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None) -> Decode:
@@ -220,7 +234,7 @@ def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial:
 
 
 def summary(counts: dict[str, int], written: Sequence[str], errors: Iterable[str],
-            notes: Sequence[str] = ()) -> list[str]:
+            notes: Sequence[str] = (), held_back: Sequence[str] = ()) -> list[str]:
     """Terminal summary lines: checks per outcome, files written, write problems, notes."""
     if not counts and not written:
         return []
@@ -229,6 +243,10 @@ def summary(counts: dict[str, int], written: Sequence[str], errors: Iterable[str
     lines += list(notes)
     lines += [f"wrote {path}" for path in written]
     lines += [f"NOT written: {problem}" for problem in errors]
+    if held_back:
+        lines.append(f"NOT recorded: the goldens of {len(held_back)} test(s) that recorded, then failed or were "
+                     "skipped (a golden is kept only when its test passes); fix them, then record again:")
+        lines += [f"  {nodeid}" for nodeid in held_back]
     return lines
 
 
@@ -323,6 +341,11 @@ table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ee
 """
 
 
+def _visible(text: str) -> str:
+    """Whitespace a reader can see: a token that is a space or a new line is not an empty box."""
+    return text.replace(" ", "·").replace("\t", "→").replace("\n", "↵")
+
+
 def run_report_html(document: dict[str, Any]) -> str:
     """A self-contained page: per check, both continuations token by token, the divergent token
     highlighted, and a bar under each token for the model's margin at that step."""
@@ -342,20 +365,26 @@ def run_report_html(document: dict[str, Any]) -> str:
                 tie = margin < check.get("tie_margin", 0.0)  # the comparator's near-tie margin for this check
                 classes = "tok" + (" div" if index == step else "") + (" tie" if tie else "")
                 tokens.append(f'<span class="{classes}" title="step {index}, id {token}, margin {margin:.3g}">'
-                              f'{html.escape(piece)}<span class="bar" style="width:{width}px"></span></span>')
+                              f'{html.escape(_visible(piece))}<span class="bar" style="width:{width}px"></span></span>')
             if tokens:
                 lines.append(f'<div class="tokens"><span class="label">{side}</span>{"".join(tokens)}</div>')
+        variant = (f"{check['run_variant']} run, compared with {check['variant']}" if check.get("run_variant")
+                   else check["variant"])
+        prompt = (f'<div class="tokens"><span class="label">prompt</span><span class="prompt">'
+                  f'{html.escape(_visible(check["prompt"]))}</span></div>' if check.get("prompt") else "")
         changed = "; ".join(f"{html.escape(k)}: {html.escape(str(v[0]))} → {html.escape(str(v[1]))}"
                             for k, v in check["changed_fingerprint"].items())
+        drift = check["verdict"] == "LOGIT_DRIFT" or check["max_logprob_delta"]
         detail = [f"profile {html.escape(check['profile'])}" if check["profile"] else "",
+                  f"max |Δlogprob| in top-k {_delta(check['max_logprob_delta'])}" if drift else "",
                   f"first divergence at step {check['first_divergence']}" if check["first_divergence"] is not None else "",
                   f"golden margin {check['golden_margin']:.3g}" if check["golden_margin"] is not None else "",
                   f"changed: {changed}" if changed else ""]
         sections.append(
             f'<section class="{status}"><div><span class="verdict">{html.escape(check["verdict"])}</span> '
             f'<code>{html.escape(check["test"])}</code> — <code>{html.escape(check["name"])}</code> '
-            f'[{html.escape(check["variant"])}]</div><div class="label" style="width:auto">'
-            f'{" · ".join(d for d in detail if d)}</div>{"".join(lines)}</section>')
+            f'[{html.escape(variant)}]</div><div class="label" style="width:auto">'
+            f'{" · ".join(d for d in detail if d)}</div>{prompt}{"".join(lines)}</section>')
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks</title>'
             f"<style>{_HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>"
             f"<p>{summary['checks']} checks, {summary['failed']} failed. Bars under tokens show the model's "

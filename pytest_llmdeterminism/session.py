@@ -22,6 +22,8 @@ from pytest_llmdeterminism.options import Options
 from pytest_llmdeterminism.records import TestOutcomes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_llmdeterminism.golden import GoldenTokens
     from pytest_llmdeterminism.model import LLMModel
     from pytest_llmdeterminism.settings import ItemSettings
@@ -30,10 +32,10 @@ _OUTCOMES = pytest.StashKey[TestOutcomes]()
 
 
 class LLMSession:
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, announce: Callable[[str], None] | None = None) -> None:
         self.options = options
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
-                                 cpu_numerics=options.cpu_numerics)
+                                 cpu_numerics=options.cpu_numerics, announce=announce)
         self.files = GoldenFiles(options.golden_dir, options.rootdir, options.invocation_dir)
         self.ledger = Ledger(options.partial)
         self.output: writer.RunOutput | None = None
@@ -83,9 +85,12 @@ class LLMSession:
         options = self.options
         if options.model is None:
             return []
+        tolerance = (options.tolerance.describe() if options.tolerance.by_device else
+                     "exact (near_tie across environments)")
         return [
-            (f"llm: model {options.model}, batch shape {options.batch_shape}, {options.dtype} on "
-             f"{options.device}, seed {options.seed}"),
+            (f"llm: model={options.model} shape={options.batch_shape} dtype={options.dtype} "
+             f"device={options.device} seed={options.seed} max_new_tokens={options.max_new_tokens} "
+             f"tolerance={tolerance}"),
             (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
              "generation of each shape"),
         ]

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from json.encoder import encode_basestring
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -77,6 +77,7 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     steps: list[Step]
     text: str
     fingerprint: dict[str, FingerprintValue]
+    prompt_form: Literal["text", "chat", "token_ids"] = "text"  # written only when not "text"
 
 
 class _Document(msgspec.Struct, forbid_unknown_fields=True):
@@ -124,6 +125,7 @@ def to_entry(generation: Generation) -> dict[str, Any]:
         "prompt_token_ids": list(generation.prompt_token_ids),
         "steps": steps,
         "text": generation.text,
+        **({"prompt_form": generation.prompt_form} if generation.prompt_form != "text" else {}),
     }
 
 
@@ -152,6 +154,7 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
         batch_shape=entry.batch_shape,
         pieces=tuple(s.piece for s in steps),
         fingerprint=entry.fingerprint,
+        prompt_form=entry.prompt_form,
     )
 
 
@@ -376,6 +379,7 @@ def _entry_text(entry: Entry) -> str:
         f'"finish_reason": {encode_basestring(entry.finish_reason)}',
         f'"generation_config": {_format(entry.generation_config, 4)}',
         f'"prompt": {encode_basestring(entry.prompt)}',
+        *([f'"prompt_form": {encode_basestring(entry.prompt_form)}'] if entry.prompt_form != "text" else []),
         f'"prompt_token_ids": [{", ".join(map(str, entry.prompt_token_ids))}]',
         f'"steps": [\n{steps}\n{inner}]' if entry.steps else '"steps": []',
         f'"text": {encode_basestring(entry.text)}',

@@ -2,6 +2,7 @@
 
     {"id": "capital-fr", "prompt": "The capital of France is", "max_new_tokens": 8}
     {"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}
+    {"id": "chat", "messages": [{"role": "user", "content": "What is the capital of Peru?"}]}
 
 Each item is a test function of its own, ``@deterministic(max_new_tokens=..., tolerance=...)`` from
 its line, that takes the ``llm_model`` and ``golden_tokens`` fixtures like any test (so
@@ -15,6 +16,7 @@ companions.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.model import LLMModel
 
 SUFFIX = ".llm.jsonl"
-_FIELDS = {"id", "prompt", "max_new_tokens", "tolerance"}
+_FIELDS = {"id", "prompt", "messages", "max_new_tokens", "tolerance"}
 
 
 def is_suite(path: Path) -> bool:
@@ -47,7 +49,13 @@ def check_prompt(request: pytest.FixtureRequest, llm_model: LLMModel, golden_tok
     golden_tokens.check(item.parent.result_for(item, llm_model))
 
 
-class PromptSuite(pytest.File):
+class PromptSuite(pytest.Module):
+    """A ``.llm.jsonl`` file as a module of tests (so module-scoped fixtures and ``request.module``
+    work for its items); its module object is an empty stand-in, nothing is imported."""
+
+    def _getobj(self) -> types.ModuleType:
+        return types.ModuleType(self.path.stem.replace(".", "_"))
+
     def collect(self) -> Iterator[PromptItem]:
         self._results: dict[str, Generation] = {}
         seen: set[str] = set()
@@ -65,7 +73,8 @@ class PromptSuite(pytest.File):
         generation of its own test); otherwise the item's whole chunk runs on first need."""
         overrides = {"max_new_tokens": item.budget} if item.budget is not None else {}
         if llm_model.audited:
-            return llm_model.generate(str(item.case["prompt"]), **overrides)
+            alone: Generation = llm_model.generate(item.prompt, **overrides)
+            return alone
         if item.name not in self._results:
             peers = sorted((i for i in self.session.items
                             if isinstance(i, PromptItem) and i.parent is self and i.budget == item.budget),
@@ -73,7 +82,7 @@ class PromptSuite(pytest.File):
             rows = llm_model.settings.batch_shape.rows
             start = peers.index(item) // rows * rows
             chunk = peers[start:start + rows]
-            for peer, generated in zip(chunk, llm_model.generate([p.case["prompt"] for p in chunk], **overrides)):
+            for peer, generated in zip(chunk, llm_model.generate([p.prompt for p in chunk], **overrides)):
                 self._results[peer.name] = generated
         return self._results.pop(item.name)
 
@@ -84,6 +93,7 @@ class PromptItem(pytest.Function):
         self.case = case
         self.line = line
         self.budget: int | None = case.get("max_new_tokens")
+        self.prompt: Any = case["prompt"] if "prompt" in case else case["messages"]  # a string or a conversation
         self.add_marker(getattr(pytest.mark, MARKER)(**{k: case[k] for k in ("max_new_tokens", "tolerance")
                                                          if k in case}))
 
@@ -93,7 +103,7 @@ class PromptItem(pytest.Function):
     def repr_failure(self, excinfo: ExceptionInfo[BaseException]) -> str | TerminalRepr:  # type: ignore[override]
         # The plugin's own errors are complete messages; a traceback into this module adds nothing.
         if isinstance(excinfo.value, LLMDeterminismError):
-            return f"{self.path.name}:{self.line} {self.name}\n{excinfo.value}"
+            return str(excinfo.value)
         return super().repr_failure(excinfo)
 
 
@@ -103,9 +113,17 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
         case = json.loads(line)
     except json.JSONDecodeError as error:
         raise ConfigurationError(where, line[:60], f"not valid JSON ({error})") from None
-    if not isinstance(case, dict) or not isinstance(case.get("id"), str) or not isinstance(case.get("prompt"), str):
-        raise ConfigurationError(where, line[:60], 'expected an object with string "id" and "prompt", e.g. '
-                                 '{"id": "capital", "prompt": "The capital of France is"}')
+    if not isinstance(case, dict) or not isinstance(case.get("id"), str) or \
+            ("prompt" in case) == ("messages" in case) or not isinstance(case.get("prompt", ""), str):
+        raise ConfigurationError(where, line[:60], 'expected an object with string "id" and either a string '
+                                 '"prompt" or chat "messages", e.g. {"id": "capital", "prompt": "The capital of '
+                                 'France is"} or {"id": "chat", "messages": [{"role": "user", "content": "Hi"}]}')
+    messages = case.get("messages")
+    if messages is not None and not (isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
+            for m in messages)):
+        raise ConfigurationError(where, messages, 'expected "messages" as a list of {"role": ..., "content": ...} '
+                                 'objects with string values')
     unknown = set(case) - _FIELDS
     if unknown:
         raise ConfigurationError(where, sorted(unknown), f"unknown field(s); accepted: {', '.join(sorted(_FIELDS))}")

@@ -76,6 +76,10 @@ class ToleranceSetting:
 
     by_device: Mapping[str | None, Profile]
 
+    def describe(self) -> str:
+        return ", ".join(f"{device or '*'}: {profile}" if len(self.by_device) > 1 or device else str(profile)
+                         for device, profile in self.by_device.items())
+
     def explicit_for(self, device_class: str) -> Profile | None:
         """The profile the user set for this device class, or None."""
         return self.by_device.get(device_class, self.by_device.get(None))

@@ -24,11 +24,13 @@ class RunOutput:
     unused: dict[str, list[str]] = field(default_factory=dict)  # golden file -> keys no test checked
     pruned: list[str] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)  # why unused goldens were not judged
+    held_back: list[str] = field(default_factory=list)  # tests whose recorded goldens were not written
 
 
 def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool) -> RunOutput:
     out = RunOutput()
-    _merge(ledger.recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out)
+    recorded, out.held_back = ledger.goldens_to_write()
+    _merge(recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out)
     if options.artifacts is not None:
         # At the golden file's path relative to the rootdir, for review and `llm-golden accept`.
         folder = options.artifacts
@@ -110,19 +112,18 @@ def _prune(out: RunOutput, files: GoldenFiles) -> None:
 
 def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput) -> None:
     """``--llm-report`` (JSON, Markdown or HTML), and the Markdown summary for GitHub Actions."""
-    if not ledger.checks and options.report is None:
+    if not ledger.checks and not options.reports:
         return
     document = report.run_report(ledger.checks, ledger.audits)
     markdown = report.run_report_markdown(document)
-    if options.report is not None:
-        suffix = options.report.suffix
-        text = (json.dumps(document, indent=1, sort_keys=True, allow_nan=False) if suffix == ".json"
-                else report.run_report_html(document) if suffix == ".html" else markdown)
+    for path in options.reports:
+        text = (json.dumps(document, indent=1, sort_keys=True, allow_nan=False) if path.suffix == ".json"
+                else report.run_report_html(document) if path.suffix == ".html" else markdown)
         try:
-            store.write_text_atomic(options.report, text)
-            out.written.append(f"{files.display(options.report)} (report)")
+            store.write_text_atomic(path, text)
+            out.written.append(f"{files.display(path)} (report)")
         except OSError as error:
-            out.errors.append(f"{options.report}: {error}")
+            out.errors.append(f"{files.display(path)}: {error}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and ledger.checks:
         with open(step_summary, "a", encoding="utf-8") as handle:
@@ -131,6 +132,6 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
 
 def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:
     out = out or RunOutput(partial=ledger.partial_reasons)
-    return report.summary(dict(ledger.counts), out.written, out.errors, ledger.notes) + \
+    return report.summary(dict(ledger.counts), out.written, out.errors, ledger.notes, out.held_back) + \
         report.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune) + \
         report.audit_summary(ledger.audits)

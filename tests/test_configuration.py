@@ -66,3 +66,40 @@ def test_deterministic_restores_the_thread_count(suite):
             assert torch.get_num_threads() == BEFORE
         """)
     suite.runpytest("-p", "no:randomly").assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize(("ini", "args", "message"), [
+    ("llm_modle = builtin:tiny", [],
+     "ERROR: llm_modle = 'builtin:tiny': not a pytest-llmdeterminism ini setting; did you mean 'llm_model'?"),
+    ("llm_model = builtin:tiny", ["--llm-batch-shap=4x32"],
+     "ERROR: --llm-batch-shap = '4x32': no such option; did you mean --llm-batch-shape?"),
+    ("llm_model = builtin:tiny", ["--llm-report=a.md", "--llm-report=b.md"],
+     "ERROR: --llm-report = *two .md reports; give one path per format*"),
+])
+def test_a_misspelled_setting_stops_the_run_once_with_a_suggestion(pytester, ini, args, message):
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_a(): pass\ndef test_b(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert result.stderr.str().count("ERROR:") == 1
+
+
+def test_help_lists_every_report_format_and_device(pytester):
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    assert ".json (machine-readable), .md (pull-request comment) or .html (for reviewers); repeat the option" in text
+    assert "auto, cpu, mps, cuda or cuda:N" in text
+
+
+def test_several_reports_are_written_in_one_run(suite):
+    suite.makepyfile("""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=2)
+        def test_a(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The sky is"))
+    """)
+    result = suite.runpytest("--llm-golden-update", "--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["wrote r.json (report)", "wrote r.md (report)", "wrote r.html (report)"])
+    assert all((suite.path / name).stat().st_size > 0 for name in ("r.json", "r.md", "r.html"))

@@ -21,8 +21,8 @@ def test_example_suite_passes_against_committed_goldens():
     before = GOLDEN.read_bytes()
     result = run_examples()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "golden checks: 8 IDENTICAL" in result.stdout
-    assert "7 passed" in result.stdout
+    assert "golden checks: 9 IDENTICAL" in result.stdout
+    assert "8 passed" in result.stdout
     assert GOLDEN.read_bytes() == before
 
 
@@ -45,8 +45,9 @@ def test_goldens_recorded_natively_by_0_1_0_on_intel_still_pass_across_environme
                 tmp_path / "__golden__" / "test_tiny_model.json")
     env = {k: v for k, v in os.environ.items() if k != "CI"}
 
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=tmp_path,
+    def run(*args):  # the chat example came after 0.1.0: that file has no golden for it
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "not test_chat",
+                               *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=600, check=False, env=env)
 
     across = run()

@@ -1,8 +1,9 @@
 """The package's house: every module sits on a layer and imports only from layers below it.
 
-Any import counts: at module level, inside a function, or under ``TYPE_CHECKING``. A strict order
-of layers also rules out every import cycle. A new module must be given its layer here (and in the
-README's design notes), so the picture cannot drift from the code.
+Any import counts: absolute or relative, at module level, inside a function, under
+``TYPE_CHECKING``, from the package root, or through ``importlib.import_module`` with a literal
+name. A strict order of layers also rules out every import cycle. A new module must be given its
+layer here (and in the README's design notes), so the picture cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -24,38 +25,48 @@ LAYERS = [  # lowest first; each line may import only from the lines above it
     ["audit"],
     ["report"],
     ["settings", "golden", "writer", "strategies"],
-    ["session", "suites"],
+    ["session", "suites", "review", "perturb", "fetch"],
     ["plugin", "cli", "__init__"],
 ]
 LAYER = {module: number for number, modules in enumerate(LAYERS) for module in modules}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__" and len(parts) > 1:
         parts.pop()
     return ".".join(parts)
 
 
-def package_imports(path: Path) -> list[tuple[int, str]]:
+def _module_of(name: str) -> str:
+    """The module of this package that ``pytest_llmdeterminism[.a.b]`` names: the longest known
+    prefix; the package itself, or a name taken from it, is ``__init__``."""
+    module = name.removeprefix("pytest_llmdeterminism").lstrip(".")
+    while module and module not in LAYER:  # a name imported from a module: the module
+        module = module.rpartition(".")[0]
+    return module or "__init__"
+
+
+def package_imports(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
     """(line, module) for every import of a module of this package in ``path``."""
+    package = ["pytest_llmdeterminism", *path.parent.relative_to(root).parts]  # what `.` means here
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from pytest_llmdeterminism import store` imports the module store
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")):
+            names = [str(node.args[0].value)]
         else:
             continue
-        modules = set()
-        for name in names:
-            if name.startswith("pytest_llmdeterminism."):
-                module = name.removeprefix("pytest_llmdeterminism.")
-                while module and module not in LAYER:  # a name imported from a module: the module
-                    module = module.rpartition(".")[0]
-                modules.add(module)
-        found += [(node.lineno, module) for module in sorted(modules - {""})]
+        modules = {_module_of(name) for name in names
+                   if name == "pytest_llmdeterminism" or name.startswith("pytest_llmdeterminism.")}
+        found += [(node.lineno, module) for module in sorted(modules)]
     return found
 
 
@@ -74,10 +85,19 @@ def test_imports_only_go_down(path):
     assert upward == []
 
 
-def test_the_checker_sees_upward_imports(tmp_path):
-    """Negative control: an upward import, hidden in a function, is found."""
-    module = PACKAGE / "compare.py"
-    planted = tmp_path / "compare.py"
-    planted.write_text(module.read_text() + "\ndef f():\n    from pytest_llmdeterminism.session import LLMSession\n")
-    lines = [(line, target) for line, target in package_imports(planted) if LAYER[target] >= LAYER["compare"]]
-    assert [target for _, target in lines] == ["session"]
+@pytest.mark.parametrize(("planted", "target"), [
+    ("def f():\n    from pytest_llmdeterminism.session import LLMSession\n", "session"),
+    ("from .session import LLMSession\n", "session"),
+    ("from . import session\n", "session"),
+    ("from pytest_llmdeterminism import GoldenMismatchError\n", "__init__"),
+    ("import pytest_llmdeterminism\n", "__init__"),
+    ("import pytest_llmdeterminism.session as s\n", "session"),
+    ("import importlib\nimportlib.import_module('pytest_llmdeterminism.session')\n", "session"),
+])
+def test_the_checker_sees_upward_imports(tmp_path, planted, target):
+    """Negative control: an upward import, in any spelling, is found."""
+    root = tmp_path / "pytest_llmdeterminism"
+    root.mkdir()
+    fake = root / "compare.py"
+    fake.write_text((PACKAGE / "compare.py").read_text() + "\n" + planted)
+    assert [t for _, t in package_imports(fake, root) if LAYER[t] >= LAYER["compare"]] == [target]

@@ -106,7 +106,7 @@ def test_tiny_model_has_clear_winners_and_some_near_ties(make_llm):
 
 def test_bad_prompt_values(make_llm):
     llm = make_llm()
-    with pytest.raises(TypeError, match="takes a prompt string or a list"):
+    with pytest.raises(TypeError, match="takes a prompt string, a chat conversation .* or a list of them"):
         llm.generate(42)
     with pytest.raises(TypeError):
         llm.generate([])
@@ -153,3 +153,51 @@ def test_a_prompt_one_token_short_of_l_is_batch_invariant_and_l_tokens_are_refus
     assert_batch_invariant(llm, longest, ["Q:", "The sky is", "x"])
     with pytest.raises(PromptTooLongError):
         llm.generate(" ".join(words))  # 32 tokens
+
+
+CONVERSATION = [{"role": "user", "content": "What is the capital of Japan?"}]
+
+
+def test_a_conversation_is_rendered_and_tokenised_once_without_a_second_bos(make_llm):
+    llm = make_llm(max_new_tokens=4)
+    result = llm.generate(CONVERSATION)
+    bos = llm.tokenizer.bos_token_id
+    rendered = llm.tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert result.prompt == rendered and result.prompt_form == "chat"
+    assert result.prompt_token_ids[0] == bos and result.prompt_token_ids[1] != bos
+    assert llm.tokenizer(rendered)["input_ids"][:2] == [bos, bos]  # the trap: the usual call adds a second
+    assert "Tokyo" in result.text
+    # The same ids given directly give the same bits; a list of conversations gives one result each.
+    direct = llm.generate(token_ids=list(result.prompt_token_ids))
+    assert direct.prompt_form == "token_ids"
+    assert (direct.token_ids, direct.logit_hashes) == (result.token_ids, result.logit_hashes)
+    both = llm.generate([CONVERSATION, "The sky is"])
+    assert [r.prompt_form for r in both] == ["chat", "text"] and both[0].token_ids == result.token_ids
+    assert llm.encode(CONVERSATION) == list(result.prompt_token_ids)
+
+
+@pytest.mark.parametrize(("call", "problem"), [
+    (lambda llm: llm.generate(token_ids=[1, 10**9]), r"token_ids=\.\.\.\) = .*expected a list of token ids between 0"),
+    (lambda llm: llm.generate("x", token_ids=[1]), "exactly one of the two"),
+    (lambda llm: llm.generate([{"content": "no role"}]), "takes prompt strings or chat conversations"),
+])
+def test_bad_inputs_are_named(make_llm, call, problem):
+    with pytest.raises((TypeError, ValueError), match=problem):
+        call(make_llm())
+
+
+def test_a_tokenizer_without_a_chat_template_says_what_to_pass_instead(tmp_path):
+    import shutil
+
+    from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.errors import ConfigurationError
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    plain = tmp_path / "plain"
+    shutil.copytree(BUILTIN_MODELS["tiny"], plain)
+    (plain / "chat_template.jinja").unlink()
+    llm = LLMModel(load(str(plain), dtype="float32", device="cpu"), GenerationSettings(BatchShape(2, 32), 2, 0))
+    with pytest.raises(ConfigurationError, match="has no chat template; pass the prompt as a string, or its token "
+                                                 r"ids with token_ids=\[\.\.\.\]"):
+        llm.generate(CONVERSATION)

@@ -77,7 +77,7 @@ def test_header_names_the_numerics_and_goldens_record_them(suite):
     result = suite.runpytest("--llm-golden-update")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "llm: model builtin:tiny, batch shape 4x32, float32 on auto, seed 0",
+        "llm: model=builtin:tiny shape=4x32 dtype=float32 device=auto seed=0 *",
         f"llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=default; {platform.machine()})*",
         "batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)",
     ])

@@ -126,8 +126,10 @@ def test_a_bad_tolerance_on_a_line_is_a_collection_error(suite):
 
 
 @pytest.mark.parametrize(("line", "problem"), [
-    ('{"id": "a"}', 'expected an object with string "id" and "prompt"'),
-    ('{"id": "a", "prompt": "x", "temperature": 0.7}', "unknown field(s); accepted: id, max_new_tokens, prompt, tolerance"),
+    ('{"id": "a"}', 'expected an object with string "id" and either a string "prompt" or chat "messages"'),
+    ('{"id": "a", "prompt": "x", "messages": []}', 'either a string "prompt" or chat "messages"'),
+    ('{"id": "a", "messages": [{"role": "user"}]}', 'expected "messages" as a list of'),
+    ('{"id": "a", "prompt": "x", "temperature": 0.7}', "unknown field(s); accepted: id, max_new_tokens, messages, prompt, tolerance"),
     ('{"id": "a", "prompt": "x", "max_new_tokens": 0}', "max_new_tokens must be an integer >= 1"),
     ("not json", "not valid JSON"),
 ])
@@ -136,3 +138,48 @@ def test_bad_lines_are_collection_errors_naming_file_and_line(suite, line, probl
     result = suite.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*test_bad.llm.jsonl:2*{problem}*"])
+
+
+def test_a_failing_line_prints_the_message_only_and_module_fixtures_work(suite):
+    suite.makeconftest("""
+        import pytest
+
+        @pytest.fixture(scope="module", autouse=True)
+        def per_module(request):
+            return request.module
+    """)
+    (suite.path / "test_two.llm.jsonl").write_text('{"id": "one", "prompt": "The sky is"}\n'
+                                                   '{"id": "two", "prompt": "Count: one,"}\n')
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
+    result = suite.runpytest("--llm-max-new-tokens=5")
+    result.assert_outcomes(failed=2)
+    failures = result.stdout.str().split("= FAILURES =")[1].split("- llm goldens -")[0]
+    assert "pluggy" not in failures and "_pytest" not in failures and "Traceback" not in failures
+    assert len(failures.strip().splitlines()) <= 16  # two failures of about seven lines each
+    result.stdout.fnmatch_lines(["golden mismatch in 'one': INPUT_CHANGED — generation_config.max_new_tokens*",
+                                 "FAILED test_two.llm.jsonl::one - golden mismatch in 'one': INPUT_CHANGED*"])
+
+
+def test_chat_lines_render_with_the_template_and_match_the_same_conversation_in_python(suite):
+    (suite.path / "test_chat.llm.jsonl").write_text(
+        '{"id": "japan", "messages": [{"role": "user", "content": "What is the capital of Japan?"}]}\n'
+        '{"id": "plain", "prompt": "The sky is"}\n')
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
+    goldens = json.loads((suite.path / "__golden__" / "test_chat.llm.json").read_text())["goldens"]
+    entry = goldens["japan"]["cpu/float32"]
+    assert entry["prompt_form"] == "chat" and entry["prompt"].endswith("Q: What is the capital of Japan? A:")
+    assert "prompt_form" not in goldens["plain"]["cpu/float32"]  # plain prompts keep the old layout
+    assert "".join(step["piece"] for step in entry["steps"]).startswith(" Tokyo")
+    suite.makepyfile(test_same="""
+        import json
+        from pathlib import Path
+        from pytest_llmdeterminism import assert_tokens_match
+
+        def test_same_conversation(llm_model):
+            golden = json.loads(Path("__golden__/test_chat.llm.json").read_text())["goldens"]["japan"]["cpu/float32"]
+            result = llm_model.generate([{"role": "user", "content": "What is the capital of Japan?"}])
+            assert result.prompt_form == "chat"
+            assert_tokens_match(result, golden)
+    """)
+    suite.runpytest().assert_outcomes(passed=3)
+

@@ -106,13 +106,17 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has goldens "
                                   "for 'cpu/float32'; compare with one of them via --llm-golden-fallback).")])
     # Another dtype is another environment: by default judged with bf16's near-tie tolerance...
-    across = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
+    across = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-golden-artifacts=cands")
     across.assert_outcomes(passed=1)
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
         ("*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
          "by default; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact"),
+        "wrote cands/__golden__/test_v.json (1 candidate(s))",
     ])
+    # Passing against a fallback still leaves this run's own variant missing: it is a candidate.
+    candidate = json.loads((recorded.path / "cands" / GOLDEN).read_text())["goldens"]["test_case"]
+    assert list(candidate) == ["cpu/bfloat16"]
     # ... and exactly when the user says so.
     fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-tolerance=exact")
     fallback.assert_outcomes(failed=1)
@@ -190,3 +194,29 @@ def test_default_tolerance_follows_the_environment_and_a_regression_fails_in_bot
         "E*compared across environments: *cpu_numerics 'native' → 'portable'*by default*",
     ])
     assert recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=exact").ret == 1  # explicit wins
+
+
+def test_a_changed_chat_template_is_input_changed_showing_both_rendered_prompts(suite, tmp_path):
+    import shutil
+
+    from pytest_llmdeterminism.backends import BUILTIN_MODELS
+
+    suite.makepyfile(test_chat="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=3)
+        def test_chat(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate([{"role": "user", "content": "What is the capital of Japan?"}]))
+    """)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    edited = tmp_path / "edited"
+    shutil.copytree(BUILTIN_MODELS["tiny"], edited)
+    template = edited / "chat_template.jinja"
+    template.write_text(template.read_text().replace("Q: ", "Question: "))
+    result = suite.runpytest(f"--llm-model={edited}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "E*golden mismatch in 'test_chat': INPUT_CHANGED — prompt_token_ids — fails under*",
+        "E*prompt: '<|bos|>Q: What is the capital of Japan? A:' -> '<|bos|>Question: What is the capital of Japan? A:'",
+        "E*chat_template_hash: '*' -> '*'",
+    ])

@@ -128,21 +128,32 @@ def test_every_check_of_a_test_is_judged_and_gets_its_candidate_in_one_run(proje
     assert sorted(candidates) == golden_keys(project)
 
 
-def test_a_failing_check_is_reported_when_the_test_then_fails_otherwise(suite, tmp_path):
-    suite.makepyfile("""
+def test_a_test_that_fails_after_recording_keeps_no_golden_and_shows_its_checks(suite, tmp_path, monkeypatch):
+    suite.makepyfile(test_then_asserts="""
+        import os
         from pytest_llmdeterminism import deterministic
 
         @deterministic(max_new_tokens=3)
         def test_then_asserts(llm_model, golden_tokens):
             result = llm_model.generate("The sky is")
             golden_tokens.check(result)
-            assert result.text == "something else"
+            assert "FAIL_AFTER_CHECK" not in os.environ, "the test's own assertion"
     """)
-    suite.runpytest("--llm-golden-update").assert_outcomes(failed=1)
+    monkeypatch.setenv("FAIL_AFTER_CHECK", "1")
+    held = suite.runpytest("--llm-golden-update")
+    held.assert_outcomes(failed=1)
+    held.stdout.fnmatch_lines(["golden checks: 1 recorded",
+                               "NOT recorded: the goldens of 1 test(s) that recorded, then failed or were skipped*",
+                               "  test_then_asserts.py::test_then_asserts"])
+    assert not (suite.path / "__golden__").exists()  # a known-bad output is never frozen
+
+    monkeypatch.delenv("FAIL_AFTER_CHECK")
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    monkeypatch.setenv("FAIL_AFTER_CHECK", "1")
     changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
     result = suite.runpytest(f"--llm-model={changed_model}", "--llm-golden-artifacts=candidates")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E*assert * == 'something else'",
+    result.stdout.fnmatch_lines(["E*AssertionError: the test's own assertion",
                                  "*- Captured llm golden checks that failed too call -*",
                                  "golden mismatch in 'test_then_asserts': *"])
     assert (suite.path / "candidates").exists()
@@ -480,8 +491,7 @@ def test_html_report_is_self_contained_and_shows_every_check(project, tmp_path):
 
     project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
     changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
-    project.runpytest(f"--llm-model={changed_model}", "--llm-report=report.json")
-    project.runpytest(f"--llm-model={changed_model}", "--llm-report=report.html")
+    project.runpytest(f"--llm-model={changed_model}", "--llm-report=report.json", "--llm-report=report.html")
     checks = json.loads((project.path / "report.json").read_text())["checks"]
     page = (project.path / "report.html").read_text()
 
@@ -506,3 +516,60 @@ def test_html_report_is_self_contained_and_shows_every_check(project, tmp_path):
     assert parsed.divergent >= 2  # the divergent token is outlined on both sides of a regression
     assert parsed.external == []
     assert "test_capital" in page and "REGRESSION" in page
+    # The prompt, visible whitespace (' Tokyo' starts with a space) and the size of every drift.
+    assert "Q:·What·is·the·capital·of·Japan?·A:" in page and "·Tokyo" in page
+    drifted = [c for c in checks if c["verdict"] == "LOGIT_DRIFT"]
+    assert drifted and all(f"max |Δlogprob| in top-k {c['max_logprob_delta']:.3g}" in page for c in drifted)
+
+
+def test_html_report_shows_new_lines_and_the_variant_actually_compared():
+    from pytest_llmdeterminism import report
+    from pytest_llmdeterminism.records import CheckRecord
+
+    check = CheckRecord(test="t.py::test_x", name="test_x", variant="cpu/float32", run_variant="cpu/bfloat16",
+                        verdict="LOGIT_DRIFT", passed=True, prompt="def f():\n", max_logprob_delta=0.02,
+                        steps={"actual": [("\n", 13, 2.0, -0.1), ("    ", 220, 3.0, -0.05)]})
+    page = report.run_report_html(report.run_report([check], []))
+    assert "def·f():↵" in page and ">↵<" in page and ">····<" in page
+    assert "cpu/bfloat16 run, compared with cpu/float32" in page
+
+
+def test_a_skip_after_a_failing_check_does_not_hide_it_and_hidden_helpers_point_at_the_test(suite):
+    suite.makepyfile(test_helpers="""
+        import pytest
+        from pytest_llmdeterminism import deterministic
+
+        def check_prompt(llm_model, golden_tokens, prompt):
+            __tracebackhide__ = True
+            golden_tokens.check(llm_model.generate(prompt))
+
+        @deterministic(max_new_tokens=2)
+        def test_skips_after(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The sky is"))
+            pytest.skip("not on this machine")
+
+        @deterministic(max_new_tokens=2)
+        def test_through_a_helper(llm_model, golden_tokens):
+            check_prompt(llm_model, golden_tokens, "Count: one,")
+    """)
+    result = suite.runpytest()
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*no golden recorded for 'test_skips_after'*"])
+    result.stdout.fnmatch_lines([">*check_prompt(llm_model, golden_tokens, \"Count: one,\")",
+                                 "E*no golden recorded for 'test_through_a_helper'*"])
+
+
+def test_the_header_says_what_is_in_force_and_the_model_load_is_announced(suite):
+    suite.makepyfile(test_one="""
+        def test_one(llm_model):
+            assert llm_model.generate("The sky is").token_ids
+    """)
+    verbose = suite.runpytest()
+    verbose.stdout.fnmatch_lines([("llm: model=builtin:tiny shape=4x32 dtype=float32 device=auto seed=0 "
+                                   "max_new_tokens=8 tolerance=exact (near_tie across environments)"),
+                                  "llm cpu numerics: portable*"])
+    quiet = suite.runpytest("-q", "--llm-tolerance=tokens")
+    quiet.assert_outcomes(passed=1)
+    quiet.stdout.fnmatch_lines(["llm: loading builtin:tiny (float32, device auto) ...",
+                                "llm: loaded builtin:tiny in * s on cpu"])
+    assert "tolerance=tokens" in suite.runpytest("--llm-tolerance=tokens").stdout.str()

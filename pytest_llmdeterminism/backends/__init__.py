@@ -7,6 +7,8 @@ weights and ``.gguf`` files; ``builtin:tiny`` is a transformers folder shipped i
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,10 +78,12 @@ class ModelCache:
     """One load per model, dtype and device in this process. A failed load is kept too, so every
     test that needs the model fails with the same error, without loading again."""
 
-    def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str) -> None:
+    def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
+                 announce: Callable[[str], None] | None = None) -> None:
         self._spec = spec
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
         self._loaded: LoadedModel | LLMDeterminismError | None = None
+        self._announce = announce or (lambda line: None)  # a line for the terminal while loading
 
     def get(self) -> LoadedModel:
         __tracebackhide__ = True
@@ -90,12 +94,18 @@ class ModelCache:
                 "or a local folder / .gguf file) or pass --llm-model=PATH",
             )
         if self._loaded is None:
+            self._announce(f"llm: loading {self._spec} ({self._how['dtype']}, device {self._how['device']}) ...")
+            started = time.perf_counter()
             try:
                 self._loaded = load(self._spec, **self._how)
             except LLMDeterminismError as error:
                 self._loaded = error
             except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
                 self._loaded = ModelLoadError(self._spec, f"{type(error).__name__}: {error}")
+            took = f"{time.perf_counter() - started:.1f} s"
+            self._announce(f"llm: could not load {self._spec} ({took}); every test that uses it fails with the reason"
+                           if isinstance(self._loaded, LLMDeterminismError) else
+                           f"llm: loaded {self._spec} in {took} on {self._loaded.device}")
         if isinstance(self._loaded, LLMDeterminismError):
             raise self._loaded.with_traceback(None)  # one error object for many tests: no earlier test's frames
         return self._loaded

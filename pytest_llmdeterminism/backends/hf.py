@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             )
     progress_bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one model load per session; its progress bar is noise in test output
+    gguf_bar = _silence_gguf_progress_bar() if kind == "gguf" else None
     try:
         # local_files_only keeps loading offline (the hub library reads HF_HUB_OFFLINE only at import).
         tokenizer = AutoTokenizer.from_pretrained(source, **common)
@@ -85,6 +87,8 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     finally:
         if progress_bars:
             hf_logging.enable_progress_bar()
+        if gguf_bar is not None:
+            gguf_bar()
     model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None:
@@ -104,3 +108,23 @@ def _require_gguf_support(spec: str) -> None:
             spec, f"loading .gguf files needs {' and '.join(missing)}: "
             "pip install 'pytest-llmdeterminism[gguf]'",
         )
+
+
+def _silence_gguf_progress_bar() -> Callable[[], None] | None:
+    """transformers' GGUF conversion shows a tqdm bar that ignores its own progress-bar switch; it
+    would land in the captured stderr of the first failing test. Returns what restores it."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return None
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        return None
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+
+    def restore() -> None:
+        gguf_utils.tqdm = original
+
+    return restore
