@@ -12,8 +12,8 @@ from pytest_llmdeterminism import deterministic
 @deterministic(max_new_tokens=8)
 def test_capital(llm_model, golden_tokens):
     result = llm_model.generate("The capital of France is")
+    golden_tokens.check(result)  # judged first: a failing check waits for the test's end
     assert "Paris" in result.text
-    golden_tokens.check(result)
 
 
 @deterministic
@@ -43,5 +43,5 @@ def test_chat(llm_model, golden_tokens):
     # A conversation is rendered with the tokenizer's chat template and tokenised once: the
     # template's own special tokens are not added a second time.
     result = llm_model.generate([{"role": "user", "content": "What is the capital of Japan?"}])
-    assert "Tokyo" in result.text
     golden_tokens.check(result)
+    assert "Tokyo" in result.text

@@ -47,6 +47,8 @@ class Ledger:
 
     def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
         """Keep each test's overall outcome: failed beats skipped beats passed."""
+        if outcome not in _RANK:  # e.g. pytest-rerunfailures' "rerun": an attempt, not the outcome
+            return
         counts = when == "call" or outcome != "passed"
         if counts and _RANK[outcome] >= _RANK[self.outcomes.get(nodeid, "passed")]:
             self.outcomes[nodeid] = outcome

@@ -164,7 +164,10 @@ class LLMModel:
                                      "prompt as a string, or its token ids with token_ids=[...]")
         text = str(self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
         # The template already wrote the special tokens it wants (a BOS, say): add none a second time.
-        return text, self._checked(text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"])), "chat"
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # An error shows the end of the rendered chat, where the user's own words are.
+        self._checked(text if len(text) <= 60 else f"(chat, rendered) …{text[-44:]}", ids)
+        return text, ids, "chat"
 
     def _from_ids(self, row: Any) -> tuple[str, list[int], str]:
         __tracebackhide__ = True

@@ -229,18 +229,18 @@ def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
     return paths
 
 
-def check_names(args: list[str], ini: dict[str, str]) -> None:
-    """Misspelled ``--llm-*`` options and ``llm_*`` ini keys stop the run once, naming the closest
-    real one (pytest alone would warn about the ini key and fail every test with "no model")."""
+def check_names(unknown_args: list[str], unknown_ini: dict[str, str]) -> None:
+    """``llm_*`` ini keys and ``--llm-*`` options that no plugin or conftest declared stop the run
+    once, naming the closest real one (pytest alone would warn about the ini key and fail every test
+    with "no model")."""
     known_ini = [setting.ini for setting in SETTINGS]
-    for key, raw in ini.items():
+    for key, raw in unknown_ini.items():
         close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
-        if key not in known_ini and (key.startswith("llm") or close):
-            hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
-            raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
-    for arg in args:
+        hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
+        raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
+    for arg in unknown_args:
         flag, _, raw = arg.partition("=")
-        if flag.startswith("--llm") and flag not in FLAGS:
+        if flag.startswith("--llm"):
             close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else "see pytest --help for the --llm-* options"
             raise ConfigurationError(flag, raw or None, f"no such option; {hint}")

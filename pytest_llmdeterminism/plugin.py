@@ -33,8 +33,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.register(parser)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
+                                  args: list[str]) -> Generator[None, None, None]:
     # cuBLAS reads this once, when CUDA starts: set it before any conftest can import torch.
     was_set = determinism.CUBLAS_WORKSPACE_CONFIG in os.environ
     warning = determinism.ensure_cublas_workspace_config()
@@ -42,11 +43,27 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     if warning:
         early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
     try:
-        options.check_names([str(arg) for arg in early_config.invocation_params.args], _ini_values(early_config))
         # ATen and MKL pick their CPU kernels when torch first computes: pin them before any conftest can.
         early_config.stash[_REPLACED_ENVIRONMENT] = numerics.pin(options.early_cpu_numerics(early_config))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
+    yield
+    # Now conftests have registered their own options and ini keys: only what nobody knows is a typo.
+    _, unknown = parser.parse_known_and_unknown_args(args)
+    try:
+        options.check_names([str(arg) for arg in unknown],
+                            {key: value for key, value in _ini_values(early_config).items()
+                             if key.startswith("llm_") and not _registered_ini(early_config, key)})
+    except ConfigurationError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _registered_ini(config: pytest.Config, key: str) -> bool:
+    try:
+        config.getini(key)
+    except ValueError:  # pytest's answer for a key no plugin or conftest declared
+        return False
+    return True
 
 
 def _ini_values(config: pytest.Config) -> dict[str, str]:
@@ -56,7 +73,7 @@ def _ini_values(config: pytest.Config) -> dict[str, str]:
     if raw is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            raw = config.inicfg
+            raw = getattr(config, "inicfg", None) or {}
     return {str(key): str(getattr(value, "value", value)) for key, value in raw.items()}
 
 
@@ -150,7 +167,7 @@ class _OutcomeCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._session.ledger.test_finished(report.nodeid, report.when, report.outcome)
         payload = getattr(report, REPORT_ATTRIBUTE, None)
-        if payload is not None:
+        if payload is not None and str(report.outcome) != "rerun":  # a retried attempt is not the outcome
             self._session.ledger.collect(payload, report.nodeid, report.duration)
 
 

@@ -183,7 +183,7 @@ class TestOutcomes:
             parts.append(f"Accept all of them with: {accept}")
             error = GoldenMismatchError("\n".join(parts), first.comparison,
                                         failures=tuple(failure for failure, _ in failures))
-        raise error.with_traceback(types.TracebackType(None, *site) if site else None)
+        raise error.with_traceback(types.TracebackType(None, *site) if site else None) from None
 
     def to_json(self) -> dict[str, Any] | None:
         return None if self.data.is_empty() else self.data.to_payload()

@@ -85,6 +85,17 @@ def test_a_misspelled_setting_stops_the_run_once_with_a_suggestion(pytester, ini
     assert result.stderr.str().count("ERROR:") == 1
 
 
+def test_settings_a_conftest_declares_are_not_typos(pytester):
+    pytester.makeconftest("""
+        def pytest_addoption(parser):
+            parser.addini("llm_judge_model", "another plugin's setting")
+            parser.addoption("--llm-judge")
+    """)
+    pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_judge_model = gpt\n")
+    pytester.makepyfile("def test_a(): pass")
+    pytester.runpytest("--llm-judge=x").assert_outcomes(passed=1)
+
+
 def test_help_lists_every_report_format_and_device(pytester):
     text = " ".join(pytester.runpytest("--help").stdout.str().split())
     assert ".json (machine-readable), .md (pull-request comment) or .html (for reviewers); repeat the option" in text

@@ -21,3 +21,17 @@ def test_public_marker_is_pytest_mark():
 
     assert deterministic.name == "deterministic"
     assert deterministic.mark == pytest.mark.deterministic.mark
+
+
+def test_the_unit_tests_load_no_model(tmp_path):
+    """The comparator, tolerance, store, ledger and layering tests run without torch: only tests that
+    run pytest in-process, or ask for a model, import it."""
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    files = [str(tests / name) for name in ("test_compare.py", "test_store.py", "test_ledger.py", "test_layers.py")]
+    code = ("import sys, pytest; "
+            f"code = pytest.main([*{files!r}, '-q', '-p', 'no:cacheprovider', '-p', 'no:randomly']); "
+            "print('RESULT', code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert "RESULT 0 False" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

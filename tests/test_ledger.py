@@ -1,0 +1,37 @@
+"""The run's ledger, alone: no model, no pytest run."""
+
+from pathlib import Path
+
+from pytest_llmdeterminism.ledger import Ledger
+from pytest_llmdeterminism.records import TestOutcomes
+from pytest_llmdeterminism.store import read
+
+
+def recorded_payload(tmp_path: Path, key: str) -> dict:
+    """A real recorded golden: the example suite's first entry, recorded again under ``key``."""
+    from pytest_llmdeterminism import store
+
+    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    entry = next(iter(read(examples).values()))["cpu/float32"]
+    outcomes = TestOutcomes()
+    outcomes.record(tmp_path / "g.json", key, store.from_entry(entry), outcome="recorded")
+    payload = outcomes.to_json()
+    assert payload is not None
+    return payload
+
+
+def test_a_test_that_failed_after_recording_keeps_nothing(tmp_path):
+    ledger = Ledger()
+    for nodeid, outcome in (("t.py::ok", "passed"), ("t.py::bad", "failed")):
+        ledger.collect(recorded_payload(tmp_path, nodeid.split("::")[1]), nodeid)
+        ledger.test_finished(nodeid, "call", "passed")
+    ledger.test_finished("t.py::bad", "teardown", "failed")  # a failing teardown after a passing call
+    keep, held = ledger.goldens_to_write()
+    assert list(keep[str(tmp_path / "g.json")]) == ["ok"] and held == ["t.py::bad"]
+
+
+def test_an_attempt_that_will_be_retried_is_not_an_outcome():
+    ledger = Ledger()
+    ledger.test_finished("t.py::flaky", "call", "rerun")  # pytest-rerunfailures' intermediate attempt
+    ledger.test_finished("t.py::flaky", "call", "passed")
+    assert ledger.outcomes == {"t.py::flaky": "passed"}
