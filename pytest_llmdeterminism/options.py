@@ -11,6 +11,7 @@ import difflib
 import itertools
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -229,21 +230,42 @@ def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
     return paths
 
 
-def check_names(unknown_args: list[str], unknown_ini: dict[str, str]) -> None:
+def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     """``llm_*`` ini keys and ``--llm-*`` options that no plugin or conftest declared stop the run
     once, naming the closest real one (pytest alone would warn about the ini key and fail every test
-    with "no model")."""
+    with "no model"). Call it after conftests have loaded."""
     known_ini = [setting.ini for setting in SETTINGS]
-    for key, raw in unknown_ini.items():
-        close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
-        hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
-        raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
-    for arg in unknown_args:
+    for key, raw in _ini_values(config).items():
+        if key.startswith("llm_") and not _declared_ini(config, key):
+            close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
+            raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
+    _, unknown = parser.parse_known_and_unknown_args(args)
+    for arg in map(str, unknown):
         flag, _, raw = arg.partition("=")
         if flag.startswith("--llm"):
             close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else "see pytest --help for the --llm-* options"
             raise ConfigurationError(flag, raw or None, f"no such option; {hint}")
+
+
+def _declared_ini(config: pytest.Config, key: str) -> bool:
+    try:
+        config.getini(key)
+    except ValueError:  # pytest's answer for a key no plugin or conftest declared
+        return False
+    return True
+
+
+def _ini_values(config: pytest.Config) -> dict[str, str]:
+    """The ini file's keys and raw values (pytest 9 deprecates the public ``inicfg``; its private twin
+    holds the same mapping)."""
+    raw = getattr(config, "_inicfg", None)
+    if raw is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raw = getattr(config, "inicfg", None) or {}
+    return {str(key): str(getattr(value, "value", value)) for key, value in raw.items()}
 
 
 def early_cpu_numerics(early_config: pytest.Config) -> str:

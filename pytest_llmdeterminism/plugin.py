@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -48,33 +47,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     yield
-    # Now conftests have registered their own options and ini keys: only what nobody knows is a typo.
-    _, unknown = parser.parse_known_and_unknown_args(args)
-    try:
-        options.check_names([str(arg) for arg in unknown],
-                            {key: value for key, value in _ini_values(early_config).items()
-                             if key.startswith("llm_") and not _registered_ini(early_config, key)})
+    try:  # now conftests have declared their own options and ini keys: only what nobody knows is a typo
+        options.check_names(early_config, parser, args)
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
-
-
-def _registered_ini(config: pytest.Config, key: str) -> bool:
-    try:
-        config.getini(key)
-    except ValueError:  # pytest's answer for a key no plugin or conftest declared
-        return False
-    return True
-
-
-def _ini_values(config: pytest.Config) -> dict[str, str]:
-    """The ini file's keys and raw values (pytest 9 deprecates the public ``inicfg``; its private twin
-    holds the same mapping)."""
-    raw = getattr(config, "_inicfg", None)
-    if raw is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            raw = getattr(config, "inicfg", None) or {}
-    return {str(key): str(getattr(value, "value", value)) for key, value in raw.items()}
 
 
 def pytest_configure(config: pytest.Config) -> None:
