@@ -129,7 +129,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     rows = [_row("repeat", f"{unique} unique of {len(runs)}", base,
                  max(runs[1:], key=lambda r: _difference(base, r)[2], default=base))]
 
-    companions = [llm_model.encode(c) for c in _fitting(llm_model, COMPANIONS, shape.length)[: shape.rows - 1]]
+    companions = _fitting(llm_model, COMPANIONS, shape.length)[: shape.rows - 1]
     if companions:
         rows.append(_row("batch", f"{len(companions)} companion(s), row {len(companions)}", base,
                          run(probe, [*companions, prompt], len(companions))))
@@ -181,9 +181,10 @@ def _is_ids(value: Any) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[str]:
-    """The prompts that fit a shape of ``length``: one position always stays padding."""
-    return [p for p in prompts if 0 < len(llm_model.tokenizer(p)["input_ids"]) < length]
+def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[list[int]]:
+    """The token ids of the prompts that fit a shape of ``length``: one position always stays padding."""
+    encoded = (list(llm_model.tokenizer(p)["input_ids"]) for p in prompts)
+    return [ids for ids in encoded if 0 < len(ids) < length]
 
 
 def after_generate_hook(repeats: int, dtype: str | None,

@@ -77,9 +77,9 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
                       total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin)
 
 
-def first_token_divergence(expected: Sequence[int], actual: Sequence[int]) -> int | None:
-    """The first step whose token differs; where one side stopped (EOS) and the other went on, the
-    step after the shorter one; None when both are the same."""
+def first_token_divergence(expected: Sequence[object], actual: Sequence[object]) -> int | None:
+    """The first step whose token (or any item) differs; where one side stopped (EOS) and the other
+    went on, the step after the shorter one; None when both are the same."""
     steps = min(len(expected), len(actual))
     step = next((t for t in range(steps) if expected[t] != actual[t]), None)
     return steps if step is None and len(expected) != len(actual) else step

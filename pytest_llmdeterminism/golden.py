@@ -104,14 +104,12 @@ class GoldenTokens:
                                changed=diff(expected.fingerprint, generation.fingerprint),
                                numerics_changed=[name for name, _, _ in environment],
                                expected=expected, actual=generation)
-        if variant != generation.variant:
-            # Judged against another variant: this run's own variant is still missing, so the
-            # reviewer gets it as a candidate, passing or not.
+        # A check judged against another variant leaves this run's own variant missing: the
+        # reviewer gets it as a candidate, passing or not.
+        if not passed or variant != generation.variant:
             self._outcomes.candidate(self._path, key, generation)
         if passed:
             return comparison
-        if variant == generation.variant:
-            self._outcomes.candidate(self._path, key, generation)
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype), across=across)

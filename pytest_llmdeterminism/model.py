@@ -51,9 +51,7 @@ class LLMModel:
     def with_settings(self, *, keep_logits: bool = False, **changes: Any) -> LLMModel:
         """The same loaded model under other settings (shape, seed, ...), for audits and probes.
         With ``keep_logits`` each call keeps every step's raw logits in ``last_logits``."""
-        view = LLMModel(self._loaded, dataclasses.replace(self.settings, **changes), verify_batch_invariance=False)
-        view._keep_logits = keep_logits
-        return view
+        return self._view(self._loaded, dataclasses.replace(self.settings, **changes), keep_logits)
 
     def in_dtype(self, dtype: str, *, keep_logits: bool = False) -> LLMModel:
         """The same weights cast to ``dtype`` (a copy, made once per loaded model), as a view."""
@@ -65,7 +63,11 @@ class LLMModel:
         if key not in self._loaded.cache:
             model = copy.deepcopy(self._loaded.model).to(getattr(torch, dtype))
             self._loaded.cache[key] = dataclasses.replace(self._loaded, model=model, dtype=dtype, cache={})
-        view = LLMModel(self._loaded.cache[key], self.settings, verify_batch_invariance=False)
+        return self._view(self._loaded.cache[key], self.settings, keep_logits)
+
+    @staticmethod
+    def _view(loaded: LoadedModel, settings: GenerationSettings, keep_logits: bool) -> LLMModel:
+        view = LLMModel(loaded, settings, verify_batch_invariance=False)
         view._keep_logits = keep_logits
         return view
 

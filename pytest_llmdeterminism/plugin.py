@@ -101,7 +101,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     llm = item.config.stash[SESSION]
     seeded = determinism.deterministic_state(llm.settings(item).generation.seed) \
         if item.get_closest_marker(MARKER) else contextlib.nullcontext()
-    outcomes = llm.outcomes(item)
+    outcomes = LLMSession.outcomes_if_any(item)  # set up by golden_tokens; other tests have none
+    if outcomes is None:
+        with seeded:
+            return (yield)
     outcomes.clear_failures()  # a rerun of the item starts clean
     outcomes.deferring = True  # a failing golden check lets the test go on: every check is judged
     try:

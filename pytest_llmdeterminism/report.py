@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_divergence
 from pytest_llmdeterminism.generation import Generation, TopK
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _drift_line(comparison: Comparison) -> str:
 def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: Generation) -> list[str]:
     if field != "prompt_token_ids":
         return [f"    {field}: {_short(old)} -> {_short(new)}"]
-    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    first = _first_difference(old, new)
     start = max(0, first - 3)
 
     def window(ids: Sequence[int]) -> str:
@@ -113,10 +113,15 @@ def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: 
     return lines
 
 
+def _first_difference(old: Sequence[object], new: Sequence[object]) -> int:
+    first = first_token_divergence(old, new)
+    return min(len(old), len(new)) if first is None else first
+
+
 def _differing_window(old: str, new: str, before: int = 30, after: int = 50) -> tuple[str, str]:
     """Both texts around their first differing character (a rendered chat prompt is long; the
     change may sit anywhere in it)."""
-    first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    first = _first_difference(old, new)
     start = max(0, first - before)
 
     def window(text: str) -> str:

@@ -105,6 +105,16 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def usage_error(pytester, ini: str | None, *args: str):
+    """Run pytest on a one-test project with ``ini`` and ``args``; it must stop with a usage error."""
+    if ini is not None:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    return result
+
+
 @pytest.fixture
 def suite(pytester):
     """A pytester project configured for the tiny model."""

@@ -10,6 +10,8 @@ from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
 from pytest_llmdeterminism.values import BatchShape
 
+from .conftest import usage_error
+
 
 @pytest.mark.parametrize("shape", ["1x100000000", "100000x8", "4096x4096"])
 def test_an_absurd_batch_shape_is_refused_with_the_memory_it_would_need(shape):
@@ -22,10 +24,7 @@ def test_an_absurd_batch_shape_is_refused_with_the_memory_it_would_need(shape):
 
 
 def test_absurd_ini_shape_stops_pytest_before_any_test(pytester):
-    pytester.makeini("[pytest]\nllm_batch_shape = 1x100000000\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = usage_error(pytester, "llm_batch_shape = 1x100000000")
     result.stderr.fnmatch_lines([("ERROR: llm_batch_shape = '1x100000000': L = 100,000,000 is above 131,072; "
                                   "100,000,000 tokens per batch*")])
 
@@ -77,10 +76,7 @@ def test_deterministic_restores_the_thread_count(suite):
      "ERROR: --llm-report = *two .md reports; give one path per format*"),
 ])
 def test_a_misspelled_setting_stops_the_run_once_with_a_suggestion(pytester, ini, args, message):
-    pytester.makeini(f"[pytest]\n{ini}\n")
-    pytester.makepyfile("def test_a(): pass\ndef test_b(): pass")
-    result = pytester.runpytest(*args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = usage_error(pytester, ini, *args)
     result.stderr.fnmatch_lines([message])
     assert result.stderr.str().count("ERROR:") == 1
 

@@ -14,6 +14,8 @@ import pytest
 from pytest_llmdeterminism import BatchInvarianceProbeError, numerics
 from pytest_llmdeterminism.fingerprint import numerics_changes
 
+from .conftest import usage_error
+
 PORTABLE_CPU = {"device_class": "cpu", "machine": "x86_64", "dtype": "float32", "torch": "2.13.0",
                 "transformers": "5.24.0", "attention_implementation": "sdpa", "cpu_numerics": "portable",
                 "device_name": "AMD EPYC", "cpu_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE", "torch_threads": 2}
@@ -59,10 +61,7 @@ def test_a_golden_that_predates_the_numerics_fields_counts_as_another_environmen
 
 
 def test_bad_cpu_numerics_value_is_a_usage_error_naming_both_modes(pytester):
-    pytester.makeini("[pytest]\nllm_cpu_numerics = fast\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = usage_error(pytester, "llm_cpu_numerics = fast")
     result.stderr.fnmatch_lines(["ERROR: llm_cpu_numerics = 'fast': expected 'portable' (the default*'native'*"])
 
 

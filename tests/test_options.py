@@ -3,6 +3,8 @@ import pytest
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.values import BatchShape
 
+from .conftest import usage_error
+
 
 @pytest.mark.parametrize(("text", "rows", "length"), [("4x64", 4, 64), (" 1X8 ", 1, 8), ("16x512", 16, 512)])
 def test_batch_shape_parses(text, rows, length):
@@ -27,18 +29,11 @@ def test_batch_shape_rejects(text):
     ],
 )
 def test_bad_ini_value_is_a_usage_error(pytester, ini, expected):
-    pytester.makeini(f"[pytest]\n{ini}\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: {expected}"])
+    usage_error(pytester, ini).stderr.fnmatch_lines([f"ERROR: {expected}"])
 
 
 def test_cli_overrides_ini_and_is_validated(pytester):
-    pytester.makeini("[pytest]\nllm_batch_shape = 4x64\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest("--llm-batch-shape", "2by8")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = usage_error(pytester, "llm_batch_shape = 4x64", "--llm-batch-shape", "2by8")
     result.stderr.fnmatch_lines(["ERROR: llm_batch_shape = '2by8'*"])
 
 
@@ -92,10 +87,7 @@ def test_bad_marker_argument_names_it(suite):
 
 
 def test_path_options_need_an_equals_sign(pytester, tmp_path):
-    pytester.makeini("[pytest]\nllm_batch_shape = 4x32\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest("--llm-model", str(tmp_path))
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = usage_error(pytester, "llm_batch_shape = 4x32", "--llm-model", str(tmp_path))
     result.stderr.fnmatch_lines([f"ERROR: --llm-model = '{tmp_path}': write --llm-model={tmp_path} (with '=')*"])
 
 

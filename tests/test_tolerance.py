@@ -8,6 +8,8 @@ from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile, parse_setting
 
+from .conftest import usage_error
+
 
 @pytest.mark.parametrize(("text", "profile"), [
     ("exact", Profile("exact")),
@@ -53,10 +55,7 @@ def test_device_mapping_and_defaults():
 
 
 def test_bad_ini_tolerance_is_a_usage_error(pytester):
-    pytester.makeini("[pytest]\nllm_tolerance = fuzzy\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = usage_error(pytester, "llm_tolerance = fuzzy")
     result.stderr.fnmatch_lines(["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
 
 
