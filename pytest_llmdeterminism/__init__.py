@@ -12,6 +12,7 @@ from pytest_llmdeterminism.compare import GoldenMismatchError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
     ConfigurationError,
+    EngineError,
     GoldenFileError,
     LLMDeterminismError,
     ModelLoadError,
@@ -26,6 +27,7 @@ __all__ = [
     "AuditReport",
     "BatchInvarianceProbeError",
     "ConfigurationError",
+    "EngineError",
     "Generation",
     "GoldenFileError",
     "GoldenMismatchError",
@@ -44,7 +46,7 @@ __version__ = "0.1.0"
 
 # Failures name errors by their public home (`pytest_llmdeterminism.GoldenMismatchError`), not by
 # the module that happens to define them.
-for _error in (BatchInvarianceProbeError, ConfigurationError, GoldenFileError, GoldenMismatchError,
+for _error in (BatchInvarianceProbeError, ConfigurationError, EngineError, GoldenFileError, GoldenMismatchError,
                LLMDeterminismError, ModelLoadError, NonFiniteLogitsError, NondeterminismError,
                PromptTooLongError, SamplingRefusedError):
     _error.__module__ = __name__

@@ -26,9 +26,52 @@ if TYPE_CHECKING:
 
 @dataclass
 class RowSteps:
+    """One row's steps as every engine records them: hash, top-k ``(token id, logprob)``, margin."""
+
     hashes: list[str] = field(default_factory=list)
     top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+
+    def append(self, step_hash: str, ids: list[int], logprobs: list[float]) -> None:
+        """One step: ``ids`` and ``logprobs`` best first. Rounded, floored and margined here, once for
+        every engine, so that goldens of different engines hold the same kind of numbers."""
+        finite = [max(v, LOGPROB_FLOOR) for v in logprobs]
+        self.hashes.append(step_hash)
+        self.top.append(tuple(zip(ids, (round(v, LOGPROB_DECIMALS) for v in finite))))
+        margin = finite[0] - finite[1] if len(finite) > 1 else math.inf
+        self.margins.append(round(min(margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+
+
+@dataclass
+class Chunk:
+    """What an engine computed for the prompts of one call, row by row (filler rows excluded)."""
+
+    tokens: list[list[int]]  # the generated ids, up to the engine's stop (an EOS included)
+    steps: list[RowSteps]
+    flags: dict[str, Any] = field(default_factory=dict)  # determinism settings in force for the call
+    logits: list[list[Any]] = field(default_factory=list)  # per row, per step: raw logits (keep_logits)
+    # Where the engine decodes and stops by itself (a server): its text, pieces and finish reasons.
+    texts: list[str] | None = None
+    pieces: list[list[str]] | None = None
+    finish_reasons: list[str] | None = None
+
+
+def logits_step(raw: Any, step: int, top_k: int = TOP_K) -> tuple[str, list[int], list[float]]:
+    """Hash, top-k ids and logprobs of one float32 logits row (numpy), for engines that hand over raw
+    logits one row at a time (llama.cpp). The hash is :data:`LOGIT_HASH_DEFINITION`'s."""
+    import numpy as np
+    import xxhash
+
+    row = np.ascontiguousarray(raw, dtype="<f4")
+    if not np.isfinite(row).all():
+        raise NonFiniteLogitsError(step, 0)
+    top_k = min(top_k, row.size)
+    candidates = np.argpartition(-row, top_k - 1)[:top_k]
+    best = candidates[np.lexsort((candidates, -row[candidates]))]  # by logit, ties by id
+    shift = row.max()
+    log_total = np.float32(np.log(np.exp(row - shift, dtype=np.float32).sum(dtype=np.float32)))
+    return (xxhash.xxh3_64_hexdigest(row.tobytes()), [int(i) for i in best],
+            [float(row[i] - shift - log_total) for i in best])
 
 
 class StepCapture:
@@ -112,11 +155,8 @@ class StepCapture:
         ids = torch.stack(self._top_ids, dim=1).cpu().tolist()
         rows = []
         for row in range(self._n_rows):
-            steps = RowSteps(hashes=[h[row] for h in self._hashes])
-            for step_ids, step_values in zip(ids[row], values[row]):
-                finite = [max(v, LOGPROB_FLOOR) for v in step_values]
-                steps.top.append(tuple(zip(step_ids, (round(v, LOGPROB_DECIMALS) for v in finite))))
-                margin = finite[0] - finite[1] if len(finite) > 1 else math.inf
-                steps.margins.append(round(min(margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+            steps = RowSteps()
+            for step_hash, step_ids, step_values in zip((h[row] for h in self._hashes), ids[row], values[row]):
+                steps.append(step_hash, step_ids, step_values)
             rows.append(steps)
         return rows

@@ -44,11 +44,14 @@ class Comparison:
     verdict: Verdict
     input_changes: tuple[tuple[str, Any, Any], ...] = ()
     divergence: Divergence | None = None
-    first_hash_step: int | None = None  # first step whose logit hash differs
+    first_hash_step: int | None = None  # first step whose logit hash differs (0 when not comparable)
     steps_compared: int = 0  # steps whose tokens matched before the first divergence
     total_steps: int = 0  # the golden's length
     max_logprob_delta: float = 0.0  # over top-k ids both sides share, before any token divergence
     tie_margin: float = 0.0  # the margin that classified a divergence as TIE_FLIP or REGRESSION
+    # (golden's, this run's) step-hash definitions when they differ: no hash was compared, and equal
+    # tokens are at best LOGIT_DRIFT (two engines' numbers are never shown "identical").
+    hash_definitions: tuple[str, str] | None = None
 
 
 def default_tie_margin(dtype: str) -> float:
@@ -61,11 +64,16 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
     steps = min(len(expected.token_ids), len(actual.token_ids))
-    token_step = first_token_divergence(expected.token_ids, actual.token_ids)
+    token_step = first_token_divergence(_stream(expected), _stream(actual))
     compared = steps if token_step is None else token_step
     # Steps after a token divergence see different inputs: nothing there is evidence.
     hashed = min(steps, compared + 1)
-    first_hash = next((t for t in range(hashed) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
+    definitions: tuple[str, str] | None = (expected.hash_definition, actual.hash_definition)
+    if expected.hash_definition != actual.hash_definition:
+        first_hash: int | None = 0
+    else:
+        definitions, first_hash = None, next(
+            (t for t in range(hashed) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
     delta = _max_logprob_delta(expected.top_logprobs[:compared], actual.top_logprobs[:compared])
     margin = tie_margin if tie_margin is not None else default_tie_margin(expected.fingerprint.get("dtype", ""))
     if token_step is None:
@@ -74,7 +82,8 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
         divergence = _divergence(expected, actual, token_step)
         verdict = _classify(divergence, margin)
     return Comparison(verdict, divergence=divergence, first_hash_step=first_hash, steps_compared=compared,
-                      total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin)
+                      total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin,
+                      hash_definitions=definitions)
 
 
 def first_token_divergence(expected: Sequence[object], actual: Sequence[object]) -> int | None:
@@ -97,6 +106,22 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
         if _normalise(old.get(key)) != _normalise(new.get(key)):
             changes.append((f"generation_config.{key}", old.get(key), new.get(key)))
     return tuple(changes)
+
+
+STOPPED = "<stopped at EOS>"
+
+
+def _stream(gen: Generation) -> list[object]:
+    """The tokens as compared: a stop at EOS is one step, whether the engine returned the EOS token
+    (transformers, llama.cpp) or stopped without it (an OpenAI-compatible server)."""
+    tokens: list[object] = list(gen.token_ids)
+    if gen.finish_reason == "eos":
+        eos = gen.generation_config.get("eos_token_id") or ()
+        if tokens and tokens[-1] in (eos if isinstance(eos, (list, tuple)) else (eos,)):
+            tokens[-1] = STOPPED
+        else:
+            tokens.append(STOPPED)
+    return tokens
 
 
 def _normalise(value: Any) -> Any:

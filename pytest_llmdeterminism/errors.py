@@ -11,6 +11,7 @@ from pathlib import Path
 __all__ = [
     "BatchInvarianceProbeError",
     "ConfigurationError",
+    "EngineError",
     "GoldenFileError",
     "LLMDeterminismError",
     "ModelLoadError",
@@ -43,6 +44,15 @@ class ModelLoadError(LLMDeterminismError):
     def __init__(self, spec: str, message: str) -> None:
         self.spec = spec
         super().__init__(f"cannot load llm_model {spec!r}: {message}")
+
+
+class EngineError(LLMDeterminismError):
+    """The engine behind ``llm_model`` failed while generating: a server stopped answering, or did
+    not decode greedily, or tokenised the prompt differently from the tokenizer the spec names."""
+
+    def __init__(self, spec: str, message: str) -> None:
+        self.spec = spec
+        super().__init__(f"llm_model {spec!r}: {message}")
 
 
 class SamplingRefusedError(LLMDeterminismError, ValueError):

@@ -15,13 +15,14 @@ if TYPE_CHECKING:
 _CHUNK = 1 << 24
 
 
-def fingerprint(loaded: LoadedModel) -> dict[str, Any]:
-    """What produced a generation. Cached per loaded model, except the live torch flags."""
+def fingerprint(loaded: LoadedModel, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What produced a generation. Cached per loaded model, except the determinism ``flags`` the
+    engine had in force (by default the live torch flags)."""
     from pytest_llmdeterminism import determinism
 
     if "static" not in loaded.cache:
-        loaded.cache["static"] = _static(loaded)
-    return {**loaded.cache["static"], "flags": determinism.flags()}
+        loaded.cache["static"] = _static(loaded) if loaded.describe is None else _static_engine(loaded)
+    return {**loaded.cache["static"], "flags": dict(determinism.flags() if flags is None else flags)}
 
 
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -47,6 +48,14 @@ _NUMERICS_BY_KIND = {
     "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "torch_threads"),
     "gpu": ("device_name", "compute_capability", "cuda", "cudnn", "cuda_driver"),
 }
+# Other engines: their own version and pinned knobs decide the bits (and, in process, the CPU).
+_NUMERICS_BY_ENGINE = {
+    "llamacpp": ("engine", "engine_version", "machine", "device_name", "dtype", "threads", "n_batch", "n_ubatch",
+                 "n_ctx", "weights_hash"),
+    "openai": ("engine", "server_model", "server_version", "system_fingerprint", "dtype"),
+    "vllm": ("engine", "engine_version", "device_name", "compute_capability", "cuda", "dtype", "torch",
+             "batch_invariant"),
+}
 
 
 def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -54,6 +63,11 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
 
     Pure. A field the golden did not record (it predates the field) counts as changed.
     """
+    engines = {side.get("engine", "transformers") for side in (recorded, current)}
+    if engines != {"transformers"}:
+        fields = _NUMERICS_BY_ENGINE.get(str(current.get("engine")), ("engine",))
+        return [(name, recorded.get(name), current.get(name)) for name in fields
+                if recorded.get(name) != current.get(name)]
     if current.get("device_class") != "cpu":
         kind = "gpu"
     else:  # portable only where both sides ran the pinned kernels (not, e.g., a torch without MKL)
@@ -87,7 +101,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         device_name = torch.cuda.get_device_name(index)
         capability = ".".join(map(str, torch.cuda.get_device_capability(index)))
     else:
-        device_name, capability = _cpu_name(), None
+        device_name, capability = numerics.cpu_name(), None
     return {
         "python": platform.python_version(),
         "torch": str(torch.__version__),  # TorchVersion is a str subclass that serializers reject
@@ -113,23 +127,26 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
+def _static_engine(loaded: LoadedModel) -> dict[str, Any]:
+    """Another engine's fingerprint: what it describes, plus the hashes that identify the model."""
+    assert loaded.describe is not None
+    weights = loaded.describe.get("weights_file")
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        **{key: value for key, value in loaded.describe.items() if key != "weights_file"},
+        "weights_hash": file_hash(Path(weights)) if weights else None,
+        "tokenizer_hash": _tokenizer_hash(loaded.tokenizer),
+        "chat_template_hash": _text_hash(getattr(loaded.tokenizer, "chat_template", None)),
+    }
+
+
 def _cuda_driver(torch: Any) -> str | None:
     get_version = getattr(torch._C, "_cuda_getDriverVersion", None)  # private, so guarded
     if get_version is None:
         return None
     version = int(get_version())
     return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _weights_hash(loaded: LoadedModel) -> str:

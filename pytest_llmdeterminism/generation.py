@@ -16,6 +16,23 @@ LOGIT_HASH_DEFINITION = (
     "xxh3_64 hex digest of the model forward's output logits at the last position of each row, "
     "before any logits processor, cast to float32, as little-endian bytes"
 )
+# Each engine hashes what it really exposes; a golden names its definition, and goldens of two
+# definitions never have their hashes compared (the comparator says so instead).
+SERVED_HASH_DEFINITION = (
+    "xxh3_64 hex digest of the compact JSON [token, [[token, logprob], ...]] of one step as an "
+    "OpenAI-compatible server returned it: the chosen token's text and the top-k alternatives' texts "
+    "with their logprobs (float64, as sent), best first"
+)
+VLLM_HASH_DEFINITION = (
+    "xxh3_64 hex digest of the compact JSON [token id, [[token id, logprob], ...]] of one step as "
+    "vLLM returned it: the chosen token and the top-k alternatives with their logprobs, best first"
+)
+HASH_DEFINITIONS = {"logits": LOGIT_HASH_DEFINITION, "served-topk": SERVED_HASH_DEFINITION,
+                    "vllm-topk": VLLM_HASH_DEFINITION}
+# A served token whose text is no single token of the local tokenizer gets an id from here up
+# (TEXT_ONLY_IDS + a hash of its text): stable, and never a real vocabulary id.
+TEXT_ONLY_IDS = 1 << 40
+DEFAULT_ENGINE = "transformers"  # the engine whose goldens carry no engine prefix in their variant
 TOP_K = 5
 LOGPROB_DECIMALS = 6
 # A token a processor suppressed has logprob -inf, which JSON cannot hold; stored as this floor.
@@ -105,6 +122,19 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     return effective
 
 
+def refuse_beyond(engine: str, config: Mapping[str, Any], *, keep_logits: bool = False,
+                  has_logits: bool = True) -> None:
+    """What only the transformers backend does, refused by name in another ``engine``: an n-gram
+    block (a transformers processor), and raw logits (the audit's) where the engine returns none."""
+    __tracebackhide__ = True
+    if keep_logits and not has_logits:
+        raise ConfigurationError("--llm-audit", True, f"{engine} returns no raw logits; audit on the transformers "
+                                 "backend (llm_model = the model's folder or .gguf file, without an engine prefix)")
+    if config["no_repeat_ngram_size"]:
+        raise ConfigurationError("llm_model.generate(no_repeat_ngram_size=...)", config["no_repeat_ngram_size"],
+                                 f"is supported by the transformers backend only, not by {engine}")
+
+
 def _checked_override(name: str, value: Any) -> Any:
     """An accepted override, validated so that a bad value fails here, not deep in transformers."""
     __tracebackhide__ = True
@@ -154,6 +184,7 @@ class Generation:
     pieces: tuple[str, ...] = ()
     fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
     prompt_form: str = "text"  # "text", "chat" (prompt is the rendered conversation) or "token_ids"
+    hash_definition: str = "logits"  # a key of HASH_DEFINITIONS: what ``logit_hashes`` hash
 
     def __post_init__(self) -> None:
         steps = len(self.token_ids)
@@ -163,5 +194,8 @@ class Generation:
 
     @property
     def variant(self) -> str:
-        """The golden variant this generation belongs to: device class and dtype."""
-        return f"{self.fingerprint.get('device_class', 'cpu')}/{self.fingerprint.get('dtype', 'float32')}"
+        """The golden variant this generation belongs to: device class and dtype (``cpu/float32``),
+        after the engine unless it is transformers (``llamacpp:cpu/Q4_1``)."""
+        engine = self.fingerprint.get("engine", DEFAULT_ENGINE)
+        where = f"{self.fingerprint.get('device_class', 'cpu')}/{self.fingerprint.get('dtype', 'float32')}"
+        return where if engine == DEFAULT_ENGINE else f"{engine}:{where}"

@@ -12,9 +12,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from pytest_llmdeterminism.capture import StepCapture
+from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.compare import Verdict, compare
-from pytest_llmdeterminism.determinism import deterministic_state
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, ConfigurationError, PromptTooLongError
 from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
@@ -59,10 +58,17 @@ class LLMModel:
 
         import torch
 
+        from pytest_llmdeterminism.backends.hf import HFEngine
+
         key = f"dtype-copy:{dtype}"
         if key not in self._loaded.cache:
-            model = copy.deepcopy(self._loaded.model).to(getattr(torch, dtype))
-            self._loaded.cache[key] = dataclasses.replace(self._loaded, model=model, dtype=dtype, cache={})
+            engine = self._loaded.engine
+            if not isinstance(engine, HFEngine):
+                raise ConfigurationError("--llm-audit-dtype", dtype, f"a dtype copy needs the transformers "
+                                         f"backend; {self._loaded.spec} runs on {engine.name}")
+            model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
+            self._loaded.cache[key] = dataclasses.replace(
+                self._loaded, model=model, dtype=dtype, cache={}, engine=HFEngine(model, engine.tokenizer, engine.device))
         return self._view(self._loaded.cache[key], self.settings, keep_logits)
 
     @staticmethod
@@ -110,10 +116,10 @@ class LLMModel:
         config = resolve_generation_config(
             overrides,
             max_new_tokens=self.settings.max_new_tokens,
-            eos_token_ids=self._eos_token_ids(),
+            eos_token_ids=self._loaded.engine.eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
         )
-        if self._verify:
+        if self._verify and not self._loaded.engine.runs_rows_alone:
             self._verify_batch_invariance(inputs[0][0], inputs[0][1])
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
@@ -204,8 +210,7 @@ class LLMModel:
             return f"batch invariance: nothing to verify at {shape} (one row per batch)"
         config = resolve_generation_config({}, max_new_tokens=PROBE_STEPS, eos_token_ids=[],
                                            pad_token_id=self.tokenizer.pad_token_id)
-        vocab_size = min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
-        others = _companions(ids, shape.length, 2 * (shape.rows - 1), vocab_size)
+        others = _companions(ids, shape.length, 2 * (shape.rows - 1), self._loaded.engine.vocab_size())
         first_batch = [(prompt, ids)] + [("", c) for c in others[: shape.rows - 1]]
         first = self._generate_chunk(first_batch, config)[0]
         last = self._generate_chunk([("", c) for c in others[shape.rows - 1:]] + [(prompt, ids)], config)[-1]
@@ -236,13 +241,6 @@ class LLMModel:
         return in_force, ("one thread (OMP_NUM_THREADS=1), or one prompt per batch: llm_batch_shape = "
                           f"\"1x{self.settings.batch_shape.length}\"; please report this machine (lscpu) as a bug")
 
-    def _eos_token_ids(self) -> list[int]:
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
-        return ids
-
     def _checked(self, prompt: str, ids: list[int]) -> list[int]:
         __tracebackhide__ = True
         if not ids:
@@ -257,64 +255,37 @@ class LLMModel:
         return ids
 
     def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: dict[str, Any]) -> list[Generation]:
-        import torch
-        from transformers import GenerationConfig
-
-        shape = self.settings.batch_shape
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((shape.rows, shape.length), pad, dtype=torch.long)
-        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
-        # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
-        for row in range(shape.rows):
-            ids = chunk[row][1] if row < len(chunk) else chunk[0][1]
-            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
-            attention_mask[row, shape.length - len(ids):] = 1
-        device = self._loaded.device
-        model = self.model
-        if model.training:
-            model.eval()  # dropout at inference is random; a test may have called .train()
-        checkpoint_config = model.generation_config
-        # generate() fills every unset field from model.generation_config, so a checkpoint's own
-        # sampling defaults would leak in; swap in a clean one for the call.
-        model.generation_config = GenerationConfig()
-        try:
-            with deterministic_state(self.settings.seed), torch.inference_mode(), \
-                    StepCapture(model, rows=len(chunk), keep_logits=self._keep_logits) as capture:
-                output = model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
-                    generation_config=GenerationConfig(**config),
-                    logits_processor=capture.logits_processor(),
-                )
-                fingerprint_now = fingerprint(self._loaded)  # flags as they were for this call
-        finally:
-            model.generation_config = checkpoint_config
-        new_tokens = output[:, shape.length:].cpu().tolist()
+        engine = self._loaded.engine
+        out = engine.run([ids for _, ids in chunk], config, self.settings, self._keep_logits)
+        fingerprint_now = fingerprint(self._loaded, out.flags)
         eos = set(config["eos_token_id"])
         records = [
-            self._record(prompt, ids, new_tokens[row], capture.rows[row], config, eos, fingerprint_now)
+            self._record(prompt, ids, out, row, config, eos, fingerprint_now)
             for row, (prompt, ids) in enumerate(chunk)
         ]
         if self._keep_logits:
-            self.last_logits += [[step[row] for step in capture.logits[: len(record.token_ids)]]
-                                 for row, record in enumerate(records)]
+            self.last_logits += [out.logits[row][: len(record.token_ids)] for row, record in enumerate(records)]
         return records
 
-    def _record(self, prompt: str, prompt_ids: list[int], tokens: list[int], steps: Any,
+    def _record(self, prompt: str, prompt_ids: list[int], out: Chunk, row: int,
                 config: dict[str, Any], eos: set[int], fingerprint_now: dict[str, Any]) -> Generation:
+        tokens, steps = out.tokens[row], out.steps[row]
         finish_reason = "length"
         for index, token in enumerate(tokens):
             if token in eos:
                 tokens, finish_reason = tokens[: index + 1], "eos"
                 break
         n = len(tokens)
-        decode = self.tokenizer.decode
-        pieces = self.tokenizer.batch_decode([[t] for t in tokens]) if tokens else []
+        if out.texts is not None and out.pieces is not None and out.finish_reasons is not None:
+            text, pieces, finish_reason = out.texts[row], out.pieces[row], out.finish_reasons[row]
+        else:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            pieces = self.tokenizer.batch_decode([[t] for t in tokens]) if tokens else []
         return Generation(
             prompt=prompt,
             prompt_token_ids=tuple(prompt_ids),
             token_ids=tuple(tokens),
-            text=decode(tokens, skip_special_tokens=True),
+            text=text,
             logit_hashes=tuple(steps.hashes[:n]),
             top_logprobs=tuple(steps.top[:n]),
             margins=tuple(steps.margins[:n]),
@@ -323,6 +294,7 @@ class LLMModel:
             batch_shape=str(self.settings.batch_shape),
             pieces=tuple(pieces),
             fingerprint=fingerprint_now,
+            hash_definition=self._loaded.engine.hash_definition,
         )
 
 

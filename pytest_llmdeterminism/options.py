@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape
+from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, ENGINE_PREFIXES, BatchShape
 
 if TYPE_CHECKING:
     import pytest
@@ -307,9 +307,20 @@ def _update_mode_allowed(config: pytest.Config) -> UpdateMode | None:
 
 
 def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
+    """The spec with its local paths made absolute: the model path, or an engine's model file and
+    (for a server) its tokenizer, after the engine prefix."""
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
-    return _path_setting("llm_model", spec, config)
+    engine, colon, rest = spec.partition(":")
+    if engine not in ENGINE_PREFIXES or not colon:
+        return _path_setting("llm_model", spec, config)
+    target, hash_sign, fragment = rest.partition("#")
+    if engine != "openai":
+        target = _path_setting("llm_model", target, config) or target
+    pairs = [(key, _path_setting("llm_model", value, config) if key == "tokenizer" and value else value)
+             for key, _, value in (pair.partition("=") for pair in fragment.split("&") if pair)]
+    fragment = "&".join(f"{key}={value}" for key, value in pairs)
+    return f"{engine}:{target}{hash_sign}{fragment}"
 
 
 def _path_setting(name: str, raw: str | None, config: pytest.Config) -> str | None:

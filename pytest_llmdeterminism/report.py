@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_divergence
-from pytest_llmdeterminism.generation import Generation, TopK
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.records import CheckRecord
@@ -69,6 +69,9 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
     d = comparison.divergence
     if comparison.verdict is Verdict.INPUT_CHANGED:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
+    if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
+        return (f"{verdict} — same tokens; the step hashes are not comparable (golden {_hashes(comparison, 0)}, "
+                f"this run {_hashes(comparison, 1)}); max |Δlogprob| in top-k {_delta(comparison.max_logprob_delta)}")
     if comparison.verdict is Verdict.LOGIT_DRIFT:
         return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ "
                 f"(max |Δlogprob| in top-k {_delta(comparison.max_logprob_delta)})")
@@ -84,9 +87,20 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
             f"got {_token(d.actual_token, decode)}; {confidence}")
 
 
+def _hashes(comparison: Comparison, side: int) -> str:
+    assert comparison.hash_definitions is not None
+    name = comparison.hash_definitions[side]
+    return {"logits": "hashes raw logits", "served-topk": "hashes what a server returned",
+            "vllm-topk": "hashes what vLLM returned"}.get(name, f"hash {name!r}")
+
+
 def _drift_line(comparison: Comparison) -> str:
     matched = comparison.steps_compared
     total = max(comparison.total_steps, 1)
+    if comparison.hash_definitions is not None:
+        return (f"  before the divergence: {matched}/{comparison.total_steps} tokens matched ({matched / total:.0%}); "
+                f"max |Δlogprob| in top-k {_delta(comparison.max_logprob_delta)} (golden {_hashes(comparison, 0)}, "
+                f"this run {_hashes(comparison, 1)}: not comparable)")
     drift = ("logits identical before it" if comparison.first_hash_step is None
              or comparison.first_hash_step >= matched else
              f"logits differed from step {comparison.first_hash_step}, "
@@ -138,6 +152,8 @@ def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None)
     def decode(token: int) -> str:
         if token in known:
             return known[token]
+        if token >= TEXT_ONLY_IDS:
+            return "<a served token with no id>"
         return str(tokenizer.decode([token])) if tokenizer is not None else f"<id {token}>"
 
     return decode

@@ -78,6 +78,9 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     text: str
     fingerprint: dict[str, FingerprintValue]
     prompt_form: Literal["text", "chat", "token_ids"] = "text"  # written only when not "text"
+    # What the steps' hashes hash (generation.HASH_DEFINITIONS); written only when not "logits", the
+    # definition the header names. An unknown one is refused: its hashes could not be compared.
+    step_hash: Literal["logits", "served-topk", "vllm-topk"] = "logits"
 
 
 class _Document(msgspec.Struct, forbid_unknown_fields=True):
@@ -126,6 +129,7 @@ def to_entry(generation: Generation) -> dict[str, Any]:
         "steps": steps,
         "text": generation.text,
         **({"prompt_form": generation.prompt_form} if generation.prompt_form != "text" else {}),
+        **({"step_hash": generation.hash_definition} if generation.hash_definition != "logits" else {}),
     }
 
 
@@ -155,6 +159,7 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
         pieces=tuple(s.piece for s in steps),
         fingerprint=entry.fingerprint,
         prompt_form=entry.prompt_form,
+        hash_definition=entry.step_hash,
     )
 
 
@@ -381,6 +386,7 @@ def _entry_text(entry: Entry) -> str:
         f'"prompt": {encode_basestring(entry.prompt)}',
         *([f'"prompt_form": {encode_basestring(entry.prompt_form)}'] if entry.prompt_form != "text" else []),
         f'"prompt_token_ids": [{", ".join(map(str, entry.prompt_token_ids))}]',
+        *([f'"step_hash": {encode_basestring(entry.step_hash)}'] if entry.step_hash != "logits" else []),
         f'"steps": [\n{steps}\n{inner}]' if entry.steps else '"steps": []',
         f'"text": {encode_basestring(entry.text)}',
     ]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError
 
 MARKER = "deterministic"
 BUILTIN_PREFIX = "builtin:"
+ENGINE_PREFIXES = ("llamacpp", "openai", "vllm")  # llm_model = "ENGINE:..." (backends/)
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Beyond these a shape is a typo, not a test: refused at start-up instead of deep inside torch.
@@ -67,3 +69,36 @@ class GenerationSettings:
     max_new_tokens: int
     seed: int
     batch_shape_setting: str = "llm_batch_shape"  # where the shape came from, for error messages
+
+
+def flag(text: str) -> bool:
+    """``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``."""
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def engine_params(spec: str, params: dict[str, str], accepted: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """An engine spec's ``#key=value`` options, each parsed by its type, with defaults filled in.
+
+    ``accepted`` maps a key to ``(parse, default)``; an unknown key or a bad value names the fix.
+    """
+    __tracebackhide__ = True
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ConfigurationError("llm_model", spec, f"unknown option {unknown[0]!r} after '#'; this engine "
+                                 f"takes: {', '.join(sorted(accepted))}")
+    parsed = {key: default for key, (_, default) in accepted.items()}
+    for key, text in params.items():
+        parse = accepted[key][0]
+        try:
+            parsed[key] = parse(text)
+        except ValueError:
+            raise ConfigurationError("llm_model", spec, f"option {key}={text!r} is not a valid "
+                                     f"{getattr(parse, '__name__', 'value')}") from None
+        if parse is int and parsed[key] < 1:
+            raise ConfigurationError("llm_model", spec, f"option {key}={text!r} must be at least 1")
+    return parsed

@@ -120,3 +120,77 @@ def suite(pytester):
     """A pytester project configured for the tiny model."""
     pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\nllm_max_new_tokens = 8\n")
     return pytester
+
+
+class LlamaServer:
+    """llama-cpp-python's OpenAI-compatible server, serving one GGUF file on a free localhost port."""
+
+    def __init__(self, model: Path, log: Path) -> None:
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.log = log
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+             "--port", str(self.port), "--n_threads", "2", "--n_ctx", "2048", "--seed", "0"],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        self._wait_until_ready()
+
+    def _wait_until_ready(self, seconds: float = 120.0) -> None:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the llama.cpp server exited ({self.process.returncode}):\n{self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/models", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        pytest.fail(f"the llama.cpp server did not answer within {seconds:.0f} s:\n{self.log.read_text()[-2000:]}")
+
+    def spec(self, tokenizer: Path) -> str:
+        return f"openai:{self.url}#tokenizer={tokenizer}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def llama_server(tmp_path_factory):
+    """Start servers with ``llama_server(model_path)``; each is killed when the test ends."""
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: "
+                        "pip install -e '.[llamacpp]' (.ci/run does)")
+    started: list[LlamaServer] = []
+
+    def start(model: Path) -> LlamaServer:
+        started.append(LlamaServer(model, tmp_path_factory.mktemp("server") / "server.log"))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def perturbed_gguf(source: Path, dest: Path, factor: float) -> Path:
+    """A copy of a GGUF file whose final norm weights are scaled by ``factor``: a changed model."""
+    import shutil
+
+    from gguf import GGUFReader
+
+    shutil.copyfile(source, dest)
+    reader = GGUFReader(dest, "r+")
+    (norm,) = [t for t in reader.tensors if t.name == "output_norm.weight"]
+    norm.data[:] = norm.data * factor
+    del reader
+    return dest

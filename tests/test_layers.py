@@ -18,8 +18,10 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 LAYERS = [  # lowest first; each line may import only from the lines above it
     ["errors"],
     ["values", "generation", "numerics", "determinism"],
-    ["compare", "capture", "backends.hf"],
-    ["tolerance", "store", "backends"],
+    ["compare", "capture"],
+    ["tolerance", "store", "backends.hf"],
+    ["backends.llamacpp", "backends.openai", "backends.vllm"],
+    ["backends"],
     ["fingerprint", "records", "files"],
     ["model", "options", "ledger"],
     ["audit"],

@@ -1,7 +1,15 @@
-"""Model backends: turn an ``llm_model`` spec into a loaded model and tokenizer, offline and safely.
+"""Model backends: turn an ``llm_model`` spec into a loaded engine and tokenizer, offline and safely.
 
-Today there is one backend, transformers (``hf.py``), which reads local folders with safetensors
-weights and ``.gguf`` files; ``builtin:tiny`` is a transformers folder shipped in this package.
+The spec chooses the engine:
+
+- a local folder (safetensors) or ``.gguf`` file, or ``builtin:tiny``: transformers in the test
+  process (``hf.py``), the default;
+- ``llamacpp:PATH.gguf``: llama.cpp in the test process (``llamacpp.py``);
+- ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``openai.py``);
+- ``vllm:MODEL``: vLLM's offline engine (``vllm.py``, needs a GPU).
+
+Each engine implements :class:`Engine`; everything above this package (comparison, goldens,
+reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` an engine returns.
 :class:`ModelCache` loads each spec once per process and remembers a failure as well.
 """
 
@@ -11,17 +19,36 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_llmdeterminism import numerics
-from pytest_llmdeterminism.backends import hf
+from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
 from pytest_llmdeterminism.backends.hf import worker_cuda_index
+from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError
-from pytest_llmdeterminism.values import BUILTIN_PREFIX
+from pytest_llmdeterminism.values import BUILTIN_PREFIX, ENGINE_PREFIXES, GenerationSettings
 
-__all__ = ["BUILTIN_MODELS", "LoadedModel", "ModelCache", "load", "resolve", "worker_cuda_index"]
+__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "LoadedModel", "ModelCache", "load", "resolve",
+           "worker_cuda_index"]
 
 BUILTIN_MODELS = {"tiny": Path(__file__).parent / "tiny"}
+ENGINES = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # spec prefix -> module
+assert tuple(ENGINES) == ENGINE_PREFIXES
+
+
+class Engine(Protocol):
+    """What the model layer needs of an engine: greedy generation with per-step capture."""
+
+    name: str  # "transformers", "llamacpp", "openai", "vllm": the variant's prefix (none for transformers)
+    hash_definition: str  # a key of generation.HASH_DEFINITIONS: what its step hashes hash
+    runs_rows_alone: bool  # each prompt runs alone, so companions cannot change it: nothing to probe
+
+    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+            keep_logits: bool) -> Chunk: ...
+
+    def eos_token_ids(self) -> list[int]: ...
+
+    def vocab_size(self) -> int: ...
 
 
 @dataclass
@@ -29,14 +56,18 @@ class LoadedModel:
     """A model and tokenizer ready for greedy generation, with what is needed to fingerprint them."""
 
     spec: str
-    kind: str  # "folder" or "gguf"
-    path: Path
-    model: Any
-    tokenizer: Any
+    kind: str  # "folder" or "gguf" (transformers), or the engine's name
+    path: Path  # the weights: a folder or a .gguf file (for a server, its tokenizer)
+    model: Any  # the engine's own object: a transformers model, a llama_cpp.Llama, a client
+    tokenizer: Any  # a transformers tokenizer, or an engine's adapter with the same surface
     dtype: str
     device: str
+    engine: Engine
     cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
+    # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
+    # for transformers, whose fingerprint the fingerprint module builds itself.
+    describe: dict[str, Any] | None = None
 
 
 def resolve(spec: str) -> tuple[str, Path]:
@@ -66,12 +97,33 @@ def resolve(spec: str) -> tuple[str, Path]:
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
     __tracebackhide__ = True
+    prefix, _, rest = spec.partition(":")
+    if prefix in ENGINES and rest:
+        target, params = split_params(spec, rest)
+        loaded = ENGINES[prefix].load(spec, target, params, dtype=dtype, device=device)
+        return LoadedModel(spec=spec, cpu_numerics=cpu_numerics, **loaded)
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         numerics.check(cpu_numerics)
-    return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer,
-                       dtype=dtype, device=device, cpu_numerics=cpu_numerics)
+    return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
+                       device=device, engine=hf.HFEngine(model, tokenizer, device), cpu_numerics=cpu_numerics)
+
+
+def split_params(spec: str, rest: str) -> tuple[str, dict[str, str]]:
+    """``TARGET#key=value&key=value`` -> ``(TARGET, {key: value})``; a malformed pair names the fix."""
+    __tracebackhide__ = True
+    target, _, fragment = rest.partition("#")
+    params: dict[str, str] = {}
+    for pair in filter(None, fragment.split("&")):
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise ConfigurationError("llm_model", spec, f"{pair!r} after '#' is not key=value "
+                                     "(e.g. llamacpp:model.gguf#threads=2&n_batch=512)")
+        params[key] = value
+    if not target:
+        raise ConfigurationError("llm_model", spec, "names no model after the engine prefix")
+    return target, params
 
 
 class ModelCache:

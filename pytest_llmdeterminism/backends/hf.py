@@ -8,7 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.capture import Chunk, StepCapture
+from pytest_llmdeterminism.determinism import deterministic_state
 from pytest_llmdeterminism.errors import ModelLoadError
+from pytest_llmdeterminism.values import GenerationSettings
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -20,6 +23,65 @@ def worker_cuda_index(worker_id: str | None, device_count: int) -> int:
     """
     match = re.fullmatch(r"gw(\d+)", worker_id or "")
     return int(match[1]) % device_count if match and device_count > 0 else 0
+
+
+class HFEngine:
+    """transformers in the test process: one ``model.generate`` call per chunk, at ``B x L``, left
+    padded, filler rows repeating the first prompt; logits hashed in a forward hook."""
+
+    name = "transformers"
+    hash_definition = "logits"
+    runs_rows_alone = False  # rows share a batch: batch invariance must be verified
+
+    def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+
+    def eos_token_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [eos] if isinstance(eos, int) else list(eos or [])
+
+    def vocab_size(self) -> int:
+        return min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
+
+    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+            keep_logits: bool) -> Chunk:
+        import torch
+        from transformers import GenerationConfig
+
+        from pytest_llmdeterminism.determinism import flags
+
+        shape = settings.batch_shape
+        input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
+        # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
+        for row in range(shape.rows):
+            ids = rows[row] if row < len(rows) else rows[0]
+            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
+            attention_mask[row, shape.length - len(ids):] = 1
+        model = self.model
+        if model.training:
+            model.eval()  # dropout at inference is random; a test may have called .train()
+        checkpoint_config = model.generation_config
+        # generate() fills every unset field from model.generation_config, so a checkpoint's own
+        # sampling defaults would leak in; swap in a clean one for the call.
+        model.generation_config = GenerationConfig()
+        try:
+            with deterministic_state(settings.seed), torch.inference_mode(), \
+                    StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture:
+                output = model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention_mask.to(self.device),
+                    generation_config=GenerationConfig(**config),
+                    logits_processor=capture.logits_processor(),
+                )
+                in_force = flags()  # as they were for this call
+        finally:
+            model.generation_config = checkpoint_config
+        tokens = output[: len(rows), shape.length:].cpu().tolist()
+        logits = [[step[row] for step in capture.logits] for row in range(len(rows))] if keep_logits else []
+        return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits)
 
 
 def pick_device(spec: str, device: str) -> str:
@@ -91,12 +153,40 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             gguf_bar()
     model.to(device)
     model.eval()
+    _ensure_pad_token(tokenizer)
+    return model, tokenizer, device
+
+
+def load_tokenizer(spec: str, path: Path) -> Any:
+    """The transformers tokenizer of a local folder or ``.gguf`` file, offline, with a pad token."""
+    __tracebackhide__ = True
+    from transformers import AutoTokenizer
+
+    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+    if path.suffix == ".gguf":
+        _require_gguf_support(spec)
+        source, common["gguf_file"] = str(path.parent), path.name
+    else:
+        source = str(path)
+    gguf_bar = _silence_gguf_progress_bar() if path.suffix == ".gguf" else None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(spec, f"could not load the tokenizer at {str(path)!r}: {type(error).__name__}: "
+                             f"{error}") from error
+    finally:
+        if gguf_bar is not None:
+            gguf_bar()
+    _ensure_pad_token(tokenizer)
+    return tokenizer
+
+
+def _ensure_pad_token(tokenizer: Any) -> None:
     if tokenizer.pad_token_id is None:
         # Pad positions are masked out, so any id works: EOS where there is one (what most
         # checkpoints expect), else the vocabulary's first token.
         tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token_id is not None \
             else tokenizer.convert_ids_to_tokens(0)
-    return model, tokenizer, device
 
 
 def _require_gguf_support(spec: str) -> None:

@@ -1,0 +1,187 @@
+"""llama.cpp in the test process (``llamacpp:PATH.gguf``), through llama-cpp-python.
+
+The plugin runs its own greedy loop: evaluate the prompt, then per step read the raw float32
+logits of the last position, hash them (the same definition as transformers), pick the argmax and
+evaluate that one token. No sampler chain is involved, so no server-style penalty or top-k default
+can leak in. Each prompt runs alone on a cleared context, so rows cannot influence each other.
+
+Pinned and recorded: ``threads`` (2 unless set; one count for every machine, so goldens do not
+depend on the core count), ``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash
+attention off, no prompt cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
+``n_batch`` 512 vs 2 give bit-identical logits; repeats are bit-identical.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from pytest_llmdeterminism.capture import Chunk, RowSteps, logits_step
+from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
+from pytest_llmdeterminism.generation import refuse_beyond
+from pytest_llmdeterminism.numerics import cpu_name
+from pytest_llmdeterminism.values import GenerationSettings, engine_params
+
+INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
+KNOBS: dict[str, tuple[Any, Any]] = {"threads": (int, 2), "n_batch": (int, 512), "n_ubatch": (int, 512),
+                                     "n_ctx": (int, 2048)}
+
+
+def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: str) -> dict[str, Any]:
+    """The LoadedModel fields for ``llamacpp:PATH.gguf``. ``dtype`` is the file's own (quantisation):
+    llm_dtype does not apply, and ``device`` must allow the CPU."""
+    __tracebackhide__ = True
+    knobs = engine_params(spec, params, KNOBS)
+    path = Path(target)
+    if not (path.is_file() and path.suffix == ".gguf"):
+        raise ModelLoadError(spec, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; the "
+                             "plugin never downloads")
+    if device not in ("auto", "cpu"):
+        raise ConfigurationError("llm_device", device, "llama.cpp runs on the CPU in this plugin; use "
+                                 "llm_device = \"auto\" or \"cpu\"")
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ModelLoadError(spec, f"llama.cpp in process needs llama-cpp-python: {INSTALL}")
+    import llama_cpp
+
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=knobs["n_ctx"], n_threads=knobs["threads"],
+                              n_threads_batch=knobs["threads"], n_batch=knobs["n_batch"],
+                              n_ubatch=knobs["n_ubatch"], n_gpu_layers=0, flash_attn=False,
+                              logits_all=False, verbose=False)
+    except (ValueError, RuntimeError) as error:
+        raise ModelLoadError(spec, f"llama.cpp could not load it: {error}") from error
+    file_type = _file_type(llm.metadata)
+    describe = {
+        "engine": "llamacpp",
+        "engine_version": llama_cpp.__version__,
+        "device_class": "cpu",
+        "device_name": cpu_name(),
+        "cpu_features": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+        "dtype": file_type,
+        **knobs,
+        "flash_attn": False,
+        "model": path.name,
+        "weights_file": str(path),
+    }
+    tokenizer = LlamaTokenizer(llm)
+    return {"kind": "llamacpp", "path": path, "model": llm, "tokenizer": tokenizer, "dtype": file_type,
+            "device": "cpu", "engine": LlamaCppEngine(llm, tokenizer, knobs["n_ctx"]), "describe": describe}
+
+
+class LlamaCppEngine:
+    name = "llamacpp"
+    hash_definition = "logits"  # llama.cpp hands over the raw float32 logits, like transformers
+    runs_rows_alone = True
+
+    def __init__(self, llm: Any, tokenizer: LlamaTokenizer, n_ctx: int) -> None:
+        self._llm, self._tokenizer, self._n_ctx = llm, tokenizer, n_ctx
+
+    def eos_token_ids(self) -> list[int]:
+        return [self._tokenizer.eos_token_id]
+
+    def vocab_size(self) -> int:
+        return len(self._tokenizer)
+
+    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+            keep_logits: bool) -> Chunk:
+        __tracebackhide__ = True
+        refuse_beyond("llama.cpp", config, keep_logits=keep_logits)
+        out = Chunk(tokens=[], steps=[], flags={"engine_loop": "argmax over raw logits, no sampler"})
+        for ids in rows:
+            if len(ids) + config["max_new_tokens"] > self._n_ctx:
+                raise ConfigurationError("llm_model", f"#n_ctx={self._n_ctx}",
+                                         f"a {len(ids)}-token prompt plus max_new_tokens={config['max_new_tokens']} "
+                                         "does not fit the context; raise n_ctx in the spec "
+                                         "(llamacpp:PATH.gguf#n_ctx=4096)")
+            tokens, steps, logits = self._greedy(ids, config, keep_logits)
+            out.tokens.append(tokens)
+            out.steps.append(steps)
+            out.logits.append(logits)
+        return out
+
+    def _greedy(self, ids: list[int], config: dict[str, Any], keep_logits: bool) -> tuple[list[int], RowSteps, list[Any]]:
+        import llama_cpp
+        import numpy as np
+
+        llm = self._llm
+        llm.reset()  # a cleared context: nothing of an earlier prompt is reused
+        llm.eval(ids)
+        eos, penalty = set(config["eos_token_id"]), float(config["repetition_penalty"])
+        seen, tokens, steps, kept = list(ids), [], RowSteps(), []
+        for step in range(config["max_new_tokens"]):
+            raw = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+            step_hash, top_ids, top_logprobs = logits_step(raw, step)
+            if penalty != 1.0 or step < config["min_new_tokens"]:
+                # Processors act on a copy (the hash is of what the model computed), by transformers' rules.
+                scores = raw.copy()
+                previous = np.unique(np.asarray(seen))
+                scores[previous] = np.where(scores[previous] > 0, scores[previous] / penalty,
+                                            scores[previous] * penalty)
+                if step < config["min_new_tokens"]:
+                    scores[sorted(eos)] = np.finfo(np.float32).min
+                _, top_ids, top_logprobs = logits_step(scores, step)
+            steps.append(step_hash, top_ids, top_logprobs)
+            if keep_logits:
+                kept.append(raw.copy())
+            token = top_ids[0]
+            tokens.append(token)
+            seen.append(token)
+            if token in eos:
+                break
+            llm.eval([token])
+        return tokens, steps, kept
+
+
+class LlamaTokenizer:
+    """llama.cpp's own tokenizer behind the surface of a transformers tokenizer that ``llm_model``
+    uses: the prompt is tokenised the way llama.cpp serves it."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+        self.eos_token_id: int = llm.token_eos()
+        self.bos_token_id: int = llm.token_bos()
+        self.pad_token_id = self.eos_token_id
+        self.eos_token = self.decode([self.eos_token_id])
+        self.bos_token = self.decode([self.bos_token_id]) if self.bos_token_id >= 0 else ""
+        self.chat_template: str | None = llm.metadata.get("tokenizer.chat_template")
+        self.backend_tokenizer = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": list(self._llm.tokenize(text.encode(), add_bos=add_special_tokens, special=True))}
+
+    def __len__(self) -> int:
+        return int(self._llm.n_vocab())
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self._llm.detokenize(list(ids), special=not skip_special_tokens).decode("utf-8", errors="replace"))
+
+    def batch_decode(self, rows: list[list[int]]) -> list[str]:
+        return [self.decode(row) for row in rows]
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"{i}:{self.decode([i])!r}": i for i in range(len(self))}
+
+    def apply_chat_template(self, conversation: list[Any], tokenize: bool = False,
+                            add_generation_prompt: bool = True) -> str:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        assert self.chat_template is not None
+        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self.eos_token, bos_token=self.bos_token,
+                                        add_generation_prompt=add_generation_prompt)
+        return str(formatter(messages=list(conversation)).prompt)
+
+
+# llama.cpp's general.file_type numbers (enum llama_ftype) for the common quantisations.
+_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+               11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+               17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
+def _file_type(metadata: dict[str, str]) -> str:
+    value = metadata.get("general.file_type")
+    try:
+        return _FILE_TYPES.get(int(value), f"ftype{value}") if value is not None else "unknown"
+    except ValueError:
+        return str(value)
+

@@ -1,0 +1,264 @@
+"""vLLM's offline engine in the test process (``vllm:MODEL``, a local folder; needs an NVIDIA GPU).
+
+vLLM hands over no raw logits, only each step's top-k logprobs, so that is what gets recorded:
+the step hash is :data:`~generation.VLLM_HASH_DEFINITION` (over the chosen id and the top-k ids
+and logprobs), and a golden says so; hashes of two definitions are never compared. The logprobs
+are vLLM's ``processed_logprobs``: the scores greedy decoding picked from (after a repetition
+penalty or ``min_new_tokens``), as the transformers backend records them, so every step is checked
+to be the best of its top-k.
+
+Pinned, from vLLM's reproducibility and batch-invariance guidance, and recorded in the fingerprint:
+the engine seed (0) and each request's seed (the test's), eager execution (no CUDA graphs), no
+prefix caching, no chunked prefill, ``max_num_seqs`` (1: prompts run one at a time, so companions
+cannot change them), the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+safetensors weights only, no remote code, no hub access (``HF_HUB_OFFLINE=1``), and
+``VLLM_BATCH_INVARIANT=1`` on GPUs of compute capability 9.0 and above. An environment variable
+the user already set is kept, and recorded as it is.
+
+Knobs after ``#``: ``tensor_parallel_size`` (1), ``max_num_seqs`` (1), ``gpu_memory_utilization``
+(0.5) and ``max_model_len`` (2048), e.g. ``vllm:models/NAME#max_model_len=4096``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_llmdeterminism.backends.hf import load_tokenizer
+from pytest_llmdeterminism.capture import Chunk, RowSteps
+from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError, NonFiniteLogitsError
+from pytest_llmdeterminism.generation import TOP_K, refuse_beyond
+from pytest_llmdeterminism.values import GenerationSettings, engine_params
+
+INSTALL = "pip install vllm (needs an NVIDIA GPU)"
+KNOBS: dict[str, tuple[Any, Any]] = {"tensor_parallel_size": (int, 1), "max_num_seqs": (int, 1),
+                                     "gpu_memory_utilization": (float, 0.5), "max_model_len": (int, 2048)}
+ENGINE_SEED = 0  # the engine is built once per load; each request carries the test's own seed
+LOGPROBS_MODE = "processed_logprobs"  # the scores greedy picks from, as transformers records them
+GREEDY_SLACK = 1e-6  # the chosen token may trail the best returned logprob by this much
+# vLLM introduced batch invariance for Hopper and newer; later releases name 8.0. Kept at 9.0
+# until it is measured on Ampere.
+BATCH_INVARIANT_CAPABILITY = (9, 0)
+_ENV_KEYS = ("HF_HUB_OFFLINE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_BATCH_INVARIANT")
+
+
+def environment(capability: tuple[int, int] | None) -> dict[str, str]:
+    """The environment variables to set before vLLM is imported, on a GPU of ``capability``."""
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if capability is not None and tuple(capability) >= BATCH_INVARIANT_CAPABILITY:
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    return env
+
+
+def engine_arguments(target: str, knobs: Mapping[str, Any], dtype: str, seed: int) -> dict[str, Any]:
+    """The keyword arguments for ``vllm.LLM``."""
+    return {
+        "model": target,
+        "tokenizer": target,
+        "trust_remote_code": False,
+        "load_format": "safetensors",  # pickle checkpoints can run code when loaded
+        "dtype": dtype,
+        "seed": seed,
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "enable_chunked_prefill": False,
+        "max_num_seqs": knobs["max_num_seqs"],
+        "tensor_parallel_size": knobs["tensor_parallel_size"],
+        "gpu_memory_utilization": knobs["gpu_memory_utilization"],
+        "max_model_len": knobs["max_model_len"],
+        "logprobs_mode": LOGPROBS_MODE,
+    }
+
+
+def sampling_arguments(config: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
+    """The keyword arguments for ``vllm.SamplingParams``: greedy, every sampler knob neutral.
+
+    Only ``config["eos_token_id"]`` stops a row (``ignore_eos`` drops vLLM's own EOS rule), as in
+    transformers: an overridden EOS list, or the probe's empty one, means the same on both engines.
+    """
+    return {
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,  # "all tokens" in every vLLM release (newer ones also take 0)
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": float(config["repetition_penalty"]),
+        "max_tokens": config["max_new_tokens"],
+        "min_tokens": config["min_new_tokens"],
+        "logprobs": TOP_K,
+        "seed": seed,
+        "stop_token_ids": list(config["eos_token_id"]),
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "detokenize": True,
+    }
+
+
+def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str, Any] | None = None) -> Chunk:
+    """vLLM's ``RequestOutput`` objects, one per prompt, as recorded steps; each step checked greedy."""
+    __tracebackhide__ = True
+    import xxhash
+
+    out = Chunk(tokens=[], steps=[], flags=dict(flags or {}))
+    for row, request in enumerate(outputs):
+        completion = request.outputs[0]
+        tokens = [int(t) for t in completion.token_ids]
+        returned = completion.logprobs
+        if returned is None or len(returned) < len(tokens):
+            raise EngineError(spec, f"vLLM returned logprobs for {0 if returned is None else len(returned)} of "
+                              f"{len(tokens)} steps of prompt {row}; the plugin asks for logprobs={TOP_K} and "
+                              "records every step")
+        steps = RowSteps()
+        for step, (token, candidates) in enumerate(zip(tokens, returned)):
+            ranked = sorted(((int(i), float(lp.logprob)) for i, lp in candidates.items()),
+                            key=lambda pair: (-pair[1], pair[0]))
+            if any(math.isnan(value) for _, value in ranked):
+                raise NonFiniteLogitsError(step, row)
+            chosen = dict(ranked).get(token)
+            if chosen is None or chosen < ranked[0][1] - GREEDY_SLACK:
+                shown = "no logprob" if chosen is None else f"logprob {chosen:.4f}"
+                raise EngineError(spec, f"vLLM did not decode greedily at step {step} of prompt {row}: it chose "
+                                  f"token {token} ({shown}) over token {ranked[0][0]} (logprob {ranked[0][1]:.4f}). "
+                                  "Something overrides the pinned greedy sampling: check for a vLLM logits-"
+                                  "processor plugin, a VLLM_* sampler setting, and that this vLLM supports "
+                                  f"logprobs_mode={LOGPROBS_MODE!r}")
+            top = ranked[:TOP_K]
+            step_hash = xxhash.xxh3_64_hexdigest(json.dumps([token, top], separators=(",", ":")).encode())
+            steps.append(step_hash, [i for i, _ in top], [value for _, value in top])
+        out.tokens.append(tokens)
+        out.steps.append(steps)
+    return out
+
+
+def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: str) -> dict[str, Any]:
+    """The LoadedModel fields for ``vllm:FOLDER``: a local folder with safetensors weights, on CUDA."""
+    __tracebackhide__ = True
+    knobs = engine_params(spec, params, KNOBS)
+    if not 0 < knobs["gpu_memory_utilization"] <= 1:
+        raise ConfigurationError("llm_model", spec, "gpu_memory_utilization must be above 0 and at most 1 "
+                                 "(the share of GPU memory vLLM may take), e.g. #gpu_memory_utilization=0.5")
+    path = Path(target)
+    if not path.is_dir():
+        raise ModelLoadError(spec, f"no such folder: {target!r}. vllm: takes a local model folder; the plugin "
+                             "never downloads (e.g. `hf download ORG/NAME --local-dir models/NAME`, then "
+                             "llm_model = \"vllm:models/NAME\")")
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise ModelLoadError(spec, f"no *.safetensors weights in {target!r}; vllm: loads safetensors only "
+                             "(convert with model.save_pretrained(dir, safe_serialization=True))")
+    if device not in ("auto", "cuda", "cuda:0"):
+        raise ConfigurationError("llm_device", device, "vLLM runs on the first visible CUDA device; use "
+                                 "llm_device = \"auto\" or \"cuda\" and pick the GPU with CUDA_VISIBLE_DEVICES")
+    if importlib.util.find_spec("vllm") is None:
+        raise ModelLoadError(spec, f"vllm: needs vLLM: {INSTALL}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ModelLoadError(spec, "vLLM needs an NVIDIA GPU with CUDA, and none is available here. On this "
+                             "machine use llm_model = \"llamacpp:PATH.gguf\" or the transformers backend "
+                             f"(llm_model = \"{target}\")")
+    tokenizer = load_tokenizer(spec, path)  # before the engine takes the GPU: a broken folder fails fast
+    capability = torch.cuda.get_device_capability(0)
+    for key, value in environment(capability).items():
+        os.environ.setdefault(key, value)  # a value the user set is kept, and recorded below
+    in_force = {key: os.environ.get(key) for key in _ENV_KEYS}
+    vllm = importlib.import_module("vllm")  # typed as Any: vLLM is optional and not installed for mypy
+    arguments = engine_arguments(target, knobs, dtype, ENGINE_SEED)
+    try:
+        llm = vllm.LLM(**arguments)
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise ModelLoadError(spec, f"vLLM could not load it: {type(error).__name__}: {error}") from error
+    pinned = {key: arguments[key] for key in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill",
+                                              "load_format", "logprobs_mode")}
+    describe = {
+        "engine": "vllm",
+        "engine_version": str(vllm.__version__),
+        "device_class": "cuda",
+        "device_name": torch.cuda.get_device_name(0),
+        "compute_capability": ".".join(map(str, capability)),
+        "cuda": torch.version.cuda,
+        "torch": str(torch.__version__),
+        "dtype": dtype,
+        **knobs,
+        **pinned,
+        "batch_invariant": in_force["VLLM_BATCH_INVARIANT"] == "1",
+        "seed": ENGINE_SEED,
+        "env": in_force,
+        "model": path.name,
+        "weights_file": str(weights[0]),
+    }
+    flags = {**pinned, "max_num_seqs": knobs["max_num_seqs"], **in_force}
+    engine = VLLMEngine(spec, path, llm, vllm, tokenizer, knobs, flags)
+    return {"kind": "vllm", "path": path, "model": llm, "tokenizer": tokenizer, "dtype": dtype, "device": "cuda:0",
+            "engine": engine, "describe": describe}
+
+
+class VLLMEngine:
+    """vLLM's ``LLM`` in this process: prompts submitted as token ids, one ``generate`` call per prompt
+    (``max_num_seqs=1``) or per chunk, each step's returned top-k recorded and checked greedy."""
+
+    name = "vllm"
+    hash_definition = "vllm-topk"
+
+    def __init__(self, spec: str, path: Path, llm: Any, vllm: Any, tokenizer: Any, knobs: Mapping[str, Any],
+                 flags: Mapping[str, Any]) -> None:
+        self._spec, self._llm, self._vllm = spec, llm, vllm
+        self._max_model_len: int = knobs["max_model_len"]
+        self._eos = eos_token_ids(path, tokenizer)
+        self._vocab_size = min(len(tokenizer), _config_vocab_size(path) or len(tokenizer))
+        # With one sequence at a time each prompt runs alone; more share vLLM's batches.
+        self.runs_rows_alone = knobs["max_num_seqs"] == 1
+        self._flags = {**flags, "requests": "one at a time" if self.runs_rows_alone else "one call per chunk"}
+
+    def eos_token_ids(self) -> list[int]:
+        return list(self._eos)
+
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+            keep_logits: bool) -> Chunk:
+        __tracebackhide__ = True
+        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False)
+        longest = max(len(ids) for ids in rows)
+        if longest + config["max_new_tokens"] > self._max_model_len:
+            raise ConfigurationError("llm_model", f"#max_model_len={self._max_model_len}",
+                                     f"a {longest}-token prompt plus max_new_tokens={config['max_new_tokens']} does "
+                                     "not fit; raise it in the spec (vllm:FOLDER#max_model_len=4096)")
+        params = self._vllm.SamplingParams(**sampling_arguments(config, seed=settings.seed))
+        prompts = [{"prompt_token_ids": list(ids)} for ids in rows]  # vLLM's TokensPrompt: no re-tokenising
+        calls = [[prompt] for prompt in prompts] if self.runs_rows_alone else [prompts]
+        outputs = [output for call in calls for output in self._llm.generate(call, params, use_tqdm=False)]
+        return chunk_from_outputs(outputs, spec=self._spec, flags=self._flags)
+
+
+def eos_token_ids(path: Path, tokenizer: Any) -> list[int]:
+    """The EOS ids the transformers backend would use for this folder: the generation config's, else
+    the model config's, else the tokenizer's."""
+    for name in ("generation_config.json", "config.json"):
+        eos = _read_json(path / name).get("eos_token_id")
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else [int(t) for t in eos]
+    return [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+
+
+def _config_vocab_size(path: Path) -> int | None:
+    config = _read_json(path / "config.json")
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return size if isinstance(size, int) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,166 @@
+"""The engine seam without an engine: spec parsing, what a server response becomes, hash definitions.
+
+No model, no server: these pin the rules the real-engine tests (test_engines.py) rely on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import xxhash
+from hypothesis import given
+
+from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError, store
+from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+from pytest_llmdeterminism.backends.openai import parse_choice, request_body, text_only_id
+from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.fingerprint import numerics_changes
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
+from pytest_llmdeterminism.golden import fallback_variant
+from pytest_llmdeterminism.report import mismatch
+
+from .strategies_for_tests import generations
+
+IDS = {" Paris": 7042, ".": 30, " the": 260, " London": 4649, ",": 28}
+
+
+def response(tokens, tops, *, prompt_tokens=5, finish="length"):
+    return {"choices": [{"text": "".join(tokens), "finish_reason": finish,
+                         "logprobs": {"tokens": tokens, "top_logprobs": tops,
+                                      "token_logprobs": [top[t] for t, top in zip(tokens, tops)]}}],
+            "usage": {"prompt_tokens": prompt_tokens}}
+
+
+def token_id(text):
+    return IDS.get(text, text_only_id(text))
+
+
+def test_a_server_step_is_recorded_as_ids_logprobs_and_a_hash_of_what_was_returned():
+    row = parse_choice("spec", response([" Paris", "."], [{" Paris": -0.26, " the": -2.8, " London": -4.4},
+                                                          {".": -0.37, ",": -1.63}]), 5, token_id)
+    assert row.tokens == [7042, 30] and row.pieces == [" Paris", "."] and row.text == " Paris."
+    assert row.steps.top[0] == ((7042, -0.26), (260, -2.8), (4649, -4.4))
+    assert row.steps.margins == [pytest.approx(2.54), pytest.approx(1.26)]
+    expected = json.dumps([" Paris", [[" Paris", -0.26], [" the", -2.8], [" London", -4.4]]], separators=(",", ":"))
+    assert row.steps.hashes[0] == xxhash.xxh3_64_hexdigest(expected.encode())
+    assert row.finish_reason == "length"
+    assert parse_choice("spec", response(["."], [{".": -0.1}], finish="stop"), 5, token_id).finish_reason == "eos"
+
+
+def test_a_token_text_with_no_id_gets_a_stable_id_above_any_vocabulary():
+    row = parse_choice("spec", response(["\u00e9t"], [{"\u00e9t": -0.5, " the": -1.5}]), 5, token_id)
+    assert row.tokens[0] >= TEXT_ONLY_IDS and row.tokens[0] == text_only_id("\u00e9t") != text_only_id("x")
+
+
+def test_a_server_that_did_not_decode_greedily_fails_naming_the_step_and_both_tokens():
+    with pytest.raises(EngineError, match=r"did not decode greedily at step 1: it chose '-' \(logprob -2.3246\) "
+                                          r"over '\\n' \(-0.7076\)\. A server-side sampler or penalty is in force"):
+        parse_choice("spec", response(["\n", "-"], [{"\n": -1.0}, {"\n": -0.7076, "-": -2.3246}]), 5, token_id)
+
+
+def test_a_server_that_counts_other_prompt_tokens_names_the_tokenizer():
+    with pytest.raises(EngineError, match="the server counts 6 prompt tokens where the local tokenizer counts 5: "
+                                          "#tokenizer= is not the served model's tokenizer"):
+        parse_choice("spec", response(["."], [{".": -0.1}], prompt_tokens=6), 5, token_id)
+
+
+def test_a_response_without_logprobs_says_what_the_server_must_support():
+    with pytest.raises(EngineError, match="no per-token logprobs"):
+        parse_choice("spec", {"choices": [{"text": "x", "logprobs": None}]}, 5, token_id)
+
+
+def test_every_request_pins_greedy_decoding_and_neutral_penalties_of_known_servers():
+    config = resolve_generation_config({"max_new_tokens": 7}, max_new_tokens=16, eos_token_ids=[2], pad_token_id=2)
+    body = request_body("m", "Hi", config, seed=3)
+    assert {k: body[k] for k in ("model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "logprobs",
+                                 "frequency_penalty", "presence_penalty", "repeat_penalty",
+                                 "repetition_penalty")} == {
+        "model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "n": 1, "seed": 3,
+        "logprobs": 5, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repeat_penalty": 1.0,
+        "repetition_penalty": 1.0}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("llamacpp:/no/such.gguf", "no such .gguf file: '/no/such.gguf'. llamacpp: takes a local GGUF file"),
+    ("llamacpp:/no/such.gguf#threads=0", "option threads='0' must be at least 1"),
+    ("llamacpp:/no/such.gguf#threads=two", "option threads='two' is not a valid int"),
+    ("llamacpp:/no/such.gguf#thread=2",
+     "unknown option 'thread' after '#'; this engine takes: n_batch, n_ctx, n_ubatch, threads"),
+    ("llamacpp:/no/such.gguf#threads", "'threads' after '#' is not key=value"),
+    ("openai:127.0.0.1:8000/v1#tokenizer=x", "expected openai:http://HOST:PORT/v1#model=NAME&tokenizer=PATH"),
+    ("openai:http://127.0.0.1:9/v1", "name the served model's tokenizer"),
+    ("openai:http://127.0.0.1:9/v1#tokenizer=/no/such", "no such tokenizer folder or .gguf file"),
+])
+def test_a_bad_engine_spec_fails_at_load_naming_the_fix(spec, message):
+    with pytest.raises((ConfigurationError, ModelLoadError)) as raised:
+        load(spec, dtype="float32", device="auto")
+    assert message in str(raised.value)
+
+
+def test_an_unreachable_server_fails_at_load_with_one_clear_message():
+    tokenizer = BUILTIN_MODELS["tiny"]
+    with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:9/v1 did not answer \(.*\)\. Is it "
+                                          r"still running\?"):
+        load(f"openai:http://127.0.0.1:9/v1#tokenizer={tokenizer}&timeout=2", dtype="float32", device="auto")
+
+
+def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(pytester):
+    (pytester.path / "models").mkdir()
+    pytester.makeini("[pytest]\nllm_model = openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1\n")
+    pytester.makeconftest("""
+def pytest_configure(config):
+    from pytest_llmdeterminism.options import read
+    print("SPEC", read(config).model)
+""")
+    result = pytester.runpytest("-s", "--co")
+    resolved = f"{pytester.path}/models/tok"
+    result.stdout.fnmatch_lines([f"SPEC openai:http://127.0.0.1:9/v1#model=m&tokenizer={resolved}&timeout=1"])
+
+
+@given(generations())
+def test_goldens_of_two_hash_definitions_never_compare_their_hashes(gen):
+    served = dataclasses.replace(gen, hash_definition="served-topk")
+    comparison = compare(gen, served)
+    assert comparison.hash_definitions == ("logits", "served-topk")
+    if comparison.divergence is None and comparison.verdict is not Verdict.INPUT_CHANGED:
+        assert comparison.verdict is Verdict.LOGIT_DRIFT  # equal tokens: never "identical" across engines
+    assert compare(served, served).verdict is Verdict.IDENTICAL
+
+
+@given(generations())
+def test_a_served_golden_keeps_its_hash_definition_through_the_file(gen):
+    served = dataclasses.replace(gen, hash_definition="served-topk", fingerprint={"engine": "openai",
+                                                                                  "device_class": "served",
+                                                                                  "dtype": "unknown"})
+    entry = store.to_entry(served)
+    assert entry["step_hash"] == "served-topk" and "step_hash" not in store.to_entry(gen)
+    assert store.from_entry(json.loads(json.dumps(entry))).hash_definition == "served-topk"
+    assert served.variant == "openai:served/unknown" and ":" not in gen.variant
+
+
+def test_a_cross_engine_report_says_the_hashes_are_not_comparable(make_llm):
+    result = make_llm().generate("The cat sat on the")
+    served = dataclasses.replace(result, hash_definition="served-topk")
+    text = mismatch("golden_tokens.check", "g.json", None, compare(result, served), result, served,
+                    lambda t: str(t), profile="exact")
+    assert "LOGIT_DRIFT — same tokens; the step hashes are not comparable (golden hashes raw logits, this run " \
+           "hashes what a server returned)" in text
+
+
+def test_an_unknown_hash_definition_in_a_golden_file_is_refused(tmp_path, make_llm):
+    path = tmp_path / "test_x.json"
+    store.write(path, {"k": {"cpu/float32": store.to_entry(make_llm().generate("The cat"))}})
+    path.write_text(path.read_text().replace('"prompt": ', '"step_hash": "sha-of-the-moon",\n        "prompt": ', 1))
+    with pytest.raises(Exception, match="step_hash"):
+        store.read(path)
+
+
+def test_another_engine_counts_as_changed_numerics_and_falls_back_to_the_transformers_golden():
+    hf = {"device_class": "cpu", "dtype": "float32", "torch": "2.13.0"}
+    llama = {"engine": "llamacpp", "device_class": "cpu", "dtype": "Q4_1", "threads": 2}
+    assert ("engine", None, "llamacpp") in numerics_changes(hf, llama)
+    assert numerics_changes(llama, dict(llama)) == []
+    assert ("threads", 2, 4) in numerics_changes(llama, dict(llama, threads=4))
+    assert fallback_variant("llamacpp:cpu/Q4_1", ["cpu/float32", "cuda/bfloat16"]) == "cpu/float32"
