@@ -20,6 +20,7 @@ from pytest_llmdeterminism.files import GoldenFiles
 from pytest_llmdeterminism.ledger import Ledger
 from pytest_llmdeterminism.options import Options
 from pytest_llmdeterminism.records import TestOutcomes
+from pytest_llmdeterminism.values import ENGINE_PREFIXES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -87,12 +88,15 @@ class LLMSession:
             return []
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
+        engine = options.model.partition(":")[0] if options.model.partition(":")[0] in ENGINE_PREFIXES else None
+        pinned = f"dtype={options.dtype} device={options.device}" if engine in (None, "vllm") else f"engine={engine}"
         return [
-            (f"llm: model={options.model} shape={options.batch_shape} dtype={options.dtype} "
-             f"device={options.device} seed={options.seed} max_new_tokens={options.max_new_tokens} "
-             f"tolerance={tolerance}"),
+            (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
+             f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"),
             (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
-             "generation of each shape"),
+             "generation of each shape") if engine is None else
+            (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
+             "shape's L still bounds prompts"),
         ]
 
     def summary_lines(self) -> list[str]:

@@ -146,7 +146,9 @@ class ModelCache:
                 "or a local folder / .gguf file) or pass --llm-model=PATH",
             )
         if self._loaded is None:
-            self._announce(f"llm: loading {self._spec} ({self._how['dtype']}, device {self._how['device']}) ...")
+            how = "" if self._spec.partition(":")[0] in ENGINES else \
+                f" ({self._how['dtype']}, device {self._how['device']})"
+            self._announce(f"llm: loading {self._spec}{how} ...")
             started = time.perf_counter()
             try:
                 self._loaded = load(self._spec, **self._how)
