@@ -46,7 +46,7 @@ def start_server(gguf: Path) -> tuple[subprocess.Popen[bytes], str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                               "--port", str(port), "--n_threads", "2", "--n_ctx", "2048", "--seed", "0"],
+                               "--port", str(port), "--n_threads", "1", "--n_ctx", "2048", "--seed", "0"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):
@@ -91,7 +91,7 @@ def main() -> None:
         print(f"{'engine':<34} {'plugin':>9} {'bare':>9} {'ratio':>6}")
         bare_llama = llama.model
         rows = [
-            ("llama.cpp in process (2 threads)", lambda: llama.generate(PROMPTS),
+            ("llama.cpp in process (1 thread)", lambda: llama.generate(PROMPTS),
              lambda: [bare_llama.create_completion(p, max_tokens=n, temperature=0.0, top_k=1, repeat_penalty=1.0)
                       for p in PROMPTS]),
             ("OpenAI-compatible server (HTTP)", lambda: served.generate(PROMPTS),

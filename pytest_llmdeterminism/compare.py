@@ -64,7 +64,7 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
     steps = min(len(expected.token_ids), len(actual.token_ids))
-    token_step = first_token_divergence(_stream(expected), _stream(actual))
+    token_step = first_token_divergence(*_streams(expected, actual))
     compared = steps if token_step is None else token_step
     # Steps after a token divergence see different inputs: nothing there is evidence.
     hashed = min(steps, compared + 1)
@@ -99,7 +99,9 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
     changes: list[tuple[str, Any, Any]] = []
     if expected.prompt_token_ids != actual.prompt_token_ids:
         changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
-    if expected.batch_shape != actual.batch_shape:
+    # An engine that ran each prompt alone (llama.cpp, a server) was not touched by the batch shape.
+    alone = any(gen.fingerprint.get("rows_alone") for gen in (expected, actual))
+    if expected.batch_shape != actual.batch_shape and not alone:
         changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
     old, new = expected.generation_config, actual.generation_config
     for key in sorted(set(old) | set(new)):
@@ -111,17 +113,25 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
 STOPPED = "<stopped at EOS>"
 
 
-def _stream(gen: Generation) -> list[object]:
-    """The tokens as compared: a stop at EOS is one step, whether the engine returned the EOS token
-    (transformers, llama.cpp) or stopped without it (an OpenAI-compatible server)."""
-    tokens: list[object] = list(gen.token_ids)
-    if gen.finish_reason == "eos":
-        eos = gen.generation_config.get("eos_token_id") or ()
-        if tokens and tokens[-1] in (eos if isinstance(eos, (list, tuple)) else (eos,)):
-            tokens[-1] = STOPPED
-        else:
-            tokens.append(STOPPED)
-    return tokens
+def _streams(expected: Generation, actual: Generation) -> tuple[list[object], list[object]]:
+    """The tokens as compared. An engine that stops at EOS without returning the token (a server)
+    and one that returns it stopped at the same step: against such a side, the other's final EOS
+    token reads as the same stop. Two sides that both returned their EOS compare the ids as they are."""
+    streams: tuple[list[object], list[object]] = (list(expected.token_ids), list(actual.token_ids))
+    bare = [_stopped_without_token(gen) for gen in (expected, actual)]
+    if bare[0] != bare[1]:
+        for tokens, gen, without in zip(streams, (expected, actual), bare):
+            if without:
+                tokens.append(STOPPED)
+            elif gen.finish_reason == "eos" and tokens:
+                tokens[-1] = STOPPED
+    return streams
+
+
+def _stopped_without_token(gen: Generation) -> bool:
+    eos = gen.generation_config.get("eos_token_id") or ()
+    ids = eos if isinstance(eos, (list, tuple)) else (eos,)
+    return gen.finish_reason == "eos" and not (gen.token_ids and gen.token_ids[-1] in ids)
 
 
 def _normalise(value: Any) -> Any:

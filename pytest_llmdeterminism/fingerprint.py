@@ -50,9 +50,9 @@ _NUMERICS_BY_KIND = {
 }
 # Other engines: their own version and pinned knobs decide the bits (and, in process, the CPU).
 _NUMERICS_BY_ENGINE = {
-    "llamacpp": ("engine", "engine_version", "machine", "device_name", "dtype", "threads", "n_batch", "n_ubatch",
-                 "n_ctx", "weights_hash"),
-    "openai": ("engine", "server_model", "server_version", "system_fingerprint", "dtype"),
+    "llamacpp": ("engine", "engine_version", "machine", "device_name", "cpu_features", "dtype", "threads",
+                 "n_batch", "n_ubatch", "n_ctx", "weights_hash"),
+    "openai": ("engine", "server_model", "server_version", "flags", "dtype"),  # flags: system_fingerprint
     "vllm": ("engine", "engine_version", "device_name", "compute_capability", "cuda", "dtype", "torch",
              "batch_invariant"),
 }

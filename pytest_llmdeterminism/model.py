@@ -119,6 +119,10 @@ class LLMModel:
             eos_token_ids=self._loaded.engine.eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
         )
+        if self._after_generate is not None and self._loaded.engine.name != "transformers":
+            raise ConfigurationError("--llm-audit", True, f"the audit varies batch shape, padding, threads and dtype "
+                                     f"of the transformers backend; {self._loaded.spec} runs on "
+                                     f"{self._loaded.engine.name}. Audit the same model without the engine prefix")
         if self._verify and not self._loaded.engine.runs_rows_alone:
             self._verify_batch_invariance(inputs[0][0], inputs[0][1])
         rows = self.settings.batch_shape.rows

@@ -315,12 +315,11 @@ def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
     if engine not in ENGINE_PREFIXES or not colon:
         return _path_setting("llm_model", spec, config)
     target, hash_sign, fragment = rest.partition("#")
-    if engine != "openai":
+    if engine != "openai" and target:
         target = _path_setting("llm_model", target, config) or target
-    pairs = [(key, _path_setting("llm_model", value, config) if key == "tokenizer" and value else value)
-             for key, _, value in (pair.partition("=") for pair in fragment.split("&") if pair)]
-    fragment = "&".join(f"{key}={value}" for key, value in pairs)
-    return f"{engine}:{target}{hash_sign}{fragment}"
+    pairs = [f"{key}={_path_setting('llm_model', value, config)}" if key == "tokenizer" and sep and value else pair
+             for pair in fragment.split("&") if pair for key, sep, value in [pair.partition("=")]]
+    return f"{engine}:{target}{hash_sign}{'&'.join(pairs)}"
 
 
 def _path_setting(name: str, raw: str | None, config: pytest.Config) -> str | None:

@@ -89,7 +89,8 @@ class LLMSession:
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
         engine = options.model.partition(":")[0] if options.model.partition(":")[0] in ENGINE_PREFIXES else None
-        pinned = f"dtype={options.dtype} device={options.device}" if engine in (None, "vllm") else f"engine={engine}"
+        pinned = " ".join([*([f"engine={engine}"] if engine else []),
+                           *([f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else [])])
         return [
             (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
              f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"),

@@ -137,7 +137,7 @@ class LlamaServer:
         self.log = log
         self.process = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port), "--n_threads", "2", "--n_ctx", "2048", "--seed", "0"],
+             "--port", str(self.port), "--n_threads", "1", "--n_ctx", "2048", "--seed", "0"],
             stdout=log.open("wb"), stderr=subprocess.STDOUT)
         self._wait_until_ready()
 

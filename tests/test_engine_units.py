@@ -89,7 +89,8 @@ def test_every_request_pins_greedy_decoding_and_neutral_penalties_of_known_serve
     ("llamacpp:/no/such.gguf#thread=2",
      "unknown option 'thread' after '#'; this engine takes: n_batch, n_ctx, n_ubatch, threads"),
     ("llamacpp:/no/such.gguf#threads", "'threads' after '#' is not key=value"),
-    ("openai:127.0.0.1:8000/v1#tokenizer=x", "expected openai:http://HOST:PORT/v1#model=NAME&tokenizer=PATH"),
+    ("openai:127.0.0.1:8000/v1#tokenizer=x",
+     "'127.0.0.1:8000/v1' is not an http:// or https:// URL; expected openai:http://HOST:PORT/v1#tokenizer=PATH"),
     ("openai:http://127.0.0.1:9/v1", "name the served model's tokenizer"),
     ("openai:http://127.0.0.1:9/v1#tokenizer=/no/such", "no such tokenizer folder or .gguf file"),
 ])
@@ -99,16 +100,24 @@ def test_a_bad_engine_spec_fails_at_load_naming_the_fix(spec, message):
     assert message in str(raised.value)
 
 
+def test_an_engine_spec_with_nothing_after_the_prefix_says_so_from_an_ini_file(pytester):
+    pytester.makeini("[pytest]\nllm_model = llamacpp:\n")
+    pytester.makepyfile("def test_x(llm_model):\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*llm_model = 'llamacpp:': names no model after the engine prefix*"])
+
+
 def test_an_unreachable_server_fails_at_load_with_one_clear_message():
     tokenizer = BUILTIN_MODELS["tiny"]
     with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:9/v1 did not answer \(.*\)\. Is it "
-                                          r"still running\?"):
+                                          r"running, at this URL\?"):
         load(f"openai:http://127.0.0.1:9/v1#tokenizer={tokenizer}&timeout=2", dtype="float32", device="auto")
 
 
 def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(pytester):
     (pytester.path / "models").mkdir()
-    pytester.makeini("[pytest]\nllm_model = openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1\n")
+    pytester.makeini("[pytest]\nllm_model = openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
     pytester.makeconftest("""
 def pytest_configure(config):
     from pytest_llmdeterminism.options import read
@@ -116,7 +125,7 @@ def pytest_configure(config):
 """)
     result = pytester.runpytest("-s", "--co")
     resolved = f"{pytester.path}/models/tok"
-    result.stdout.fnmatch_lines([f"SPEC openai:http://127.0.0.1:9/v1#model=m&tokenizer={resolved}&timeout=1"])
+    result.stdout.fnmatch_lines([f"SPEC openai:http://127.0.0.1:9/v1#model=m&tokenizer={resolved}&timeout=1&x"])
 
 
 @given(generations())
@@ -164,3 +173,106 @@ def test_another_engine_counts_as_changed_numerics_and_falls_back_to_the_transfo
     assert numerics_changes(llama, dict(llama)) == []
     assert ("threads", 2, 4) in numerics_changes(llama, dict(llama, threads=4))
     assert fallback_variant("llamacpp:cpu/Q4_1", ["cpu/float32", "cuda/bfloat16"]) == "cpu/float32"
+
+
+def stopped(tokens, finish, eos=(7, 8), **fingerprint):
+    from pytest_llmdeterminism.generation import Generation
+
+    n = len(tokens)
+    return Generation(prompt="p", prompt_token_ids=(1,), token_ids=tuple(tokens), text="", logit_hashes=("0" * 16,) * n,
+                      top_logprobs=tuple(((t, -0.1), (99, -3.0)) for t in tokens), margins=(2.9,) * n,
+                      finish_reason=finish, generation_config={"eos_token_id": list(eos)}, batch_shape="4x32",
+                      fingerprint=fingerprint)
+
+
+def test_a_stop_at_eos_is_one_step_whether_or_not_the_engine_returned_the_token():
+    returned, bare = stopped([5, 7], "eos"), stopped([5], "eos")
+    assert compare(returned, bare).divergence is None and compare(bare, returned).divergence is None
+    assert compare(returned, stopped([5, 6], "length")).divergence.step == 1
+    # Both returned an EOS token: another EOS id is another token (Llama-3 has two).
+    assert compare(returned, stopped([5, 8], "eos")).verdict is Verdict.REGRESSION
+
+
+def test_the_batch_shape_is_no_input_for_an_engine_that_ran_each_prompt_alone():
+    alone = dataclasses.replace(stopped([5], "length", rows_alone=True), batch_shape="1x64")
+    assert compare(stopped([5], "length"), alone).verdict is Verdict.IDENTICAL
+    assert compare(stopped([5], "length"), dataclasses.replace(stopped([5], "length"), batch_shape="1x64")).verdict \
+        is Verdict.INPUT_CHANGED
+
+
+def byte_tokenizer(text, add_special_tokens=False):
+    return {"input_ids": list(text.encode())}
+
+
+def test_steps_that_returned_part_of_a_character_get_the_ids_of_its_bytes():
+    # "ど" is three UTF-8 bytes: a byte-level model generates three tokens, and a server that decodes
+    # each alone returns empty text for all three.
+    tokens, tops = ["a", "", "", "", "b"], [{"a": -0.1}, {"": -0.2}, {"": -0.3}, {"": -0.1}, {"b": -0.5}]
+    reply = response(tokens, tops)
+    reply["choices"][0]["text"] = "aどb"
+    row = parse_choice("spec", reply, 5, lambda t: ord(t) if len(t) == 1 else text_only_id(t), byte_tokenizer)
+    assert row.tokens == [ord("a"), *"ど".encode(), ord("b")]
+    assert [top[0][0] for top in row.steps.top] == row.tokens
+    unresolved = parse_choice("spec", reply, 5, lambda t: ord(t) if len(t) == 1 else text_only_id(t))
+    assert unresolved.tokens[1:4] == [text_only_id("")] * 3  # without a tokenizer: by text, as returned
+
+
+def test_ids_a_server_returns_as_token_id_text_are_taken_as_they_are(tiny):
+    from pytest_llmdeterminism.backends.openai import OpenAIEngine
+
+    engine = OpenAIEngine("spec", None, "m", tiny.tokenizer)
+    assert engine.token_id("token_id:42") == 42 and engine.token_id("token_id:x") >= TEXT_ONLY_IDS
+    row = parse_choice("spec", response(["token_id:42"], [{"token_id:42": -0.1, "token_id:7": -2.0}]), 5,
+                       engine.token_id, tiny.tokenizer)
+    assert row.tokens == [42] and row.steps.top[0] == ((42, -0.1), (7, -2.0))
+    assert row.pieces == [tiny.tokenizer.decode([42])]
+
+
+class FakeClient:
+    """Answers like llama-cpp-python's server: a prompt of token ids is refused with HTTP 422."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def post(self, path, body):
+        from pytest_llmdeterminism.backends.openai import HTTPStatusError
+
+        self.prompts.append(body["prompt"])
+        if isinstance(body["prompt"], list):
+            raise HTTPStatusError("spec", 422, "prompt: Input should be a valid string")
+        return response([" x"], [{" x": -0.1}], prompt_tokens=2)
+
+
+def test_the_prompt_goes_as_token_ids_where_the_server_takes_them_else_as_text_from_then_on(tiny):
+    from pytest_llmdeterminism.backends.openai import OpenAIEngine
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    client = FakeClient()
+    engine = OpenAIEngine("spec", client, "m", tiny.tokenizer, reset_prefix=False)
+    config = resolve_generation_config({}, max_new_tokens=1, eos_token_ids=[2], pad_token_id=0)
+    ids = tiny.tokenizer("The cat")["input_ids"][:2]
+    chunk = engine.run([ids, ids], config, GenerationSettings(BatchShape(1, 32), 1, 0), False)
+    text = tiny.tokenizer.decode(ids)
+    assert client.prompts == [ids, text, text] and chunk.flags["prompt_sent_as"] == "text"
+
+
+@pytest.mark.parametrize("override", [{"repetition_penalty": 1.5}, {"min_new_tokens": 3}])
+def test_penalties_a_server_applies_after_its_logprobs_are_refused_by_name(tiny, override):
+    from pytest_llmdeterminism.backends.openai import OpenAIEngine
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    engine = OpenAIEngine("spec", FakeClient(), "m", tiny.tokenizer)
+    config = resolve_generation_config(override, max_new_tokens=4, eos_token_ids=[2], pad_token_id=0)
+    with pytest.raises(ConfigurationError, match="a server returns its logprobs from before its penalties"):
+        engine.run([[5, 6]], config, GenerationSettings(BatchShape(1, 32), 4, 0), False)
+
+
+def test_an_api_key_comes_from_the_environment_never_from_the_spec(monkeypatch):
+    monkeypatch.delenv("LLMDET_TEST_KEY", raising=False)
+    with pytest.raises(ConfigurationError, match="api_key_env=LLMDET_TEST_KEY names an environment variable that "
+                                                 "is not set"):
+        load(f"openai:http://127.0.0.1:9/v1#tokenizer={BUILTIN_MODELS['tiny']}&api_key_env=LLMDET_TEST_KEY",
+             dtype="float32", device="auto")
+    with pytest.raises(ConfigurationError, match="unknown option 'api_key'"):
+        load(f"openai:http://127.0.0.1:9/v1#tokenizer={BUILTIN_MODELS['tiny']}&api_key=sk-1", dtype="float32",
+             device="auto")

@@ -40,7 +40,7 @@ def test_llamacpp_in_process_records_and_reproduces_bitwise(pytester, smollm2_gg
     assert "Paris" in capital["text"] and "step_hash" not in capital  # raw logits: the transformers definition
     fingerprint = capital["fingerprint"]
     assert fingerprint["engine"] == "llamacpp" and fingerprint["dtype"] == "Q4_1"
-    assert (fingerprint["threads"], fingerprint["n_batch"], fingerprint["n_ubatch"]) == (2, 512, 512)
+    assert (fingerprint["threads"], fingerprint["n_batch"], fingerprint["n_ubatch"]) == (1, 512, 512)
     assert fingerprint["weights_hash"] and fingerprint["model"] == smollm2_gguf.name
 
 
@@ -88,7 +88,7 @@ def test_3_after(llm_model):
     output = result.stdout.str()
     assert output.count(f"EngineError: llm_model {server.spec(smollm2_gguf)!r}: the server at {server.url} "
                         "did not answer") == 2
-    assert "Is it still running? Check its log" in output
+    assert "Is it running, at this URL? If it was, check its log" in output
     assert "urllib" not in output and "http.client" not in output  # one message, no library internals
 
 
@@ -131,3 +131,21 @@ def test_a_served_generation_does_not_depend_on_the_request_before_it(smollm2_gg
             assert after_itself == after_other
         else:  # the server's own behaviour, which the reset exists for (0.07 in logprob, measured)
             assert after_itself.top_logprobs[0] != after_other.top_logprobs[0]
+
+
+def test_what_only_transformers_does_is_refused_by_name_on_llamacpp(smollm2_gguf):
+    from pytest_llmdeterminism import ConfigurationError
+    from pytest_llmdeterminism.backends import load
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    with pytest.raises(ConfigurationError, match="llm_dtype = 'bfloat16': llama.cpp runs the GGUF file's own weights"):
+        load(f"llamacpp:{smollm2_gguf}", dtype="bfloat16", device="auto")
+    loaded = load(f"llamacpp:{smollm2_gguf}", dtype="float32", device="auto")
+    assert loaded.engine.eos_token_ids() == [2] and loaded.dtype == "Q4_1"  # <|im_end|>: SmolLM2's one EOG token
+    audited = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0), after_generate=lambda *args: None)
+    with pytest.raises(ConfigurationError, match="the audit varies batch shape, padding, threads and dtype of the "
+                                                 "transformers backend; .* runs on llamacpp"):
+        audited.generate("The capital of France is")
+    with pytest.raises(ConfigurationError, match="is supported by the transformers backend only, not by llama.cpp"):
+        LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0)).generate("Hi", no_repeat_ngram_size=2)

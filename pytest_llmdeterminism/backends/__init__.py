@@ -97,8 +97,8 @@ def resolve(spec: str) -> tuple[str, Path]:
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
     __tracebackhide__ = True
-    prefix, _, rest = spec.partition(":")
-    if prefix in ENGINES and rest:
+    prefix, colon, rest = spec.partition(":")
+    if prefix in ENGINES and colon:
         target, params = split_params(spec, rest)
         loaded = ENGINES[prefix].load(spec, target, params, dtype=dtype, device=device)
         return LoadedModel(spec=spec, cpu_numerics=cpu_numerics, **loaded)

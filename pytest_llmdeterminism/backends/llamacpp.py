@@ -5,8 +5,8 @@ logits of the last position, hash them (the same definition as transformers), pi
 evaluate that one token. No sampler chain is involved, so no server-style penalty or top-k default
 can leak in. Each prompt runs alone on a cleared context, so rows cannot influence each other.
 
-Pinned and recorded: ``threads`` (2 unless set; one count for every machine, so goldens do not
-depend on the core count), ``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash
+Pinned and recorded: ``threads`` (1 unless set; one count for every machine, so goldens do not
+depend on the core count, and no spinning thread competes with xdist workers for a core), ``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash
 attention off, no prompt cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
 ``n_batch`` 512 vs 2 give bit-identical logits; repeats are bit-identical.
 """
@@ -24,7 +24,7 @@ from pytest_llmdeterminism.numerics import cpu_name
 from pytest_llmdeterminism.values import GenerationSettings, engine_params
 
 INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
-KNOBS: dict[str, tuple[Any, Any]] = {"threads": (int, 2), "n_batch": (int, 512), "n_ubatch": (int, 512),
+KNOBS: dict[str, tuple[Any, Any]] = {"threads": (int, 1), "n_batch": (int, 512), "n_ubatch": (int, 512),
                                      "n_ctx": (int, 2048)}
 
 
@@ -34,9 +34,15 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
     __tracebackhide__ = True
     knobs = engine_params(spec, params, KNOBS)
     path = Path(target)
-    if not (path.is_file() and path.suffix == ".gguf"):
+    if path.is_dir() or (path.is_file() and path.suffix != ".gguf"):
+        raise ModelLoadError(spec, f"{target!r} is not a .gguf file; llamacpp: takes one GGUF file (for a "
+                             "transformers folder, drop the llamacpp: prefix)")
+    if not path.is_file():
         raise ModelLoadError(spec, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; the "
                              "plugin never downloads")
+    if dtype != "float32":
+        raise ConfigurationError("llm_dtype", dtype, "llama.cpp runs the GGUF file's own weights (their "
+                                 "quantisation is the golden's dtype); remove llm_dtype, or pick another .gguf file")
     if device not in ("auto", "cpu"):
         raise ConfigurationError("llm_device", device, "llama.cpp runs on the CPU in this plugin; use "
                                  "llm_device = \"auto\" or \"cpu\"")
@@ -61,6 +67,7 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
         "dtype": file_type,
         **knobs,
         "flash_attn": False,
+        "rows_alone": True,  # each prompt on a cleared context: the batch shape does not touch it
         "model": path.name,
         "weights_file": str(path),
     }
@@ -78,7 +85,7 @@ class LlamaCppEngine:
         self._llm, self._tokenizer, self._n_ctx = llm, tokenizer, n_ctx
 
     def eos_token_ids(self) -> list[int]:
-        return [self._tokenizer.eos_token_id]
+        return self._tokenizer.end_of_generation_ids()
 
     def vocab_size(self) -> int:
         return len(self._tokenizer)
@@ -158,6 +165,14 @@ class LlamaTokenizer:
 
     def batch_decode(self, rows: list[list[int]]) -> list[str]:
         return [self.decode(row) for row in rows]
+
+    def end_of_generation_ids(self) -> list[int]:
+        """The GGUF's EOS and end-of-turn tokens (``tokenizer.ggml.eos_token_id``/``eot_token_id``):
+        what the checkpoint names, as transformers reads it. (llama.cpp's wider end-of-generation
+        set, e.g. SmolLM2's ``<|endoftext|>`` and ``<|endofcode|>`` beside ``<|im_end|>``, would make
+        every check against a transformers golden read as a changed generation config.)"""
+        eot = self._llm.metadata.get("tokenizer.ggml.eot_token_id")
+        return sorted({self.eos_token_id, *([int(eot)] if eot is not None else [])})
 
     def get_vocab(self) -> dict[str, int]:
         return {f"{i}:{self.decode([i])!r}": i for i in range(len(self))}

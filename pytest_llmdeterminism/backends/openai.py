@@ -29,6 +29,7 @@ the default; ``#reset_prefix=0`` turns it off), so every prompt is evaluated who
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -40,8 +41,11 @@ from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelL
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, refuse_beyond
 from pytest_llmdeterminism.values import GenerationSettings, engine_params, flag
 
+# The API key is read from the environment variable ``api_key_env`` names: a key never sits in a
+# spec, which the header, the load line and every error show.
 KNOBS: dict[str, tuple[Any, Any]] = {"model": (str, None), "tokenizer": (str, None), "dtype": (str, "unknown"),
-                                     "timeout": (float, 120.0), "api_key": (str, None), "reset_prefix": (flag, True)}
+                                     "timeout": (float, 120.0), "api_key_env": (str, None),
+                                     "reset_prefix": (flag, True)}
 GREEDY_SLACK = 1e-6  # a returned logprob may be rounded: the chosen token may trail the best by this
 
 
@@ -50,15 +54,25 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
     __tracebackhide__ = True
     knobs = engine_params(spec, params, KNOBS)
     if not target.startswith(("http://", "https://")):
-        raise ConfigurationError("llm_model", spec, "expected openai:http://HOST:PORT/v1#model=NAME&tokenizer=PATH")
+        raise ConfigurationError("llm_model", spec, f"{target!r} is not an http:// or https:// URL; expected "
+                                 "openai:http://HOST:PORT/v1#tokenizer=PATH (and &model=NAME if it serves several)")
     if knobs["tokenizer"] is None:
         raise ConfigurationError("llm_model", spec, "name the served model's tokenizer, a local folder or .gguf "
                                  "file: openai:URL#model=NAME&tokenizer=PATH (the plugin tokenises prompts and "
                                  "maps returned tokens to ids with it; it never downloads one)")
+    if dtype != "float32":
+        raise ConfigurationError("llm_dtype", dtype, "a server runs in its own dtype; say which in the spec "
+                                 f"(openai:URL#tokenizer=PATH&dtype={dtype}: recorded, and it sets the tie margin)")
     tokenizer_path = Path(knobs["tokenizer"])
     if not tokenizer_path.exists():
         raise ModelLoadError(spec, f"no such tokenizer folder or .gguf file: {knobs['tokenizer']!r}")
-    client = Client(spec, target.rstrip("/"), knobs["timeout"], knobs["api_key"])
+    api_key = None
+    if knobs["api_key_env"] is not None:
+        api_key = os.environ.get(knobs["api_key_env"])
+        if not api_key:
+            raise ConfigurationError("llm_model", spec, f"api_key_env={knobs['api_key_env']} names an environment "
+                                     "variable that is not set")
+    client = Client(spec, target.rstrip("/"), knobs["timeout"], api_key)
     served = [str(m.get("id")) for m in client.get("models").get("data", []) if isinstance(m, dict)]
     model = knobs["model"]
     if model is None and len(served) == 1:
@@ -76,6 +90,7 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
         "server_model": model,
         "server_version": version,
         "reset_prefix": knobs["reset_prefix"],
+        "rows_alone": True,  # one request at a time
         "model": model,
         "weights_file": None,
     }
@@ -121,15 +136,23 @@ class Client:
                 payload = json.loads(response.read())
         except urllib.error.HTTPError as error:
             detail = error.read().decode(errors="replace")[:300]
-            raise EngineError(self.spec, f"the server answered {path} with HTTP {error.code}: {detail}") from None
+            hint = " (an OpenAI-compatible API lives under /v1: does the URL end in /v1?)" if error.code == 404 else ""
+            raise HTTPStatusError(self.spec, error.code, f"the server answered POST {self.base}/{path} with HTTP "
+                                  f"{error.code}{hint}: {detail}") from None
         except (OSError, ValueError) as error:
             self.down = EngineError(self.spec, f"the server at {self.base} did not answer ({type(error).__name__}: "
-                                    f"{error}). Is it still running? Check its log; every later test that uses "
-                                    "it fails with this message")
+                                    f"{error}). Is it running, at this URL? If it was, check its log; every later "
+                                    "test that uses it fails with this message")
             raise self.down.with_traceback(None) from None
         if not isinstance(payload, dict):
             raise EngineError(self.spec, f"the server answered {path} with {type(payload).__name__}, not an object")
         return payload
+
+
+class HTTPStatusError(EngineError):
+    def __init__(self, spec: str, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(spec, message)
 
 
 class OpenAIEngine:
@@ -140,6 +163,7 @@ class OpenAIEngine:
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
         self._reset_prefix = reset_prefix
+        self._send_ids: bool | None = None  # unknown until the first request
         self._ids: dict[str, int] | None = None
 
     def _other_start(self, ids: list[int]) -> str:
@@ -158,14 +182,18 @@ class OpenAIEngine:
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
         refuse_beyond("an OpenAI-compatible server", config, keep_logits=keep_logits, has_logits=False)
+        for name, neutral in (("repetition_penalty", 1.0), ("min_new_tokens", 0)):
+            if config[name] != neutral:
+                raise ConfigurationError(f"llm_model.generate({name}=...)", config[name], "a server returns its "
+                                         "logprobs from before its penalties, so greedy decoding could not be checked; "
+                                         "test it on the transformers or llamacpp backend")
         out = Chunk(tokens=[], steps=[], texts=[], pieces=[], finish_reasons=[])
         for ids in rows:
             if self._reset_prefix:
                 self._client.post("completions", {"model": self._model, "prompt": self._other_start(ids),
                                                   "max_tokens": 1, "temperature": 0.0})
-            response = self._client.post("completions", request_body(self._model, self._tokenizer.decode(ids),
-                                                                     config, settings.seed))
-            row = parse_choice(self._spec, response, len(ids), self.token_id)
+            response = self._complete(ids, config, settings.seed)
+            row = parse_choice(self._spec, response, len(ids), self.token_id, self._tokenizer)
             out.tokens.append(row.tokens)
             out.steps.append(row.steps)
             assert out.texts is not None and out.pieces is not None and out.finish_reasons is not None
@@ -173,12 +201,31 @@ class OpenAIEngine:
             out.pieces.append(row.pieces)
             out.finish_reasons.append(row.finish_reason)
             out.flags = {"system_fingerprint": response.get("system_fingerprint"), "temperature": 0,
-                         "requests": "one at a time"}
+                         "requests": "one at a time", "prompt_sent_as": "token ids" if self._send_ids else "text"}
         return out
 
+    def _complete(self, ids: list[int], config: dict[str, Any], seed: int) -> dict[str, Any]:
+        """The completion, the prompt sent as its token ids where the server takes them (the API allows
+        it; vLLM does), else as text, which the server tokenises (llama-cpp-python)."""
+        __tracebackhide__ = True
+        if self._send_ids is not False:
+            try:
+                response = self._client.post("completions", request_body(self._model, ids, config, seed))
+            except HTTPStatusError:
+                if self._send_ids:
+                    raise
+                self._send_ids = False  # refused (llama-cpp-python answers 500 to a list): text it is
+            else:
+                self._send_ids = True
+                return response
+        return self._client.post("completions", request_body(self._model, self._tokenizer.decode(ids), config, seed))
+
     def token_id(self, text: str) -> int:
-        """The local tokenizer's id for a returned token text: the one token that decodes to it (the
-        lowest id if several do), else a stable id above the vocabulary (``TEXT_ONLY_IDS``)."""
+        """The local tokenizer's id for a returned token text: ``token_id:N`` as vLLM returns it (asked
+        with ``return_tokens_as_token_ids``), else the one token that decodes to it (the lowest id if
+        several do), else a stable id above the vocabulary (``TEXT_ONLY_IDS``)."""
+        if text.startswith("token_id:") and text[9:].isdigit():
+            return int(text[9:])
         if self._ids is None:
             pieces = self._tokenizer.batch_decode([[i] for i in range(len(self._tokenizer))])
             self._ids = {}
@@ -193,7 +240,7 @@ def text_only_id(text: str) -> int:
     return TEXT_ONLY_IDS + xxhash.xxh32_intdigest(text.encode())
 
 
-def request_body(model: str, prompt: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
+def request_body(model: str, prompt: str | list[int], config: dict[str, Any], seed: int) -> dict[str, Any]:
     """One greedy completion request: every sampler knob a known server reads, set to neutral."""
     return {
         "model": model,
@@ -212,6 +259,7 @@ def request_body(model: str, prompt: str, config: dict[str, Any], seed: int) -> 
         "repeat_penalty": config["repetition_penalty"],  # llama-cpp-python (its default is 1.1)
         "repetition_penalty": config["repetition_penalty"],  # vLLM
         "cache_prompt": False,  # llama.cpp's server: evaluate the whole prompt, whatever came before
+        "return_tokens_as_token_ids": True,  # vLLM: tokens as "token_id:N", exact where text is not
     }
 
 
@@ -220,12 +268,16 @@ class ParsedRow:
         self.tokens: list[int] = []
         self.steps = RowSteps()
         self.pieces: list[str] = []
+        self.exact: list[bool] = []  # the server returned the id itself, not only text
         self.text = ""
         self.finish_reason = "length"
 
 
-def parse_choice(spec: str, response: dict[str, Any], prompt_tokens: int, token_id: Any) -> ParsedRow:
-    """One completion response as recorded steps, checked: the prompt's token count, greedy choice."""
+def parse_choice(spec: str, response: dict[str, Any], prompt_tokens: int, token_id: Any,
+                 tokenizer: Any = None) -> ParsedRow:
+    """One completion response as recorded steps, checked: the prompt's token count, greedy choice.
+    With ``tokenizer``, steps that returned part of a character are given their ids (see
+    :func:`resolve_partial_characters`)."""
     __tracebackhide__ = True
     import xxhash
 
@@ -256,7 +308,46 @@ def parse_choice(spec: str, response: dict[str, Any], prompt_tokens: int, token_
                                                          ensure_ascii=False).encode())
         row.steps.append(step_hash, [token_id(t) for t, _ in ranked], [lp for _, lp in ranked])
         row.tokens.append(token_id(text))
-        row.pieces.append(text)
+        exact = text.startswith("token_id:")  # vLLM's exact ids: the piece is the tokenizer's text
+        row.pieces.append(str(tokenizer.decode([row.tokens[-1]])) if exact and tokenizer is not None else text)
+        row.exact.append(exact)
     row.text = str(choice.get("text", "".join(row.pieces)))
     row.finish_reason = "eos" if choice.get("finish_reason") == "stop" else "length"
+    if tokenizer is not None:
+        resolve_partial_characters(row, tokenizer)
     return row
+
+
+def _partial(row: ParsedRow, step: int) -> bool:
+    return not row.exact[step] and (row.pieces[step] == "" or "\ufffd" in row.pieces[step])
+
+
+def resolve_partial_characters(row: ParsedRow, tokenizer: Any) -> None:
+    """A token that holds part of a multi-byte character (CJK, emoji) comes back from a server as
+    empty text or U+FFFD, so its id is unknown. A run of such steps spans the characters of the
+    completion text between the known pieces around it; where the tokenizer encodes that span to
+    exactly as many tokens, those are the ids (greedy output is the tokenizer's own encoding there).
+    Otherwise the steps keep their text-only ids, and compare by what the server returned."""
+    cursor, step = 0, 0
+    steps = len(row.pieces)
+    while step < steps:
+        piece = row.pieces[step]
+        if not _partial(row, step):
+            if not row.text.startswith(piece, cursor):
+                return  # the pieces do not tile the text: nothing can be placed safely
+            cursor, step = cursor + len(piece), step + 1
+            continue
+        end = step
+        while end < steps and _partial(row, end):
+            end += 1
+        following = row.pieces[end] if end < steps else ""
+        stop = row.text.find(following, cursor) if following else len(row.text)
+        if stop < cursor:
+            return
+        ids = list(tokenizer(row.text[cursor:stop], add_special_tokens=False)["input_ids"])
+        if len(ids) == end - step:
+            for index, resolved in zip(range(step, end), ids):
+                unknown = row.tokens[index]
+                row.tokens[index] = resolved
+                row.steps.top[index] = tuple((resolved if t == unknown else t, lp) for t, lp in row.steps.top[index])
+        cursor, step = stop, end

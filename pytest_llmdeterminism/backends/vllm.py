@@ -190,6 +190,7 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
         **knobs,
         **pinned,
         "batch_invariant": in_force["VLLM_BATCH_INVARIANT"] == "1",
+        "rows_alone": knobs["max_num_seqs"] == 1,
         "seed": ENGINE_SEED,
         "env": in_force,
         "model": path.name,
