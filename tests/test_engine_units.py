@@ -100,14 +100,6 @@ def test_a_bad_engine_spec_fails_at_load_naming_the_fix(spec, message):
     assert message in str(raised.value)
 
 
-def test_an_engine_spec_with_nothing_after_the_prefix_says_so_from_an_ini_file(pytester):
-    pytester.makeini("[pytest]\nllm_model = llamacpp:\n")
-    pytester.makepyfile("def test_x(llm_model):\n    pass\n")
-    result = pytester.runpytest()
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*llm_model = 'llamacpp:': names no model after the engine prefix*"])
-
-
 def test_an_unreachable_server_fails_at_load_with_one_clear_message():
     tokenizer = BUILTIN_MODELS["tiny"]
     with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:9/v1 did not answer \(.*\)\. Is it "

@@ -51,12 +51,16 @@ def test_no_model_configured_names_the_setting(pytester):
     result.stdout.fnmatch_lines(["*no model configured*llm_model = \"builtin:tiny\"*--llm-model=PATH*"])
 
 
-def test_missing_model_path_says_nothing_is_downloaded(pytester):
-    pytester.makeini("[pytest]\nllm_model = HuggingFaceTB/SmolLM2-135M\n")
+@pytest.mark.parametrize(("spec", "message"), [
+    ("HuggingFaceTB/SmolLM2-135M", "*cannot load llm_model*no such folder or .gguf file*never downloads*"),
+    ("llamacpp:", "*llm_model = 'llamacpp:': names no model after the engine prefix*"),
+])
+def test_missing_model_path_says_nothing_is_downloaded(pytester, spec, message):
+    pytester.makeini(f"[pytest]\nllm_model = {spec}\n")
     pytester.makepyfile("def test_x(llm_model): pass")
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*cannot load llm_model*no such folder or .gguf file*never downloads*"])
+    result.stdout.fnmatch_lines([message])
 
 
 def test_pickle_checkpoint_is_refused(pytester):
