@@ -15,6 +15,7 @@ import xxhash
 from pytest_llmdeterminism import backends
 from pytest_llmdeterminism.backends import BUILTIN_MODELS
 from pytest_llmdeterminism.backends import vllm as adapter
+from pytest_llmdeterminism.backends.hf import checkpoint_eos_ids
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError, NonFiniteLogitsError
 from pytest_llmdeterminism.generation import resolve_generation_config
 from pytest_llmdeterminism.values import BatchShape, GenerationSettings
@@ -262,10 +263,10 @@ def test_what_vllm_cannot_do_is_refused_before_a_request(on_a_fake_h200, keep_lo
     assert [call for call in on_a_fake_h200 if call[0] == "generate"] == []
 
 
-def test_eos_ids_come_from_the_generation_config_first(tmp_path):
+def test_eos_ids_come_from_the_generation_config_first_for_every_engine(tmp_path):
     tokenizer = SimpleNamespace(eos_token_id=9)
-    assert adapter.eos_token_ids(tmp_path, tokenizer) == [9]
+    assert checkpoint_eos_ids(tmp_path, tokenizer) == [9]
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 3}))
-    assert adapter.eos_token_ids(tmp_path, tokenizer) == [3]
+    assert checkpoint_eos_ids(tmp_path, tokenizer) == [3]
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [4, 5]}))
-    assert adapter.eos_token_ids(tmp_path, tokenizer) == [4, 5]
+    assert checkpoint_eos_ids(tmp_path, tokenizer) == [4, 5]

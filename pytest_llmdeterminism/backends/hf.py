@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -218,3 +219,22 @@ def _silence_gguf_progress_bar() -> Callable[[], None] | None:
         gguf_utils.tqdm = original
 
     return restore
+
+
+def checkpoint_eos_ids(path: Path, tokenizer: Any) -> list[int]:
+    """The EOS ids the transformers backend uses for ``path`` (a folder): the generation config's,
+    else the model config's, else the tokenizer's. Other engines stop on the same ids, so a golden
+    of one engine and a check on another run the same generation config."""
+    for name in ("generation_config.json", "config.json"):
+        eos = read_json(path / name).get("eos_token_id")
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else [int(t) for t in eos]
+    return [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

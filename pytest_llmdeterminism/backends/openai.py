@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.backends.hf import load_tokenizer
+from pytest_llmdeterminism.backends.hf import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.capture import Chunk, RowSteps
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, refuse_beyond
@@ -94,7 +94,9 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
         "model": model,
         "weights_file": None,
     }
-    engine = OpenAIEngine(spec, client, model, tokenizer, reset_prefix=knobs["reset_prefix"])
+    # A tokenizer folder's generation config names the stop tokens, as it does for transformers.
+    eos = checkpoint_eos_ids(tokenizer_path, tokenizer) if tokenizer_path.is_dir() else None
+    engine = OpenAIEngine(spec, client, model, tokenizer, reset_prefix=knobs["reset_prefix"], eos=eos)
     return {"kind": "openai", "path": tokenizer_path, "model": client, "tokenizer": tokenizer, "dtype": knobs["dtype"],
             "device": "served", "engine": engine, "describe": describe}
 
@@ -160,9 +162,11 @@ class OpenAIEngine:
     hash_definition = "served-topk"
     runs_rows_alone = True  # one request at a time
 
-    def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True) -> None:
+    def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True,
+                 eos: list[int] | None = None) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
         self._reset_prefix = reset_prefix
+        self._eos = eos if eos is not None else ([] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)])
         self._send_ids: bool | None = None  # unknown until the first request
         self._ids: dict[str, int] | None = None
 
@@ -172,8 +176,7 @@ class OpenAIEngine:
         return "1" if self._tokenizer("0", add_special_tokens=False)["input_ids"][:1] == [first] else "0"
 
     def eos_token_ids(self) -> list[int]:
-        eos = self._tokenizer.eos_token_id
-        return [] if eos is None else [int(eos)]
+        return list(self._eos)
 
     def vocab_size(self) -> int:
         return len(self._tokenizer)

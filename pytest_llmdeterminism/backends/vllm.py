@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.backends.hf import load_tokenizer
+from pytest_llmdeterminism.backends.hf import checkpoint_eos_ids, load_tokenizer, read_json
 from pytest_llmdeterminism.capture import Chunk, RowSteps
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError, NonFiniteLogitsError
 from pytest_llmdeterminism.generation import TOP_K, refuse_beyond
@@ -213,7 +213,7 @@ class VLLMEngine:
                  flags: Mapping[str, Any]) -> None:
         self._spec, self._llm, self._vllm = spec, llm, vllm
         self._max_model_len: int = knobs["max_model_len"]
-        self._eos = eos_token_ids(path, tokenizer)
+        self._eos = checkpoint_eos_ids(path, tokenizer)
         self._vocab_size = min(len(tokenizer), _config_vocab_size(path) or len(tokenizer))
         # With one sequence at a time each prompt runs alone; more share vLLM's batches.
         self.runs_rows_alone = knobs["max_num_seqs"] == 1
@@ -241,25 +241,7 @@ class VLLMEngine:
         return chunk_from_outputs(outputs, spec=self._spec, flags=self._flags)
 
 
-def eos_token_ids(path: Path, tokenizer: Any) -> list[int]:
-    """The EOS ids the transformers backend would use for this folder: the generation config's, else
-    the model config's, else the tokenizer's."""
-    for name in ("generation_config.json", "config.json"):
-        eos = _read_json(path / name).get("eos_token_id")
-        if eos is not None:
-            return [eos] if isinstance(eos, int) else [int(t) for t in eos]
-    return [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
-
-
 def _config_vocab_size(path: Path) -> int | None:
-    config = _read_json(path / "config.json")
+    config = read_json(path / "config.json")
     size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
     return size if isinstance(size, int) else None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
