@@ -122,10 +122,13 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     return effective
 
 
-def refuse_beyond(engine: str, config: Mapping[str, Any], *, keep_logits: bool = False,
-                  has_logits: bool = True) -> None:
-    """What only the transformers backend does, refused by name in another ``engine``: an n-gram
-    block (a transformers processor), and raw logits (the audit's) where the engine returns none."""
+def refuse_beyond(engine: str, config: Mapping[str, Any], *, keep_logits: bool = False, has_logits: bool = True,
+                  logprobs_after_penalties: bool = True, context: tuple[int, str, str] | None = None,
+                  longest_prompt: int = 0) -> None:
+    """What ``engine`` cannot do, refused by name before anything runs: an n-gram block (a
+    transformers processor); raw logits (the audit's) where it returns none; penalties where its
+    logprobs come from before them (a server: greedy decoding could not be checked); a prompt plus
+    ``max_new_tokens`` beyond its ``context``: ``(size, knob, example spec that raises it)``."""
     __tracebackhide__ = True
     if keep_logits and not has_logits:
         raise ConfigurationError("--llm-audit", True, f"{engine} returns no raw logits; audit on the transformers "
@@ -133,6 +136,16 @@ def refuse_beyond(engine: str, config: Mapping[str, Any], *, keep_logits: bool =
     if config["no_repeat_ngram_size"]:
         raise ConfigurationError("llm_model.generate(no_repeat_ngram_size=...)", config["no_repeat_ngram_size"],
                                  f"is supported by the transformers backend only, not by {engine}")
+    for name, neutral in (("repetition_penalty", 1.0), ("min_new_tokens", 0)):
+        if not logprobs_after_penalties and config[name] != neutral:
+            raise ConfigurationError(f"llm_model.generate({name}=...)", config[name], "a server returns its "
+                                     "logprobs from before its penalties, so greedy decoding could not be checked; "
+                                     "test it on the transformers or llamacpp backend")
+    if context is not None and longest_prompt + config["max_new_tokens"] > context[0]:
+        size, knob, example = context
+        raise ConfigurationError("llm_model", f"#{knob}={size}",
+                                 f"a {longest_prompt}-token prompt plus max_new_tokens={config['max_new_tokens']} "
+                                 f"does not fit the context; raise {knob} in the spec ({example})")
 
 
 def _checked_override(name: str, value: Any) -> Any:

@@ -63,9 +63,7 @@ class LLMModel:
         key = f"dtype-copy:{dtype}"
         if key not in self._loaded.cache:
             engine = self._loaded.engine
-            if not isinstance(engine, HFEngine):
-                raise ConfigurationError("--llm-audit-dtype", dtype, f"a dtype copy needs the transformers "
-                                         f"backend; {self._loaded.spec} runs on {engine.name}")
+            assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
             model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
             self._loaded.cache[key] = dataclasses.replace(
                 self._loaded, model=model, dtype=dtype, cache={}, engine=HFEngine(model, engine.tokenizer, engine.device))

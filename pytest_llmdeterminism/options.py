@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, ENGINE_PREFIXES, BatchShape
+from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of
 
 if TYPE_CHECKING:
     import pytest
@@ -311,10 +311,10 @@ def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
     (for a server) its tokenizer, after the engine prefix."""
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
-    engine, colon, rest = spec.partition(":")
-    if engine not in ENGINE_PREFIXES or not colon:
+    engine = engine_of(spec)
+    if engine is None:
         return _path_setting("llm_model", spec, config)
-    target, hash_sign, fragment = rest.partition("#")
+    target, hash_sign, fragment = spec.partition(":")[2].partition("#")
     if engine != "openai" and target:
         target = _path_setting("llm_model", target, config) or target
     pairs = [f"{key}={_path_setting('llm_model', value, config)}" if key == "tokenizer" and sep and value else pair

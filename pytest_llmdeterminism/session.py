@@ -20,7 +20,7 @@ from pytest_llmdeterminism.files import GoldenFiles
 from pytest_llmdeterminism.ledger import Ledger
 from pytest_llmdeterminism.options import Options
 from pytest_llmdeterminism.records import TestOutcomes
-from pytest_llmdeterminism.values import ENGINE_PREFIXES
+from pytest_llmdeterminism.values import engine_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -88,7 +88,7 @@ class LLMSession:
             return []
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
-        engine = options.model.partition(":")[0] if options.model.partition(":")[0] in ENGINE_PREFIXES else None
+        engine = engine_of(options.model)
         pinned = " ".join([*([f"engine={engine}"] if engine else []),
                            *([f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else [])])
         return [

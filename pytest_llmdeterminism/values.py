@@ -14,6 +14,12 @@ from pytest_llmdeterminism.errors import ConfigurationError
 MARKER = "deterministic"
 BUILTIN_PREFIX = "builtin:"
 ENGINE_PREFIXES = ("llamacpp", "openai", "vllm")  # llm_model = "ENGINE:..." (backends/)
+
+
+def engine_of(spec: str) -> str | None:
+    """The engine a spec names (``llamacpp:model.gguf`` -> ``llamacpp``), None for transformers."""
+    prefix, colon, _ = spec.partition(":")
+    return prefix if colon and prefix in ENGINE_PREFIXES else None
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Beyond these a shape is a typo, not a test: refused at start-up instead of deep inside torch.

@@ -26,7 +26,7 @@ from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
 from pytest_llmdeterminism.backends.hf import worker_cuda_index
 from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, ENGINE_PREFIXES, GenerationSettings
+from pytest_llmdeterminism.values import BUILTIN_PREFIX, ENGINE_PREFIXES, GenerationSettings, engine_of
 
 __all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "LoadedModel", "ModelCache", "load", "resolve",
            "worker_cuda_index"]
@@ -97,10 +97,10 @@ def resolve(spec: str) -> tuple[str, Path]:
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
     __tracebackhide__ = True
-    prefix, colon, rest = spec.partition(":")
-    if prefix in ENGINES and colon:
-        target, params = split_params(spec, rest)
-        loaded = ENGINES[prefix].load(spec, target, params, dtype=dtype, device=device)
+    engine = engine_of(spec)
+    if engine is not None:
+        target, params = split_params(spec, spec.partition(":")[2])
+        loaded = ENGINES[engine].load(spec, target, params, dtype=dtype, device=device)
         return LoadedModel(spec=spec, cpu_numerics=cpu_numerics, **loaded)
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
@@ -146,8 +146,7 @@ class ModelCache:
                 "or a local folder / .gguf file) or pass --llm-model=PATH",
             )
         if self._loaded is None:
-            how = "" if self._spec.partition(":")[0] in ENGINES else \
-                f" ({self._how['dtype']}, device {self._how['device']})"
+            how = "" if engine_of(self._spec) else f" ({self._how['dtype']}, device {self._how['device']})"
             self._announce(f"llm: loading {self._spec}{how} ...")
             started = time.perf_counter()
             try:

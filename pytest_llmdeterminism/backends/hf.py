@@ -116,12 +116,8 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     from transformers.utils import logging as hf_logging
 
     device = pick_device(spec, device)
-    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-    if kind == "gguf":
-        source, common["gguf_file"] = str(path.parent), path.name
-        _require_gguf_support(spec)
-    else:
-        source = str(path)
+    source, common = _pretrained_arguments(spec, path)
+    if kind != "gguf":
         pickles = sorted(p.name for pattern in _PICKLE_WEIGHTS for p in path.glob(pattern))
         if pickles and not any(path.glob("model*.safetensors")):
             raise ModelLoadError(
@@ -140,7 +136,6 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     hf_logging.disable_progress_bar()  # one model load per session; its progress bar is noise in test output
     gguf_bar = _silence_gguf_progress_bar() if kind == "gguf" else None
     try:
-        # local_files_only keeps loading offline (the hub library reads HF_HUB_OFFLINE only at import).
         tokenizer = AutoTokenizer.from_pretrained(source, **common)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=getattr(torch, dtype), use_safetensors=kind != "gguf", **common
@@ -163,13 +158,8 @@ def load_tokenizer(spec: str, path: Path) -> Any:
     __tracebackhide__ = True
     from transformers import AutoTokenizer
 
-    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-    if path.suffix == ".gguf":
-        _require_gguf_support(spec)
-        source, common["gguf_file"] = str(path.parent), path.name
-    else:
-        source = str(path)
-    gguf_bar = _silence_gguf_progress_bar() if path.suffix == ".gguf" else None
+    source, common = _pretrained_arguments(spec, path)
+    gguf_bar = _silence_gguf_progress_bar() if "gguf_file" in common else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **common)
     except (OSError, ValueError) as error:
@@ -180,6 +170,18 @@ def load_tokenizer(spec: str, path: Path) -> Any:
             gguf_bar()
     _ensure_pad_token(tokenizer)
     return tokenizer
+
+
+def _pretrained_arguments(spec: str, path: Path) -> tuple[str, dict[str, Any]]:
+    """``from_pretrained``'s source and keywords for a folder or a ``.gguf`` file: offline, no remote
+    code. ``local_files_only`` keeps loading offline (the hub library reads HF_HUB_OFFLINE only at
+    import)."""
+    __tracebackhide__ = True
+    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+    if not (path.suffix == ".gguf" and path.is_file()):
+        return str(path), common
+    _require_gguf_support(spec)
+    return str(path.parent), {**common, "gguf_file": path.name}
 
 
 def _ensure_pad_token(tokenizer: Any) -> None:

@@ -93,14 +93,10 @@ class LlamaCppEngine:
     def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
-        refuse_beyond("llama.cpp", config, keep_logits=keep_logits)
+        refuse_beyond("llama.cpp", config, keep_logits=keep_logits, longest_prompt=max(map(len, rows)),
+                      context=(self._n_ctx, "n_ctx", "llamacpp:PATH.gguf#n_ctx=4096"))
         out = Chunk(tokens=[], steps=[], flags={"engine_loop": "argmax over raw logits, no sampler"})
         for ids in rows:
-            if len(ids) + config["max_new_tokens"] > self._n_ctx:
-                raise ConfigurationError("llm_model", f"#n_ctx={self._n_ctx}",
-                                         f"a {len(ids)}-token prompt plus max_new_tokens={config['max_new_tokens']} "
-                                         "does not fit the context; raise n_ctx in the spec "
-                                         "(llamacpp:PATH.gguf#n_ctx=4096)")
             tokens, steps, logits = self._greedy(ids, config, keep_logits)
             out.tokens.append(tokens)
             out.steps.append(steps)

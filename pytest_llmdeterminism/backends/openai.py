@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +115,8 @@ class Client:
 
     def version(self) -> str | None:
         """The server's own version where it offers one (vLLM: ``GET /version``, beside ``/v1``)."""
+        import urllib.request  # here, not at module level: pytest loads the plugin on every run
+
         root = self.base.removesuffix("/v1")
         try:
             with urllib.request.urlopen(f"{root}/version", timeout=self.timeout) as response:
@@ -126,6 +126,9 @@ class Client:
 
     def _request(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         __tracebackhide__ = True
+        import urllib.error
+        import urllib.request
+
         if self.down is not None:
             raise self.down.with_traceback(None)
         headers = {"Content-Type": "application/json"}
@@ -168,12 +171,15 @@ class OpenAIEngine:
         self._reset_prefix = reset_prefix
         self._eos = eos if eos is not None else ([] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)])
         self._send_ids: bool | None = None  # unknown until the first request
+        self._zero: list[int] | None = None  # the first token of "0", once
         self._ids: dict[str, int] | None = None
 
     def _other_start(self, ids: list[int]) -> str:
         """A one-token prompt that shares no first token with ``ids`` (past a BOS both would have)."""
         first = next((t for t in ids if t != self._tokenizer.bos_token_id), None)
-        return "1" if self._tokenizer("0", add_special_tokens=False)["input_ids"][:1] == [first] else "0"
+        if self._zero is None:
+            self._zero = list(self._tokenizer("0", add_special_tokens=False)["input_ids"][:1])
+        return "1" if self._zero == [first] else "0"
 
     def eos_token_ids(self) -> list[int]:
         return list(self._eos)
@@ -184,12 +190,8 @@ class OpenAIEngine:
     def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
-        refuse_beyond("an OpenAI-compatible server", config, keep_logits=keep_logits, has_logits=False)
-        for name, neutral in (("repetition_penalty", 1.0), ("min_new_tokens", 0)):
-            if config[name] != neutral:
-                raise ConfigurationError(f"llm_model.generate({name}=...)", config[name], "a server returns its "
-                                         "logprobs from before its penalties, so greedy decoding could not be checked; "
-                                         "test it on the transformers or llamacpp backend")
+        refuse_beyond("an OpenAI-compatible server", config, keep_logits=keep_logits, has_logits=False,
+                      logprobs_after_penalties=False)
         out = Chunk(tokens=[], steps=[], texts=[], pieces=[], finish_reasons=[])
         for ids in rows:
             if self._reset_prefix:

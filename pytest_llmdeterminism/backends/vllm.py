@@ -228,12 +228,8 @@ class VLLMEngine:
     def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
-        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False)
-        longest = max(len(ids) for ids in rows)
-        if longest + config["max_new_tokens"] > self._max_model_len:
-            raise ConfigurationError("llm_model", f"#max_model_len={self._max_model_len}",
-                                     f"a {longest}-token prompt plus max_new_tokens={config['max_new_tokens']} does "
-                                     "not fit; raise it in the spec (vllm:FOLDER#max_model_len=4096)")
+        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False, longest_prompt=max(map(len, rows)),
+                      context=(self._max_model_len, "max_model_len", "vllm:FOLDER#max_model_len=4096"))
         params = self._vllm.SamplingParams(**sampling_arguments(config, seed=settings.seed))
         prompts = [{"prompt_token_ids": list(ids)} for ids in rows]  # vLLM's TokensPrompt: no re-tokenising
         calls = [[prompt] for prompt in prompts] if self.runs_rows_alone else [prompts]
