@@ -65,13 +65,17 @@ def logits_step(raw: Any, step: int, top_k: int = TOP_K) -> tuple[str, list[int]
     row = np.ascontiguousarray(raw, dtype="<f4")
     if not np.isfinite(row).all():
         raise NonFiniteLogitsError(step, 0)
-    top_k = min(top_k, row.size)
-    candidates = np.argpartition(-row, top_k - 1)[:top_k]
-    best = candidates[np.lexsort((candidates, -row[candidates]))]  # by logit, ties by id
+    # k argmax passes, not np.argpartition: its SIMD selection (x86-simd-sort, picked per CPU) returned
+    # another top-5 for 50 of 300 random rows under an emulated Haswell, and with it another greedy
+    # token; argmax agreed with a stable sort natively and there (300 of 300), at 28 us per step.
+    # Ties go to the lowest id, as with torch.argmax.
+    work, best = row.copy(), []
+    for _ in range(min(top_k, row.size)):
+        best.append(int(np.argmax(work)))
+        work[best[-1]] = -np.inf
     shift = row.max()
     log_total = np.float32(np.log(np.exp(row - shift, dtype=np.float32).sum(dtype=np.float32)))
-    return (xxhash.xxh3_64_hexdigest(row.tobytes()), [int(i) for i in best],
-            [float(row[i] - shift - log_total) for i in best])
+    return xxhash.xxh3_64_hexdigest(row.tobytes()), best, [float(row[i] - shift - log_total) for i in best]
 
 
 class StepCapture:

@@ -98,3 +98,16 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     assert code == 1, output[-3000:]
     assert "LOGIT_DRIFT (failed)" in output or "REGRESSION (failed)" in output or "TIE_FLIP (failed)" in output
     assert "compared across environments:" in output and "cpu_capability" in output, output[-3000:]
+
+
+def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smollm2_gguf):
+    """The llama.cpp engine's greedy choice and top-5 must not depend on the CPU's SIMD dispatch
+    (numpy's argpartition did: a REGRESSION at step 7 of the first prompt under an emulated Haswell)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -e '.[llamacpp]'")
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\nllm_model = llamacpp:{smollm2_gguf}\nllm_batch_shape = 1x32\n")
+    (tmp_path / "test_probe.py").write_text(PROBE.replace("max_new_tokens=4", "max_new_tokens=8"))
+    code, output = _finish(_pytest(tmp_path, "--llm-golden-update"))
+    assert code == 0 and "golden checks: 3 recorded" in output, output[-3000:]
+    other_vendor, _ = _foreign_cpus()
+    code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
+    assert code == 0 and "golden checks: 3 IDENTICAL" in output, f"under -cpu {other_vendor}:\n{output[-4000:]}"
