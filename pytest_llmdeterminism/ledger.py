@@ -31,6 +31,9 @@ class Ledger:
         self.used: set[tuple[str, str]] = set()  # (golden file, key) some test looked up
         self.outcomes: dict[str, str] = {}  # node id -> passed / skipped / failed
         self.partial_reasons: list[str] = []  # why this run did not visit every test
+        self.stop_reasons: list[str] = []  # why this run ended before it ran every collected test
+        self.collected: set[str] = set()  # node ids this run set out to run (under xdist: the workers')
+        self.finished: set[str] = set()  # node ids whose teardown was reported: they ran to the end
         self.partial(partial)
 
     def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
@@ -47,6 +50,8 @@ class Ledger:
 
     def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
         """Keep each test's overall outcome: failed beats skipped beats passed."""
+        if when == "teardown":
+            self.finished.add(nodeid)
         if outcome not in _RANK:  # e.g. pytest-rerunfailures' "rerun": an attempt, not the outcome
             return
         counts = when == "call" or outcome != "passed"
@@ -68,6 +73,19 @@ class Ledger:
     def partial(self, reasons: Iterable[str]) -> None:
         """This run did not visit every test (for the given reasons): unused goldens are not judged."""
         self.partial_reasons += [reason for reason in reasons if reason not in self.partial_reasons]
+
+    def stopped(self, reason: str) -> None:
+        """This run ended early (interrupted, ``-x``, a crashed worker): a partial run, and one the
+        summary always names, since the user may not have asked for fewer tests."""
+        if reason not in self.stop_reasons:
+            self.stop_reasons.append(reason)
+
+    def why_partial(self) -> list[str]:
+        """Every reason this run does not speak for the whole suite; none after a complete run. A
+        collected test that never reported its teardown did not run to its end, whatever the cause."""
+        not_run = len(self.collected - self.finished)
+        unfinished = [f"{not_run} of {len(self.collected)} collected test(s) did not run"] if not_run else []
+        return self.stop_reasons + unfinished + self.partial_reasons
 
 
 def fold(into: FileUpdates, rows: Iterable[GoldenWrite]) -> None:

@@ -143,6 +143,9 @@ class _OutcomeCollector:
     def __init__(self, session: LLMSession) -> None:
         self._session = session
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._session.ledger.collected.update(item.nodeid for item in session.items)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._session.ledger.test_finished(report.nodeid, report.when, report.outcome)
         payload = getattr(report, REPORT_ATTRIBUTE, None)
@@ -156,7 +159,12 @@ class _WorkerReports:
     def __init__(self, session: LLMSession) -> None:
         self._session = session
 
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._session.ledger.collected.update(ids)
+
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        if error is not None:
+            self._session.ledger.stopped(f"xdist worker {node.gateway.id} crashed")
         self._session.ledger.partial(getattr(node, "workeroutput", {}).get(_PARTIAL, []))
 
 
@@ -169,14 +177,13 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
         items[0].config.stash[SESSION].ledger.partial([f"{len(items)} test(s) deselected"])
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     llm = session.config.stash[SESSION]
     if hasattr(session.config, "workerinput"):
         # an xdist worker: its outcomes went to the controller with each test report
         session.config.workeroutput[_PARTIAL] = llm.ledger.partial_reasons  # type: ignore[attr-defined]
         return
-    failed = session.testsfailed > 0 or session.shouldfail is not False or session.shouldstop is not False
-    if not llm.finish(failed=failed):
+    if not llm.finish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

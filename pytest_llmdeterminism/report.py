@@ -239,12 +239,14 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial: Sequence[str],
-                   display: Callable[[Path], str], *, prune: bool) -> list[str]:
+                   display: Callable[[Path], str], *, prune: bool, stopped: bool = False) -> list[str]:
+    """Unused goldens after a complete run; after a partial one, why none were judged: always when
+    the run stopped early, under ``--llm-golden-prune`` for any reason (``-k`` is quiet otherwise)."""
     if pruned:
         return [f"pruned {len(pruned)} unused golden(s):", *(f"  {item}" for item in pruned)]
     if partial:
-        verb = "not pruned" if prune else "not reported"
-        return [f"unused goldens {verb}: this run was partial ({'; '.join(partial)})"] if prune else []
+        verb = "not pruned" if prune else "not judged"
+        return [f"unused goldens {verb}: this run was partial ({'; '.join(partial)})"] if prune or stopped else []
     lines = []
     for path, keys in sorted(unused.items()):
         lines += [f"unused golden in {display(Path(path))}: {key!r}" for key in keys]

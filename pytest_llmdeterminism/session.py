@@ -76,9 +76,11 @@ class LLMSession:
                             test_path=item.path, tokenizer=lambda: self.models.get().tokenizer,
                             rerun=resolved.rerun, tolerance=resolved.tolerance)
 
-    def finish(self, *, failed: bool) -> bool:
+    def finish(self, session: pytest.Session, exitstatus: int) -> bool:
         """Write everything the run decided; False when something could not be written."""
-        self.output = writer.finish(self.ledger, self.files, self.options, failed=failed)
+        for reason in stop_reasons(session, exitstatus):
+            self.ledger.stopped(reason)
+        self.output = writer.finish(self.ledger, self.files, self.options, failed=session.testsfailed > 0)
         return not self.output.errors
 
     def header_lines(self) -> list[str]:
@@ -102,3 +104,11 @@ class LLMSession:
 
     def summary_lines(self) -> list[str]:
         return writer.summary_lines(self.ledger, self.output, self.files, prune=self.options.prune)
+
+
+def stop_reasons(session: pytest.Session, exitstatus: int) -> list[str]:
+    """Why pytest ended this run before its last test: Ctrl-C or ``pytest.exit``, an internal
+    error, ``-x``/``--maxfail`` or a plugin that set ``session.shouldstop``/``shouldfail``."""
+    ended = {pytest.ExitCode.INTERRUPTED: "interrupted", pytest.ExitCode.INTERNAL_ERROR: "an internal error"}
+    reasons = [ended[pytest.ExitCode(exitstatus)]] if exitstatus in ended else []
+    return reasons + [str(flag) for flag in (session.shouldfail, session.shouldstop) if flag]

@@ -36,7 +36,7 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
         folder = options.artifacts
         _merge(ledger.candidates, lambda path: folder / files.under_root(path), lambda n: f"{n} candidate(s)",
                files, out)
-    out.partial = ledger.partial_reasons + (["some tests failed"] if failed else [])
+    out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
         out.unused = find_unused(ledger, files)
         if options.prune:
@@ -131,7 +131,8 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
 
 
 def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:
-    out = out or RunOutput(partial=ledger.partial_reasons)
+    out = out or RunOutput(partial=ledger.why_partial())
     return report.summary(dict(ledger.counts), out.written, out.errors, ledger.notes, out.held_back) + \
-        report.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune) + \
+        report.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune,
+                              stopped=bool(ledger.stop_reasons)) + \
         report.audit_summary(ledger.audits)

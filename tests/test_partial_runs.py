@@ -37,3 +37,126 @@ def test_tests_a_conftest_deselects_keep_their_goldens_under_prune(suite, worker
     result.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (1 test(s) deselected)"])
     goldens = json.loads((suite.path / "__golden__" / "test_two.json").read_text())["goldens"]
     assert set(goldens) == {"test_a", "test_b"}
+
+
+# Three tests; the one named in STOP_AT ends the run its own way while it runs (a real SIGINT to this
+# process, as Ctrl-C sends; a crash of its xdist worker; pytest.exit), so the tests after it never run.
+THREE_TESTS = """
+import os, signal
+import pytest
+from pytest_llmdeterminism import deterministic
+
+STOP_AT = os.environ.get("STOP_AT", "")
+HOW = os.environ.get("HOW", "")
+
+def _maybe_stop(name):
+    if name != STOP_AT:
+        return
+    if HOW == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
+    elif HOW == "sigint-controller":  # Ctrl-C reaches the xdist controller, the worker's parent
+        os.kill(os.getppid(), signal.SIGINT)
+    elif HOW == "crash":
+        os._exit(1)
+    elif HOW == "exit":
+        pytest.exit("stopped by the test")
+    elif HOW == "fail":
+        pytest.fail("a failing test, under -x")
+
+@deterministic(max_new_tokens=2)
+def test_a(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The sky is"))
+    _maybe_stop("test_a")
+
+@deterministic(max_new_tokens=2)
+def test_b(llm_model, golden_tokens):
+    _maybe_stop("test_b")
+    golden_tokens.check(llm_model.generate("Count: one,"))
+
+@deterministic(max_new_tokens=2)
+def test_c(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Once upon a"))
+"""
+
+
+def _goldens(suite):
+    path = suite.path / "__golden__" / "test_three.json"
+    return set(json.loads(path.read_text())["goldens"]) if path.exists() else set()
+
+
+def _stopped_run(suite, monkeypatch, how, stop_at, *args):
+    monkeypatch.setenv("HOW", how)
+    monkeypatch.setenv("STOP_AT", stop_at)
+    result = suite.runpytest_subprocess("-p", "no:randomly", *args)
+    monkeypatch.delenv("HOW")
+    monkeypatch.delenv("STOP_AT")
+    return result
+
+
+@pytest.mark.parametrize("stop_at", ["test_a", "test_b"])
+def test_ctrl_c_during_a_prune_run_deletes_no_golden_and_says_why(suite, monkeypatch, stop_at):
+    suite.makepyfile(test_three=THREE_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    result = _stopped_run(suite, monkeypatch, "sigint", stop_at, "--llm-golden-prune", "-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    output = result.stdout.str()
+    assert "\npruned" not in output and "unused golden in" not in output
+    not_run = "3 of 3" if stop_at == "test_a" else "2 of 3"  # the interrupted test never finished either
+    result.stdout.fnmatch_lines([(f"unused goldens not pruned: this run was partial (interrupted; {not_run} "
+                                 "collected test(s) did not run)")])
+    assert _goldens(suite) == {"test_a", "test_b", "test_c"}
+
+
+def test_ctrl_c_during_an_update_run_writes_the_finished_tests_goldens_and_judges_nothing_unused(suite, monkeypatch):
+    suite.makepyfile(test_three=THREE_TESTS.replace("test_c(", "test_old(", 1))
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)  # test_old's golden: unused later
+    suite.makepyfile(test_three=THREE_TESTS)
+    golden = suite.path / "__golden__" / "test_three.json"
+    goldens = json.loads(golden.read_text())
+    del goldens["goldens"]["test_a"]
+    golden.write_text(json.dumps(goldens))
+    result = _stopped_run(suite, monkeypatch, "sigint", "test_b", "--llm-golden-update", "-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert "unused golden in" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["wrote __golden__/test_three.json (1 golden)",
+                                 "unused goldens not judged: this run was partial (interrupted; 2 of 3 *"])
+    assert _goldens(suite) == {"test_a", "test_b", "test_old"}  # test_a recorded, nothing else touched
+
+
+@pytest.mark.parametrize("how", ["sigint-controller", "crash"])
+def test_an_xdist_run_stopped_by_ctrl_c_or_a_crashed_worker_prunes_nothing(suite, monkeypatch, how):
+    suite.makepyfile(test_three=THREE_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    result = _stopped_run(suite, monkeypatch, how, "test_b", "--llm-golden-prune", "-n", "2")
+    output = result.stdout.str()
+    assert result.ret != 0 and "\npruned" not in output, output
+    assert "unused goldens not pruned: this run was partial (" in output
+    assert "crashed" in output if how == "crash" else "interrupted" in output
+    assert _goldens(suite) == {"test_a", "test_b", "test_c"}
+
+
+def test_pytest_exit_and_maxfail_make_a_partial_run(suite, monkeypatch):
+    suite.makepyfile(test_three=THREE_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    stopped = _stopped_run(suite, monkeypatch, "exit", "test_a", "--llm-golden-prune", "-p", "no:xdist")
+    stopped.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (interrupted; 3 of 3 *"])
+    maxfail = _stopped_run(suite, monkeypatch, "fail", "test_a", "--llm-golden-prune", "-x", "-p", "no:xdist")
+    maxfail.stdout.fnmatch_lines([("unused goldens not pruned: this run was partial (stopping after 1 failures; "
+                                  "2 of 3 collected test(s) did not run; some tests failed)")])
+    suite.makeconftest("def pytest_runtest_logfinish(nodeid):\n"
+                       "    if nodeid.endswith('test_a'):\n        raise RuntimeError('a plugin broke')\n")
+    internal = suite.runpytest_subprocess("--llm-golden-prune", "-p", "no:xdist", "-p", "no:randomly")
+    assert internal.ret == pytest.ExitCode.INTERNAL_ERROR
+    assert "\npruned" not in internal.stdout.str()  # pytest prints no summary after an internal error
+    assert _goldens(suite) == {"test_a", "test_b", "test_c"}
+
+
+def test_a_complete_run_still_prunes_after_the_partial_ones(suite):
+    """The negative control: the same suite, run whole, does judge and prune."""
+    suite.makepyfile(test_three=THREE_TESTS.replace("test_c(", "test_old(", 1))
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    suite.makepyfile(test_three=THREE_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    result = suite.runpytest_subprocess("--llm-golden-prune", "-p", "no:randomly")
+    result.stdout.fnmatch_lines(["pruned 1 unused golden(s):", "  __golden__/test_three.json ['test_old']"])
+    assert _goldens(suite) == {"test_a", "test_b", "test_c"}
