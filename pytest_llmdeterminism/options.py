@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of
+from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
 
 if TYPE_CHECKING:
     import pytest
@@ -311,6 +311,7 @@ def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
     (for a server) its tokenizer, after the engine prefix."""
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
+    refuse_credentials(spec)
     engine = engine_of(spec)
     if engine is None:
         return _path_setting("llm_model", spec, config)

@@ -20,6 +20,34 @@ def engine_of(spec: str) -> str | None:
     """The engine a spec names (``llamacpp:model.gguf`` -> ``llamacpp``), None for transformers."""
     prefix, colon, _ = spec.partition(":")
     return prefix if colon and prefix in ENGINE_PREFIXES else None
+
+
+def without_credentials(text: str) -> str:
+    """``text`` (a spec or URL) with any ``USER:PASSWORD@`` after its ``://`` shown as ``***@``. The
+    authority ends at the last ``@`` before the first ``#``, so a password holding ``/`` or ``?`` is
+    hidden too."""
+    scheme_end = text.find("://")
+    if scheme_end < 0:
+        return text
+    start = scheme_end + 3
+    end = text.find("#", start)
+    at = text.rfind("@", start, len(text) if end < 0 else end)
+    return text if at < 0 else f"{text[:start]}***{text[at:]}"
+
+
+def refuse_credentials(spec: str) -> None:
+    """A spec whose URL holds ``USER:PASSWORD@``: refused, shown without them. The header, the load
+    line and every error print the spec, and such credentials would never be sent anyway."""
+    __tracebackhide__ = True
+    shown = without_credentials(spec)
+    if shown != spec:
+        raise ConfigurationError("llm_model", shown, "the URL holds credentials (USER:PASSWORD@), which "
+                                 "would be printed with the spec and are never sent. Put the key in an "
+                                 "environment variable and name it: "
+                                 "openai:http://HOST:PORT/v1#api_key_env=NAME&tokenizer=PATH (sent as "
+                                 "'Authorization: Bearer', to this server only)")
+
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Beyond these a shape is a typo, not a test: refused at start-up instead of deep inside torch.

@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import msgspec
 import pytest
 import xxhash
 from hypothesis import given
 
 from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError, store
 from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
-from pytest_llmdeterminism.backends.openai import parse_choice, request_body, text_only_id
+from pytest_llmdeterminism.backends.openai import Completion, parse_choice, request_body, text_only_id
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.fingerprint import numerics_changes
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
@@ -37,38 +38,45 @@ def token_id(text):
     return IDS.get(text, text_only_id(text))
 
 
+def parse(reply, token_id=token_id, tokenizer=None, *, prompt_tokens=5, max_tokens=16, vocab_size=50_000):
+    return parse_choice("spec", msgspec.convert(reply, Completion), prompt_tokens=prompt_tokens,
+                        max_tokens=max_tokens, vocab_size=vocab_size, token_id=token_id, tokenizer=tokenizer)
+
+
 def test_a_server_step_is_recorded_as_ids_logprobs_and_a_hash_of_what_was_returned():
-    row = parse_choice("spec", response([" Paris", "."], [{" Paris": -0.26, " the": -2.8, " London": -4.4},
-                                                          {".": -0.37, ",": -1.63}]), 5, token_id)
+    row = parse(response([" Paris", "."], [{" Paris": -0.26, " the": -2.8, " London": -4.4},
+                                           {".": -0.37, ",": -1.63}]))
     assert row.tokens == [7042, 30] and row.pieces == [" Paris", "."] and row.text == " Paris."
     assert row.steps.top[0] == ((7042, -0.26), (260, -2.8), (4649, -4.4))
     assert row.steps.margins == [pytest.approx(2.54), pytest.approx(1.26)]
     expected = json.dumps([" Paris", [[" Paris", -0.26], [" the", -2.8], [" London", -4.4]]], separators=(",", ":"))
     assert row.steps.hashes[0] == xxhash.xxh3_64_hexdigest(expected.encode())
     assert row.finish_reason == "length"
-    assert parse_choice("spec", response(["."], [{".": -0.1}], finish="stop"), 5, token_id).finish_reason == "eos"
+    assert parse(response(["."], [{".": -0.1}], finish="stop")).finish_reason == "eos"
 
 
 def test_a_token_text_with_no_id_gets_a_stable_id_above_any_vocabulary():
-    row = parse_choice("spec", response(["\u00e9t"], [{"\u00e9t": -0.5, " the": -1.5}]), 5, token_id)
+    row = parse(response(["\u00e9t"], [{"\u00e9t": -0.5, " the": -1.5}]))
     assert row.tokens[0] >= TEXT_ONLY_IDS and row.tokens[0] == text_only_id("\u00e9t") != text_only_id("x")
 
 
 def test_a_server_that_did_not_decode_greedily_fails_naming_the_step_and_both_tokens():
     with pytest.raises(EngineError, match=r"did not decode greedily at step 1: it chose '-' \(logprob -2.3246\) "
                                           r"over '\\n' \(-0.7076\)\. A server-side sampler or penalty is in force"):
-        parse_choice("spec", response(["\n", "-"], [{"\n": -1.0}, {"\n": -0.7076, "-": -2.3246}]), 5, token_id)
+        parse(response(["\n", "-"], [{"\n": -1.0}, {"\n": -0.7076, "-": -2.3246}]))
 
 
 def test_a_server_that_counts_other_prompt_tokens_names_the_tokenizer():
     with pytest.raises(EngineError, match="the server counts 6 prompt tokens where the local tokenizer counts 5: "
                                           "#tokenizer= is not the served model's tokenizer"):
-        parse_choice("spec", response(["."], [{".": -0.1}], prompt_tokens=6), 5, token_id)
+        parse(response(["."], [{".": -0.1}], prompt_tokens=6))
 
 
 def test_a_response_without_logprobs_says_what_the_server_must_support():
-    with pytest.raises(EngineError, match="no per-token logprobs"):
-        parse_choice("spec", {"choices": [{"text": "x", "logprobs": None}]}, 5, token_id)
+    with pytest.raises(EngineError, match=r"choices\[0\]\.logprobs: none, where the request asked for "
+                                          "logprobs=5; the server must support the completions API's "
+                                          "per-token logprobs"):
+        parse({"choices": [{"text": "x", "logprobs": None}]})
 
 
 def test_every_request_pins_greedy_decoding_and_neutral_penalties_of_known_servers():
@@ -102,8 +110,8 @@ def test_a_bad_engine_spec_fails_at_load_naming_the_fix(spec, message):
 
 def test_an_unreachable_server_fails_at_load_with_one_clear_message():
     tokenizer = BUILTIN_MODELS["tiny"]
-    with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:9/v1 did not answer \(.*\)\. Is it "
-                                          r"running, at this URL\?"):
+    with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:9/v1 did not answer GET "
+                                          r"/v1/models \(.*\)\. Is it running, at this URL\?"):
         load(f"openai:http://127.0.0.1:9/v1#tokenizer={tokenizer}&timeout=2", dtype="float32", device="auto")
 
 
@@ -202,10 +210,10 @@ def test_steps_that_returned_part_of_a_character_get_the_ids_of_its_bytes():
     tokens, tops = ["a", "", "", "", "b"], [{"a": -0.1}, {"": -0.2}, {"": -0.3}, {"": -0.1}, {"b": -0.5}]
     reply = response(tokens, tops)
     reply["choices"][0]["text"] = "aどb"
-    row = parse_choice("spec", reply, 5, lambda t: ord(t) if len(t) == 1 else text_only_id(t), byte_tokenizer)
+    row = parse(reply, lambda t: ord(t) if len(t) == 1 else text_only_id(t), byte_tokenizer)
     assert row.tokens == [ord("a"), *"ど".encode(), ord("b")]
     assert [top[0][0] for top in row.steps.top] == row.tokens
-    unresolved = parse_choice("spec", reply, 5, lambda t: ord(t) if len(t) == 1 else text_only_id(t))
+    unresolved = parse(reply, lambda t: ord(t) if len(t) == 1 else text_only_id(t))
     assert unresolved.tokens[1:4] == [text_only_id("")] * 3  # without a tokenizer: by text, as returned
 
 
@@ -214,8 +222,9 @@ def test_ids_a_server_returns_as_token_id_text_are_taken_as_they_are(tiny):
 
     engine = OpenAIEngine("spec", None, "m", tiny.tokenizer)
     assert engine.token_id("token_id:42") == 42 and engine.token_id("token_id:x") >= TEXT_ONLY_IDS
-    row = parse_choice("spec", response(["token_id:42"], [{"token_id:42": -0.1, "token_id:7": -2.0}]), 5,
-                       engine.token_id, tiny.tokenizer)
+    reply = response(["token_id:42"], [{"token_id:42": -0.1, "token_id:7": -2.0}])
+    reply["choices"][0]["text"] = tiny.tokenizer.decode([42])
+    row = parse(reply, engine.token_id, tiny.tokenizer, vocab_size=len(tiny.tokenizer))
     assert row.tokens == [42] and row.steps.top[0] == ((42, -0.1), (7, -2.0))
     assert row.pieces == [tiny.tokenizer.decode([42])]
 
@@ -223,16 +232,24 @@ def test_ids_a_server_returns_as_token_id_text_are_taken_as_they_are(tiny):
 class FakeClient:
     """Answers like llama-cpp-python's server: a prompt of token ids is refused with HTTP 422."""
 
+    base = "http://fake/v1"
+
     def __init__(self):
         self.prompts = []
 
-    def post(self, path, body):
+    def request_line(self, method, path):
+        return f"{method} /v1/{path}"
+
+    def redact(self, text):
+        return text
+
+    def post(self, path, body, into):
         from pytest_llmdeterminism.backends.openai import HTTPStatusError
 
         self.prompts.append(body["prompt"])
         if isinstance(body["prompt"], list):
             raise HTTPStatusError("spec", 422, "prompt: Input should be a valid string")
-        return response([" x"], [{" x": -0.1}], prompt_tokens=2)
+        return msgspec.convert(response([" x"], [{" x": -0.1}], prompt_tokens=2), into)
 
 
 def test_the_prompt_goes_as_token_ids_where_the_server_takes_them_else_as_text_from_then_on(tiny):
@@ -268,3 +285,36 @@ def test_an_api_key_comes_from_the_environment_never_from_the_spec(monkeypatch):
     with pytest.raises(ConfigurationError, match="unknown option 'api_key'"):
         load(f"openai:http://127.0.0.1:9/v1#tokenizer={BUILTIN_MODELS['tiny']}&api_key=sk-1", dtype="float32",
              device="auto")
+
+
+def test_what_real_servers_send_passes_the_checks_of_a_server_answer():
+    # llama-cpp-python finishes a character that max_tokens cut: a step more, part of a character.
+    cut = response(["\u3001", "", ""], [{"\u3001": -0.1}, {"": -0.2}, {"": -0.3}])
+    cut["choices"][0]["text"] = "\u3001\u30a2"
+    assert len(parse(cut, max_tokens=2).tokens) == 3
+    with pytest.raises(EngineError, match=r"choices\[0\]\.logprobs\.tokens: 3 tokens for max_tokens=2"):
+        parse(response([" Paris", ".", ","], [{" Paris": -0.1}, {".": -0.1}, {",": -0.1}]), max_tokens=2)
+    # Whitespace aside: a text without the leading space its first token has; a logprob rounded above 0.
+    spaced = response([" Paris", "."], [{" Paris": 1e-7, " the": -2.8}, {".": -0.37}])
+    spaced["choices"][0]["text"] = "Paris."
+    assert parse(spaced).text == "Paris."
+    # A stop before the first token is a completion of no tokens.
+    assert parse(response([], [], finish="stop")).tokens == []
+
+
+def test_vllm_outputs_beyond_max_tokens_or_the_vocabulary_are_refused():
+    from types import SimpleNamespace
+
+    from pytest_llmdeterminism.backends.vllm import chunk_from_outputs
+
+    def output(tokens, candidates):
+        steps = [{i: SimpleNamespace(logprob=-0.1 * (rank + 1)) for rank, i in enumerate([t, *candidates])}
+                 for t in tokens]
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=steps)])]
+
+    assert chunk_from_outputs(output([5, 6], [7]), spec="vllm:m", max_tokens=2, id_bound=8).tokens == [[5, 6]]
+    with pytest.raises(EngineError, match="vLLM returned 3 tokens for prompt 0 where the plugin asked for at most 2"):
+        chunk_from_outputs(output([5, 6, 7], [1]), spec="vllm:m", max_tokens=2, id_bound=8)
+    with pytest.raises(EngineError, match=r"token id 9 at step 0 of prompt 0, outside the model's vocabulary "
+                                          r"\(0 to 7\)"):
+        chunk_from_outputs(output([5], [9]), spec="vllm:m", max_tokens=2, id_bound=8)

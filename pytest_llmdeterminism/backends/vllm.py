@@ -102,8 +102,10 @@ def sampling_arguments(config: Mapping[str, Any], *, seed: int) -> dict[str, Any
     }
 
 
-def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str, Any] | None = None) -> Chunk:
-    """vLLM's ``RequestOutput`` objects, one per prompt, as recorded steps; each step checked greedy."""
+def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str, Any] | None = None,
+                       max_tokens: int | None = None, id_bound: int | None = None) -> Chunk:
+    """vLLM's ``RequestOutput`` objects, one per prompt, as recorded steps; each step checked greedy,
+    and, where given, at most ``max_tokens`` steps and every id below ``id_bound``."""
     __tracebackhide__ = True
     import xxhash
 
@@ -111,6 +113,9 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
     for row, request in enumerate(outputs):
         completion = request.outputs[0]
         tokens = [int(t) for t in completion.token_ids]
+        if max_tokens is not None and len(tokens) > max_tokens:
+            raise EngineError(spec, f"vLLM returned {len(tokens)} tokens for prompt {row} where the plugin "
+                              f"asked for at most {max_tokens} (max_tokens); nothing was recorded")
         returned = completion.logprobs
         if returned is None or len(returned) < len(tokens):
             raise EngineError(spec, f"vLLM returned logprobs for {0 if returned is None else len(returned)} of "
@@ -120,6 +125,12 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
         for step, (token, candidates) in enumerate(zip(tokens, returned)):
             ranked = sorted(((int(i), float(lp.logprob)) for i, lp in candidates.items()),
                             key=lambda pair: (-pair[1], pair[0]))
+            if id_bound is not None:
+                outside = [i for i in (token, *dict(ranked)) if not 0 <= i < id_bound]
+                if outside:
+                    raise EngineError(spec, f"vLLM returned token id {outside[0]} at step {step} of prompt "
+                                      f"{row}, outside the model's vocabulary (0 to {id_bound - 1}); nothing "
+                                      "was recorded")
             if any(math.isnan(value) for _, value in ranked):
                 raise NonFiniteLogitsError(step, row)
             chosen = dict(ranked).get(token)
@@ -215,6 +226,7 @@ class VLLMEngine:
         self._max_model_len: int = knobs["max_model_len"]
         self._eos = checkpoint_eos_ids(path, tokenizer)
         self._vocab_size = min(len(tokenizer), _config_vocab_size(path) or len(tokenizer))
+        self._id_bound = max(len(tokenizer), _config_vocab_size(path) or 0)  # a padded vocabulary's ids too
         # With one sequence at a time each prompt runs alone; more share vLLM's batches.
         self.runs_rows_alone = knobs["max_num_seqs"] == 1
         self._flags = {**flags, "requests": "one at a time" if self.runs_rows_alone else "one call per chunk"}
@@ -234,7 +246,8 @@ class VLLMEngine:
         prompts = [{"prompt_token_ids": list(ids)} for ids in rows]  # vLLM's TokensPrompt: no re-tokenising
         calls = [[prompt] for prompt in prompts] if self.runs_rows_alone else [prompts]
         outputs = [output for call in calls for output in self._llm.generate(call, params, use_tqdm=False)]
-        return chunk_from_outputs(outputs, spec=self._spec, flags=self._flags)
+        return chunk_from_outputs(outputs, spec=self._spec, flags=self._flags,
+                                  max_tokens=config["max_new_tokens"], id_bound=self._id_bound)
 
 
 def _config_vocab_size(path: Path) -> int | None:

@@ -1,0 +1,360 @@
+"""A server is an untrusted peer (DESIGN §11): what a hostile or broken OpenAI-compatible server
+can do to a run, each ending in one ``EngineError`` (or a refusal at load) naming the server and
+the request, with no key printed, nothing followed elsewhere and nothing recorded.
+
+The server is a fake (``fake_openai_server``) on a free localhost port, speaking raw HTTP; its
+tokens are the built-in tiny model's, whose tokenizer the spec names.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from pytest_llmdeterminism import ConfigurationError, EngineError
+from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+
+from .fake_openai_server import Connection, FakeServer, Request
+
+TINY = BUILTIN_MODELS["tiny"]
+KEY = "sk-hostile-0123456789abcdef"
+KEY_ENV = "LLMDET_HOSTILE_TEST_KEY"
+GREEDY = [273, 442, 445, 373, 272]  # "The cat sat on the", one token each in the tiny tokenizer
+MODELS = {"object": "list", "data": [{"id": "tiny"}]}
+
+
+@pytest.fixture
+def serve():
+    """Start fake servers with ``serve(answer)``; each stops when the test ends."""
+    servers: list[FakeServer] = []
+
+    def start(answer) -> FakeServer:
+        servers.append(FakeServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    from pytest_llmdeterminism.backends.hf import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny", TINY)
+    return {i: tokenizer.decode([i]) for i in GREEDY}
+
+
+def spec(server: FakeServer, **knobs: object) -> str:
+    options = {"tokenizer": TINY, "reset_prefix": 0, **knobs}
+    return f"openai:{server.url}#" + "&".join(f"{k}={v}" for k, v in options.items())
+
+
+def honest(body: dict, pieces: dict[int, str]) -> dict:
+    """A greedy completion of ``body``'s request, as llama-cpp-python's server shapes one."""
+    texts = [pieces[i] for i in GREEDY[:body["max_tokens"]]]
+    usage = {"prompt_tokens": len(body["prompt"])} if isinstance(body["prompt"], list) else {}
+    return {"id": "cmpl-1", "object": "text_completion", "system_fingerprint": "fp-1", "usage": usage,
+            "choices": [{"index": 0, "text": "".join(texts), "finish_reason": "length",
+                         "logprobs": {"tokens": texts, "token_logprobs": [-0.1] * len(texts),
+                                      "top_logprobs": [{t: -0.1, " zebra": -3.0} for t in texts]}}]}
+
+
+def routes(pieces, lie=None, **special):
+    """An answer that serves /v1/models, /version and honest completions, except that ``lie`` edits
+    each completion and ``special`` maps a path to an answer of its own."""
+
+    def answer(request: Request, connection: Connection) -> None:
+        path = request.path.partition("?")[0]
+        if path in special:
+            special[path](request, connection)
+        elif path == "/v1/models":
+            connection.respond(200, MODELS)
+        elif path == "/version":
+            connection.respond(200, {"version": "fake-1.0"})
+        elif path == "/v1/completions":
+            completion = honest(request.json(), pieces)
+            if lie is not None:
+                lie(completion, completion["choices"][0], completion["choices"][0]["logprobs"])
+            connection.respond(200, json.dumps(completion))  # NaN and Infinity as Python writes them
+        else:
+            connection.respond(404, "not found")
+
+    return answer
+
+
+def generate(spec_text: str, max_new_tokens: int = 4):
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    loaded = load(spec_text, dtype="float32", device="cpu")
+    settings = GenerationSettings(BatchShape(1, 32), max_new_tokens, 0)
+    return loaded, LLMModel(loaded, settings).generate("The cat")
+
+
+def test_an_honest_server_is_accepted_and_its_key_goes_to_its_api_only(serve, pieces, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    server = serve(routes(pieces))
+    loaded, result = generate(spec(server, reset_prefix=1, api_key_env=KEY_ENV))
+    assert result.token_ids == tuple(GREEDY[:4]) and result.text == "The cat sat on"
+    assert result.fingerprint["flags"]["system_fingerprint"] == "fp-1"
+    assert loaded.describe["server"] == server.url and loaded.describe["server_version"] == "fake-1.0"
+    paths = [r.path for r in server.requests]
+    assert paths == ["/v1/models", "/version", "/v1/completions", "/v1/completions"]  # a reset, the prompt
+    keys = [r.headers.get("authorization") for r in server.requests]
+    assert keys == [f"Bearer {KEY}", None, f"Bearer {KEY}", f"Bearer {KEY}"]
+
+
+# --- where the request and the key go ---
+
+@pytest.mark.parametrize(("path", "status"), [("/v1/models", 302), ("/v1/completions", 302),
+                                              ("/v1/completions", 307)])
+def test_a_redirect_is_not_followed_and_the_key_goes_nowhere_else(serve, pieces, monkeypatch, path, status):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    elsewhere = serve(routes(pieces))  # another port: another origin
+    location = f"{elsewhere.origin}{path}?echo={KEY}"
+    server = serve(routes(pieces, **{path: lambda r, c: c.respond(status, "", {"Location": location})}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, api_key_env=KEY_ENV))
+    assert elsewhere.requests == []
+    message = str(raised.value)
+    method = "GET" if path.endswith("models") else "POST"
+    assert f"the server at {server.url} answered {method} {path} with HTTP {status}, a redirect to " \
+           f"'{elsewhere.origin}{path}?echo=***'. Redirects are not followed" in message
+    assert "put the final URL in the spec" in message and KEY not in message
+
+
+def test_a_key_the_server_echoes_in_an_error_is_masked(serve, pieces, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+
+    def echo(request: Request, connection: Connection) -> None:
+        connection.respond(500, {"error": f"invalid header {request.headers['authorization']}"})
+
+    server = serve(routes(pieces, **{"/v1/models": echo}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, api_key_env=KEY_ENV))
+    message = str(raised.value)
+    assert "answered GET /v1/models with HTTP 500" in message and "invalid header Bearer ***" in message
+    assert KEY not in message
+
+
+@pytest.mark.parametrize("password", ["hunter2-secret", "hunter2/secret?x"])
+def test_credentials_in_the_url_are_refused_without_printing_them(serve, pieces, password):
+    server = serve(routes(pieces))
+    spec_text = f"openai:http://user:{password}@127.0.0.1:{server.port}/v1#tokenizer={TINY}"
+    with pytest.raises(ConfigurationError) as raised:
+        load(spec_text, dtype="float32", device="cpu")
+    message = str(raised.value)
+    assert "hunter2" not in message and f"'openai:http://***@127.0.0.1:{server.port}/v1#" in message
+    assert "the URL holds credentials (USER:PASSWORD@)" in message and "#api_key_env=NAME" in message
+    assert server.requests == []
+
+
+# --- time and size ---
+
+@pytest.mark.parametrize("part", ["status line", "body"])
+def test_a_trickling_server_is_cut_at_the_total_deadline(serve, part):
+    body = json.dumps(MODELS).encode()
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+
+    def trickle(request: Request, connection: Connection) -> None:
+        if part == "body":
+            connection.send(head)
+        connection.trickle(body if part == "body" else head + body, 0.5)
+
+    server = serve(trickle)
+    started = time.monotonic()
+    with pytest.raises(EngineError) as raised:
+        load(spec(server, timeout=1.5), dtype="float32", device="cpu")
+    assert time.monotonic() - started < 8  # 1.5 s in fact; a per-read timeout would wait 20 s
+    assert f"the server at {server.url} did not answer GET /v1/models within its 1.5 s deadline (#timeout=" \
+           in str(raised.value)
+
+
+@pytest.mark.parametrize("framing", ["Content-Length", "none", "chunked"])
+def test_a_body_above_the_size_limit_is_refused_without_reading_it(serve, framing):
+    piece = b" " * 65536
+
+    def flood(request: Request, connection: Connection) -> None:
+        header = {"Content-Length": "Content-Length: 50000000\r\n", "none": "",
+                  "chunked": "Transfer-Encoding: chunked\r\n"}[framing]
+        connection.send(f"HTTP/1.1 200 OK\r\nConnection: close\r\n{header}\r\n".encode())
+        chunk = b"10000\r\n" + piece + b"\r\n" if framing == "chunked" else piece
+        connection.flood(chunk, most=50_000_000 // len(piece))
+
+    server = serve(flood)
+    with pytest.raises(EngineError) as raised:
+        load(spec(server, max_response_mb=1), dtype="float32", device="cpu")
+    assert f"the server at {server.url} answered GET /v1/models with " in str(raised.value)
+    assert "above the 1 MB limit (#max_response_mb=); refused without reading it all" in str(raised.value)
+    assert server.connections[0].sent < 30_000_000  # the client hung up long before the end
+
+
+# --- broken HTTP ---
+
+def _raw(data: bytes):
+    return lambda request, connection: connection.send(data)
+
+
+def _answer(status: int, body: bytes | dict):
+    return lambda request, connection: connection.respond(status, body)
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+BROKEN_HTTP = {
+    "truncated body": (_raw(b'HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{"data": ['), "IncompleteRead"),
+    "truncated chunk": (_raw(CHUNKED + b"100\r\n{}"), "IncompleteRead"),
+    "bad chunk size": (_raw(CHUNKED + b"zz\r\n"), "IncompleteRead"),
+    "bad status line": (_raw(b"HELLO THERE\r\n\r\n"), "BadStatusLine"),
+    "bad status code": (_raw(b"HTTP/1.1 2x0 OK\r\n\r\n"), "BadStatusLine"),
+    "huge header line": (_raw(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n"), "LineTooLong"),
+    "too many headers": (_raw(b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 150 + b"\r\n"), "HTTPException"),
+    "no answer": (_raw(b""), "RemoteDisconnected"),
+    "not JSON": (_answer(200, b"<html>hello</html>"), "malformed JSON"),
+    "not UTF-8": (_answer(200, b'{"data": [{"id": "\xff"}]}'), "malformed JSON"),
+    "wrong shape": (_answer(200, {"data": "tiny"}),
+                    "an answer of the wrong shape (Expected `array`, got `str` - at `$.data`)"),
+    "wrong type": (_answer(200, {"data": [{"id": 7}]}), "Expected `str`, got `int` - at `$.data[0].id`"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_HTTP))
+def test_broken_http_is_one_engine_error_naming_the_server_and_the_request(serve, case):
+    answer, says = BROKEN_HTTP[case]
+    server = serve(answer)
+    with pytest.raises(EngineError) as raised:
+        load(spec(server, timeout=10), dtype="float32", device="cpu")
+    message = str(raised.value)
+    assert f"the server at {server.url} " in message and "GET /v1/models" in message and says in message
+    assert "\n" not in message
+
+
+# --- answers that cannot be right ---
+
+def _times_five(completion, choice, logprobs):
+    for key in ("tokens", "token_logprobs", "top_logprobs"):
+        logprobs[key] *= 5
+    choice["text"] *= 5
+
+
+def _no_tokens(completion, choice, logprobs):
+    choice["text"], logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"] = "", [], [], []
+
+
+def _ids(*replace):
+    def lie(completion, choice, logprobs):
+        tokens = [f"token_id:{i}" for i in GREEDY[:4]]
+        for index, fake in replace:
+            tokens[index] = fake
+        logprobs["tokens"], logprobs["top_logprobs"] = tokens, [{t: -0.1} for t in tokens]
+    return lie
+
+
+def _set(field, value):
+    def lie(completion, choice, logprobs):
+        target = {"completion": completion, "choice": choice, "logprobs": logprobs}[field.partition(".")[0]]
+        *path, last = field.split(".")[1:]
+        for key in path:
+            target = target[key]
+        target[last] = value(target[last]) if callable(value) else value
+    return lie
+
+
+LIES = {
+    "5x the tokens": (_times_five, "choices[0].logprobs.tokens: 20 tokens for max_tokens=4"),
+    "no tokens": (_no_tokens,
+                  "choices[0].logprobs.tokens: no tokens, yet finish_reason 'length' for max_tokens=4"),
+    "one top-k for four tokens": (_set("logprobs.top_logprobs", lambda v: v[:1]),
+                                  "choices[0].logprobs.top_logprobs: 1 steps for 4 tokens"),
+    "no candidates": (_set("logprobs.top_logprobs", lambda v: [{}] * len(v)),
+                      "choices[0].logprobs.top_logprobs[0]: 0 candidates"),
+    "nine candidates": (_set("logprobs.top_logprobs", lambda v: [{f"t{i}": -1.0 - i for i in range(9)}] * 4),
+                        "choices[0].logprobs.top_logprobs[0]: 9 candidates"),
+    "id 100000": (_ids((1, "token_id:100000")),
+                  ("choices[0].logprobs.tokens[1]: 'token_id:100000' is no id of the tokenizer's vocabulary "
+                   "(0 to 511)")),
+    "negative id": (_ids((2, "token_id:-3")), "choices[0].logprobs.tokens[2]: 'token_id:-3' is no id"),
+    "huge id": (_ids((0, "token_id:" + "9" * 5000)), "choices[0].logprobs.tokens[0]: 'token_id:999"),
+    "NaN": (_set("logprobs.token_logprobs", lambda v: [float("nan")] * len(v)),
+            '"token_logprobs": [NaN, NaN'),
+    "all -Infinity": (_set("logprobs.top_logprobs", lambda v: [{k: float("-inf") for k in t} for t in v]),
+                      '[{"The": -Infinity, " zebra": -Infinity}'),
+    "a logprob of the wrong type": (_set("logprobs.token_logprobs", lambda v: [*v[:-1], "-0.1"]),
+                                    "got `str` - at `$.choices[0].logprobs.token_logprobs[3]`"),
+    "a probability above 1": (_set("logprobs.top_logprobs", lambda v: [{k: 0.5 for k in t} for t in v]),
+                              "choices[0].logprobs.top_logprobs[0]['The']: 0.5 is no log-probability"),
+    "tokens of the wrong type": (_set("logprobs.tokens", lambda v: list(range(len(v)))),
+                                 "Expected `str`, got `int` - at `$.choices[0].logprobs.tokens[0]`"),
+    "two choices": (_set("completion.choices", lambda v: v * 2), "choices: 2 choices for n=1"),
+    "no logprobs": (_set("choice.logprobs", None), "choices[0].logprobs: none"),
+    "a text its tokens do not spell": (_set("choice.text", "The dog ran off"),
+                                       ("choices[0].text: 'The dog ran off' is not what its tokens spell "
+                                       "('The cat sat on')")),
+    "a prompt count of the wrong type": (_set("completion.usage", {"prompt_tokens": "3"}),
+                                         "Expected `int | null`, got `str` - at `$.usage.prompt_tokens`"),
+}
+
+
+@pytest.mark.parametrize("case", list(LIES))
+def test_a_completion_that_cannot_be_right_is_refused_naming_the_field(serve, pieces, case):
+    lie, says = LIES[case]
+    server = serve(routes(pieces, lie))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server))
+    message = str(raised.value)
+    assert f"the server at {server.url}" in message and "POST /v1/completions" in message
+    assert says in message and "\n" not in message
+
+
+def test_a_number_beyond_a_double_is_named_by_its_field(serve, pieces):
+    def answer(request: Request, connection: Connection) -> None:
+        text = json.dumps(honest(request.json(), pieces))
+        text = text.replace('"token_logprobs": [-0.1', '"token_logprobs": [-1e999')
+        connection.respond(200, text)
+
+    server = serve(routes(pieces, **{"/v1/completions": answer}))
+    with pytest.raises(EngineError, match=r"Number out of range - at "
+                                          r"`\$\.choices\[0\]\.logprobs\.token_logprobs\[0\]`"):
+        generate(spec(server))
+
+
+# --- the whole run ---
+
+SUITE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=4)
+def test_cat(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The cat"))
+"""
+
+
+@pytest.mark.parametrize("lying", [False, True], ids=["honest", "lying"])
+def test_an_update_run_records_an_honest_server_and_nothing_of_a_lying_one(pytester, serve, pieces, lying):
+    server = serve(routes(pieces, _times_five if lying else None))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest("--llm-golden-update", "-p", "no:randomly")
+    golden = pytester.path / "__golden__" / "test_served.json"
+    if not lying:
+        assert result.ret == pytest.ExitCode.OK and golden.is_file()
+        return
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert f"EngineError: llm_model {spec(server)!r}: the server at {server.url}, answering POST " \
+           "/v1/completions, sent a completion that cannot be right: choices[0].logprobs.tokens: 20 tokens " \
+           "for max_tokens=4." in result.stdout.str()
+    assert not golden.exists()
+
+
+def test_a_run_with_credentials_in_the_server_url_stops_at_start_without_printing_them(pytester, serve, pieces):
+    server = serve(routes(pieces))
+    url = server.url.replace("http://", "http://user:hunter2-secret@")
+    pytester.makeini(f"[pytest]\nllm_model = openai:{url}#tokenizer={TINY}\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    output = result.stdout.str() + result.stderr.str()
+    assert "hunter2" not in output and "the URL holds credentials (USER:PASSWORD@)" in output
+    assert server.requests == []
