@@ -85,20 +85,24 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
     """A prompt has more tokens than the fixed batch shape's length L."""
 
     def __init__(self, prompt: str, n_tokens: int, batch_shape: str, *,
-                 setting: str = "llm_batch_shape") -> None:
+                 setting: str = "llm_batch_shape", fitting: str | None = None) -> None:
+        """``fitting``: the smallest shape the plugin accepts that holds the prompt (None: none does)."""
         self.prompt = prompt
         self.n_tokens = n_tokens
         self.batch_shape = batch_shape
-        rows, _, length = batch_shape.partition("x")
+        length = batch_shape.partition("x")[2]
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
-        fitting = f"{rows}x{_next_power_of_two(n_tokens + 1)}"
-        fix = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
-               f"llm_batch_shape = \"{fitting}\" (or --llm-batch-shape)")
+        if fitting is None:
+            fix = "no batch shape the plugin accepts holds it: shorten the prompt"
+        else:
+            example = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
+                       f"llm_batch_shape = \"{fitting}\" (or --llm-batch-shape)")
+            fix = (f"raise L, e.g. {example}. Changing the shape changes the numerics, so re-record "
+                   "goldens afterwards")
         super().__init__(
             f"prompt {shown!r} has {n_tokens} tokens but {setting.replace('=...', '')} {batch_shape!r} "
             f"allows {int(length) - 1} (one position always stays padding). Every generation runs at "
-            f"one fixed shape BxL; raise L, e.g. {fix}. "
-            "Changing the shape changes the numerics, so re-record goldens afterwards."
+            f"one fixed shape BxL; {fix}."
         )
 
 
@@ -137,6 +141,3 @@ class GoldenFileError(LLMDeterminismError):
         self.problem = problem
         super().__init__(f"golden file {str(path)!r} {problem}. The file was left untouched. {fix}")
 
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(n - 1, 1).bit_length()

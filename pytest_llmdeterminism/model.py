@@ -251,9 +251,11 @@ class LLMModel:
         # One position always stays padding: a batch without any padding drops the attention mask
         # and takes another kernel path, so a prompt of exactly L tokens would change with its
         # companions (measured: logit hashes differ alone vs batched at 4x32).
-        if len(ids) >= self.settings.batch_shape.length:
-            raise PromptTooLongError(prompt, len(ids), str(self.settings.batch_shape),
-                                     setting=self.settings.batch_shape_setting)
+        shape = self.settings.batch_shape
+        if len(ids) >= shape.length:
+            fitting = shape.holding(len(ids))
+            raise PromptTooLongError(prompt, len(ids), str(shape), setting=self.settings.batch_shape_setting,
+                                     fitting=None if fitting is None else str(fitting))
         return ids
 
     def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: dict[str, Any]) -> list[Generation]:

@@ -91,6 +91,13 @@ class BatchShape:
             )
         return cls(rows, length)
 
+    def holding(self, n_tokens: int) -> BatchShape | None:
+        """The shape to suggest for an ``n_tokens`` prompt: these rows (fewer if they must) and the
+        next power of two above it (one position stays padding); None where no accepted shape holds it."""
+        length = 1 << n_tokens.bit_length()
+        rows = min(self.rows, MAX_TOKENS // length) if length <= MAX_LENGTH else 0
+        return BatchShape(rows, length) if rows >= 1 else None
+
     def __str__(self) -> str:
         return f"{self.rows}x{self.length}"
 

@@ -4,8 +4,11 @@ import random
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pytest_llmdeterminism.errors import PromptTooLongError
+from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError
+from pytest_llmdeterminism.values import MAX_LENGTH, MAX_ROWS, MAX_TOKENS, BatchShape
 
 PROMPT = "The capital of France is"
 OTHERS = ["Hello there", "Count: one,", "The weather today is", "x", "def add(a, b):", "Once upon a time"]
@@ -201,3 +204,33 @@ def test_a_tokenizer_without_a_chat_template_says_what_to_pass_instead(tmp_path)
     with pytest.raises(ConfigurationError, match="has no chat template; pass the prompt as a string, or its token "
                                                  r"ids with token_ids=\[\.\.\.\]"):
         llm.generate(CONVERSATION)
+
+
+def test_a_prompt_no_accepted_shape_holds_gets_no_shape_the_plugin_would_refuse(make_llm):
+    with pytest.raises(PromptTooLongError) as info:
+        make_llm("2x8").generate(token_ids=[5] * 600_000)
+    message = str(info.value)
+    assert "no batch shape the plugin accepts holds it: shorten the prompt" in message
+    assert "llm_batch_shape =" not in message
+
+
+@given(rows=st.integers(1, MAX_ROWS), length=st.integers(1, 4096), n_tokens=st.integers(1, 1 << 21))
+def test_the_suggested_shape_holds_the_prompt_and_is_accepted(rows, length, n_tokens):
+    fitting = BatchShape(rows, length).holding(n_tokens)
+    if fitting is None:
+        assert n_tokens >= MAX_LENGTH
+        return
+    assert BatchShape.parse(str(fitting)) == fitting and fitting.length > n_tokens
+    assert fitting.rows == min(rows, MAX_TOKENS // fitting.length)
+
+
+def test_max_new_tokens_beyond_the_models_context_is_refused_with_the_numbers(make_llm, tiny):
+    context = tiny.model.config.max_position_embeddings  # 512
+    with pytest.raises(ConfigurationError) as info:
+        make_llm("2x32", max_new_tokens=100_000).generate(PROMPT)
+    message = str(info.value)
+    assert (f"the 2x32 shape's 32 prompt positions plus 100000 new tokens need 100032 positions, beyond the "
+            f"model's context of {context}") in message
+    assert f"lower max_new_tokens to at most {context - 32}" in message
+    with pytest.raises(ConfigurationError, match=f"need {context + 1} positions"):
+        make_llm("2x32", max_new_tokens=4).generate(PROMPT, max_new_tokens=context - 31)
