@@ -141,8 +141,13 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
                      run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(other_rows, shape.length)),
                          [prompt], 0)))
     longer = shape.length + 8  # not a multiple of 16: some kernels block by 16 and would hide the change
-    rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
-                     run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
+    if shape.rows == 1:
+        rows.append(AuditRow("padding", "B=1 runs each prompt at its own length, unpadded", False, None, 0.0,
+                             ran=False))
+    else:
+        rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
+                         run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(shape.rows, longer)),
+                             [prompt], 0)))
     cache = overrides.get("use_cache", True)
     rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base, run(probe, [prompt], 0, use_cache=not cache)))
     threads = torch.get_num_threads()

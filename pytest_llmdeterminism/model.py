@@ -295,7 +295,7 @@ class LLMModel:
             margins=tuple(steps.margins[:n]),
             finish_reason=finish_reason,
             generation_config=dict(config),
-            batch_shape=str(self.settings.batch_shape),
+            batch_shape=str(self.settings.batch_shape.running(len(prompt_ids))),
             pieces=tuple(pieces),
             fingerprint=fingerprint_now,
             hash_definition=self._loaded.engine.hash_definition,

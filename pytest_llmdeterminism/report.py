@@ -110,6 +110,9 @@ def _drift_line(comparison: Comparison) -> str:
 
 
 def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: Generation) -> list[str]:
+    if field == "batch_shape" and str(old).startswith("1x") and new == f"1x{len(actual.prompt_token_ids)}":
+        return [(f"    {field}: {_short(old)} -> {_short(new)} (at B = 1 a prompt now runs alone at its own length, "
+                "unpadded, as a plain generate() does; a golden recorded padded is re-recorded once)")]
     if field != "prompt_token_ids":
         return [f"    {field}: {_short(old)} -> {_short(new)}"]
     first = _first_difference(old, new)

@@ -234,3 +234,45 @@ def test_max_new_tokens_beyond_the_models_context_is_refused_with_the_numbers(ma
     assert f"lower max_new_tokens to at most {context - 32}" in message
     with pytest.raises(ConfigurationError, match=f"need {context + 1} positions"):
         make_llm("2x32", max_new_tokens=4).generate(PROMPT, max_new_tokens=context - 31)
+
+
+def test_a_lone_prompt_runs_unpadded_and_stops_at_eos_as_a_plain_generate_would(make_llm, tiny):
+    """The default shape (1xL) runs the test a user would have written: batch 1, the prompt's own
+    length, no filler rows, and no step past the EOS. Counted on the model's forward calls."""
+    llm = make_llm("1x128", max_new_tokens=8)
+    shapes: list[tuple[int, ...]] = []
+
+    def record(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        shapes.append(tuple(ids.shape))
+
+    handle = tiny.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        full = llm.generate("Once upon a time")
+        prompt_length = len(full.prompt_token_ids)
+        assert full.finish_reason == "length" and len(full.token_ids) == 8
+        assert shapes[0] == (1, prompt_length) and len(shapes) == 8  # prefill unpadded, then one per token
+        assert full.batch_shape == f"1x{prompt_length}"
+        shapes.clear()
+        step = next(i for i, t in enumerate(full.token_ids) if i >= 2 and t not in full.token_ids[:i])
+        stopped = llm.generate("Once upon a time", eos_token_id=full.token_ids[step])
+    finally:
+        handle.remove()
+    assert stopped.finish_reason == "eos" and stopped.token_ids == full.token_ids[:step + 1]
+    assert len(shapes) == step + 1  # no forward after the EOS
+    assert stopped.logit_hashes == full.logit_hashes[:step + 1]  # the same numerics, only shorter
+
+
+def test_a_lone_prompt_gives_the_bits_of_a_plain_generate_of_it(make_llm, tiny):
+    """No padding and no mask trick: the captured logits are the ones a bare generate() computes."""
+    from pytest_llmdeterminism.capture import StepCapture
+
+    gen = make_llm("1x128", max_new_tokens=6).generate(PROMPT)
+    encoded = tiny.tokenizer(PROMPT, return_tensors="pt")
+    config = dict(gen.generation_config)
+    with torch.inference_mode(), StepCapture(tiny.model, rows=1) as capture:
+        from transformers import GenerationConfig
+
+        tiny.model.generate(**encoded, generation_config=GenerationConfig(**config),
+                            logits_processor=capture.logits_processor())
+    assert tuple(capture.rows[0].hashes) == gen.logit_hashes

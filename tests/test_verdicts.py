@@ -220,3 +220,20 @@ def test_a_changed_chat_template_is_input_changed_showing_both_rendered_prompts(
         "E*prompt: '<|bos|>Q: What is the capital of Japan? A:' -> '<|bos|>Question: What is the capital of Japan? A:'",
         "E*chat_template_hash: '*' -> '*'",
     ])
+
+
+def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_reason(make_llm):
+    """Goldens of 1xL from before lone prompts ran unpadded: INPUT_CHANGED, saying why, never a drift."""
+    import dataclasses
+
+    from pytest_llmdeterminism.compare import Verdict, compare
+    from pytest_llmdeterminism.report import mismatch
+
+    now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
+    before = dataclasses.replace(now, batch_shape="1x128", logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
+    comparison = compare(before, now)
+    assert comparison.verdict is Verdict.INPUT_CHANGED
+    message = mismatch("test_x", "__golden__/t.json", "t.py::test_x", comparison, before, now, str,
+                       profile="exact")
+    n = len(now.prompt_token_ids)
+    assert f"batch_shape: '1x128' -> '1x{n}' (at B = 1 a prompt now runs alone at its own length" in message

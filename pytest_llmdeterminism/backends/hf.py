@@ -12,7 +12,7 @@ from typing import Any
 from pytest_llmdeterminism.capture import Chunk, StepCapture
 from pytest_llmdeterminism.determinism import deterministic_state
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
-from pytest_llmdeterminism.values import GenerationSettings
+from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -53,8 +53,8 @@ class HFEngine:
 
         from pytest_llmdeterminism.determinism import flags
 
-        shape = settings.batch_shape
-        self._refuse_past_context(shape.length, config["max_new_tokens"], settings)
+        shape = settings.batch_shape.running(max(map(len, rows)))
+        self._refuse_past_context(shape, config["max_new_tokens"], settings)
         input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
         # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
@@ -86,19 +86,21 @@ class HFEngine:
         return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits)
 
 
-    def _refuse_past_context(self, length: int, max_new_tokens: int, settings: GenerationSettings) -> None:
+    def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int, settings: GenerationSettings) -> None:
         """Positions past the model's context give no meaningful logits (and may run for minutes): the
         padded prompt plus every new token must fit ``max_position_embeddings``."""
         __tracebackhide__ = True
+        length = shape.length
         context = getattr(self.model.config, "max_position_embeddings", None)
         if not isinstance(context, int) or length + max_new_tokens <= context:
             return
         fits = context - length
         fix = (f"lower max_new_tokens to at most {fits} (@deterministic(max_new_tokens=...), llm_max_new_tokens "
                f"or generate(max_new_tokens=...))" if fits >= 1 else
+               "shorten the prompt" if shape.rows == 1 else
                f"use a shorter L in {settings.batch_shape_setting.replace('=...', '')}")
         raise ConfigurationError("max_new_tokens", max_new_tokens,
-                                 f"the {settings.batch_shape} shape's {length} prompt positions plus {max_new_tokens} "
+                                 f"the {shape} shape's {length} prompt positions plus {max_new_tokens} "
                                  f"new tokens need {length + max_new_tokens} positions, beyond the model's context "
                                  f"of {context} (max_position_embeddings in its config); {fix}")
 

