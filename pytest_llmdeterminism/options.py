@@ -235,7 +235,7 @@ def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -
     once, naming the closest real one (pytest alone would warn about the ini key and fail every test
     with "no model"). Call it after conftests have loaded."""
     known_ini = [setting.ini for setting in SETTINGS]
-    for key, raw in _ini_values(config).items():
+    for key, raw in ini_values(config).items():
         if key.startswith("llm_") and not _declared_ini(config, key):
             close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
             hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
@@ -257,7 +257,7 @@ def _declared_ini(config: pytest.Config, key: str) -> bool:
     return True
 
 
-def _ini_values(config: pytest.Config) -> dict[str, str]:
+def ini_values(config: pytest.Config) -> dict[str, str]:
     """The ini file's keys and raw values (pytest 9 deprecates the public ``inicfg``; its private twin
     holds the same mapping)."""
     raw = getattr(config, "_inicfg", None)

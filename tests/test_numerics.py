@@ -89,6 +89,7 @@ def test_plugin_restores_the_environment_it_pinned(pytester, monkeypatch):
     for name in numerics.PORTABLE_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AVX2")
+    pytester.makeini("[pytest]\nllm_batch_shape = 2x16\n")  # configured: pinned before conftests
     pytester.makepyfile("""
         import os
 

@@ -25,6 +25,7 @@ from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
 from pytest_llmdeterminism.backends.hf import worker_cuda_index
 from pytest_llmdeterminism.capture import Chunk
+from pytest_llmdeterminism.environment import PinnedEnvironment
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError
 from pytest_llmdeterminism.values import BUILTIN_PREFIX, ENGINE_PREFIXES, GenerationSettings, engine_of
 
@@ -94,8 +95,10 @@ def resolve(spec: str) -> tuple[str, Path]:
     )
 
 
-def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
-    """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
+def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
+         pinned_late: bool = False) -> LoadedModel:
+    """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
+    (``pinned_late``: the plugin could set them only now, not before conftests loaded)."""
     __tracebackhide__ = True
     engine = engine_of(spec)
     if engine is not None:
@@ -105,7 +108,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") 
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
-        numerics.check(cpu_numerics)
+        numerics.check(cpu_numerics, pinned_late=pinned_late)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=hf.HFEngine(model, tokenizer, device), cpu_numerics=cpu_numerics)
 
@@ -128,10 +131,14 @@ def split_params(spec: str, rest: str) -> tuple[str, dict[str, str]]:
 
 class ModelCache:
     """One load per model, dtype and device in this process. A failed load is kept too, so every
-    test that needs the model fails with the same error, without loading again."""
+    test that needs the model fails with the same error, without loading again. The load pins the
+    environment if the run did not (see ``environment.py``), and every variable it sets is put
+    back at the end of the run."""
 
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
-                 announce: Callable[[str], None] | None = None) -> None:
+                 announce: Callable[[str], None] | None = None,
+                 environment: PinnedEnvironment | None = None) -> None:
+        self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
         self._loaded: LoadedModel | LLMDeterminismError | None = None
@@ -150,7 +157,9 @@ class ModelCache:
             self._announce(f"llm: loading {self._spec}{how} ...")
             started = time.perf_counter()
             try:
-                self._loaded = load(self._spec, **self._how)
+                with self._environment.recording():
+                    self._environment.pin(early=False)
+                    self._loaded = load(self._spec, **self._how, pinned_late=not self._environment.early)
             except LLMDeterminismError as error:
                 self._loaded = error
             except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
