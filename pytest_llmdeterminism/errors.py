@@ -46,7 +46,7 @@ class ConfigurationError(LLMDeterminismError, ValueError):
     def __init__(self, setting: str, value: object, message: str) -> None:
         self.setting = setting
         self.value = value
-        super().__init__(f"{setting} = {value!r}: {message}")
+        super().__init__(f"{setting}: {message}" if value is None else f"{setting} = {value!r}: {message}")
 
 
 class ModelLoadError(LLMDeterminismError):

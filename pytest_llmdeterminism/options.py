@@ -244,9 +244,18 @@ def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -
     for arg in map(str, unknown):
         flag, _, raw = arg.partition("=")
         if flag.startswith("--llm"):
-            close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else "see pytest --help for the --llm-* options"
-            raise ConfigurationError(flag, raw or None, f"no such option; {hint}")
+            raise ConfigurationError(flag, raw or None, f"no such option; {_closest_flag(flag)}")
+
+
+def _closest_flag(flag: str) -> str:
+    """A truncated name (pytest takes no abbreviations) or a misspelled one: the real option it means."""
+    extended = sorted((name for name in FLAGS if name.startswith(flag)), key=len)
+    if extended and (len(extended) == 1 or len(extended[0]) - len(flag) <= 3):
+        return f"did you mean {extended[0]}? (pytest does not accept abbreviated options)"
+    close = extended or difflib.get_close_matches(flag, FLAGS, n=3, cutoff=0.75)
+    if close:
+        return f"did you mean {' or '.join(close[:3])}?"
+    return "see pytest --help for the --llm-* options"
 
 
 def _declared_ini(config: pytest.Config, key: str) -> bool:

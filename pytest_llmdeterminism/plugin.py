@@ -10,7 +10,8 @@ import pytest
 
 from pytest_llmdeterminism import determinism, options, suites
 from pytest_llmdeterminism.environment import PinnedEnvironment, configures_plugin
-from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.report import one_line_crash
 from pytest_llmdeterminism.session import LLMSession
 from pytest_llmdeterminism.values import MARKER
 
@@ -125,6 +126,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, LLMDeterminismError):
+        one_line_crash(report.longrepr)  # the short summary says what; FAILURES keeps the whole message
     outcomes = LLMSession.outcomes_if_any(item)
     if outcomes is not None and call.when == "call":
         payload = outcomes.to_json()

@@ -26,8 +26,14 @@ from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
 from pytest_llmdeterminism.backends.hf import worker_cuda_index
 from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.environment import PinnedEnvironment
-from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, ENGINE_PREFIXES, GenerationSettings, engine_of
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError, pasteable
+from pytest_llmdeterminism.values import (
+    BUILTIN_PREFIX,
+    ENGINE_PREFIXES,
+    GenerationSettings,
+    engine_of,
+    how_to_get,
+)
 
 __all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "LoadedModel", "ModelCache", "load", "resolve",
            "worker_cuda_index"]
@@ -87,12 +93,8 @@ def resolve(spec: str) -> tuple[str, Path]:
         return "folder", path
     if path.exists():
         raise ModelLoadError(spec, "expected a folder with safetensors weights or a .gguf file")
-    raise ModelLoadError(
-        spec,
-        "no such folder or .gguf file. The plugin never downloads from a model hub; download the "
-        "model first (e.g. `hf download ORG/NAME --local-dir models/NAME`) and set "
-        "llm_model = \"models/NAME\" (or --llm-model=models/NAME)",
-    )
+    raise ModelLoadError(spec, f"no such folder or .gguf file. The plugin never downloads from a model hub; "
+                         f"{how_to_get(spec)}")
 
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
@@ -149,8 +151,8 @@ class ModelCache:
         if self._spec is None:
             raise ConfigurationError(
                 "llm_model", None,
-                "no model configured. Set llm_model in your pytest ini (e.g. llm_model = \"builtin:tiny\" "
-                "or a local folder / .gguf file) or pass --llm-model=PATH",
+                "no model configured. Set it to a local folder, a .gguf file or builtin:tiny: "
+                f"{pasteable('llm_model', 'builtin:tiny')}",
             )
         if self._loaded is None:
             how = "" if engine_of(self._spec) else f" ({self._how['dtype']}, device {self._how['device']})"
