@@ -36,6 +36,9 @@ class LLMDeterminismError(Exception):
     """Root of every error this plugin raises."""
 
 
+NO_VALUE = object()  # a ConfigurationError about a setting that has no value (unset, or a bare flag)
+
+
 class ConfigurationError(LLMDeterminismError, ValueError):
     """A setting (ini value, command-line option or marker argument) is invalid.
 
@@ -45,8 +48,8 @@ class ConfigurationError(LLMDeterminismError, ValueError):
 
     def __init__(self, setting: str, value: object, message: str) -> None:
         self.setting = setting
-        self.value = value
-        super().__init__(f"{setting}: {message}" if value is None else f"{setting} = {value!r}: {message}")
+        self.value = None if value is NO_VALUE else value
+        super().__init__(f"{setting}: {message}" if value is NO_VALUE else f"{setting} = {value!r}: {message}")
 
 
 class ModelLoadError(LLMDeterminismError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pytest_llmdeterminism import numerics
-from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
 from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
 
@@ -244,7 +244,7 @@ def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -
     for arg in map(str, unknown):
         flag, _, raw = arg.partition("=")
         if flag.startswith("--llm"):
-            raise ConfigurationError(flag, raw or None, f"no such option; {_closest_flag(flag)}")
+            raise ConfigurationError(flag, raw or NO_VALUE, f"no such option; {_closest_flag(flag)}")
 
 
 def _closest_flag(flag: str) -> str:

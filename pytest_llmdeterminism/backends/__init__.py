@@ -26,7 +26,13 @@ from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
 from pytest_llmdeterminism.backends.hf import worker_cuda_index
 from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.environment import PinnedEnvironment
-from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError, pasteable
+from pytest_llmdeterminism.errors import (
+    NO_VALUE,
+    ConfigurationError,
+    LLMDeterminismError,
+    ModelLoadError,
+    pasteable,
+)
 from pytest_llmdeterminism.values import (
     BUILTIN_PREFIX,
     ENGINE_PREFIXES,
@@ -150,7 +156,7 @@ class ModelCache:
         __tracebackhide__ = True
         if self._spec is None:
             raise ConfigurationError(
-                "llm_model", None,
+                "llm_model", NO_VALUE,
                 "no model configured. Set it to a local folder, a .gguf file or builtin:tiny: "
                 f"{pasteable('llm_model', 'builtin:tiny')}",
             )
