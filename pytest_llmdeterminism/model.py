@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.compare import Verdict, compare
-from pytest_llmdeterminism.errors import BatchInvarianceProbeError, ConfigurationError, PromptTooLongError
+from pytest_llmdeterminism.errors import (
+    BatchInvarianceProbeError,
+    ConfigurationError,
+    PromptTooLongError,
+    pasteable,
+)
 from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.values import GenerationSettings
@@ -234,14 +239,14 @@ class LLMModel:
         in_force = (f"device {self._loaded.device}, {self._loaded.dtype}, attention "
                     f"{fingerprint_now['attention_implementation']!r}")
         if device != "cpu":
-            return in_force, (f"run one prompt per batch: llm_batch_shape = \"1x{self.settings.batch_shape.length}\" "
-                              "(or give the model eager attention, attn_implementation=\"eager\" in its config)")
+            return in_force, (f"run one prompt per batch: "
+                              f"{pasteable('llm_batch_shape', f'1x{self.settings.batch_shape.length}')} (or give the model eager attention, attn_implementation=\"eager\" in its config)")
         in_force += f", cpu numerics {self._loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
         if self._loaded.cpu_numerics != "portable":
-            return in_force, ("llm_cpu_numerics = \"portable\" (the default; rows stay invariant at any thread "
-                              "count), or one thread (OMP_NUM_THREADS=1)")
-        return in_force, ("one thread (OMP_NUM_THREADS=1), or one prompt per batch: llm_batch_shape = "
-                          f"\"1x{self.settings.batch_shape.length}\"; please report this machine (lscpu) as a bug")
+            return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
+                              "any thread count; or one thread (OMP_NUM_THREADS=1)")
+        return in_force, ("one thread (OMP_NUM_THREADS=1), or one prompt per batch: "
+                          f"{pasteable('llm_batch_shape', f'1x{self.settings.batch_shape.length}')}; please report this machine (lscpu) as a bug")
 
     def _checked(self, prompt: str, ids: list[int]) -> list[int]:
         __tracebackhide__ = True

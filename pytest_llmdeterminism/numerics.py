@@ -13,8 +13,9 @@ Measured with torch 2.13 (MKL 2024.2) on the tiny model and SmolLM2-135M, fp32 a
   oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``) changed no hash, fp32 or bf16, so it is not pinned.
 
 Both variables are read lazily, at torch's first CPU kernel and MKL's first call, so the plugin
-sets them in its earliest hook and then *checks* what is in force when the model loads: a run that
-torch started too early is refused, never recorded as portable.
+sets them in its earliest hook when the project configures it, otherwise at the first model load
+(``environment.py``), and then *checks* what is in force when the model loads: a run that torch
+started too early is refused, never recorded as portable.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, pasteable
 
 PORTABLE = "portable"
 NATIVE = "native"
@@ -45,19 +46,30 @@ _MKL_STRICT = 0x10000
 class CPUNumericsError(LLMDeterminismError):
     """The CPU numerics in force are not the ones the run asked for."""
 
-    def __init__(self, mode: str, effective: Mapping[str, Any], wrong: Mapping[str, Any]) -> None:
+    def __init__(self, mode: str, effective: Mapping[str, Any], wrong: Mapping[str, Any], *,
+                 pinned_late: bool = False) -> None:
         self.mode = mode
         self.effective = dict(effective)
+        self.pinned_late = pinned_late
         found = ", ".join(f"{name} is {value!r} (portable needs {_PORTABLE_EFFECTIVE[name]!r})"
                           for name, value in wrong.items())
         environment = " ".join(f"{k}={v}" for k, v in PORTABLE_ENVIRONMENT.items())
-        super().__init__(
-            f"llm_cpu_numerics = {mode!r} is not in force: {found}. torch ran CPU kernels before "
-            "pytest-llmdeterminism could pin them (a plugin, conftest or script imported and used torch "
-            "first), so this run would record machine-specific goldens as portable. Start pytest with "
-            f"the variables set: `{environment} python -m pytest ...`, or choose "
-            "llm_cpu_numerics = \"native\" (or --llm-cpu-numerics=native) to accept machine-specific numerics."
-        )
+        if pinned_late:
+            why = ("torch ran CPU kernels before the first model load, where pytest-llmdeterminism pinned "
+                   "them: this project does not configure the plugin in its ini file or command line, so "
+                   "nothing was pinned before conftests ran, and this run would record machine-specific "
+                   "goldens as portable. Set llm_model in the ini file (pytest.ini: llm_model = "
+                   "builtin:tiny; pyproject.toml: llm_model = \"builtin:tiny\", with your model) so the "
+                   "plugin pins them before conftests load, or start pytest with the variables set: "
+                   f"`{environment} python -m pytest ...`, or choose "
+                   f"{pasteable('llm_cpu_numerics', NATIVE)} to accept machine-specific numerics.")
+        else:
+            why = ("torch ran CPU kernels before pytest-llmdeterminism could pin them (a plugin, conftest "
+                   "or script imported and used torch first), so this run would record machine-specific "
+                   "goldens as portable. Start pytest with the variables set: "
+                   f"`{environment} python -m pytest ...`, or choose "
+                   f"{pasteable('llm_cpu_numerics', NATIVE)} to accept machine-specific numerics.")
+        super().__init__(f"llm_cpu_numerics = {mode!r} is not in force: {found}. {why}")
 
 
 def parse_mode(raw: str | None, *, setting: str = "llm_cpu_numerics") -> str:
@@ -92,15 +104,16 @@ def effective() -> dict[str, Any]:
     return {"aten_capability": str(torch.backends.cpu.get_cpu_capability()), "mkl_cbwr": _mkl_branch(torch)}
 
 
-def check(mode: str) -> dict[str, Any]:
-    """The effective numerics, or :class:`CPUNumericsError` when ``portable`` is not in force."""
+def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
+    """The effective numerics, or :class:`CPUNumericsError` when ``portable`` is not in force
+    (``pinned_late``: the plugin set the variables at the first load, not before conftests)."""
     __tracebackhide__ = True
     found = effective()
     if mode == PORTABLE:
         wrong = {name: found[name] for name, wanted in _PORTABLE_EFFECTIVE.items()
                  if found[name] is not None and found[name] != wanted}
         if wrong:
-            raise CPUNumericsError(mode, found, wrong)
+            raise CPUNumericsError(mode, found, wrong, pinned_late=pinned_late)
     return found
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pytest_llmdeterminism import numerics
-from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
 from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
 
@@ -235,7 +235,7 @@ def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -
     once, naming the closest real one (pytest alone would warn about the ini key and fail every test
     with "no model"). Call it after conftests have loaded."""
     known_ini = [setting.ini for setting in SETTINGS]
-    for key, raw in _ini_values(config).items():
+    for key, raw in ini_values(config).items():
         if key.startswith("llm_") and not _declared_ini(config, key):
             close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
             hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
@@ -244,9 +244,18 @@ def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -
     for arg in map(str, unknown):
         flag, _, raw = arg.partition("=")
         if flag.startswith("--llm"):
-            close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}?" if close else "see pytest --help for the --llm-* options"
-            raise ConfigurationError(flag, raw or None, f"no such option; {hint}")
+            raise ConfigurationError(flag, raw or NO_VALUE, f"no such option; {_closest_flag(flag)}")
+
+
+def _closest_flag(flag: str) -> str:
+    """A truncated name (pytest takes no abbreviations) or a misspelled one: the real option it means."""
+    extended = sorted((name for name in FLAGS if name.startswith(flag)), key=len)
+    if extended and (len(extended) == 1 or len(extended[0]) - len(flag) <= 3):
+        return f"did you mean {extended[0]}? (pytest does not accept abbreviated options)"
+    close = extended or difflib.get_close_matches(flag, FLAGS, n=3, cutoff=0.75)
+    if close:
+        return f"did you mean {' or '.join(close[:3])}?"
+    return "see pytest --help for the --llm-* options"
 
 
 def _declared_ini(config: pytest.Config, key: str) -> bool:
@@ -257,7 +266,7 @@ def _declared_ini(config: pytest.Config, key: str) -> bool:
     return True
 
 
-def _ini_values(config: pytest.Config) -> dict[str, str]:
+def ini_values(config: pytest.Config) -> dict[str, str]:
     """The ini file's keys and raw values (pytest 9 deprecates the public ``inicfg``; its private twin
     holds the same mapping)."""
     raw = getattr(config, "_inicfg", None)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism import determinism, numerics, options, suites
-from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism import determinism, options, suites
+from pytest_llmdeterminism.environment import PinnedEnvironment, configures_plugin
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.report import one_line_crash
 from pytest_llmdeterminism.session import LLMSession
 from pytest_llmdeterminism.values import MARKER
 
@@ -20,8 +21,7 @@ if TYPE_CHECKING:
 
 SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
-_SET_CUBLAS = pytest.StashKey[bool]()
-_REPLACED_ENVIRONMENT = pytest.StashKey[dict[str, "str | None"]]()
+_ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
 _MARKER_HELP = (
     f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
     "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
@@ -35,17 +35,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
                                   args: list[str]) -> Generator[None, None, None]:
-    # cuBLAS reads this once, when CUDA starts: set it before any conftest can import torch.
-    was_set = determinism.CUBLAS_WORKSPACE_CONFIG in os.environ
-    warning = determinism.ensure_cublas_workspace_config()
-    early_config.stash[_SET_CUBLAS] = not was_set
-    if warning:
-        early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
+    # Installed is not used: only a project that configures the plugin gets its variables set
+    # here, before any conftest can import torch or start CUDA (see environment.py).
     try:
-        # ATen and MKL pick their CPU kernels when torch first computes: pin them before any conftest can.
-        early_config.stash[_REPLACED_ENVIRONMENT] = numerics.pin(options.early_cpu_numerics(early_config))
+        environment = PinnedEnvironment(options.early_cpu_numerics(early_config))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
+    early_config.stash[_ENVIRONMENT] = environment
+    if configures_plugin(options.ini_values(early_config), args):
+        warning = environment.pin(early=True)
+        if warning:
+            early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
     yield
     try:  # now conftests have declared their own options and ini keys: only what nobody knows is a typo
         options.check_names(early_config, parser, args)
@@ -56,7 +56,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     try:
-        session = LLMSession(options.read(config), announce=_terminal_line(config))
+        session = LLMSession(options.read(config), announce=_terminal_line(config),
+                             environment=config.stash.get(_ENVIRONMENT, None))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
@@ -64,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_OutcomeCollector(session), "llmdeterminism-collector")
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_WorkerReports(session), "llmdeterminism-xdist")
-    warning = determinism.cuda_started_without_workspace_config()
+    warning = determinism.cuda_started_without_workspace_config() if session.environment.pinned else None
     if warning:
         config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
 
@@ -84,11 +85,9 @@ def _terminal_line(config: pytest.Config) -> Any:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if config.stash.get(_SET_CUBLAS, False):
-        os.environ.pop(determinism.CUBLAS_WORKSPACE_CONFIG, None)
-    replaced = config.stash.get(_REPLACED_ENVIRONMENT, None)
-    if replaced:
-        numerics.unpin(replaced)
+    environment = config.stash.get(_ENVIRONMENT, None)
+    if environment is not None:
+        environment.restore()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -127,6 +126,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, LLMDeterminismError):
+        one_line_crash(report.longrepr)  # the short summary says what; FAILURES keeps the whole message
     outcomes = LLMSession.outcomes_if_any(item)
     if outcomes is not None and call.when == "call":
         payload = outcomes.to_json()

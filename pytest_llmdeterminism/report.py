@@ -28,6 +28,14 @@ def shell_quote(text: str) -> str:
     return text if all(c.isalnum() or c in "/._-:=" for c in text) else "'" + text.replace("'", "'\\''") + "'"
 
 
+def one_line_crash(longrepr: Any) -> None:
+    """Keep only the first line (the verdict) of a failure's crash message, which pytest's short test
+    summary prints (in full under CI or -vv): the FAILURES section above already shows all of it."""
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and "\n" in str(crash.message):
+        crash.message = str(crash.message).split("\n", 1)[0].rstrip(":")
+
+
 def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
     others = (f" (this test has goldens for {', '.join(map(repr, other_variants))}; compare with one of "
               "them via --llm-golden-fallback)") if other_variants else ""

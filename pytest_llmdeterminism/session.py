@@ -2,6 +2,8 @@
 
 - ``models`` (:class:`~pytest_llmdeterminism.backends.ModelCache`): one model load per process;
 - ``files`` (:class:`~pytest_llmdeterminism.files.GoldenFiles`): golden paths, each file read once;
+- ``environment`` (:class:`~pytest_llmdeterminism.environment.PinnedEnvironment`): the variables
+  the run set, restored at its end;
 - ``ledger`` (:class:`~pytest_llmdeterminism.ledger.Ledger`): what every test decided, taken from
   test reports (under pytest-xdist, from every worker's);
 - per test, in ``item.stash``: its settings (``settings.of``) and its recorder (:class:`TestOutcomes`);
@@ -16,6 +18,7 @@ import pytest
 
 from pytest_llmdeterminism import numerics, settings, writer
 from pytest_llmdeterminism.backends import ModelCache
+from pytest_llmdeterminism.environment import PinnedEnvironment
 from pytest_llmdeterminism.files import GoldenFiles
 from pytest_llmdeterminism.ledger import Ledger
 from pytest_llmdeterminism.options import Options
@@ -33,10 +36,13 @@ _OUTCOMES = pytest.StashKey[TestOutcomes]()
 
 
 class LLMSession:
-    def __init__(self, options: Options, announce: Callable[[str], None] | None = None) -> None:
+    def __init__(self, options: Options, announce: Callable[[str], None] | None = None,
+                 environment: PinnedEnvironment | None = None) -> None:
         self.options = options
+        self.environment = environment or PinnedEnvironment(options.cpu_numerics)
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
-                                 cpu_numerics=options.cpu_numerics, announce=announce)
+                                 cpu_numerics=options.cpu_numerics, announce=announce,
+                                 environment=self.environment)
         self.files = GoldenFiles(options.golden_dir, options.rootdir, options.invocation_dir)
         self.ledger = Ledger(options.partial)
         self.output: writer.RunOutput | None = None

@@ -11,6 +11,9 @@
         assert_batch_invariant(llm_model, "The capital of France is", composition)
 
 Under ``@given`` a failing batch shrinks to a minimal one: fewest companions, shortest texts.
+Only batches that fit the shape in force are tested: with ``llm_model`` the strategies draw only
+companions that fit it, and without it ``assert_batch_invariant`` rejects a batch whose companion
+is too long for the shape (Hypothesis counts it as filtered, not failed).
 Importing this module imports hypothesis; the plugin itself never does.
 """
 
@@ -20,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism.compare import Verdict, compare
-from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.errors import LLMDeterminismError, PromptTooLongError
 from pytest_llmdeterminism.report import decoder_for, mismatch
 
 __all__ = ["BatchComposition", "BatchInvarianceError", "assert_batch_invariant", "batch_compositions",
@@ -61,9 +65,7 @@ def prompts(*, min_words: int = 1, max_words: int = 12, llm_model: Any = None, t
     With ``llm_model``, only texts that fit its fixed shape are drawn (at most L-1 tokens); or
     give ``tokenizer`` and ``max_tokens`` yourself.
     """
-    if llm_model is not None:
-        tokenizer = llm_model.tokenizer
-        max_tokens = llm_model.settings.batch_shape.length - 1
+    tokenizer, max_tokens = _limits(llm_model, tokenizer, max_tokens)
     words = st.lists(st.one_of(st.sampled_from(_WORDS), st.text(st.characters(codec="ascii",
                                                                              categories=("L", "N", "P")),
                                                                 min_size=1, max_size=8)),
@@ -71,7 +73,18 @@ def prompts(*, min_words: int = 1, max_words: int = 12, llm_model: Any = None, t
     texts = words.map(" ".join)
     if tokenizer is None or max_tokens is None:
         return texts
-    return texts.filter(lambda text: 0 < len(tokenizer(text)["input_ids"]) <= max_tokens)
+    return texts.filter(lambda text: _fits(tokenizer, max_tokens, text))
+
+
+def _limits(llm_model: Any, tokenizer: Any, max_tokens: int | None) -> tuple[Any, int | None]:
+    """The tokenizer and the most prompt tokens the shape in force holds (L-1: one position stays padding)."""
+    if llm_model is not None:
+        return llm_model.tokenizer, llm_model.settings.batch_shape.length - 1
+    return tokenizer, max_tokens
+
+
+def _fits(tokenizer: Any, max_tokens: int, text: str) -> bool:
+    return 0 < len(tokenizer(text)["input_ids"]) <= max_tokens
 
 
 @st.composite
@@ -83,11 +96,29 @@ def batch_compositions(draw: st.DrawFn, pool: Sequence[str] = (), *, max_compani
     fit its shape. Keep ``max_companions`` below the shape's B to stay in one batch, or above it
     to cross chunks too."""
     sources = [prompts(llm_model=llm_model, tokenizer=tokenizer, max_tokens=max_tokens)]
-    if pool:
-        sources.insert(0, st.sampled_from(list(pool)))
+    tokenizer, max_tokens = _limits(llm_model, tokenizer, max_tokens)
+    fitting = [text for text in pool if tokenizer is None or max_tokens is None or _fits(tokenizer, max_tokens, text)]
+    if fitting:
+        sources.insert(0, st.sampled_from(fitting))
     companions = draw(st.lists(st.one_of(*sources), max_size=max_companions))
     row = draw(st.integers(min_value=0, max_value=len(companions)))
     return BatchComposition(tuple(companions), row)
+
+
+def _reject_companions_too_long(llm_model: Any, companions: Sequence[str]) -> None:
+    """A companion longer than the shape holds says nothing about invariance: under Hypothesis the
+    example is rejected (counted as filtered); elsewhere the error says which prompt and what fits."""
+    __tracebackhide__ = True
+    encode = getattr(llm_model, "encode", None)
+    if encode is None:  # a runner of the user's own: it decides what fits
+        return
+    for companion in companions:
+        try:
+            encode(companion)
+        except PromptTooLongError:
+            if currently_in_test_context():
+                reject()
+            raise
 
 
 def assert_batch_invariant(llm_model: Any, prompt: str,
@@ -100,6 +131,7 @@ def assert_batch_invariant(llm_model: Any, prompt: str,
     __tracebackhide__ = True
     if not isinstance(composition, BatchComposition):
         composition = BatchComposition(tuple(composition), len(composition))
+    _reject_companions_too_long(llm_model, composition.companions)
     alone = llm_model.generate(prompt)
     batch = composition.batch(prompt)
     batched = llm_model.generate(batch)[composition.row]

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.errors import ConfigurationError, pasteable
 
 MARKER = "deterministic"
 BUILTIN_PREFIX = "builtin:"
@@ -46,6 +46,21 @@ def refuse_credentials(spec: str) -> None:
                                  "environment variable and name it: "
                                  "openai:http://HOST:PORT/v1#api_key_env=NAME&tokenizer=PATH (sent as "
                                  "'Authorization: Bearer', to this server only)")
+
+
+# Model files `llm-golden fetch NAME DIR` puts into DIR (fetch.MODELS holds what it downloads).
+FETCHABLE_FILES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2"}
+
+
+def how_to_get(path: str, *, example: str = "models/NAME") -> str:
+    """How to put the missing model ``path`` in place (``example``: a spec to set afterwards)."""
+    name = path.replace("\\", "/").rpartition("/")[2]
+    if name in FETCHABLE_FILES:
+        folder = path[: len(path) - len(name)].rstrip("/\\") or "."
+        return (f"fetch it (checked against its pinned SHA-256) with `llm-golden fetch {FETCHABLE_FILES[name]} "
+                f"{folder}`")
+    return ("download the model first (e.g. `hf download ORG/NAME --local-dir models/NAME`) and set "
+            f"{pasteable('llm_model', example)}")
 
 
 DTYPES = ("float32", "bfloat16", "float16")

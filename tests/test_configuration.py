@@ -36,7 +36,8 @@ def test_cuda_on_a_machine_without_cuda_names_the_setting():
         pytest.skip("this machine has CUDA")
     for device in ("cuda", "cuda:1"):
         with pytest.raises(ModelLoadError, match=rf"llm_device = '{device}' but CUDA is not available here "
-                                                 r"\(torch .*\)\. Use llm_device = \"auto\" or \"cpu\""):
+                                                 r"\(torch .*\)\. Use --llm-device=auto \(pytest\.ini: llm_device = auto; "
+                                                 r"pyproject\.toml: llm_device = \"auto\"\) or cpu"):
             load("builtin:tiny", dtype="float32", device=device)
 
 
@@ -71,7 +72,7 @@ def test_deterministic_restores_the_thread_count(suite):
     ("llm_modle = builtin:tiny", [],
      "ERROR: llm_modle = 'builtin:tiny': not a pytest-llmdeterminism ini setting; did you mean 'llm_model'?"),
     ("llm_model = builtin:tiny", ["--llm-batch-shap=4x32"],
-     "ERROR: --llm-batch-shap = '4x32': no such option; did you mean --llm-batch-shape?"),
+     "ERROR: --llm-batch-shap = '4x32': no such option; did you mean --llm-batch-shape? (pytest does not accept *"),
     ("llm_model = builtin:tiny", ["--llm-report=a.md", "--llm-report=b.md"],
      "ERROR: --llm-report = *two .md reports; give one path per format*"),
 ])

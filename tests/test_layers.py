@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 LAYERS = [  # lowest first; each line may import only from the lines above it
     ["errors"],
     ["values", "generation", "numerics", "determinism"],
-    ["compare", "capture"],
+    ["compare", "capture", "environment"],
     ["tolerance", "store", "backends.hf"],
     ["backends.llamacpp", "backends.openai", "backends.vllm"],
     ["backends"],

@@ -53,7 +53,8 @@ def test_prompt_longer_than_the_shape_names_the_setting(make_llm):
         llm.generate(["x", long_prompt])
     message = str(info.value)
     assert "llm_batch_shape '2x8' allows 7 (one position always stays padding)" in message
-    assert f'llm_batch_shape = "2x{1 << info.value.n_tokens.bit_length()}"' in message
+    assert f'llm_batch_shape = "2x{1 << info.value.n_tokens.bit_length()}"' in message  # pyproject.toml
+    assert f'llm_batch_shape = 2x{1 << info.value.n_tokens.bit_length()};' in message  # pytest.ini
     assert info.value.n_tokens > 8
 
 

@@ -89,6 +89,7 @@ def test_plugin_restores_the_environment_it_pinned(pytester, monkeypatch):
     for name in numerics.PORTABLE_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AVX2")
+    pytester.makeini("[pytest]\nllm_batch_shape = 2x16\n")  # configured: pinned before conftests
     pytester.makepyfile("""
         import os
 
@@ -130,7 +131,7 @@ def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(p
     assert refused.returncode == 1, refused.stdout[-2000:]
     assert "llm_cpu_numerics = 'portable' is not in force:" in refused.stdout
     assert "MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default python -m pytest" in refused.stdout
-    assert "llm_cpu_numerics = \"native\"" in refused.stdout
+    assert "--llm-cpu-numerics=native (pytest.ini: llm_cpu_numerics = native; " in refused.stdout
     assert not (pytester.path / "__golden__").exists()
     native = run("--llm-golden-update", "--llm-cpu-numerics=native")
     assert native.returncode == 0, native.stdout[-2000:]

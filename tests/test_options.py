@@ -48,7 +48,8 @@ def test_no_model_configured_names_the_setting(pytester):
     pytester.makepyfile("def test_x(llm_model): pass")
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*no model configured*llm_model = \"builtin:tiny\"*--llm-model=PATH*"])
+    result.stdout.fnmatch_lines([("*llm_model: no model configured*--llm-model=builtin:tiny "
+                                  "(pytest.ini: llm_model = builtin:tiny; pyproject.toml: llm_model = \"builtin:tiny\")*")])
 
 
 @pytest.mark.parametrize(("spec", "message"), [

@@ -158,7 +158,7 @@ def test_without_cuda_the_alternatives_are_named(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm([]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ModelLoadError, match=r"needs an NVIDIA GPU.*llamacpp:PATH\.gguf.*transformers backend "
-                                             rf"\(llm_model = \"{tmp_path}\"\)"):
+                                             rf"\(--llm-model={tmp_path} \(pytest\.ini: llm_model = {tmp_path};"):
         backends.load(f"vllm:{tmp_path}", dtype="float32", device="auto")
 
 

@@ -25,8 +25,21 @@ from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
 from pytest_llmdeterminism.backends.hf import worker_cuda_index
 from pytest_llmdeterminism.capture import Chunk
-from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, ModelLoadError
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, ENGINE_PREFIXES, GenerationSettings, engine_of
+from pytest_llmdeterminism.environment import PinnedEnvironment
+from pytest_llmdeterminism.errors import (
+    NO_VALUE,
+    ConfigurationError,
+    LLMDeterminismError,
+    ModelLoadError,
+    pasteable,
+)
+from pytest_llmdeterminism.values import (
+    BUILTIN_PREFIX,
+    ENGINE_PREFIXES,
+    GenerationSettings,
+    engine_of,
+    how_to_get,
+)
 
 __all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "LoadedModel", "ModelCache", "load", "resolve",
            "worker_cuda_index"]
@@ -86,16 +99,14 @@ def resolve(spec: str) -> tuple[str, Path]:
         return "folder", path
     if path.exists():
         raise ModelLoadError(spec, "expected a folder with safetensors weights or a .gguf file")
-    raise ModelLoadError(
-        spec,
-        "no such folder or .gguf file. The plugin never downloads from a model hub; download the "
-        "model first (e.g. `hf download ORG/NAME --local-dir models/NAME`) and set "
-        "llm_model = \"models/NAME\" (or --llm-model=models/NAME)",
-    )
+    raise ModelLoadError(spec, f"no such folder or .gguf file. The plugin never downloads from a model hub; "
+                         f"{how_to_get(spec)}")
 
 
-def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") -> LoadedModel:
-    """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force."""
+def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
+         pinned_late: bool = False) -> LoadedModel:
+    """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
+    (``pinned_late``: the plugin could set them only now, not before conftests loaded)."""
     __tracebackhide__ = True
     engine = engine_of(spec)
     if engine is not None:
@@ -105,7 +116,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable") 
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
-        numerics.check(cpu_numerics)
+        numerics.check(cpu_numerics, pinned_late=pinned_late)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=hf.HFEngine(model, tokenizer, device), cpu_numerics=cpu_numerics)
 
@@ -128,10 +139,14 @@ def split_params(spec: str, rest: str) -> tuple[str, dict[str, str]]:
 
 class ModelCache:
     """One load per model, dtype and device in this process. A failed load is kept too, so every
-    test that needs the model fails with the same error, without loading again."""
+    test that needs the model fails with the same error, without loading again. The load pins the
+    environment if the run did not (see ``environment.py``), and every variable it sets is put
+    back at the end of the run."""
 
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
-                 announce: Callable[[str], None] | None = None) -> None:
+                 announce: Callable[[str], None] | None = None,
+                 environment: PinnedEnvironment | None = None) -> None:
+        self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
         self._loaded: LoadedModel | LLMDeterminismError | None = None
@@ -141,16 +156,18 @@ class ModelCache:
         __tracebackhide__ = True
         if self._spec is None:
             raise ConfigurationError(
-                "llm_model", None,
-                "no model configured. Set llm_model in your pytest ini (e.g. llm_model = \"builtin:tiny\" "
-                "or a local folder / .gguf file) or pass --llm-model=PATH",
+                "llm_model", NO_VALUE,
+                "no model configured. Set it to a local folder, a .gguf file or builtin:tiny: "
+                f"{pasteable('llm_model', 'builtin:tiny')}",
             )
         if self._loaded is None:
             how = "" if engine_of(self._spec) else f" ({self._how['dtype']}, device {self._how['device']})"
             self._announce(f"llm: loading {self._spec}{how} ...")
             started = time.perf_counter()
             try:
-                self._loaded = load(self._spec, **self._how)
+                with self._environment.recording():
+                    self._environment.pin(early=False)
+                    self._loaded = load(self._spec, **self._how, pinned_late=not self._environment.early)
             except LLMDeterminismError as error:
                 self._loaded = error
             except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried

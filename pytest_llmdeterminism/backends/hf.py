@@ -11,7 +11,7 @@ from typing import Any
 
 from pytest_llmdeterminism.capture import Chunk, StepCapture
 from pytest_llmdeterminism.determinism import deterministic_state
-from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
+from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -113,8 +113,8 @@ def pick_device(spec: str, device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ModelLoadError(spec, f"llm_device = {device!r} but CUDA is not available here (torch "
-                             f"{torch.__version__}, {built}). Use llm_device = \"auto\" or \"cpu\" "
-                             "(or --llm-device=cpu), or install a CUDA build of torch")
+                             f"{torch.__version__}, {built}). Use {pasteable('llm_device', 'auto')} or cpu, "
+                             "or install a CUDA build of torch")
     if device in ("auto", "cuda"):  # one GPU per xdist worker; an explicit cuda:N is kept
         return f"cuda:{worker_cuda_index(os.environ.get('PYTEST_XDIST_WORKER'), torch.cuda.device_count())}"
     if device.startswith("cuda"):
@@ -122,10 +122,11 @@ def pick_device(spec: str, device: str) -> str:
         index = int(device.partition(":")[2] or 0)
         if index >= count:
             raise ModelLoadError(spec, f"llm_device = {device!r} but this machine has {count} CUDA "
-                                 "device(s) visible. Use llm_device = \"auto\" or \"cpu\", or check "
+                                 f"device(s) visible. Use {pasteable('llm_device', 'auto')} or cpu, or check "
                                  "CUDA_VISIBLE_DEVICES")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise ModelLoadError(spec, "llm_device = 'mps' but MPS is not available here; use \"auto\" or \"cpu\"")
+        raise ModelLoadError(spec, "llm_device = 'mps' but MPS is not available here; use "
+                             f"{pasteable('llm_device', 'auto')} or cpu")
     return device
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.capture import Chunk, RowSteps, logits_step
-from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
+from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import refuse_beyond
 from pytest_llmdeterminism.numerics import cpu_name
-from pytest_llmdeterminism.values import GenerationSettings, engine_params
+from pytest_llmdeterminism.values import GenerationSettings, engine_params, how_to_get
 
 INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
 KNOBS: dict[str, tuple[Any, Any]] = {"threads": (int, 1), "n_batch": (int, 512), "n_ubatch": (int, 512),
@@ -39,13 +39,13 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
                              "transformers folder, drop the llamacpp: prefix)")
     if not path.is_file():
         raise ModelLoadError(spec, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; the "
-                             "plugin never downloads")
+                             f"plugin never downloads: {how_to_get(target, example='llamacpp:models/NAME/FILE.gguf')}")
     if dtype != "float32":
         raise ConfigurationError("llm_dtype", dtype, "llama.cpp runs the GGUF file's own weights (their "
                                  "quantisation is the golden's dtype); remove llm_dtype, or pick another .gguf file")
     if device not in ("auto", "cpu"):
         raise ConfigurationError("llm_device", device, "llama.cpp runs on the CPU in this plugin; use "
-                                 "llm_device = \"auto\" or \"cpu\"")
+                                 f"{pasteable('llm_device', 'auto')} or cpu")
     if importlib.util.find_spec("llama_cpp") is None:
         raise ModelLoadError(spec, f"llama.cpp in process needs llama-cpp-python: {INSTALL}")
     import llama_cpp

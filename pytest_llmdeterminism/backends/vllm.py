@@ -32,7 +32,13 @@ from typing import Any
 
 from pytest_llmdeterminism.backends.hf import checkpoint_eos_ids, load_tokenizer, read_json
 from pytest_llmdeterminism.capture import Chunk, RowSteps
-from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError, NonFiniteLogitsError
+from pytest_llmdeterminism.errors import (
+    ConfigurationError,
+    EngineError,
+    ModelLoadError,
+    NonFiniteLogitsError,
+    pasteable,
+)
 from pytest_llmdeterminism.generation import TOP_K, refuse_beyond
 from pytest_llmdeterminism.values import GenerationSettings, engine_params
 
@@ -160,22 +166,22 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
     if not path.is_dir():
         raise ModelLoadError(spec, f"no such folder: {target!r}. vllm: takes a local model folder; the plugin "
                              "never downloads (e.g. `hf download ORG/NAME --local-dir models/NAME`, then "
-                             "llm_model = \"vllm:models/NAME\")")
+                             f"{pasteable('llm_model', 'vllm:models/NAME')})")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         raise ModelLoadError(spec, f"no *.safetensors weights in {target!r}; vllm: loads safetensors only "
                              "(convert with model.save_pretrained(dir, safe_serialization=True))")
     if device not in ("auto", "cuda", "cuda:0"):
         raise ConfigurationError("llm_device", device, "vLLM runs on the first visible CUDA device; use "
-                                 "llm_device = \"auto\" or \"cuda\" and pick the GPU with CUDA_VISIBLE_DEVICES")
+                                 f"{pasteable('llm_device', 'auto')} or cuda, and pick the GPU with CUDA_VISIBLE_DEVICES")
     if importlib.util.find_spec("vllm") is None:
         raise ModelLoadError(spec, f"vllm: needs vLLM: {INSTALL}")
     import torch
 
     if not torch.cuda.is_available():
         raise ModelLoadError(spec, "vLLM needs an NVIDIA GPU with CUDA, and none is available here. On this "
-                             "machine use llm_model = \"llamacpp:PATH.gguf\" or the transformers backend "
-                             f"(llm_model = \"{target}\")")
+                             f"machine use {pasteable('llm_model', 'llamacpp:PATH.gguf')} or the transformers backend "
+                             f"({pasteable('llm_model', target)})")
     tokenizer = load_tokenizer(spec, path)  # before the engine takes the GPU: a broken folder fails fast
     capability = torch.cuda.get_device_capability(0)
     for key, value in environment(capability).items():

@@ -1,0 +1,133 @@
+"""Messages you can paste: every setting a message suggests works in the file it names, the README's
+config blocks load as written, a mistyped option names the real one, a failure prints in full once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_llmdeterminism.backends import resolve
+from pytest_llmdeterminism.errors import ModelLoadError, pasteable
+
+README = Path(__file__).parent.parent / "README.md"
+LOADS_THE_MODEL = """
+def test_configured(llm_model):
+    assert llm_model.tokenizer is not None
+"""
+
+
+def readme_config_blocks() -> list[tuple[str, str]]:
+    """(language, text) of every ```ini and ```toml block in the README."""
+    return re.findall(r"^```(ini|toml)\n(.*?)^```", README.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+
+
+def write_config(pytester: pytest.Pytester, language: str, text: str) -> None:
+    if language == "toml":
+        pytester.makepyprojecttoml(text if "[tool.pytest.ini_options]" in text
+                                   else f"[tool.pytest.ini_options]\n{text}")
+    else:  # a fragment (one setting) goes under [pytest]
+        pytester.makefile(".ini", pytest=text if "[pytest]" in text else f"[pytest]\n{text}")
+
+
+def test_the_readme_has_config_blocks_of_both_kinds():
+    assert {language for language, _ in readme_config_blocks()} == {"ini", "toml"}
+
+
+@pytest.mark.parametrize(("language", "text"), readme_config_blocks(),
+                         ids=[f"{language}-{n}" for n, (language, _) in enumerate(readme_config_blocks())])
+def test_each_readme_config_block_loads_as_written(pytester, language, text):
+    write_config(pytester, language, text)
+    pytester.makepyfile(LOADS_THE_MODEL if "llm_model" in text else "def test_configured(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:] + result.stderr.str()[-2000:]
+
+
+def _suggested(message: str) -> dict[str, str]:
+    """The three forms of the setting a message suggests."""
+    match = re.search(r"(--llm-[a-z-]+=\S+) \(pytest\.ini: (llm_\w+ = [^;]+); pyproject\.toml: (llm_\w+ = \"[^\"]*\")\)",
+                      message)
+    assert match, message
+    return {"flag": match[1], "ini": match[2], "toml": match[3]}
+
+
+def test_pasteable_shows_the_flag_the_ini_line_and_the_toml_line():
+    assert pasteable("llm_batch_shape", "2x64") == (
+        '--llm-batch-shape=2x64 (pytest.ini: llm_batch_shape = 2x64; pyproject.toml: llm_batch_shape = "2x64")')
+
+
+TOO_LONG = """
+def test_long(llm_model):
+    llm_model.generate("one two three four five six seven eight nine ten eleven twelve", max_new_tokens=1)
+"""
+
+
+def test_the_prompt_too_long_fix_works_pasted_into_each_file(pytester):
+    pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x8\n")
+    pytester.makepyfile(TOO_LONG)
+    refused = pytester.runpytest("-p", "no:cacheprovider")
+    refused.assert_outcomes(failed=1)
+    suggested = _suggested(refused.stdout.str())
+    assert suggested["ini"].startswith("llm_batch_shape = 2x")
+    pytester.makeini(f"[pytest]\nllm_model = builtin:tiny\n{suggested['ini']}\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (pytester.path / "tox.ini").unlink()
+    pytester.makepyprojecttoml(f'[tool.pytest.ini_options]\nllm_model = "builtin:tiny"\n{suggested["toml"]}\n')
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (pytester.path / "pyproject.toml").unlink()
+    pytester.runpytest("-p", "no:cacheprovider", "--llm-model=builtin:tiny", suggested["flag"]).assert_outcomes(passed=1)
+
+
+def test_the_no_model_hint_works_pasted_into_pytest_ini(pytester):
+    pytester.makepyfile(LOADS_THE_MODEL)
+    refused = pytester.runpytest("-p", "no:cacheprovider", "--llm-seed=0")
+    refused.assert_outcomes(errors=1)
+    suggested = _suggested(refused.stdout.str())
+    pytester.makeini(f"[pytest]\n{suggested['ini']}\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(("typed", "line"), [
+    ("--llm-golden-updat", ("ERROR: --llm-golden-updat: no such option; did you mean --llm-golden-update? "
+                           "(pytest does not accept abbreviated options)")),
+    ("--llm-golden-updat=new", ("ERROR: --llm-golden-updat = 'new': no such option; did you mean "
+                               "--llm-golden-update? (pytest does not accept abbreviated options)")),
+    ("--llm-modle=x", "ERROR: --llm-modle = 'x': no such option; did you mean --llm-model?"),
+])
+def test_a_truncated_or_misspelled_option_names_the_real_one(pytester, typed, line):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest(typed)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([line])
+
+
+def test_a_missing_smollm2_file_suggests_llm_golden_fetch(tmp_path):
+    missing = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(ModelLoadError) as refused:
+        resolve(str(missing))
+    assert f"`llm-golden fetch smollm2 {missing.parent}`" in str(refused.value)
+    assert "hf download" not in str(refused.value)
+    with pytest.raises(ModelLoadError, match=r"`hf download ORG/NAME --local-dir models/NAME`.*--llm-model=models/NAME"):
+        resolve(str(tmp_path / "other.gguf"))
+
+
+CHANGED_INPUT = """
+def test_x(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The sky is", max_new_tokens=2{extra}))
+"""
+
+
+def test_a_failure_prints_its_full_message_once_and_one_line_in_the_short_summary(suite, monkeypatch):
+    suite.makepyfile(CHANGED_INPUT.format(extra=""))
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    suite.makepyfile(CHANGED_INPUT.format(extra=", repetition_penalty=1.5"))
+    monkeypatch.setenv("CI", "true")  # pytest prints the whole crash message in CI (and under -vv)
+    for args in ((), ("-vv",)):
+        result = suite.runpytest(*args)
+        result.assert_outcomes(failed=1)
+        lines = result.outlines
+        assert sum("generation_config.repetition_penalty: 1.0 -> 1.5" in line for line in lines) == 1
+        summary = lines[next(i for i, line in enumerate(lines) if "short test summary info" in line) + 1:]
+        assert summary[0].startswith("FAILED ") and "INPUT_CHANGED" in summary[0]
+        assert "1 failed" in summary[1], summary
