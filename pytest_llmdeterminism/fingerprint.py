@@ -43,9 +43,11 @@ _NUMERICS_COMMON = ("device_class", "machine", "dtype", "torch", "transformers",
 _NUMERICS_BY_KIND = {
     # MKL's COMPATIBLE branch is bit-identical across thread counts 1, 2, 4, 8 and 16 but not 3 or 6
     # (measured), and Intel documents it for a fixed thread count only: threads stay a field.
-    "cpu-portable": ("cpu_numerics", "torch_threads"),
-    # native kernels depend on the SIMD level, MKL's branch (picked by CPU and vendor) and threads
-    "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "torch_threads"),
+    "cpu-portable": ("cpu_numerics", "blas", "torch_threads"),
+    # native kernels depend on the SIMD level, MKL's branch (picked by CPU and vendor), OpenBLAS's
+    # core type (picked by CPU: arm64 Neoverse vs generic ARMv8 kernels differ) and threads
+    "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "blas", "blas_coretype",
+                   "torch_threads"),
     "gpu": ("device_name", "compute_capability", "cuda", "cudnn", "cuda_driver"),
 }
 # Other engines: their own version and pinned knobs decide the bits (and, in process, the CPU).
@@ -61,8 +63,10 @@ _NUMERICS_BY_ENGINE = {
 def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """Fields that decide the bits and differ between a golden's fingerprint and this run's.
 
-    Pure. A field the golden did not record (it predates the field) counts as changed.
+    Pure. A field the golden did not record (it predates the field) counts as changed, except the
+    BLAS of a golden that recorded MKL's branch: that torch used MKL, which has no core type.
     """
+    recorded, current = _with_legacy_blas(recorded), _with_legacy_blas(current)
     engines = {side.get("engine", "transformers") for side in (recorded, current)}
     if engines != {"transformers"}:
         fields = _NUMERICS_BY_ENGINE.get(str(current.get("engine")), ("engine",))
@@ -78,8 +82,16 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
 
 
 def _ran_portable(fingerprint: Mapping[str, Any]) -> bool:
-    return (fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability"), fingerprint.get("mkl_cbwr")) \
-        == ("portable", "DEFAULT", "COMPATIBLE")
+    """Portable asked for and its BLAS pinned: MKL's COMPATIBLE branch (x86-64), OpenBLAS's generic
+    ARMV8 kernels (arm64)."""
+    return (fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")) == ("portable", "DEFAULT") \
+        and (fingerprint.get("mkl_cbwr") == "COMPATIBLE" or fingerprint.get("blas_coretype") == "ARMV8")
+
+
+def _with_legacy_blas(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
+    if "blas" in fingerprint or fingerprint.get("mkl_cbwr") is None:
+        return fingerprint
+    return {**fingerprint, "blas": "mkl", "blas_coretype": None}
 
 
 def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
@@ -102,6 +114,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         capability = ".".join(map(str, torch.cuda.get_device_capability(index)))
     else:
         device_name, capability = numerics.cpu_name(), None
+    found = numerics.effective()
     return {
         "python": platform.python_version(),
         "torch": str(torch.__version__),  # TorchVersion is a str subclass that serializers reject
@@ -116,7 +129,9 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "machine": platform.machine(),
         "cpu_numerics": loaded.cpu_numerics,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's SIMD kernels: AVX512, AVX2, DEFAULT
-        "mkl_cbwr": numerics.effective()["mkl_cbwr"],  # MKL's code path: COMPATIBLE when portable
+        "mkl_cbwr": found["mkl_cbwr"],  # MKL's code path: COMPATIBLE when portable
+        "blas": found["blas"],  # torch's BLAS: mkl (x86-64 wheels), openblas (arm64 wheels)
+        "blas_coretype": found["blas_coretype"],  # OpenBLAS's kernels by CPU: ARMV8 when portable
         "torch_threads": torch.get_num_threads(),
         "dtype": loaded.dtype,
         "attention_implementation": getattr(model.config, "_attn_implementation", None),

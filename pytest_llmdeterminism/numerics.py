@@ -16,6 +16,16 @@ Both variables are read lazily, at torch's first CPU kernel and MKL's first call
 sets them in its earliest hook when the project configures it, otherwise at the first model load
 (``environment.py``), and then *checks* what is in force when the model loads: a run that torch
 started too early is refused, never recorded as portable.
+
+On arm64 (Linux, torch 2.9.1's CPU wheel, measured under qemu-aarch64) torch has no MKL: its GEMMs
+go to OpenBLAS, which picks kernels by core type (read from MIDR_EL1 at load: ``x @ w``, 16x1024 by
+1024x2048, differs between ``OPENBLAS_CORETYPE=ARMV8`` and ``NEOVERSEN1``), or to oneDNN, which torch
+takes for ``matmul``/``bmm`` only on CPUs with BF16 (so the same ``bmm`` gave other bits on an
+emulated A64FX than on a Neoverse-class CPU) and for ``linear`` with SVE-512 or NEON kernels by CPU.
+``OPENBLAS_CORETYPE=ARMV8`` (read when OpenBLAS loads, checked after) plus
+``TORCH_MKLDNN_MATMUL_MIN_DIM`` above any dimension (read at torch's first matmul: every fp32 GEMM
+then goes to OpenBLAS) gave one hash for ``linear``, ``matmul`` and ``bmm`` on all emulated CPUs
+and at 1 and 2 threads; ``ATEN_CPU_CAPABILITY=default`` keeps ATen off its SVE256 kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -33,8 +44,16 @@ PORTABLE = "portable"
 NATIVE = "native"
 MODES = (PORTABLE, NATIVE)
 DEFAULT_MODE = PORTABLE
-PORTABLE_ENVIRONMENT: Mapping[str, str] = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"}
-_PORTABLE_EFFECTIVE = {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE"}
+# What portable numerics set before torch starts, and must then find in force, per machine.
+_PORTABLE_BY_MACHINE: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]] = {
+    "x86_64": ({"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"},
+               {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE"}),
+    "aarch64": ({"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
+                 "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"},
+                {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"}),
+}
+PORTABLE_ENVIRONMENT, _PORTABLE_EFFECTIVE = _PORTABLE_BY_MACHINE.get(platform.machine(),
+                                                                      _PORTABLE_BY_MACHINE["x86_64"])
 
 # MKL's branch codes (mkl_cbwr.h); the STRICT flag is bit 16.
 _MKL_BRANCHES = {0: "UNSET", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
@@ -76,7 +95,8 @@ def parse_mode(raw: str | None, *, setting: str = "llm_cpu_numerics") -> str:
     mode = (raw or DEFAULT_MODE).strip()
     if mode not in MODES:
         raise ConfigurationError(setting, raw, f"expected {PORTABLE!r} (the default: the same bits on any "
-                                 f"x86-64 CPU and thread count) or {NATIVE!r} (the CPU's fastest kernels)")
+                                 f"x86-64 CPU, or any arm64 CPU, at a thread count) or {NATIVE!r} (the CPU's "
+                                 "fastest kernels)")
     return mode
 
 
@@ -101,7 +121,9 @@ def effective() -> dict[str, Any]:
     """What CPU numerics torch runs with now (imports torch)."""
     import torch
 
-    return {"aten_capability": str(torch.backends.cpu.get_cpu_capability()), "mkl_cbwr": _mkl_branch(torch)}
+    blas = _blas(torch)
+    return {"aten_capability": str(torch.backends.cpu.get_cpu_capability()), "mkl_cbwr": _mkl_branch(torch),
+            "blas": blas, "blas_coretype": _openblas_coretype() if blas == "openblas" else None}
 
 
 def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
@@ -140,6 +162,31 @@ def _mkl_branch(torch: Any) -> str | None:
     code = int(getter(1))  # MKL_CBWR_BRANCH
     name = _MKL_BRANCHES.get(code & ~_MKL_STRICT, str(code & ~_MKL_STRICT))
     return f"{name},STRICT" if code & _MKL_STRICT else name
+
+
+def _blas(torch: Any) -> str | None:
+    """The BLAS torch was built with (``BLAS_INFO``): ``mkl``, ``openblas``, ``accelerate``, ..."""
+    found = re.search(r"\bBLAS_INFO=([^,\s]+)", torch.__config__.show())
+    return None if found is None else {"open": "openblas"}.get(found[1], found[1])
+
+
+def _openblas_coretype() -> str | None:
+    """The core type OpenBLAS chose at load (``ARMV8``, ``NEOVERSEN1``, ``HASWELL``), or None where it
+    cannot be asked (no ``/proc/self/maps``, or a build without ``openblas_get_corename``)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if os.path.basename(line.split()[-1]).startswith("libopenblas")}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            getter = ctypes.CDLL(path).openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        getter.restype, getter.argtypes = ctypes.c_char_p, []
+        name = getter()
+        return name.decode().upper() if name else None
+    return None
 
 
 def cpu_name() -> str:

@@ -25,6 +25,7 @@ def test_this_test_run_is_itself_pinned_to_portable_numerics():
     found = numerics.effective()
     assert found["aten_capability"] == "DEFAULT"
     assert found["mkl_cbwr"] in ("COMPATIBLE", None)  # None: a torch without MKL
+    assert found["blas"] == "mkl" if found["mkl_cbwr"] else found["blas_coretype"] in ("ARMV8", None)
     assert {name: os.environ[name] for name in numerics.PORTABLE_ENVIRONMENT} == dict(numerics.PORTABLE_ENVIRONMENT)
 
 
@@ -53,6 +54,38 @@ def test_native_goldens_depend_on_cpu_and_threads_gpu_goldens_on_device_and_driv
            "cuda": "12.8", "cudnn": 91002, "cuda_driver": "13.0"}
     assert numerics_changes(gpu, {**gpu, "torch_threads": 64, "cpu_capability": "AVX2"}) == []
     assert numerics_changes(gpu, {**gpu, "cuda_driver": "13.1"}) == [("cuda_driver", "13.0", "13.1")]
+
+
+PORTABLE_ARM64 = {**PORTABLE_CPU, "machine": "aarch64", "torch": "2.9.1", "device_name": "aarch64", "mkl_cbwr": None,
+                  "blas": "openblas", "blas_coretype": "ARMV8"}
+
+
+def test_arm64_portable_goldens_ignore_the_core_type_native_ones_do_not():
+    assert numerics_changes(PORTABLE_ARM64, {**PORTABLE_ARM64, "device_name": "Neoverse-N1"}) == []
+    native = {**PORTABLE_ARM64, "cpu_numerics": "native"}
+    assert numerics_changes(native, {**native, "blas_coretype": "NEOVERSEN1"}) == [
+        ("blas_coretype", "ARMV8", "NEOVERSEN1")]
+    # Portable asked for but OpenBLAS not on its generic kernels (torch loaded too early): CPU-specific.
+    unpinned = {**PORTABLE_ARM64, "blas_coretype": "NEOVERSEN1"}
+    assert [c[0] for c in numerics_changes(unpinned, {**unpinned, "device_name": "Graviton3"})] == ["device_name"]
+
+
+def test_x86_and_arm64_portable_goldens_differ_by_machine_torch_and_blas():
+    x86 = {**PORTABLE_CPU, "blas": "mkl", "blas_coretype": None}
+    assert numerics_changes(x86, PORTABLE_ARM64) == [
+        ("machine", "x86_64", "aarch64"), ("torch", "2.13.0", "2.9.1"), ("blas", "mkl", "openblas")]
+
+
+def test_goldens_recorded_before_the_blas_fields_still_match_an_mkl_torch():
+    """Committed goldens predate ``blas``: their recorded MKL branch says the BLAS was MKL."""
+    current = {**PORTABLE_CPU, "blas": "mkl", "blas_coretype": None}
+    assert numerics_changes(PORTABLE_CPU, current) == []
+    native = {**PORTABLE_CPU, "cpu_numerics": "native", "cpu_capability": "AVX512", "mkl_cbwr": "OFF"}
+    assert numerics_changes(native, {**native, "blas": "mkl", "blas_coretype": None}) == []
+    # Without MKL's branch nothing says which BLAS it was: on arm64 the core type may have changed.
+    old_arm = {k: v for k, v in PORTABLE_ARM64.items() if k not in ("blas", "blas_coretype")}
+    assert [c[0] for c in numerics_changes({**old_arm, "cpu_numerics": "native"},
+                                           {**PORTABLE_ARM64, "cpu_numerics": "native"})] == ["blas", "blas_coretype"]
 
 
 def test_a_golden_that_predates_the_numerics_fields_counts_as_another_environment():

@@ -1,0 +1,153 @@
+"""Goldens travel between architectures: a small suite recorded natively on x86-64 is checked on
+arm64, and one recorded on arm64 is checked natively, where arm64 is Debian's arm64 Python with
+torch's arm64 CPU wheel run under qemu-aarch64 user mode (``scripts/arm64_root.sh`` prepares both
+once into a cache folder; ``.ci/run`` calls it).
+
+Across architectures the bits differ (another torch, another BLAS, other kernels): every check must
+still pass as IDENTICAL or as cross-environment LOGIT_DRIFT, and a model with planted weight noise
+must fail as REGRESSION in both directions (the negative control). Within arm64, portable goldens
+must be identical under other emulated CPUs and forced OpenBLAS core types; native ones are judged
+across environments when the core type changes. Emulation is slow: about a minute a run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pytest_llmdeterminism
+from pytest_llmdeterminism import numerics
+from pytest_llmdeterminism.fingerprint import cache_dir
+
+from .conftest import perturbed_tiny_copy
+
+QEMU = shutil.which("qemu-aarch64")
+ARM64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
+SOURCE_TREE = Path(pytest_llmdeterminism.__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="the arm64 side runs under qemu-aarch64 on an "
+                                                               "x86-64 host"),
+    pytest.mark.skipif(QEMU is None, reason="qemu-aarch64 is not installed: apt-get install qemu-user "
+                                            "(.ci/run installs it)"),
+    pytest.mark.skipif(not (ARM64 / "READY").is_file(),
+                       reason=f"no arm64 Python and torch in {ARM64}: run scripts/arm64_root.sh (.ci/run does; "
+                              "it needs apt-get, dpkg and PyPI)"),
+]
+
+PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):", "The cat sat on the"]
+PROBE = f"""
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=8)
+def test_probe(llm_model, golden_tokens):
+    for prompt, result in zip({PROMPTS!r}, llm_model.generate({PROMPTS!r})):
+        golden_tokens.check(result, name=prompt)
+"""
+# Every variable that portable numerics sets on either machine: each run starts without them.
+PINNED = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_MATMUL_MIN_DIM",
+          *numerics.PORTABLE_ENVIRONMENT}
+
+
+class Run:
+    """One pytest run of the probe project, natively or under qemu-aarch64, started now."""
+
+    def __init__(self, project: Path, *args: str, arm64: bool = False, cpu: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
+        base = {**base, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+        command = ["-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *args]
+        if arm64:
+            # The plugin comes from this source tree, not from an installed distribution.
+            command = [str(QEMU), "-L", str(ARM64 / "ROOT"), *(["-cpu", cpu] if cpu else []),
+                       str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11"), *command, "-p",
+                       "pytest_llmdeterminism.plugin"]
+            base["PYTHONPATH"] = os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])
+        else:
+            command = [sys.executable, *command]
+        self.name = " ".join(args) + (f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, cwd=project, env=base, text=True, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT)
+
+    def finish(self, returncode: int) -> str:
+        output, _ = self.process.communicate(timeout=1500)
+        seconds = time.monotonic() - self.started
+        print(f"{self.name}: exit {self.process.returncode} in {seconds:.0f} s")
+        assert self.process.returncode == returncode, f"{self.name}:\n{output[-4000:]}"
+        return output
+
+
+def summary(output: str) -> str:
+    found = re.search(r"^golden checks: .*$", output, re.MULTILINE)
+    assert found, output[-3000:]
+    return found[0]
+
+
+def across(output: str) -> str:
+    found = re.search(r"compared across environments: .*$", output, re.MULTILINE)
+    return found[0] if found else ""
+
+
+def project(path: Path) -> Path:
+    path.mkdir()
+    (path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x32\n")
+    (path / "test_probe.py").write_text(PROBE)
+    return path
+
+
+def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(tmp_path):
+    changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5)
+    x86_recorded, arm64_recorded = project(tmp_path / "x86"), project(tmp_path / "arm64")
+    records = [Run(x86_recorded, "--llm-golden-update"), Run(arm64_recorded, "--llm-golden-update", arm64=True)]
+    for run in records:
+        assert summary(run.finish(0)) == "golden checks: 4 recorded"
+
+    on_arm64 = Run(x86_recorded, arm64=True)
+    changed_on_arm64 = Run(x86_recorded, f"--llm-model={changed}", arm64=True)
+    on_x86 = Run(arm64_recorded).finish(0)
+    changed_on_x86 = Run(arm64_recorded, f"--llm-model={changed}").finish(1)
+    outputs = {"x86-64 goldens on arm64": on_arm64.finish(0), "arm64 goldens on x86-64": on_x86}
+
+    for direction, output in outputs.items():
+        counts = {verdict: int(count) for count, verdict in re.findall(r"(\d+) ([A-Z_]+)", summary(output))}
+        assert set(counts) <= {"IDENTICAL", "LOGIT_DRIFT"} and sum(counts.values()) == 4, \
+            f"{direction}: {summary(output)}"
+        print(f"{direction}: {summary(output)}; {across(output)}")
+        # The summary names what changed: the machine, the BLAS and torch (2.9.1's arm64 CPU wheel).
+        changes = across(output)
+        assert "machine 'x86_64' → 'aarch64'" in changes or "machine 'aarch64' → 'x86_64'" in changes, output[-3000:]
+        assert "blas " in changes and "'openblas'" in changes and "'mkl'" in changes, changes
+        assert "torch " in changes, changes
+        assert "batch invariance: verified at 2x32" in output, output[-3000:]
+
+    # Negative control: planted weight noise is a REGRESSION in both directions, not tolerated drift.
+    for output in (changed_on_arm64.finish(1), changed_on_x86):
+        assert "REGRESSION (failed)" in output, output[-3000:]
+        assert "machine " in across(output), output[-3000:]
+
+
+def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_name_the_core_type(tmp_path):
+    probe = project(tmp_path / "probe")
+    native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native")
+    # The user's own OPENBLAS_CORETYPE is overridden by portable numerics, and kept by native ones.
+    armv8, neoverse = {"OPENBLAS_CORETYPE": "ARMV8"}, {"OPENBLAS_CORETYPE": "NEOVERSEN1"}
+    records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1", env=neoverse),
+               Run(probe, *native, "--llm-golden-update", arm64=True, env=armv8)]
+    for run in records:
+        assert summary(run.finish(0)) == "golden checks: 4 recorded"
+
+    other_cpu = Run(probe, arm64=True, cpu="a64fx", env=armv8)  # SVE-512, no BF16, another core type
+    other_core = Run(probe, *native, arm64=True, env=neoverse)
+    output = other_cpu.finish(0)
+    assert summary(output) == "golden checks: 4 IDENTICAL" and not across(output), output[-3000:]
+
+    output = other_core.finish(0)  # the tiny model's GEMMs do not differ here, so the tolerance passes them
+    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]
