@@ -70,6 +70,9 @@ class Run:
                        str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11"), *command, "-p",
                        "pytest_llmdeterminism.plugin"]
             base["PYTHONPATH"] = os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])
+            # An editable install leaves pytest_llmdeterminism.egg-info in the source tree, whose
+            # entry point would register the plugin a second time, under its distribution's name.
+            base["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         else:
             command = [sys.executable, *command]
         self.name = " ".join(args) + (f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)")
