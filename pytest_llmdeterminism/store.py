@@ -467,7 +467,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
         mode = 0o666 & ~_umask()
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}-{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.{HOST}-{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
@@ -486,7 +486,8 @@ def _umask() -> int:
     return current
 
 
-_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+# This host, as temp-file and scratch-folder names carry it (only its processes can be checked).
+HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
 _ORPHAN_AGE_S = 60
 
 
@@ -494,8 +495,8 @@ def _remove_orphaned_temp_files(path: Path) -> None:
     """``.NAME.HOST-PID.*.tmp`` beside ``path`` written on this host by a process that no longer
     runs (a SIGKILL mid-write), and older than a minute. Other hosts' temp files are left alone."""
     now = time.time()
-    for temp in path.parent.glob(f".{path.name}.{_HOST}-*.tmp"):
-        pid = temp.name[len(path.name) + len(_HOST) + 3:].split(".", 1)[0]
+    for temp in path.parent.glob(f".{path.name}.{HOST}-*.tmp"):
+        pid = temp.name[len(path.name) + len(HOST) + 3:].split(".", 1)[0]
         try:
             stale = (pid.isdigit() and not process_alive(int(pid))
                      and now - temp.stat().st_mtime > _ORPHAN_AGE_S)

@@ -287,13 +287,13 @@ def test_temp_files_of_killed_writers_are_removed_by_the_next_write(tmp_path):
     dead = multiprocessing.get_context("fork").Process(target=lambda: None)
     dead.start()
     dead.join()
-    orphan = tmp_path / f".test_m.json.{store._HOST}-{dead.pid}.abc123.tmp"
+    orphan = tmp_path / f".test_m.json.{store.HOST}-{dead.pid}.abc123.tmp"
     orphan.write_text("half a golden")
     os.utime(orphan, (0, 0))  # older than a minute
-    live = tmp_path / f".test_m.json.{store._HOST}-{os.getppid()}.def456.tmp"  # a running process's: kept
+    live = tmp_path / f".test_m.json.{store.HOST}-{os.getppid()}.def456.tmp"  # a running process's: kept
     live.write_text("being written")
     os.utime(live, (0, 0))
-    fresh = tmp_path / f".test_m.json.{store._HOST}-{dead.pid}.ghi789.tmp"  # too recent to judge: kept
+    fresh = tmp_path / f".test_m.json.{store.HOST}-{dead.pid}.ghi789.tmp"  # too recent to judge: kept
     fresh.write_text("just now")
     other_host = tmp_path / f".test_m.json.otherhost-{dead.pid}.jkl012.tmp"  # not ours to judge: kept
     other_host.write_text("elsewhere")
