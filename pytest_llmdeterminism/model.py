@@ -255,9 +255,11 @@ class LLMModel:
                                      "encodes to no tokens; give the model something to continue")
         # One position always stays padding: a batch without any padding drops the attention mask
         # and takes another kernel path, so a prompt of exactly L tokens would change with its
-        # companions (measured: logit hashes differ alone vs batched at 4x32).
+        # companions (measured: logit hashes differ alone vs batched at 4x32). At one row a prompt
+        # has no companions and runs at its own length: only the model's context bounds it (the
+        # engine checks prompt plus max_new_tokens against it), as in a plain generate().
         shape = self.settings.batch_shape
-        if len(ids) >= shape.length:
+        if shape.rows > 1 and len(ids) >= shape.length:
             fitting = shape.holding(len(ids))
             raise PromptTooLongError(prompt, len(ids), str(shape), setting=self.settings.batch_shape_setting,
                                      fitting=None if fitting is None else str(fitting))

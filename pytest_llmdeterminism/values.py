@@ -109,7 +109,7 @@ class BatchShape:
     def running(self, prompt_tokens: int) -> BatchShape:
         """The shape a chunk whose longest prompt has ``prompt_tokens`` tokens really runs in: this one,
         except at one row, where a prompt has no companions to be invariant to, so it runs at its own
-        length, unpadded, as a plain ``model.generate()`` of it would (``1x128`` bounds prompts only)."""
+        length, unpadded, as a plain ``model.generate()`` of it would (bounded by the model's context only)."""
         return BatchShape(1, prompt_tokens) if self.rows == 1 else self
 
     def holding(self, n_tokens: int) -> BatchShape | None:

@@ -277,3 +277,17 @@ def test_a_lone_prompt_gives_the_bits_of_a_plain_generate_of_it(make_llm, tiny):
         tiny.model.generate(**encoded, generation_config=GenerationConfig(**config),
                             logits_processor=capture.logits_processor())
     assert tuple(capture.rows[0].hashes) == gen.logit_hashes
+
+
+def test_a_lone_prompt_longer_than_l_runs_at_its_own_length_up_to_the_models_context(make_llm, tiny):
+    """At one row L bounds nothing (a plain generate() has no such limit); the model's context does."""
+    long_prompt = "one two three four five six seven eight nine ten " * 20
+    n_tokens = len(tiny.tokenizer(long_prompt)["input_ids"])
+    assert 16 < n_tokens < tiny.model.config.max_position_embeddings - 4
+    gen = make_llm("1x16", max_new_tokens=4).generate(long_prompt)
+    assert gen.batch_shape == f"1x{n_tokens}" and len(gen.prompt_token_ids) == n_tokens
+    with pytest.raises(PromptTooLongError, match=r"'2x16' allows 15"):
+        make_llm("2x16", max_new_tokens=4).generate(long_prompt)  # rows that share a batch are padded to L
+    too_long = long_prompt * 4
+    with pytest.raises(ConfigurationError, match=r"beyond the model's context of 512.*shorten the prompt"):
+        make_llm("1x16", max_new_tokens=4).generate(too_long)
