@@ -61,6 +61,24 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     steps: dict[str, list[tuple[str, int, float, float | None]]] = msgspec.field(default_factory=dict)
 
 
+class RunRecord(msgspec.Struct, kw_only=True):
+    """What one run checked, as the JSON report's ``run`` holds it: enough for ``llm-golden merge``
+    to judge the runs of several shards as one. Node ids as pytest writes them; golden files
+    relative to the rootdir (absolute when outside it), so shards on other machines agree."""
+
+    suite: list[str]  # every test collected, deselected ones included: under pytest-split, the whole suite
+    selected: list[str]  # the tests this run set out to run
+    outcomes: dict[str, str]  # passed / failed / skipped, of every test that ran to its end
+    golden_files: dict[str, str]  # test module (the node id before "::") -> its golden file
+    used: list[tuple[str, str]]  # (golden file, key) that some check looked up
+    stopped: list[str]  # why the run ended before its last test; empty when it did not
+    partial: list[str]  # every reason this run alone does not speak for the whole suite
+    failed: bool  # some test failed or errored
+    # False when test ids on the command line kept the rest of the suite from being collected at all
+    suite_collected: bool = True
+    candidates: str | None = None  # the --llm-golden-artifacts folder, relative to the report's folder
+
+
 class TestRecords(msgspec.Struct):
     """Everything one test's golden checks decided."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_diver
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.records import CheckRecord
+    from pytest_llmdeterminism.records import CheckRecord, RunRecord
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -250,7 +251,8 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial: Sequence[str],
-                   display: Callable[[Path], str], *, prune: bool, stopped: bool = False) -> list[str]:
+                   display: Callable[[Path], str], *, prune: bool, stopped: bool = False,
+                   prune_command: str = "pytest --llm-golden-prune") -> list[str]:
     """Unused goldens after a complete run; after a partial one, why none were judged: always when
     the run stopped early, under ``--llm-golden-prune`` for any reason (``-k`` is quiet otherwise)."""
     if pruned:
@@ -263,7 +265,23 @@ def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial:
         lines += [f"unused golden in {display(Path(path))}: {key!r}" for key in keys]
     if lines:
         lines.append("these goldens were not checked by any test in this complete run; "
-                     "delete them with: pytest --llm-golden-prune")
+                     f"delete them with: {prune_command}")
+    return lines
+
+
+def shards_markdown(shards: int, ran: int, suite: int, partial: Sequence[str], not_run: Sequence[str],
+                    unused: dict[str, list[str]]) -> list[str]:
+    """The last section of a merged report (``llm-golden merge``): coverage, then unused goldens or
+    why they were not judged, with the tests no shard ran."""
+    lines = ["### Shards", "", f"{shards} shard(s) ran {ran} of {suite} test(s) of the suite."]
+    if partial:
+        lines += ["", f"Unused goldens not judged: {_md('; '.join(partial))}."]
+        if not_run:
+            lines += ["", "Tests that no shard ran:", "", *(f"- {_md_code(nodeid)}" for nodeid in not_run[:50])]
+            lines += [f"- … {len(not_run) - 50} more"] if len(not_run) > 50 else []
+    elif unused:
+        lines += ["", *(f"- unused golden in {_md_code(path)}: {_md_code(key)}"
+                        for path, keys in sorted(unused.items()) for key in keys)]
     return lines
 
 
@@ -288,8 +306,10 @@ REPORT_SCHEMA = "pytest-llmdeterminism/report"
 REPORT_VERSION = 1
 
 
-def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The ``--llm-report *.json`` document: one entry per golden check, and every audit.
+def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]], *,
+               run: RunRecord | None = None) -> dict[str, Any]:
+    """The ``--llm-report *.json`` document: one entry per golden check, every audit and, in
+    ``run``, what the run checked (:class:`~pytest_llmdeterminism.records.RunRecord`).
 
     Each check: ``test`` (node id), ``test_duration_s`` (the test's call phase), ``name`` (golden
     key), ``variant``, ``verdict``, ``passed``, ``profile``, ``first_divergence`` (step or null),
@@ -307,7 +327,13 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
                          "summary": {"checks": len(checks), "failed": sum(not c.passed for c in checks),
                                      "by_verdict": dict(sorted(counts.items()))},
                          "checks": msgspec.to_builtins(list(checks)),
-                         "audits": [{"test": nodeid, **audit} for nodeid, audit in audits]})
+                         "audits": [{"test": nodeid, **audit} for nodeid, audit in audits],
+                         **({"run": msgspec.to_builtins(run)} if run is not None else {})})
+
+
+def json_text(document: dict[str, Any]) -> str:
+    """A report document as the ``.json`` report file holds it."""
+    return json.dumps(document, indent=1, sort_keys=True, allow_nan=False)
 
 
 def _strict_json(value: Any) -> Any:

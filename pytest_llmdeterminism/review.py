@@ -108,7 +108,7 @@ def plan_accept(candidates: Path, root: Path, *,
     same relative path under ``root``. It holds no symbolic link, no target resolves to outside
     the root, and every candidate and every file it merges into reads as a valid golden file.
     """
-    names, problems = _candidate_files(candidates)
+    names, problems = candidate_files(candidates)
     refused = {name for name in names if not _is_golden_path(name, golden_dir)}
     if refused:
         also = f" or under --golden-dir {golden_dir}" if golden_dir else ""
@@ -150,7 +150,7 @@ def _target_problem(target: Path, real_root: Path) -> str | None:
     return None
 
 
-def _candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
+def candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
     """The ``*.json`` files under ``folder`` (relative to it), and what keeps the walk from being trusted."""
     names: list[Path] = []
     links: list[str] = []
