@@ -113,7 +113,8 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
     top = llm_golden("--help", cwd=suite.path)
     assert top.returncode == 0
     assert "``" not in top.stdout and ":func:" not in top.stdout
-    for command in ("show FILE", "diff BASE CAND", "accept DIR", "prune", "fetch smollm2", "perturb SRC DEST"):
+    for command in ("show FILE", "diff BASE CAND", "accept DIR", "prune", "fetch smollm2", "perturb SRC DEST",
+                    "merge REPORT.json"):
         assert f"llm-golden {command}" in top.stdout
     diff = llm_golden("diff", "--help", cwd=suite.path)
     assert diff.returncode == 0 and "``" not in diff.stdout
@@ -126,6 +127,6 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
     assert exit_status.startswith("  0  nothing needs review")
     assert "\n  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression" in exit_status
     assert "\n  2  usage error" in exit_status
-    for command in ("accept", "fetch", "perturb"):
+    for command in ("accept", "fetch", "perturb", "merge"):
         shown = llm_golden(command, "--help", cwd=suite.path)
         assert shown.returncode == 0 and "exit status: 0" in shown.stdout and "``" not in shown.stdout
