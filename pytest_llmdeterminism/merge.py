@@ -12,7 +12,7 @@ without problems.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,7 +282,7 @@ class Written:
 
 
 def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports: Sequence[Path],
-          prune: bool, display: Any = str) -> Written:
+          prune: bool, display: Callable[[Path], str] = str) -> Written:
     """Write a plan without problems: the candidate tree, the reports and, under ``prune``, the
     removal of unused goldens. Every file is written atomically."""
     assert not merge.problems, "write() takes a plan without problems"
@@ -311,7 +311,7 @@ def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports:
 
 
 def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence[str] = (),
-                  display: Any = str) -> list[str]:
+                  display: Callable[[Path], str] = str) -> list[str]:
     """What the merge found: the shards and their coverage, the checks, and unused goldens or why
     they were not judged, naming every test that no shard ran."""
     covered = merge.coverage
