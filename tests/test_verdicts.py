@@ -141,13 +141,13 @@ def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_one
     write_suite(suite, prompt="Count: one,", max_new_tokens=12)
     again = suite.runpytest()
     again.assert_outcomes(passed=1)
-    again.stdout.fnmatch_lines(["'test_case': max_new_tokens 8 -> 12: the golden ended (EOS) within both budgets, "
-                                "so it was judged in full"])
+    again.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 12: the golden ended (EOS) within both budgets, "
+                                "so it was judged in full")])
     write_suite(suite, prompt="Count: one,", max_new_tokens=2)
     shorter = suite.runpytest()
     shorter.assert_outcomes(passed=1)
-    shorter.stdout.fnmatch_lines(["'test_case': max_new_tokens 8 -> 2: judged on the first 2 step(s); the golden's "
-                                  "steps 2–4 lie beyond this run's budget"])
+    shorter.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 2: judged on the first 2 step(s); the golden's "
+                                  "steps 2–4 lie beyond this run's budget")])
 
 
 def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
@@ -199,8 +199,8 @@ def test_bf16_drift_beyond_the_default_tolerance_is_told_to_record_its_variant_n
     output = result.stdout.str()
     assert "--llm-tolerance=exact" not in output
     result.stdout.fnmatch_lines([
-        "E*LOGIT_DRIFT at step 0 — same tokens, logits differ (max |Δlogprob| in top-k 0.*) — fails under "
-        "'near_tie(margin=0.5, atol=0.1)'",
+        ("E*LOGIT_DRIFT at step 0 — same tokens, logits differ (max |Δlogprob| in top-k 0.*) — fails under "
+        "'near_tie(margin=0.5, atol=0.1)'"),
         ("E*compared across environments: dtype 'float32' → 'bfloat16'; *the golden is another variant (dtype)*"
          "record this run's own 'cpu/bfloat16' golden beside it by re-running with --llm-golden-update*; "
          "to pass bfloat16 drift of this size instead (max |Δlogprob| 0.*): "
@@ -321,3 +321,23 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
                        profile="exact")
     n = len(now.prompt_token_ids)
     assert f"batch_shape: '1x128' -> '1x{n}' (at B = 1 a prompt now runs alone at its own length" in message
+
+
+def test_the_cross_environment_hint_fits_the_field_that_changed():
+    from pytest_llmdeterminism.report import across_environments
+
+    def hint(changes, explicit=False):
+        return across_environments(changes, tolerance="near_tie(margin=0.05, atol=0.001)", explicit=explicit,
+                                   run_variant="cpu/bfloat16")
+
+    dtype = hint([("dtype", "float32", "bfloat16")])
+    assert "record this run's own 'cpu/bfloat16' golden" in dtype and "--llm-tolerance=exact" not in dtype
+    assert "record this run's own" in hint([("dtype", "float32", "bfloat16")], explicit=True)
+    upgrade = hint([("transformers", "4.57.1", "5.24.0")])
+    assert upgrade.endswith("; after an upgrade (transformers) keep the goldens and let the tolerance judge the "
+                            "drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact re-records "
+                            "every check that is not IDENTICAL")
+    machine = hint([("cpu_capability", "AVX512", "DEFAULT")])
+    assert machine.endswith("; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact")
+    assert hint([("cpu_capability", "AVX512", "DEFAULT")], explicit=True).endswith("tolerance near_tie(margin=0.05, "
+                                                                                   "atol=0.001) as set")
