@@ -19,7 +19,18 @@ from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.files import GOLDEN_FOLDER
-from pytest_llmdeterminism.review import FAIL_ON, NEW, ORDER, Case, needs_review, plan_accept, review
+from pytest_llmdeterminism.report import shell_quote
+from pytest_llmdeterminism.review import (
+    ABSENT,
+    FAIL_ON,
+    NEW,
+    ORDER,
+    Case,
+    aligned_folders,
+    needs_review,
+    plan_accept,
+    review,
+)
 
 DESCRIPTION = """\
 Inspect, compare and accept golden files outside pytest; fetch and perturb models.
@@ -228,6 +239,15 @@ def _diff(base: Path, candidate: Path, *, fail_on: str) -> int:
     flagged = needs_review(cases, fail_on)
     gate = (f"{len(flagged)} case(s) need review" if flagged else "nothing needs review") + f" (--fail-on={fail_on})"
     print("summary: " + (", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens") + f"; {gate}")
+    if base.is_dir() and {case.verdict for case in cases} <= {NEW, ABSENT}:
+        aligned = aligned_folders(base, candidate)
+        if aligned is not None:
+            moved = "BASE" if aligned[0] != base else "CAND"
+            deeper = str(aligned[0] if moved == "BASE" else aligned[1])
+            print(f"hint: no golden file is in both folders, but they pair up when {moved} is {deeper!r}, a "
+                  f"folder inside the one given: BASE and CAND must mirror each other (both a {GOLDEN_FOLDER} "
+                  "folder, or both the folder above it). Compare with: llm-golden diff "
+                  f"{shell_quote(str(aligned[0]))} {shell_quote(str(aligned[1]))}")
     return 1 if flagged else 0
 
 

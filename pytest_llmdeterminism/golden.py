@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict, compare
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.fingerprint import describe_changes, diff, numerics_changes
+from pytest_llmdeterminism.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
@@ -89,15 +89,14 @@ class GoldenTokens:
         profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
         if environment:
-            across = (f"compared across environments: {describe_changes(environment)}; "
-                      f"tolerance {profile.describe(dtype)} {'as set' if explicit else 'by default'}"
-                      + ("" if explicit else "; to compare exactly again, re-record with "
-                         "--llm-golden-update --llm-tolerance=exact"))
+            across = report.across_environments(environment, tolerance=profile.describe(dtype),
+                                                explicit=explicit is not None, run_variant=generation.variant)
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
         # A flip at a near tie may pass, but the golden's continuation after it no longer describes
         # the model: updating re-records it, as it does every failing check.
-        if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP):
+        # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
+        if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP or comparison.new_steps):
             self._outcomes.record(self._path, key, generation, outcome="updated")
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
@@ -108,11 +107,16 @@ class GoldenTokens:
         # reviewer gets it as a candidate, passing or not.
         if not passed or variant != generation.variant:
             self._outcomes.candidate(self._path, key, generation)
+        budget = report.budget_note(comparison, self.accept_command)
         if passed:
+            if budget:
+                self._outcomes.note(f"{key!r}: {budget}")
             return comparison
+        wider = report.wider_tolerance(comparison, dtype=dtype) if environment else ""
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
-                                  decode, profile=profile.describe(dtype), across=across)
+                                  decode, profile=profile.describe(dtype),
+                                  across=f"{across}; {wider}" if wider else across)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
                                                 actual=generation), site, accept=self.accept_command)
         return comparison

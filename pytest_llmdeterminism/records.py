@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pytest_llmdeterminism import store
-from pytest_llmdeterminism.compare import GoldenMismatchError
+from pytest_llmdeterminism import report, store
+from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict, first_token_divergence
 from pytest_llmdeterminism.store import Entry
 
 if TYPE_CHECKING:
@@ -36,6 +36,24 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     @classmethod
     def of(cls, path: Path, key: str, generation: Generation) -> GoldenWrite:
         return cls(str(path), key, generation.variant, store.to_struct(store.to_entry(generation)))
+
+
+class InputRecord(msgspec.Struct, kw_only=True, gc=False):
+    """One side's input, for a check whose input changed: what the model saw, and a window of its
+    token ids (``prompt_token_ids[i]`` is the id at position ``ids_from + i`` of ``ids_total``)."""
+
+    prompt: str  # a chat conversation as rendered with its template
+    prompt_form: str  # "text", "chat" or "token_ids"
+    prompt_token_ids: list[int]
+    ids_from: int
+    ids_total: int
+
+    @classmethod
+    def of(cls, generation: Generation, first_difference: int | None) -> InputRecord:
+        ids = generation.prompt_token_ids
+        start, end = report.id_window(len(ids), first_difference, before=8, after=24)
+        return cls(prompt=generation.prompt, prompt_form=generation.prompt_form,
+                   prompt_token_ids=list(ids[start:end]), ids_from=start, ids_total=len(ids))
 
 
 class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
@@ -59,6 +77,19 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     numerics_changed: list[str] = msgspec.field(default_factory=list)  # non-empty: across environments
     # [piece, token id, margin, top-1 logprob] per step and side ("expected", "actual"), for HTML.
     steps: dict[str, list[tuple[str, int, float, float | None]]] = msgspec.field(default_factory=dict)
+    # INPUT_CHANGED: both sides' inputs ("expected": the golden's, "actual": this run's), the first
+    # prompt token position that differs (None: same ids), and every other input field that
+    # changed (field -> [recorded, now]).
+    inputs: dict[str, InputRecord] = msgspec.field(default_factory=dict)
+    first_input_difference: int | None = None
+    input_diff: dict[str, tuple[Any, Any]] = msgspec.field(default_factory=dict)
+    # [golden's, this run's] max_new_tokens when they differ: only the steps both cover were judged;
+    # ``new_steps`` of this run came after the golden's end and were not judged (the golden is
+    # incomplete), ``unchecked_steps`` of the golden came after this run's end.
+    max_new_tokens: tuple[int, int] | None = None
+    judged_steps: int = 0  # where max_new_tokens differ: the golden's steps that were judged
+    new_steps: int = 0
+    unchecked_steps: int = 0
 
 
 class RunRecord(msgspec.Struct, kw_only=True):
@@ -155,6 +186,12 @@ class TestOutcomes:
         divergence = comparison.divergence
         run_variant = actual.variant if actual is not None and actual.variant != variant else ""
         shown = actual or expected
+        inputs: dict[str, InputRecord] = {}
+        first_input = None
+        if comparison.verdict is Verdict.INPUT_CHANGED and expected is not None and actual is not None:
+            first_input = first_token_divergence(expected.prompt_token_ids, actual.prompt_token_ids)
+            inputs = {side: InputRecord.of(gen, first_input) for side, gen in (("expected", expected),
+                                                                               ("actual", actual))}
         self.data.checks.append(CheckRecord(
             name=key, variant=variant, run_variant=run_variant, verdict=verdict, passed=passed, profile=profile,
             prompt=shown.prompt if shown is not None else "",
@@ -165,6 +202,12 @@ class TestOutcomes:
             changed_fingerprint={field: (old, new) for field, old, new in changed},
             numerics_changed=list(numerics_changed),
             steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
+            inputs=inputs, first_input_difference=first_input,
+            input_diff={field: (old, new) for field, old, new in comparison.input_changes
+                        if field != "prompt_token_ids"},
+            max_new_tokens=comparison.budgets, new_steps=comparison.new_steps,
+            judged_steps=comparison.total_steps - comparison.unchecked_steps if comparison.budgets else 0,
+            unchecked_steps=comparison.unchecked_steps,
         ))
 
     def fail(self, error: GoldenMismatchError, site: Site | None, *, accept: str) -> None:
