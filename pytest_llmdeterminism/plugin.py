@@ -123,6 +123,12 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     return result
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
+    # Plugins reseed in their own pytest_runtest_call (pytest-randomly does), inside ours: seed again, last.
+    pyfuncitem.config.stash[SESSION].seed_again(pyfuncitem)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
