@@ -135,6 +135,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.excinfo is not None and isinstance(call.excinfo.value, LLMDeterminismError):
         one_line_crash(report.longrepr)  # the short summary says what; FAILURES keeps the whole message
     outcomes = LLMSession.outcomes_if_any(item)
+    if outcomes is not None and call.when == "teardown":
+        outcomes.end_attempt()  # pytest-rerunfailures may run the test again: a new attempt starts clean
     if outcomes is not None and call.when == "call":
         payload = outcomes.to_json()
         if payload is not None:
