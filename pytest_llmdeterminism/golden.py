@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_prof
 if TYPE_CHECKING:
     from pytest_llmdeterminism.files import GoldenFiles
     from pytest_llmdeterminism.options import Options
-    from pytest_llmdeterminism.records import Site, TestOutcomes
+    from pytest_llmdeterminism.records import Attempt, Site, TestOutcomes
 
 
 class GoldenTokens:
@@ -30,6 +31,7 @@ class GoldenTokens:
         self._outcomes = outcomes
         self._options = options
         self._target = rerun or report.shell_quote(nodeid)
+        self._nodeid = nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = files.path_for(test_path)
         self._tokenizer = tokenizer
@@ -69,6 +71,9 @@ class GoldenTokens:
                 self._outcomes.note(f"{key!r}: no {generation.variant!r} golden; compared with "
                                    f"{variant!r} (--llm-golden-fallback)")
         location = f"{self._files.display(self._path)} [{key!r}][{variant!r}]"
+        earlier = self._outcomes.other_output(key, generation)
+        if earlier is not None:  # whatever the golden says: this attempt contradicts an earlier one
+            return self._nondeterministic(key, variant, location, generation, *earlier, site=site)
         stored = variants.get(variant)
         if stored is None:
             if update:
@@ -119,6 +124,23 @@ class GoldenTokens:
                                   across=f"{across}; {wider}" if wider else across)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
                                                 actual=generation), site, accept=self.accept_command)
+        return comparison
+
+    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation, earlier: Attempt,
+                          between: Comparison, *, site: Site) -> Comparison:
+        """This test ran before in this process (a rerun) and generated something else for ``key``:
+        NONDETERMINISTIC, and failed, even where this attempt matches the golden."""
+        __tracebackhide__ = True
+        comparison = dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC)
+        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output, actual=generation)
+        attempts = (earlier.number, self._outcomes.attempt)
+        self._outcomes.note(report.rerun_note(key, self._nodeid, attempts))
+        decode = report.decoder_for(earlier.output, generation, self._tokenizer())
+        message = report.nondeterministic(key, location, self._target, between, earlier.output, generation, decode,
+                                          attempts=attempts, earlier_outcome=earlier.outcome)
+        self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path,
+                                                expected=earlier.output, actual=generation), site,
+                            accept=self.accept_command)
         return comparison
 
     def _key(self, name: str | None) -> str:

@@ -123,12 +123,20 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     return result
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
+    # Plugins reseed in their own pytest_runtest_call (pytest-randomly does), inside ours: seed again, last.
+    pyfuncitem.config.stash[SESSION].seed_again(pyfuncitem)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, LLMDeterminismError):
         one_line_crash(report.longrepr)  # the short summary says what; FAILURES keeps the whole message
     outcomes = LLMSession.outcomes_if_any(item)
+    if outcomes is not None and call.when == "teardown":
+        outcomes.end_attempt()  # pytest-rerunfailures may run the test again: a new attempt starts clean
     if outcomes is not None and call.when == "call":
         payload = outcomes.to_json()
         if payload is not None:

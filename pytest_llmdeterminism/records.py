@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
 from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict, first_token_divergence
+from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict, compare, first_token_divergence
 from pytest_llmdeterminism.store import Entry
 
 if TYPE_CHECKING:
@@ -139,6 +139,15 @@ class TestRecords(msgspec.Struct):
 Site = tuple[types.FrameType, int, int]  # the frame that called check(), its instruction and line
 
 
+class Attempt(NamedTuple):
+    """What one earlier attempt of a test (pytest-rerunfailures runs a failed test again in the same
+    process) generated for one golden key, and how its check ended."""
+
+    number: int
+    output: Generation
+    outcome: str
+
+
 class TestOutcomes:
     """The recorder of one test (kept in its ``item.stash``): what its checks decided, and the
     failures that wait for the test's end.
@@ -146,6 +155,11 @@ class TestOutcomes:
     While the test's body runs (``deferring``) a failing check is recorded and the test goes on, so
     every check is judged and gets its candidate; the plugin raises them together when the body
     returns (:meth:`raise_failures`). Outside the body a failing check raises at once.
+
+    A test run again in the same process (pytest-rerunfailures) is one recorder over several
+    attempts: :meth:`end_attempt` starts the next one afresh, so only the last attempt's records
+    reach the run, and keeps what each key generated, so a later attempt that generates something
+    else is told (:meth:`other_output`): a rerun never turns a failing golden check into a pass.
     """
 
     __test__ = False  # not a pytest test class
@@ -153,12 +167,33 @@ class TestOutcomes:
     def __init__(self) -> None:
         self.data = TestRecords()
         self.deferring = False
+        self.attempt = 1
         self._failures: list[tuple[GoldenMismatchError, Site | None]] = []
         self._accept = ""
+        self._outputs: dict[str, Attempt] = {}  # this attempt's output per golden key
+        self._earlier: dict[str, list[Attempt]] = {}  # earlier attempts' outputs per key
+
+    def end_attempt(self) -> None:
+        """The test's attempt ended (its teardown was reported): the next one, if any, starts clean."""
+        for key, attempt in self._outputs.items():
+            self._earlier.setdefault(key, []).append(attempt)
+        self.data, self._outputs = TestRecords(), {}
+        self.clear_failures()
+        self.attempt += 1
+
+    def other_output(self, key: str, generation: Generation) -> tuple[Attempt, Comparison] | None:
+        """An earlier attempt of this test whose output for ``key`` differs from ``generation``
+        (inputs, tokens or logit hashes), with how it differs; None on a first attempt."""
+        for attempt in self._earlier.get(key, []):
+            comparison = compare(attempt.output, generation)
+            if comparison.verdict is not Verdict.IDENTICAL:
+                return attempt, comparison
+        return None
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.data.records.append(GoldenWrite.of(path, key, generation))
         self.count(outcome)
+        self._outputs[key] = Attempt(self.attempt, generation, outcome)
 
     def count(self, outcome: str) -> None:
         self.data.counts[outcome] = self.data.counts.get(outcome, 0) + 1
@@ -182,7 +217,10 @@ class TestOutcomes:
                 expected: Generation | None = None, actual: Generation | None = None) -> None:
         """One golden comparison's result, as the machine-readable report lists it."""
         verdict = comparison.verdict.value
-        self.count(verdict if passed else f"{verdict} (failed)")
+        outcome = verdict if passed else f"{verdict} (failed)"
+        self.count(outcome)
+        if actual is not None:
+            self._outputs[key] = Attempt(self.attempt, actual, outcome)
         divergence = comparison.divergence
         run_variant = actual.variant if actual is not None and actual.variant != variant else ""
         shown = actual or expected

@@ -150,6 +150,43 @@ def budget_note(comparison: Comparison, accept: str | None = None) -> str:
     return f"{head}the golden ended (EOS) within both budgets, so it was judged in full"
 
 
+def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Generation,
+                     after: Generation, decode: Decode, *, attempts: tuple[int, int], earlier_outcome: str) -> str:
+    """Two attempts of one test in one process (a rerun) generated different outputs for ``key``."""
+    first, now = attempts
+    lines = [(f"golden check {key!r} is NONDETERMINISTIC: attempt {now} of this test generated other output "
+              f"than attempt {first} in the same process ({_how_attempts_differ(between, decode)}); "
+              "a rerun never passes a golden check"),
+             f"  attempt {first}'s check was {earlier_outcome}; the same input must give the same output every time"]
+    if between.verdict is Verdict.INPUT_CHANGED:
+        for field, old, new in between.input_changes:
+            lines += _input_change(field, old, new, before, after)
+    elif between.divergence is not None:
+        step = between.divergence.step
+        lines.append(f"  context:    {_context(after, step, decode)}")
+        lines.append(f"  attempt {first}: {_continuation(before, step, decode)}")
+        lines.append(f"  attempt {now}: {_continuation(after, step, decode)}")
+    lines.append(f"  golden: {location}")
+    lines.append(f"Find what varies with: pytest {nodeid} --llm-audit")
+    return "\n".join(lines)
+
+
+def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:
+    """The summary's line for a golden check whose output changed between attempts of its test."""
+    return (f"NONDETERMINISTIC: {nodeid} generated other output for {key!r} on attempt {attempts[1]} than on "
+            f"attempt {attempts[0]} (rerun in the same process); it fails, whatever a rerun gives")
+
+
+def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
+    if between.verdict is Verdict.INPUT_CHANGED:
+        return "its input changed: " + ", ".join(field for field, _, _ in between.input_changes)
+    d = between.divergence
+    if d is not None:
+        return (f"tokens differ from step {d.step}: {_token(d.expected_token, decode)}, "
+                f"then {_token(d.actual_token, decode)}")
+    return f"same tokens, logits differ from step {between.first_hash_step}"
+
+
 def _headline(comparison: Comparison, decode: Decode) -> str:
     verdict = comparison.verdict.value
     d = comparison.divergence
