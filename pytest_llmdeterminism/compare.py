@@ -52,6 +52,12 @@ class Comparison:
     # (golden's, this run's) step-hash definitions when they differ: no hash was compared, and equal
     # tokens are at best LOGIT_DRIFT (two engines' numbers are never shown "identical").
     hash_definitions: tuple[str, str] | None = None
+    # (golden's, this run's) max_new_tokens when they differ: only the steps both budgets cover
+    # were compared. ``new_steps``: this run's steps past a golden its smaller budget cut short (not
+    # judged: the golden is incomplete); ``unchecked_steps``: golden steps past this run's budget.
+    budgets: tuple[int, int] | None = None
+    new_steps: int = 0
+    unchecked_steps: int = 0
 
 
 def default_tie_margin(dtype: str) -> float:
@@ -63,8 +69,12 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
     changes = input_changes(expected, actual)
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
+    budgets, limit = _common_budget(expected, actual)
+    streams = _streams(expected, actual)
     steps = min(len(expected.token_ids), len(actual.token_ids))
-    token_step = first_token_divergence(*_streams(expected, actual))
+    if limit is not None:
+        streams, steps = (streams[0][:limit], streams[1][:limit]), min(steps, limit)
+    token_step = first_token_divergence(*streams)
     compared = steps if token_step is None else token_step
     # Steps after a token divergence see different inputs: nothing there is evidence.
     hashed = min(steps, compared + 1)
@@ -81,9 +91,10 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
     else:
         divergence = _divergence(expected, actual, token_step)
         verdict = _classify(divergence, margin)
+    beyond = [0 if limit is None else max(0, len(gen.token_ids) - limit) for gen in (actual, expected)]
     return Comparison(verdict, divergence=divergence, first_hash_step=first_hash, steps_compared=compared,
                       total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin,
-                      hash_definitions=definitions)
+                      hash_definitions=definitions, budgets=budgets, new_steps=beyond[0], unchecked_steps=beyond[1])
 
 
 def first_token_divergence(expected: Sequence[object], actual: Sequence[object]) -> int | None:
@@ -105,12 +116,27 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
         changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
     old, new = expected.generation_config, actual.generation_config
     for key in sorted(set(old) | set(new)):
+        if key == BUDGET and isinstance(old.get(key), int) and isinstance(new.get(key), int):
+            continue  # another budget changes how far the outputs go, not what they are: see _common_budget
         if _normalise(old.get(key)) != _normalise(new.get(key)):
             changes.append((f"generation_config.{key}", old.get(key), new.get(key)))
     return tuple(changes)
 
 
 STOPPED = "<stopped at EOS>"
+BUDGET = "max_new_tokens"
+
+
+def _common_budget(expected: Generation, actual: Generation) -> tuple[tuple[int, int] | None, int | None]:
+    """Two budgets (max_new_tokens) and the number of steps both sides can be judged on, or
+    ``(None, None)`` when the budgets are equal. A side that ran out of budget (finish "length") says
+    nothing about the steps after it; a side that stopped at EOS is complete, whatever the budget,
+    so the other side must stop there too."""
+    old, new = expected.generation_config.get(BUDGET), actual.generation_config.get(BUDGET)
+    if old == new or not isinstance(old, int) or not isinstance(new, int):
+        return None, None
+    cut = [len(gen.token_ids) for gen in (expected, actual) if gen.finish_reason == "length"]
+    return (old, new), (min(cut) if cut else None)
 
 
 def _streams(expected: Generation, actual: Generation) -> tuple[list[object], list[object]]:

@@ -124,12 +124,19 @@ def _capture(torch: Any) -> dict[str, Any]:
     return saved
 
 
-def _apply(torch: Any, seed: int) -> None:
+def seed_all(seed: int) -> None:
+    """Seed python's, numpy's and torch's (every CUDA device's) global generators."""
+    import torch
+
     random.seed(seed)
     numpy = _numpy()
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _apply(torch: Any, seed: int) -> None:
+    seed_all(seed)
     if not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled():
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True

@@ -33,6 +33,13 @@ class GoldenFiles:
         except ValueError:
             return Path(path.name)
 
+    def portable(self, path: Path) -> str:
+        """``path`` as another machine's checkout names it: relative to the rootdir (absolute outside it)."""
+        try:
+            return path.relative_to(self._rootdir).as_posix()
+        except ValueError:
+            return path.as_posix()
+
     def display(self, path: Path) -> str:
         """``path`` as the user would type it from where pytest was started."""
         relative = os.path.relpath(path, self._invocation_dir)

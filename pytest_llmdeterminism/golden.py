@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -10,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict, compare
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.fingerprint import describe_changes, diff, numerics_changes
+from pytest_llmdeterminism.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.files import GoldenFiles
     from pytest_llmdeterminism.options import Options
-    from pytest_llmdeterminism.records import Site, TestOutcomes
+    from pytest_llmdeterminism.records import Attempt, Site, TestOutcomes
 
 
 class GoldenTokens:
@@ -30,6 +31,7 @@ class GoldenTokens:
         self._outcomes = outcomes
         self._options = options
         self._target = rerun or report.shell_quote(nodeid)
+        self._nodeid = nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = files.path_for(test_path)
         self._tokenizer = tokenizer
@@ -69,6 +71,9 @@ class GoldenTokens:
                 self._outcomes.note(f"{key!r}: no {generation.variant!r} golden; compared with "
                                    f"{variant!r} (--llm-golden-fallback)")
         location = f"{self._files.display(self._path)} [{key!r}][{variant!r}]"
+        earlier = self._outcomes.other_output(key, generation)
+        if earlier is not None:  # whatever the golden says: this attempt contradicts an earlier one
+            return self._nondeterministic(key, variant, location, generation, *earlier, site=site)
         stored = variants.get(variant)
         if stored is None:
             if update:
@@ -89,15 +94,14 @@ class GoldenTokens:
         profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
         if environment:
-            across = (f"compared across environments: {describe_changes(environment)}; "
-                      f"tolerance {profile.describe(dtype)} {'as set' if explicit else 'by default'}"
-                      + ("" if explicit else "; to compare exactly again, re-record with "
-                         "--llm-golden-update --llm-tolerance=exact"))
+            across = report.across_environments(environment, tolerance=profile.describe(dtype),
+                                                explicit=explicit is not None, run_variant=generation.variant)
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
         # A flip at a near tie may pass, but the golden's continuation after it no longer describes
         # the model: updating re-records it, as it does every failing check.
-        if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP):
+        # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
+        if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP or comparison.new_steps):
             self._outcomes.record(self._path, key, generation, outcome="updated")
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
@@ -108,13 +112,35 @@ class GoldenTokens:
         # reviewer gets it as a candidate, passing or not.
         if not passed or variant != generation.variant:
             self._outcomes.candidate(self._path, key, generation)
+        budget = report.budget_note(comparison, self.accept_command)
         if passed:
+            if budget:
+                self._outcomes.note(f"{key!r}: {budget}")
             return comparison
+        wider = report.wider_tolerance(comparison, dtype=dtype) if environment else ""
         decode = report.decoder_for(expected, generation, self._tokenizer())
         message = report.mismatch(key, location, self._target, comparison, expected, generation,
-                                  decode, profile=profile.describe(dtype), across=across)
+                                  decode, profile=profile.describe(dtype),
+                                  across=f"{across}; {wider}" if wider else across)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
                                                 actual=generation), site, accept=self.accept_command)
+        return comparison
+
+    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation, earlier: Attempt,
+                          between: Comparison, *, site: Site) -> Comparison:
+        """This test ran before in this process (a rerun) and generated something else for ``key``:
+        NONDETERMINISTIC, and failed, even where this attempt matches the golden."""
+        __tracebackhide__ = True
+        comparison = dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC)
+        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output, actual=generation)
+        attempts = (earlier.number, self._outcomes.attempt)
+        self._outcomes.note(report.rerun_note(key, self._nodeid, attempts))
+        decode = report.decoder_for(earlier.output, generation, self._tokenizer())
+        message = report.nondeterministic(key, location, self._target, between, earlier.output, generation, decode,
+                                          attempts=attempts, earlier_outcome=earlier.outcome)
+        self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path,
+                                                expected=earlier.output, actual=generation), site,
+                            accept=self.accept_command)
         return comparison
 
     def _key(self, name: str | None) -> str:

@@ -34,6 +34,7 @@ class Ledger:
         self.stop_reasons: list[str] = []  # why this run ended before it ran every collected test
         self.collected: set[str] = set()  # node ids this run set out to run (under xdist: the workers')
         self.finished: set[str] = set()  # node ids whose teardown was reported: they ran to the end
+        self.deselected: set[str] = set()  # node ids collected, then deselected (-k, pytest-split, ...)
         self.partial(partial)
 
     def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
@@ -69,6 +70,14 @@ class Ledger:
             elif rows:
                 held.append(nodeid)
         return keep, held
+
+    def deselect(self, nodeids: Iterable[str]) -> None:
+        """Tests of the suite this run collected and then left out: with the collected ones, the
+        whole suite (a shard of pytest-split collects every test and deselects the other shards')."""
+        nodeids = list(nodeids)
+        if nodeids:
+            self.deselected.update(nodeids)
+            self.partial([f"{len(nodeids)} test(s) deselected"])
 
     def partial(self, reasons: Iterable[str]) -> None:
         """This run did not visit every test (for the given reasons): unused goldens are not judged."""

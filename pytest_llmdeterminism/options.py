@@ -283,6 +283,9 @@ def early_cpu_numerics(early_config: pytest.Config) -> str:
     return numerics.parse_mode(raw if raw is not None else str(early_config.getini("llm_cpu_numerics")))
 
 
+NODE_IDS_GIVEN = "test ids on the command line"  # the rest of the suite was not even collected
+
+
 def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:
     """Selections after which some goldens were simply not visited: never judge them unused then."""
     reasons = []
@@ -291,7 +294,7 @@ def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:
     if config.getoption("markexpr", ""):
         reasons.append("-m")
     if any("::" in str(arg) for arg in config.args):
-        reasons.append("test ids on the command line")
+        reasons.append(NODE_IDS_GIVEN)
     for option, flag in (("lf", "--lf"), ("deselect", "--deselect"), ("stepwise", "--sw")):
         if config.getoption(option, None):
             reasons.append(flag)

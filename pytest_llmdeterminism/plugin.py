@@ -123,12 +123,20 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     return result
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
+    # Plugins reseed in their own pytest_runtest_call (pytest-randomly does), inside ours: seed again, last.
+    pyfuncitem.config.stash[SESSION].seed_again(pyfuncitem)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, LLMDeterminismError):
         one_line_crash(report.longrepr)  # the short summary says what; FAILURES keeps the whole message
     outcomes = LLMSession.outcomes_if_any(item)
+    if outcomes is not None and call.when == "teardown":
+        outcomes.end_attempt()  # pytest-rerunfailures may run the test again: a new attempt starts clean
     if outcomes is not None and call.when == "call":
         payload = outcomes.to_json()
         if payload is not None:
@@ -166,16 +174,19 @@ class _WorkerReports:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         if error is not None:
             self._session.ledger.stopped(f"xdist worker {node.gateway.id} crashed")
-        self._session.ledger.partial(getattr(node, "workeroutput", {}).get(_PARTIAL, []))
+        output = getattr(node, "workeroutput", {})
+        self._session.ledger.partial(output.get(_PARTIAL, []))
+        self._session.ledger.deselected.update(output.get(_DESELECTED, []))
 
 
 _PARTIAL = "llm_partial_reasons"
+_DESELECTED = "llm_deselected"  # every worker collects the whole suite and deselects the same tests
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
     # Whoever deselects (-k, -m, --lf, a conftest or another plugin), those goldens were not visited.
     if items:
-        items[0].config.stash[SESSION].ledger.partial([f"{len(items)} test(s) deselected"])
+        items[0].config.stash[SESSION].ledger.deselect(item.nodeid for item in items)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -183,6 +194,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         # an xdist worker: its outcomes went to the controller with each test report
         session.config.workeroutput[_PARTIAL] = llm.ledger.partial_reasons  # type: ignore[attr-defined]
+        session.config.workeroutput[_DESELECTED] = sorted(llm.ledger.deselected)  # type: ignore[attr-defined]
         return
     if not llm.finish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from pytest_llmdeterminism import store
-from pytest_llmdeterminism.compare import GoldenMismatchError
+from pytest_llmdeterminism import report, store
+from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict, compare, first_token_divergence
 from pytest_llmdeterminism.store import Entry
 
 if TYPE_CHECKING:
@@ -36,6 +36,24 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     @classmethod
     def of(cls, path: Path, key: str, generation: Generation) -> GoldenWrite:
         return cls(str(path), key, generation.variant, store.to_struct(store.to_entry(generation)))
+
+
+class InputRecord(msgspec.Struct, kw_only=True, gc=False):
+    """One side's input, for a check whose input changed: what the model saw, and a window of its
+    token ids (``prompt_token_ids[i]`` is the id at position ``ids_from + i`` of ``ids_total``)."""
+
+    prompt: str  # a chat conversation as rendered with its template
+    prompt_form: str  # "text", "chat" or "token_ids"
+    prompt_token_ids: list[int]
+    ids_from: int
+    ids_total: int
+
+    @classmethod
+    def of(cls, generation: Generation, first_difference: int | None) -> InputRecord:
+        ids = generation.prompt_token_ids
+        start, end = report.id_window(len(ids), first_difference, before=8, after=24)
+        return cls(prompt=generation.prompt, prompt_form=generation.prompt_form,
+                   prompt_token_ids=list(ids[start:end]), ids_from=start, ids_total=len(ids))
 
 
 class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
@@ -59,6 +77,37 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     numerics_changed: list[str] = msgspec.field(default_factory=list)  # non-empty: across environments
     # [piece, token id, margin, top-1 logprob] per step and side ("expected", "actual"), for HTML.
     steps: dict[str, list[tuple[str, int, float, float | None]]] = msgspec.field(default_factory=dict)
+    # INPUT_CHANGED: both sides' inputs ("expected": the golden's, "actual": this run's), the first
+    # prompt token position that differs (None: same ids), and every other input field that
+    # changed (field -> [recorded, now]).
+    inputs: dict[str, InputRecord] = msgspec.field(default_factory=dict)
+    first_input_difference: int | None = None
+    input_diff: dict[str, tuple[Any, Any]] = msgspec.field(default_factory=dict)
+    # [golden's, this run's] max_new_tokens when they differ: only the steps both cover were judged;
+    # ``new_steps`` of this run came after the golden's end and were not judged (the golden is
+    # incomplete), ``unchecked_steps`` of the golden came after this run's end.
+    max_new_tokens: tuple[int, int] | None = None
+    judged_steps: int = 0  # where max_new_tokens differ: the golden's steps that were judged
+    new_steps: int = 0
+    unchecked_steps: int = 0
+
+
+class RunRecord(msgspec.Struct, kw_only=True):
+    """What one run checked, as the JSON report's ``run`` holds it: enough for ``llm-golden merge``
+    to judge the runs of several shards as one. Node ids as pytest writes them; golden files
+    relative to the rootdir (absolute when outside it), so shards on other machines agree."""
+
+    suite: list[str]  # every test collected, deselected ones included: under pytest-split, the whole suite
+    selected: list[str]  # the tests this run set out to run
+    outcomes: dict[str, str]  # passed / failed / skipped, of every test that ran to its end
+    golden_files: dict[str, str]  # test module (the node id before "::") -> its golden file
+    used: list[tuple[str, str]]  # (golden file, key) that some check looked up
+    stopped: list[str]  # why the run ended before its last test; empty when it did not
+    partial: list[str]  # every reason this run alone does not speak for the whole suite
+    failed: bool  # some test failed or errored
+    # False when test ids on the command line kept the rest of the suite from being collected at all
+    suite_collected: bool = True
+    candidates: str | None = None  # the --llm-golden-artifacts folder, relative to the report's folder
 
 
 class TestRecords(msgspec.Struct):
@@ -90,6 +139,15 @@ class TestRecords(msgspec.Struct):
 Site = tuple[types.FrameType, int, int]  # the frame that called check(), its instruction and line
 
 
+class Attempt(NamedTuple):
+    """What one earlier attempt of a test (pytest-rerunfailures runs a failed test again in the same
+    process) generated for one golden key, and how its check ended."""
+
+    number: int
+    output: Generation
+    outcome: str
+
+
 class TestOutcomes:
     """The recorder of one test (kept in its ``item.stash``): what its checks decided, and the
     failures that wait for the test's end.
@@ -97,6 +155,11 @@ class TestOutcomes:
     While the test's body runs (``deferring``) a failing check is recorded and the test goes on, so
     every check is judged and gets its candidate; the plugin raises them together when the body
     returns (:meth:`raise_failures`). Outside the body a failing check raises at once.
+
+    A test run again in the same process (pytest-rerunfailures) is one recorder over several
+    attempts: :meth:`end_attempt` starts the next one afresh, so only the last attempt's records
+    reach the run, and keeps what each key generated, so a later attempt that generates something
+    else is told (:meth:`other_output`): a rerun never turns a failing golden check into a pass.
     """
 
     __test__ = False  # not a pytest test class
@@ -104,12 +167,33 @@ class TestOutcomes:
     def __init__(self) -> None:
         self.data = TestRecords()
         self.deferring = False
+        self.attempt = 1
         self._failures: list[tuple[GoldenMismatchError, Site | None]] = []
         self._accept = ""
+        self._outputs: dict[str, Attempt] = {}  # this attempt's output per golden key
+        self._earlier: dict[str, list[Attempt]] = {}  # earlier attempts' outputs per key
+
+    def end_attempt(self) -> None:
+        """The test's attempt ended (its teardown was reported): the next one, if any, starts clean."""
+        for key, attempt in self._outputs.items():
+            self._earlier.setdefault(key, []).append(attempt)
+        self.data, self._outputs = TestRecords(), {}
+        self.clear_failures()
+        self.attempt += 1
+
+    def other_output(self, key: str, generation: Generation) -> tuple[Attempt, Comparison] | None:
+        """An earlier attempt of this test whose output for ``key`` differs from ``generation``
+        (inputs, tokens or logit hashes), with how it differs; None on a first attempt."""
+        for attempt in self._earlier.get(key, []):
+            comparison = compare(attempt.output, generation)
+            if comparison.verdict is not Verdict.IDENTICAL:
+                return attempt, comparison
+        return None
 
     def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
         self.data.records.append(GoldenWrite.of(path, key, generation))
         self.count(outcome)
+        self._outputs[key] = Attempt(self.attempt, generation, outcome)
 
     def count(self, outcome: str) -> None:
         self.data.counts[outcome] = self.data.counts.get(outcome, 0) + 1
@@ -133,10 +217,19 @@ class TestOutcomes:
                 expected: Generation | None = None, actual: Generation | None = None) -> None:
         """One golden comparison's result, as the machine-readable report lists it."""
         verdict = comparison.verdict.value
-        self.count(verdict if passed else f"{verdict} (failed)")
+        outcome = verdict if passed else f"{verdict} (failed)"
+        self.count(outcome)
+        if actual is not None:
+            self._outputs[key] = Attempt(self.attempt, actual, outcome)
         divergence = comparison.divergence
         run_variant = actual.variant if actual is not None and actual.variant != variant else ""
         shown = actual or expected
+        inputs: dict[str, InputRecord] = {}
+        first_input = None
+        if comparison.verdict is Verdict.INPUT_CHANGED and expected is not None and actual is not None:
+            first_input = first_token_divergence(expected.prompt_token_ids, actual.prompt_token_ids)
+            inputs = {side: InputRecord.of(gen, first_input) for side, gen in (("expected", expected),
+                                                                               ("actual", actual))}
         self.data.checks.append(CheckRecord(
             name=key, variant=variant, run_variant=run_variant, verdict=verdict, passed=passed, profile=profile,
             prompt=shown.prompt if shown is not None else "",
@@ -147,6 +240,12 @@ class TestOutcomes:
             changed_fingerprint={field: (old, new) for field, old, new in changed},
             numerics_changed=list(numerics_changed),
             steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
+            inputs=inputs, first_input_difference=first_input,
+            input_diff={field: (old, new) for field, old, new in comparison.input_changes
+                        if field != "prompt_token_ids"},
+            max_new_tokens=comparison.budgets, new_steps=comparison.new_steps,
+            judged_steps=comparison.total_steps - comparison.unchecked_steps if comparison.budgets else 0,
+            unchecked_steps=comparison.unchecked_steps,
         ))
 
     def fail(self, error: GoldenMismatchError, site: Site | None, *, accept: str) -> None:

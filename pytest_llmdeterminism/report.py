@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_diver
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.records import CheckRecord
+    from pytest_llmdeterminism.records import CheckRecord, RunRecord
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -52,9 +53,13 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     if across:
         lines.append(f"  {across}")
     if comparison.verdict is Verdict.INPUT_CHANGED:
-        lines.append("  the input changed, so outputs were not compared:")
+        lines.append("  the input changed, so outputs were not compared (recorded -> now):")
         for field, old, new in comparison.input_changes:
             lines += _input_change(field, old, new, expected, actual)
+        if all(field != "prompt_token_ids" for field, _, _ in comparison.input_changes):
+            label = "prompt" + _form_label(expected.prompt_form, actual.prompt_form)
+            lines.append(f"    {label}: unchanged, {_short(expected.prompt, 80)} "
+                         f"({len(expected.prompt_token_ids)} ids, the same)")
     elif comparison.divergence is not None:
         d = comparison.divergence
         lines.append(f"  context:  {_context(actual, d.step, decode)}")
@@ -65,11 +70,121 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
         lines.append(_drift_line(comparison))
     elif comparison.verdict is Verdict.LOGIT_DRIFT:
         lines.append(f"  all {comparison.steps_compared} tokens match: {_short(expected.text, 80)}")
+    budget = budget_note(comparison)
+    if budget:
+        lines.append(f"  {budget}")
     lines += _fingerprint_changes(expected, actual)
     lines.append(f"  golden: {location}")
     if nodeid is not None:
         lines.append(f"Accept with: {accept_command(nodeid)}")
     return "\n".join(lines)
+
+
+# Fields whose change makes the golden another variant (its key says device class and dtype, and
+# the engine when not transformers): such a golden is compared only under --llm-golden-fallback.
+_VARIANT_FIELDS = ("dtype", "device_class", "engine")
+# Library versions: an upgrade is a change to accept (or not), not a property of the machine.
+_VERSION_FIELDS = ("torch", "transformers", "cuda", "cudnn", "cuda_driver", "engine_version", "server_version")
+
+
+def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: str, explicit: bool,
+                        run_variant: str) -> str:
+    """The line that says a golden was compared across environments, which profile judged it, and
+    the fix that fits the fields that changed: another dtype or device is another variant to
+    record; a library upgrade is accepted by re-recording; another machine can be re-recorded to
+    compare exactly."""
+    from pytest_llmdeterminism.fingerprint import describe_changes
+
+    line = f"compared across environments: {describe_changes(list(changes))}; tolerance {tolerance} {'as set' if explicit else 'by default'}"
+    names = [name for name, _, _ in changes]
+    variant = [name for name in names if name in _VARIANT_FIELDS]
+    versions = [name for name in names if name in _VERSION_FIELDS]
+    if variant:
+        return (f"{line}; the golden is another variant ({', '.join(variant)}), whose numbers differ by design: "
+                f"record this run's own {run_variant!r} golden beside it by re-running with --llm-golden-update "
+                "(variants coexist, and each run compares with its own unless --llm-golden-fallback is given)")
+    if explicit:
+        return line
+    if versions:
+        return (f"{line}; after an upgrade ({', '.join(versions)}) keep the goldens and let the tolerance judge "
+                "the drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact re-records "
+                "every check that is not IDENTICAL")
+    return f"{line}; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact"
+
+
+def wider_tolerance(comparison: Comparison, *, dtype: str) -> str:
+    """For a check that failed only on the size of its logit drift: a ``near_tie`` profile that
+    would pass it, with the drift rounded up; "" for any other failure."""
+    delta = comparison.max_logprob_delta
+    if comparison.verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or not 0 < delta < math.inf:
+        return ""
+    atol = _round_up(delta)
+    return (f"to pass {dtype} drift of this size instead (max |Δlogprob| {_delta(delta)}): "
+            f"--llm-tolerance='near_tie(margin={comparison.tie_margin:g}, atol={atol:g})'")
+
+
+def _round_up(value: float) -> float:
+    """The first of 1, 2, 5 times a power of ten at or above ``value``."""
+    scale = 10.0 ** math.floor(math.log10(value))
+    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
+
+
+def budget_note(comparison: Comparison, accept: str | None = None) -> str:
+    """What a changed ``max_new_tokens`` left out of the comparison, or "" when it did not change.
+    ``accept``: the command that re-records the golden, named when the golden is incomplete."""
+    if comparison.budgets is None:
+        return ""
+    old, new = comparison.budgets
+    judged = comparison.total_steps - comparison.unchecked_steps
+    head = f"max_new_tokens {old} -> {new}: "
+    if comparison.new_steps:
+        last = judged + comparison.new_steps - 1
+        steps = f"step {judged} is" if comparison.new_steps == 1 else f"steps {judged}–{last} are"
+        record = f": {accept}" if accept else " (--llm-golden-update)"
+        return (f"{head}judged on the golden's {judged} step(s) only; {steps} new and not judged. The golden "
+                f"ends where its budget did: re-record it to cover the new steps{record}")
+    if comparison.unchecked_steps:
+        last = comparison.total_steps - 1
+        steps = f"step {judged}" if judged == last else f"steps {judged}–{last}"
+        return f"{head}judged on the first {judged} step(s); the golden's {steps} lie beyond this run's budget"
+    return f"{head}the golden ended (EOS) within both budgets, so it was judged in full"
+
+
+def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Generation,
+                     after: Generation, decode: Decode, *, attempts: tuple[int, int], earlier_outcome: str) -> str:
+    """Two attempts of one test in one process (a rerun) generated different outputs for ``key``."""
+    first, now = attempts
+    lines = [(f"golden check {key!r} is NONDETERMINISTIC: attempt {now} of this test generated other output "
+              f"than attempt {first} in the same process ({_how_attempts_differ(between, decode)}); "
+              "a rerun never passes a golden check"),
+             f"  attempt {first}'s check was {earlier_outcome}; the same input must give the same output every time"]
+    if between.verdict is Verdict.INPUT_CHANGED:
+        for field, old, new in between.input_changes:
+            lines += _input_change(field, old, new, before, after)
+    elif between.divergence is not None:
+        step = between.divergence.step
+        lines.append(f"  context:    {_context(after, step, decode)}")
+        lines.append(f"  attempt {first}: {_continuation(before, step, decode)}")
+        lines.append(f"  attempt {now}: {_continuation(after, step, decode)}")
+    lines.append(f"  golden: {location}")
+    lines.append(f"Find what varies with: pytest {nodeid} --llm-audit")
+    return "\n".join(lines)
+
+
+def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:
+    """The summary's line for a golden check whose output changed between attempts of its test."""
+    return (f"NONDETERMINISTIC: {nodeid} generated other output for {key!r} on attempt {attempts[1]} than on "
+            f"attempt {attempts[0]} (rerun in the same process); it fails, whatever a rerun gives")
+
+
+def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
+    if between.verdict is Verdict.INPUT_CHANGED:
+        return "its input changed: " + ", ".join(field for field, _, _ in between.input_changes)
+    d = between.divergence
+    if d is not None:
+        return (f"tokens differ from step {d.step}: {_token(d.expected_token, decode)}, "
+                f"then {_token(d.actual_token, decode)}")
+    return f"same tokens, logits differ from step {between.first_hash_step}"
 
 
 def _headline(comparison: Comparison, decode: Decode) -> str:
@@ -124,18 +239,39 @@ def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: 
     if field != "prompt_token_ids":
         return [f"    {field}: {_short(old)} -> {_short(new)}"]
     first = _first_difference(old, new)
-    start = max(0, first - 3)
+    return [*_prompt_lines(expected, actual),
+            (f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
+             f"{_id_window(old, first)} -> {_id_window(new, first)}")]
 
-    def window(ids: Sequence[int]) -> str:
-        shown = ", ".join(map(str, ids[start:first + 6]))
-        return f"[{'…, ' if start else ''}{shown}{', …' if len(ids) > first + 6 else ''}]"
 
+def _prompt_lines(expected: Generation, actual: Generation) -> list[str]:
+    """Both sides' prompt as the model saw it (a chat conversation rendered with its template)."""
+    label = "prompt" + _form_label(expected.prompt_form, actual.prompt_form)
+    if expected.prompt == actual.prompt:
+        return [(f"    {label}: unchanged, {_short(expected.prompt, 80)}; the same text now tokenises "
+                 "differently (a changed tokenizer or its settings)")]
     old_text, new_text = _differing_window(expected.prompt, actual.prompt)
-    forms = "" if expected.prompt_form == actual.prompt_form else f" ({expected.prompt_form} -> {actual.prompt_form})"
-    lines = [f"    prompt{forms}: {old_text} -> {new_text}"]
-    lines.append(f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
-                 f"{window(old)} -> {window(new)}")
-    return lines
+    return [f"    {label}: {old_text} -> {new_text}"]
+
+
+def _form_label(old: str, new: str) -> str:
+    """`` (chat, rendered)`` for a prompt that was a chat conversation; both forms where they differ."""
+    if old != new:
+        return f" ({old} -> {new})"
+    return {"chat": " (chat, rendered)", "token_ids": " (token ids, decoded)"}.get(old, "")
+
+
+def id_window(total: int, first: int | None, *, before: int = 3, after: int = 6) -> tuple[int, int]:
+    """``(start, end)`` of the ids to show out of ``total``: around the first differing position,
+    or the first ones when none differs."""
+    start = 0 if first is None else max(0, first - before)
+    return start, min(total, (first or 0) + after if first is not None else before + after)
+
+
+def _id_window(ids: Sequence[int], first: int) -> str:
+    start, end = id_window(len(ids), first)
+    shown = ", ".join(map(str, ids[start:end]))
+    return f"[{'…, ' if start else ''}{shown}{', …' if len(ids) > end else ''}]"
 
 
 def _first_difference(old: Sequence[object], new: Sequence[object]) -> int:
@@ -250,7 +386,8 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial: Sequence[str],
-                   display: Callable[[Path], str], *, prune: bool, stopped: bool = False) -> list[str]:
+                   display: Callable[[Path], str], *, prune: bool, stopped: bool = False,
+                   prune_command: str = "pytest --llm-golden-prune") -> list[str]:
     """Unused goldens after a complete run; after a partial one, why none were judged: always when
     the run stopped early, under ``--llm-golden-prune`` for any reason (``-k`` is quiet otherwise)."""
     if pruned:
@@ -263,7 +400,23 @@ def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial:
         lines += [f"unused golden in {display(Path(path))}: {key!r}" for key in keys]
     if lines:
         lines.append("these goldens were not checked by any test in this complete run; "
-                     "delete them with: pytest --llm-golden-prune")
+                     f"delete them with: {prune_command}")
+    return lines
+
+
+def shards_markdown(shards: int, ran: int, suite: int, partial: Sequence[str], not_run: Sequence[str],
+                    unused: dict[str, list[str]]) -> list[str]:
+    """The last section of a merged report (``llm-golden merge``): coverage, then unused goldens or
+    why they were not judged, with the tests no shard ran."""
+    lines = ["### Shards", "", f"{shards} shard(s) ran {ran} of {suite} test(s) of the suite."]
+    if partial:
+        lines += ["", f"Unused goldens not judged: {_md('; '.join(partial))}."]
+        if not_run:
+            lines += ["", "Tests that no shard ran:", "", *(f"- {_md_code(nodeid)}" for nodeid in not_run[:50])]
+            lines += [f"- … {len(not_run) - 50} more"] if len(not_run) > 50 else []
+    elif unused:
+        lines += ["", *(f"- unused golden in {_md_code(path)}: {_md_code(key)}"
+                        for path, keys in sorted(unused.items()) for key in keys)]
     return lines
 
 
@@ -288,15 +441,19 @@ REPORT_SCHEMA = "pytest-llmdeterminism/report"
 REPORT_VERSION = 1
 
 
-def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The ``--llm-report *.json`` document: one entry per golden check, and every audit.
+def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]], *,
+               run: RunRecord | None = None) -> dict[str, Any]:
+    """The ``--llm-report *.json`` document: one entry per golden check, every audit and, in
+    ``run``, what the run checked (:class:`~pytest_llmdeterminism.records.RunRecord`).
 
     Each check: ``test`` (node id), ``test_duration_s`` (the test's call phase), ``name`` (golden
     key), ``variant``, ``verdict``, ``passed``, ``profile``, ``first_divergence`` (step or null),
     ``golden_margin``, ``max_logprob_delta``, ``input_changes`` (field names),
     ``changed_fingerprint`` (field -> [recorded, now]), ``numerics_changed`` (the fields that
     decide the bits and differ: non-empty means compared across environments) and ``steps`` (``expected`` / ``actual``:
-    ``[piece, token id, margin, top-1 logprob]`` per step, at most 64).
+    ``[piece, token id, margin, top-1 logprob]`` per step, at most 64); for INPUT_CHANGED ``inputs``
+    (both sides' prompt and id window), ``first_input_difference`` and ``input_diff``; where the
+    budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``.
     """
     import msgspec
 
@@ -307,7 +464,13 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
                          "summary": {"checks": len(checks), "failed": sum(not c.passed for c in checks),
                                      "by_verdict": dict(sorted(counts.items()))},
                          "checks": msgspec.to_builtins(list(checks)),
-                         "audits": [{"test": nodeid, **audit} for nodeid, audit in audits]})
+                         "audits": [{"test": nodeid, **audit} for nodeid, audit in audits],
+                         **({"run": msgspec.to_builtins(run)} if run is not None else {})})
+
+
+def json_text(document: dict[str, Any]) -> str:
+    """A report document as the ``.json`` report file holds it."""
+    return json.dumps(document, indent=1, sort_keys=True, allow_nan=False)
 
 
 def _strict_json(value: Any) -> Any:
@@ -359,7 +522,47 @@ def run_report_markdown(document: dict[str, Any]) -> str:
                          f"| {_md(changed)} |")
         if len(failing) > 50:
             lines.append(f"| … {len(failing) - 50} more | | | | | |")
+    changed_inputs = [c for c in failing[:50] if c.get("inputs")]
+    if changed_inputs:
+        lines += ["", "### Inputs that changed (recorded → now; outputs not compared)", ""]
+        for c in changed_inputs:
+            lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}", *(f"  - {_md(line)}" for line in _input_lines(c))]
+    short = [c for c in document["checks"] if c.get("new_steps")]
+    if short:
+        lines += ["", "### Goldens shorter than this run (re-record with `--llm-golden-update`)", ""]
+        lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md(_budget_text(c))}" for c in short[:50]]
     return "\n".join(lines) + "\n"
+
+
+def _input_lines(check: dict[str, Any]) -> list[str]:
+    """Both sides' input of a report entry whose input changed, as lines of text."""
+    old, new = check["inputs"]["expected"], check["inputs"]["actual"]
+    label = "prompt" + _form_label(old["prompt_form"], new["prompt_form"])
+    if old["prompt"] == new["prompt"]:
+        lines = [f"{label}: unchanged, {_short(old['prompt'], 200)}"]
+    else:
+        old_text, new_text = _differing_window(old["prompt"], new["prompt"], before=40, after=80)
+        lines = [f"{label}: {old_text} → {new_text}"]
+    first = check.get("first_input_difference")
+    if first is None:
+        lines.append(f"prompt token ids: unchanged ({old['ids_total']} ids)")
+    else:
+        lines.append(f"prompt token ids differ from position {first} ({old['ids_total']} → {new['ids_total']} ids): "
+                     f"{_ids_shown(old)} → {_ids_shown(new)}")
+    lines += [f"{field}: {_short(values[0])} → {_short(values[1])}" for field, values in check["input_diff"].items()]
+    return lines
+
+
+def _ids_shown(side: dict[str, Any]) -> str:
+    start, ids = side["ids_from"], side["prompt_token_ids"]
+    more = side["ids_total"] > start + len(ids)
+    return f"[{'…, ' if start else ''}{', '.join(map(str, ids))}{', …' if more else ''}] (from position {start})"
+
+
+def _budget_text(check: dict[str, Any]) -> str:
+    old, new = check["max_new_tokens"]
+    return (f"max_new_tokens {old} → {new}: judged on the golden's {check['judged_steps']} step(s); "
+            f"{check['new_steps']} new step(s) from step {check['judged_steps']} not judged")
 
 
 _HTML_STYLE = """
@@ -370,7 +573,8 @@ section.failed{border-color:#d33}.verdict{font-weight:600}.passed .verdict{color
 .tok{font-family:ui-monospace,monospace;background:#f3f3f3;padding:1px 3px;border-radius:3px;white-space:pre;
 display:flex;flex-direction:column;align-items:center}
 .tok.div{background:#ffd7d5;outline:2px solid #d33}.tok .bar{height:4px;background:#4a7bd0;margin-top:2px}
-.tok.tie .bar{background:#e8a317}.label{color:#666;font-size:12px;width:5.5em;flex:none}
+.tok.tie .bar{background:#e8a317}.tok.new{outline:1px dashed #888;background:#fff}
+.input{font-family:ui-monospace,monospace;white-space:pre-wrap}mark{background:#ffd7d5}.label{color:#666;font-size:12px;width:5.5em;flex:none}
 table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}
 """
 
@@ -378,6 +582,33 @@ table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ee
 def _visible(text: str) -> str:
     """Whitespace a reader can see: a token that is a space or a new line is not an empty box."""
     return text.replace(" ", "·").replace("\t", "→").replace("\n", "↵")
+
+
+def _html_inputs(check: dict[str, Any]) -> str:
+    """Both sides' input of a check whose input changed: prompt (the differing rest marked), the
+    window of token ids (the first differing one marked), and the other input fields that changed."""
+    import html
+
+    old, new = check["inputs"]["expected"], check["inputs"]["actual"]
+    first_char = _first_difference(old["prompt"], new["prompt"])
+    first_id = check.get("first_input_difference")
+    rows = []
+    for label, side in (("recorded input", old), ("new input", new)):
+        text = side["prompt"]
+        marked = (html.escape(_visible(text[:first_char])) + "<mark>" + html.escape(_visible(text[first_char:]))
+                  + "</mark>") if old["prompt"] != new["prompt"] else html.escape(_visible(text))
+        ids = [f"<mark>{token}</mark>" if side["ids_from"] + i == first_id else str(token)
+               for i, token in enumerate(side["prompt_token_ids"])]
+        more = side["ids_total"] > side["ids_from"] + len(ids)
+        shown = f"[{'…, ' if side['ids_from'] else ''}{', '.join(ids)}{', …' if more else ''}]"
+        form = html.escape(_form_label(side["prompt_form"], side["prompt_form"]).strip() or "text")
+        rows.append(f'<div class="tokens"><span class="label">{label}</span><span class="input">{form}: {marked}'
+                    f"<br>{side['ids_total']} ids from position {side['ids_from']}: {shown}</span></div>")
+    where = "same ids" if first_id is None else f"ids differ from position {first_id}"
+    fields = "".join(f"<br>{html.escape(field)}: {html.escape(_short(values[0]))} → {html.escape(_short(values[1]))}"
+                     for field, values in check["input_diff"].items())
+    return (f'<div class="label" style="width:auto">the input changed ({where}); outputs were not compared'
+            f"{fields}</div>{''.join(rows)}")
 
 
 def run_report_html(document: dict[str, Any]) -> str:
@@ -392,20 +623,29 @@ def run_report_html(document: dict[str, Any]) -> str:
         status = "passed" if check["passed"] else "failed"
         step = check["first_divergence"] if check["verdict"] in ("TIE_FLIP", "REGRESSION") else None
         lines = []
+        inputs = check.get("inputs") or {}
+        new_from = check.get("judged_steps", 0) if check.get("new_steps") else None
+        labels = {"expected": "recorded output", "actual": "new output"} if inputs else {}
         for side in ("expected", "actual"):
             tokens = []
             for index, (piece, token, margin, _) in enumerate(check["steps"].get(side, [])):
                 width = max(2, min(60, int(margin * 6)))
                 tie = margin < check.get("tie_margin", 0.0)  # the comparator's near-tie margin for this check
-                classes = "tok" + (" div" if index == step else "") + (" tie" if tie else "")
-                tokens.append(f'<span class="{classes}" title="step {index}, id {token}, margin {margin:.3g}">'
+                fresh = side == "actual" and new_from is not None and index >= new_from
+                classes = ("tok" + (" div" if index == step else "") + (" tie" if tie else "")
+                           + (" new" if fresh else ""))
+                title = f"step {index}, id {token}, margin {margin:.3g}" + (", new: not judged" if fresh else "")
+                tokens.append(f'<span class="{classes}" title="{title}">'
                               f'{html.escape(_visible(piece))}<span class="bar" style="width:{width}px"></span></span>')
             if tokens:
-                lines.append(f'<div class="tokens"><span class="label">{side}</span>{"".join(tokens)}</div>')
+                label = labels.get(side, side)
+                lines.append(f'<div class="tokens"><span class="label">{label}</span>{"".join(tokens)}</div>')
         variant = (f"{check['run_variant']} run, compared with {check['variant']}" if check.get("run_variant")
                    else check["variant"])
         prompt = (f'<div class="tokens"><span class="label">prompt</span><span class="prompt">'
                   f'{html.escape(_visible(check["prompt"]))}</span></div>' if check.get("prompt") else "")
+        if inputs:
+            prompt = _html_inputs(check)
         changed = "; ".join(f"{html.escape(k)}: {html.escape(str(v[0]))} → {html.escape(str(v[1]))}"
                             for k, v in check["changed_fingerprint"].items())
         drift = check["verdict"] == "LOGIT_DRIFT" or check["max_logprob_delta"]
@@ -413,6 +653,7 @@ def run_report_html(document: dict[str, Any]) -> str:
                   f"max |Δlogprob| in top-k {_delta(check['max_logprob_delta'])}" if drift else "",
                   f"first divergence at step {check['first_divergence']}" if check["first_divergence"] is not None else "",
                   f"golden margin {check['golden_margin']:.3g}" if check["golden_margin"] is not None else "",
+                  html.escape(_budget_text(check)) if check.get("new_steps") else "",
                   f"changed: {changed}" if changed else ""]
         sections.append(
             f'<section class="{status}"><div><span class="verdict">{html.escape(check["verdict"])}</span> '

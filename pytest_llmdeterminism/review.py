@@ -81,6 +81,30 @@ def needs_review(cases: Iterable[Case], fail_on: str) -> list[Case]:
     return [case for case in cases if case.verdict in FAIL_ON[fail_on]]
 
 
+def aligned_folders(base: Path, candidate: Path) -> tuple[Path, Path] | None:
+    """Two folders that share no golden file name, but would if one of them were given a folder
+    deeper (``tests`` vs ``llm-candidates/tests/__golden__``: BASE holds ``__golden__/test_x.json``,
+    CAND ``test_x.json``): the pair to compare instead, or None. The deeper folder is the one
+    chosen, so the other argument stays as it was typed."""
+    names = [{p.relative_to(folder).parts for p in folder.rglob("*.json")} for folder in (base, candidate)]
+    if not all(names) or names[0] & names[1]:
+        return None
+    best: tuple[int, int, tuple[str, ...]] | None = None  # (matches, side, prefix)
+    for side in (0, 1):
+        other = names[1 - side]
+        prefixes = {parts[:k] for parts in names[side] for k in range(1, len(parts))}
+        for prefix in sorted(prefixes):
+            matches = sum(parts[:len(prefix)] == prefix and parts[len(prefix):] in other for parts in names[side])
+            if matches and (best is None or matches > best[0]):
+                best = (matches, side, prefix)
+    if best is None:
+        return None
+    _, side, prefix = best
+    folders = [base, candidate]
+    folders[side] = folders[side].joinpath(*prefix)
+    return folders[0], folders[1]
+
+
 def _pair_files(base: Path, candidate: Path) -> list[tuple[str, Path, Path]]:
     """(name, BASE file, CAND file) for every file in either folder, or the two files given."""
     if base.is_dir():
@@ -108,7 +132,7 @@ def plan_accept(candidates: Path, root: Path, *,
     same relative path under ``root``. It holds no symbolic link, no target resolves to outside
     the root, and every candidate and every file it merges into reads as a valid golden file.
     """
-    names, problems = _candidate_files(candidates)
+    names, problems = candidate_files(candidates)
     refused = {name for name in names if not _is_golden_path(name, golden_dir)}
     if refused:
         also = f" or under --golden-dir {golden_dir}" if golden_dir else ""
@@ -150,7 +174,7 @@ def _target_problem(target: Path, real_root: Path) -> str | None:
     return None
 
 
-def _candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
+def candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
     """The ``*.json`` files under ``folder`` (relative to it), and what keeps the walk from being trusted."""
     names: list[Path] = []
     links: list[str] = []

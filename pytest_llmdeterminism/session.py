@@ -23,7 +23,7 @@ from pytest_llmdeterminism.files import GoldenFiles
 from pytest_llmdeterminism.ledger import Ledger
 from pytest_llmdeterminism.options import Options
 from pytest_llmdeterminism.records import TestOutcomes
-from pytest_llmdeterminism.values import engine_of
+from pytest_llmdeterminism.values import MARKER, engine_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,6 +50,14 @@ class LLMSession:
     def settings(self, item: pytest.Item) -> ItemSettings:
         __tracebackhide__ = True
         return settings.of(item, self.options)
+
+    def seed_again(self, item: pytest.Item) -> None:
+        """Seed a deterministic test's generators once more, just before its function runs: another
+        plugin's ``pytest_runtest_call`` (pytest-randomly's reseeding) runs after this plugin's seeding."""
+        if item.get_closest_marker(MARKER):
+            from pytest_llmdeterminism.determinism import seed_all
+
+            seed_all(self.settings(item).generation.seed)
 
     @staticmethod
     def outcomes(item: pytest.Item) -> TestOutcomes:

@@ -4,7 +4,6 @@ stops the rest, and every problem is reported (and fails the run)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +13,8 @@ from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.files import GoldenFiles
 from pytest_llmdeterminism.ledger import FileUpdates, Ledger
-from pytest_llmdeterminism.options import Options
+from pytest_llmdeterminism.options import NODE_IDS_GIVEN, Options
+from pytest_llmdeterminism.records import RunRecord
 
 
 @dataclass
@@ -41,7 +41,7 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
         out.unused = find_unused(ledger, files)
         if options.prune:
             _prune(out, files)
-    _write_reports(ledger, options, files, out)
+    _write_reports(ledger, options, files, out, failed=failed)
     return out
 
 
@@ -110,15 +110,19 @@ def _prune(out: RunOutput, files: GoldenFiles) -> None:
     out.unused = {}
 
 
-def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput) -> None:
-    """``--llm-report`` (JSON, Markdown or HTML), and the Markdown summary for GitHub Actions."""
+def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput, *, failed: bool) -> None:
+    """``--llm-report`` (JSON, Markdown or HTML), and the Markdown summary for GitHub Actions. The
+    JSON report also says what the run checked (``run``), for ``llm-golden merge`` of shards."""
     if not ledger.checks and not options.reports:
         return
     document = report.run_report(ledger.checks, ledger.audits)
     markdown = report.run_report_markdown(document)
     for path in options.reports:
-        text = (json.dumps(document, indent=1, sort_keys=True, allow_nan=False) if path.suffix == ".json"
-                else report.run_report_html(document) if path.suffix == ".html" else markdown)
+        if path.suffix == ".json":
+            record = run_record(ledger, files, options, failed=failed, report_folder=path.parent)
+            text = report.json_text(report.run_report(ledger.checks, ledger.audits, run=record))
+        else:
+            text = report.run_report_html(document) if path.suffix == ".html" else markdown
         try:
             store.write_text_atomic(path, text)
             out.written.append(f"{files.display(path)} (report)")
@@ -128,6 +132,30 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
     if step_summary and ledger.checks:
         with open(step_summary, "a", encoding="utf-8") as handle:
             handle.write(markdown)
+
+
+def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool,
+               report_folder: Path) -> RunRecord:
+    """What this run checked, in terms another machine's checkout shares (see :class:`RunRecord`)."""
+    suite = sorted(ledger.collected | ledger.deselected)
+    modules = sorted({nodeid.partition("::")[0] for nodeid in suite if "::" in nodeid})
+    candidates = None
+    if options.artifacts is not None:
+        relative = os.path.relpath(options.artifacts, report_folder) if options.artifacts.anchor == \
+            report_folder.anchor else str(options.artifacts)
+        candidates = Path(relative).as_posix()
+    return RunRecord(
+        suite=suite,
+        selected=sorted(ledger.collected),
+        outcomes={nodeid: ledger.outcomes.get(nodeid, "passed") for nodeid in sorted(ledger.finished)},
+        golden_files={module: files.portable(files.path_for_nodeid(module)) for module in modules},
+        used=sorted({(files.portable(Path(path)), key) for path, key in ledger.used}),
+        stopped=list(ledger.stop_reasons),
+        partial=ledger.why_partial(),
+        failed=failed,
+        suite_collected=NODE_IDS_GIVEN not in ledger.partial_reasons,
+        candidates=candidates,
+    )
 
 
 def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:

@@ -29,6 +29,16 @@ def _heavy_libraries_before_pytester(request):
         request.getfixturevalue("_import_heavy_libraries_once")
 
 
+@pytest.fixture(autouse=True)
+def _pytester_runs_in_written_order(request, monkeypatch):
+    """pytest-randomly (in the test extra) would shuffle every project pytester runs: they keep the
+    order they are written in unless a test asks for it with ``-p randomly`` (tests/test_neighbours.py).
+    Set after pytester's own setup, which clears ``PYTEST_ADDOPTS``."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")
+        monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+
+
 @pytest.fixture(scope="session")
 def _import_heavy_libraries_once(tiny):
     """Load and run the tiny model before any in-process pytester run.

@@ -113,7 +113,8 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
     top = llm_golden("--help", cwd=suite.path)
     assert top.returncode == 0
     assert "``" not in top.stdout and ":func:" not in top.stdout
-    for command in ("show FILE", "diff BASE CAND", "accept DIR", "prune", "fetch smollm2", "perturb SRC DEST"):
+    for command in ("show FILE", "diff BASE CAND", "accept DIR", "prune", "fetch smollm2", "perturb SRC DEST",
+                    "merge REPORT.json"):
         assert f"llm-golden {command}" in top.stdout
     diff = llm_golden("diff", "--help", cwd=suite.path)
     assert diff.returncode == 0 and "``" not in diff.stdout
@@ -126,6 +127,35 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
     assert exit_status.startswith("  0  nothing needs review")
     assert "\n  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression" in exit_status
     assert "\n  2  usage error" in exit_status
-    for command in ("accept", "fetch", "perturb"):
+    for command in ("accept", "fetch", "perturb", "merge"):
         shown = llm_golden(command, "--help", cwd=suite.path)
         assert shown.returncode == 0 and "exit status: 0" in shown.stdout and "``" not in shown.stdout
+
+
+def test_folders_a_level_apart_are_named_with_the_pair_to_compare(tmp_path):
+    import shutil
+
+    from pytest_llmdeterminism.review import aligned_folders
+
+    for folder in ("project/tests/__golden__", "cands/tests/__golden__"):
+        (tmp_path / folder).mkdir(parents=True)
+        for name in ("test_a.json", "test_b.json"):
+            shutil.copy(RECORDED, tmp_path / folder / name)
+    base, cands = Path("project/tests/__golden__"), Path("cands")
+    # CAND given at the artifact's top, BASE at __golden__: CAND must go two folders deeper.
+    assert aligned_folders(tmp_path / base, tmp_path / cands) == (tmp_path / base, tmp_path / "cands/tests/__golden__")
+    # BASE given one folder too high: BASE goes into __golden__.
+    assert aligned_folders(tmp_path / "project/tests", tmp_path / "cands/tests/__golden__") == (
+        tmp_path / base, tmp_path / "cands/tests/__golden__")
+    assert aligned_folders(tmp_path / base, tmp_path / "cands/tests/__golden__") is None  # already paired
+    result = llm_golden("diff", base, cands, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "NEW" in result.stdout and "ABSENT" in result.stdout
+    assert result.stdout.splitlines()[-1] == (
+        "hint: no golden file is in both folders, but they pair up when CAND is 'cands/tests/__golden__', a folder "
+        "inside the one given: BASE and CAND must mirror each other (both a __golden__ folder, or both the folder "
+        "above it). Compare with: llm-golden diff project/tests/__golden__ cands/tests/__golden__")
+    fixed = llm_golden("diff", base, "cands/tests/__golden__", cwd=tmp_path)
+    assert fixed.returncode == 0 and "hint:" not in fixed.stdout, fixed.stdout
+    too_high = llm_golden("diff", "project/tests", "cands/tests/__golden__", cwd=tmp_path)
+    assert "they pair up when BASE is 'project/tests/__golden__'" in too_high.stdout

@@ -35,3 +35,22 @@ def test_an_attempt_that_will_be_retried_is_not_an_outcome():
     ledger.test_finished("t.py::flaky", "call", "rerun")  # pytest-rerunfailures' intermediate attempt
     ledger.test_finished("t.py::flaky", "call", "passed")
     assert ledger.outcomes == {"t.py::flaky": "passed"}
+
+
+def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(tmp_path):
+    import dataclasses
+
+    from pytest_llmdeterminism import store
+    from pytest_llmdeterminism.compare import Verdict
+
+    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    generation = store.from_entry(next(iter(read(examples).values()))["cpu/float32"])
+    drifted = dataclasses.replace(generation, logit_hashes=("0" * 16,) * len(generation.logit_hashes))
+    outcomes = TestOutcomes()
+    outcomes.record(tmp_path / "g.json", "k", generation, outcome="recorded")
+    assert outcomes.other_output("k", drifted) is None  # a first attempt has nothing to contradict
+    outcomes.end_attempt()
+    assert outcomes.to_json() is None and outcomes.attempt == 2
+    assert outcomes.other_output("k", generation) is None
+    earlier, between = outcomes.other_output("k", drifted)
+    assert (earlier.number, earlier.outcome, between.verdict) == (1, "recorded", Verdict.LOGIT_DRIFT)

@@ -151,12 +151,12 @@ def test_a_failing_line_prints_the_message_only_and_module_fixtures_work(suite):
     (suite.path / "test_two.llm.jsonl").write_text('{"id": "one", "prompt": "The sky is"}\n'
                                                    '{"id": "two", "prompt": "Count: one,"}\n')
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
-    result = suite.runpytest("--llm-max-new-tokens=5")
+    result = suite.runpytest("--llm-batch-shape=2x40")
     result.assert_outcomes(failed=2)
     failures = result.stdout.str().split("= FAILURES =")[1].split("- llm goldens -")[0]
     assert "pluggy" not in failures and "_pytest" not in failures and "Traceback" not in failures
-    assert len(failures.strip().splitlines()) <= 16  # two failures of about seven lines each
-    result.stdout.fnmatch_lines(["golden mismatch in 'one': INPUT_CHANGED — generation_config.max_new_tokens*",
+    assert len(failures.strip().splitlines()) <= 18  # two failures of about eight lines each
+    result.stdout.fnmatch_lines(["golden mismatch in 'one': INPUT_CHANGED — batch_shape*",
                                  "FAILED test_two.llm.jsonl::one - golden mismatch in 'one': INPUT_CHANGED*"])
 
 

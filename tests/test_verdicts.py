@@ -78,26 +78,76 @@ def test_large_weight_noise_is_a_regression_under_every_profile(suite, tmp_path)
         result.stdout.fnmatch_lines([f"E*REGRESSION at step 0*not a near tie — fails under '{profile}'"])
 
 
-def test_changed_prompt_is_input_changed_with_the_id_diff(recorded):
+def test_changed_prompt_is_input_changed_and_every_report_shows_both_inputs(recorded):
     write_suite(recorded, prompt="The cat sat on a")
-    result = recorded.runpytest()
+    result = recorded.runpytest("--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E*INPUT_CHANGED — prompt_token_ids — fails under 'exact'",
-        "E*the input changed, so outputs were not compared:",
+        "E*the input changed, so outputs were not compared (recorded -> now):",
         "E*prompt: 'The cat sat on the' -> 'The cat sat on a'",
         "E*prompt_token_ids differ from position * (* -> * ids): [[]*] -> [[]*]",
     ])
     assert "context:" not in result.stdout.str()
+    (check,) = json.loads((recorded.path / "r.json").read_text())["checks"]
+    old, new = check["inputs"]["expected"], check["inputs"]["actual"]
+    assert (old["prompt"], new["prompt"]) == ("The cat sat on the", "The cat sat on a")
+    first = check["first_input_difference"]
+    assert old["prompt_token_ids"][first - old["ids_from"]] != new["prompt_token_ids"][first - new["ids_from"]]
+    assert old["prompt_form"] == "text" and old["ids_total"] == len(golden_entry(recorded)["prompt_token_ids"])
+    markdown = (recorded.path / "r.md").read_text()
+    assert "### Inputs that changed" in markdown
+    assert "prompt: 'The cat sat on the' → 'The cat sat on a'" in markdown
+    assert f"prompt token ids differ from position {first}" in markdown
+    page = (recorded.path / "r.html").read_text()
+    assert "recorded input" in page and "new input" in page and "recorded output" in page
+    assert "The·cat·sat·on·<mark>the</mark>" in page and "The·cat·sat·on·<mark>a</mark>" in page
+    assert f"ids differ from position {first}" in page
 
 
-def test_changed_batch_shape_and_budget_are_input_changes_naming_both(recorded):
+def test_changed_batch_shape_is_an_input_change_showing_both_inputs(recorded):
     result = recorded.runpytest("--llm-batch-shape=2x40")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E*INPUT_CHANGED — batch_shape — fails*", "E*batch_shape: '4x32' -> '2x40'"])
-    write_suite(recorded, max_new_tokens=6)
-    budget = recorded.runpytest()
-    budget.stdout.fnmatch_lines(["E*generation_config.max_new_tokens: 4 -> 6"])
+    result.stdout.fnmatch_lines([
+        "E*INPUT_CHANGED — batch_shape — fails*",
+        "E*the input changed, so outputs were not compared (recorded -> now):",
+        "E*batch_shape: '4x32' -> '2x40'",
+        "E*prompt: unchanged, 'The cat sat on the' (* ids, the same)",
+    ])
+
+
+def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_ones(suite, tmp_path):
+    write_suite(suite, prompt="Count: one,", max_new_tokens=3)  # ' two, three.' and EOS take 5 steps
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    assert golden_entry(suite)["finish_reason"] == "length"  # the golden ran out of budget
+    write_suite(suite, prompt="Count: one,", max_new_tokens=8)
+    longer = suite.runpytest()
+    longer.assert_outcomes(passed=1)
+    longer.stdout.fnmatch_lines([
+        "golden checks: 1 IDENTICAL",
+        ("'test_case': max_new_tokens 3 -> 8: judged on the golden's 3 step(s) only; steps 3–4 are new and not "
+         "judged. The golden ends where its budget did: re-record it to cover the new steps: "
+         "pytest test_v.py::test_case --llm-golden-update"),
+    ])
+    drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
+    failing = suite.runpytest(f"--llm-model={drifted}")
+    failing.assert_outcomes(failed=1)
+    failing.stdout.fnmatch_lines(["E*LOGIT_DRIFT at step 0 — same tokens*", "E*all 3 tokens match*",
+                                  "E*max_new_tokens 3 -> 8: judged on the golden's 3 step(s) only; steps 3–4 are new*"])
+    # Updating records the missing steps of a passing check too; the golden then ends at EOS,
+    # complete, and a larger budget still expects that stop.
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    assert len(golden_entry(suite)["steps"]) == 5 and golden_entry(suite)["finish_reason"] == "eos"
+    write_suite(suite, prompt="Count: one,", max_new_tokens=12)
+    again = suite.runpytest()
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 12: the golden ended (EOS) within both budgets, "
+                                "so it was judged in full")])
+    write_suite(suite, prompt="Count: one,", max_new_tokens=2)
+    shorter = suite.runpytest()
+    shorter.assert_outcomes(passed=1)
+    shorter.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 2: judged on the first 2 step(s); the golden's "
+                                  "steps 2–4 lie beyond this run's budget")])
 
 
 def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
@@ -111,7 +161,9 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
         ("*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
-         "by default; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact"),
+         "by default; the golden is another variant (dtype), whose numbers differ by design: record this run's own "
+         "'cpu/bfloat16' golden beside it by re-running with --llm-golden-update (variants coexist, and each run "
+         "compares with its own unless --llm-golden-fallback is given)"),
         "wrote cands/__golden__/test_v.json (1 candidate(s))",
     ])
     # Passing against a fallback still leaves this run's own variant missing: it is a candidate.
@@ -121,7 +173,7 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-tolerance=exact")
     fallback.assert_outcomes(failed=1)
     fallback.stdout.fnmatch_lines([
-        "E*compared across environments: dtype 'float32' → 'bfloat16'; tolerance exact as set",
+        "E*compared across environments: dtype 'float32' → 'bfloat16'; tolerance exact as set; the golden is another variant*",
         "E*dtype: 'float32' -> 'bfloat16'",
         "E*golden: __golden__/test_v.json [[]'test_case'][[]'cpu/float32']",
         "*'test_case': no 'cpu/bfloat16' golden; compared with 'cpu/float32' (--llm-golden-fallback)",
@@ -132,6 +184,37 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     assert golden_entry(recorded, "cpu/bfloat16")["fingerprint"]["dtype"] == "bfloat16"
     recorded.runpytest("--llm-dtype=bfloat16").assert_outcomes(passed=1)
     recorded.runpytest("--llm-dtype=float32").assert_outcomes(passed=1)
+
+
+def test_bf16_drift_beyond_the_default_tolerance_is_told_to_record_its_variant_not_exact(recorded):
+    """Same tokens, logits moved more than bf16's default atol: the fix is a bf16 golden variant or
+    a wider tolerance, never --llm-tolerance=exact (which fails every cross-dtype check)."""
+    path = recorded.path / GOLDEN
+    document = json.loads(path.read_text())
+    for step in document["goldens"]["test_case"]["cpu/float32"]["steps"]:
+        step["top"] = [[token, logprob - 0.3] for token, logprob in step["top"]]  # drift the golden by 0.3
+    path.write_text(json.dumps(document))
+    result = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "--llm-tolerance=exact" not in output
+    result.stdout.fnmatch_lines([
+        ("E*LOGIT_DRIFT at step 0 — same tokens, logits differ (max |Δlogprob| in top-k 0.*) — fails under "
+        "'near_tie(margin=0.5, atol=0.1)'"),
+        ("E*compared across environments: dtype 'float32' → 'bfloat16'; *the golden is another variant (dtype)*"
+         "record this run's own 'cpu/bfloat16' golden beside it by re-running with --llm-golden-update*; "
+         "to pass bfloat16 drift of this size instead (max |Δlogprob| 0.*): "
+         "--llm-tolerance='near_tie(margin=0.5, atol=0.5)'"),
+        "E*Accept with: pytest test_v.py::test_case --llm-dtype=bfloat16 --llm-golden-update",
+    ])
+    # Each suggested fix works: the wider tolerance passes, the accept command records cpu/bfloat16.
+    recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback",
+                       "--llm-tolerance=near_tie(margin=0.5, atol=0.5)").assert_outcomes(passed=1)
+    recorded.runpytest("test_v.py::test_case", "--llm-dtype=bfloat16", "--llm-golden-update").assert_outcomes(passed=1)
+    assert golden_entry(recorded, "cpu/bfloat16")["fingerprint"]["dtype"] == "bfloat16"
+    own = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
+    own.assert_outcomes(passed=1)
+    own.stdout.fnmatch_lines(["golden checks: 1 IDENTICAL"])
 
 
 def test_edited_version_field_is_shown_as_an_environment_change(recorded, tmp_path):
@@ -217,7 +300,8 @@ def test_a_changed_chat_template_is_input_changed_showing_both_rendered_prompts(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E*golden mismatch in 'test_chat': INPUT_CHANGED — prompt_token_ids — fails under*",
-        "E*prompt: '<|bos|>Q: What is the capital of Japan? A:' -> '<|bos|>Question: What is the capital of Japan? A:'",
+        ("E*prompt (chat, rendered): '<|bos|>Q: What is the capital of Japan? A:' -> "
+         "'<|bos|>Question: What is the capital of Japan? A:'"),
         "E*chat_template_hash: '*' -> '*'",
     ])
 
@@ -237,3 +321,23 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
                        profile="exact")
     n = len(now.prompt_token_ids)
     assert f"batch_shape: '1x128' -> '1x{n}' (at B = 1 a prompt now runs alone at its own length" in message
+
+
+def test_the_cross_environment_hint_fits_the_field_that_changed():
+    from pytest_llmdeterminism.report import across_environments
+
+    def hint(changes, explicit=False):
+        return across_environments(changes, tolerance="near_tie(margin=0.05, atol=0.001)", explicit=explicit,
+                                   run_variant="cpu/bfloat16")
+
+    dtype = hint([("dtype", "float32", "bfloat16")])
+    assert "record this run's own 'cpu/bfloat16' golden" in dtype and "--llm-tolerance=exact" not in dtype
+    assert "record this run's own" in hint([("dtype", "float32", "bfloat16")], explicit=True)
+    upgrade = hint([("transformers", "4.57.1", "5.24.0")])
+    assert upgrade.endswith("; after an upgrade (transformers) keep the goldens and let the tolerance judge the "
+                            "drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact re-records "
+                            "every check that is not IDENTICAL")
+    machine = hint([("cpu_capability", "AVX512", "DEFAULT")])
+    assert machine.endswith("; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact")
+    assert hint([("cpu_capability", "AVX512", "DEFAULT")], explicit=True).endswith("tolerance near_tie(margin=0.05, "
+                                                                                   "atol=0.001) as set")

@@ -1,0 +1,356 @@
+"""One review from the shards of a suite: ``llm-golden merge``.
+
+A CI job matrix runs one suite in N shards (pytest-split's ``--splits N --group i``, or any ``-k`` /
+path split). Each shard is a partial run: its JSON report lists its checks and, in ``run``
+(:class:`~pytest_llmdeterminism.records.RunRecord`), what it collected, ran and looked up; its
+``--llm-golden-artifacts`` folder holds its candidates. Merging them gives one candidate tree, one
+report and one decision on unused goldens, made only when the shards together ran every test of
+the suite. Everything is read and checked first (:func:`plan`); :func:`write` writes only a plan
+without problems.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pytest_llmdeterminism import report, store
+from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.files import GOLDEN_FOLDER
+from pytest_llmdeterminism.records import CheckRecord, RunRecord
+from pytest_llmdeterminism.review import candidate_files
+from pytest_llmdeterminism.writer import unused_keys
+
+_WORST = {"passed": 0, "skipped": 1, "failed": 2}
+MergedCandidates = dict[str, store.Goldens]  # candidate file (relative to the candidates folder) -> goldens
+
+
+class _ReportDocument(msgspec.Struct):
+    schema: str
+    version: int
+    checks: list[CheckRecord]
+    audits: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    run: RunRecord | None = None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard's JSON report, read and validated."""
+
+    report: Path
+    checks: list[CheckRecord]
+    audits: list[tuple[str, dict[str, Any]]]
+    run: RunRecord
+
+    @property
+    def candidates(self) -> Path | None:
+        """The shard's ``--llm-golden-artifacts`` folder, where its report says it is."""
+        return None if self.run.candidates is None else self.report.parent / self.run.candidates
+
+
+class ShardError(Exception):
+    """A report that cannot be merged; the message says what and how to fix it."""
+
+
+def read_shard(path: Path) -> Shard:
+    """The shard whose JSON report is ``path``; :class:`ShardError` when it is not one."""
+    rerun = ("Give the .json file that `pytest --llm-report=PATH.json` wrote in the shard, with this "
+             "version of pytest-llmdeterminism.")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ShardError(f"{path} cannot be read ({error.strerror or error}). {rerun}") from None
+    try:
+        document = msgspec.json.decode(data, type=_ReportDocument)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise ShardError(f"{path} is not a pytest-llmdeterminism JSON report ({error}). {rerun}") from None
+    if document.schema != report.REPORT_SCHEMA or document.version != report.REPORT_VERSION:
+        raise ShardError(f"{path} has schema {document.schema!r} version {document.version!r}; this "
+                         f"pytest-llmdeterminism merges {report.REPORT_SCHEMA!r} version {report.REPORT_VERSION}. "
+                         f"{rerun}")
+    if document.run is None:
+        raise ShardError(f"{path} has no 'run' section (which tests the shard collected and ran), so it "
+                         f"cannot say what the shard covered. {rerun}")
+    audits = [(str(audit.pop("test", "")), audit) for audit in document.audits]
+    return Shard(path, document.checks, audits, document.run)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which tests of the suite the shards ran, together."""
+
+    suite: list[str]  # every test any shard collected, deselected ones included
+    not_run: list[str]  # tests of the suite that ran to their end in no shard
+    twice: list[str]  # tests that ran in more than one shard (their checks count once per shard)
+
+
+def coverage(runs: Sequence[RunRecord]) -> Coverage:
+    suite = sorted({nodeid for run in runs for nodeid in run.suite})
+    seen: dict[str, int] = {}
+    for run in runs:
+        for nodeid in run.outcomes:
+            seen[nodeid] = seen.get(nodeid, 0) + 1
+    return Coverage(suite, [nodeid for nodeid in suite if nodeid not in seen],
+                    sorted(nodeid for nodeid, n in seen.items() if n > 1))
+
+
+def partial_reasons(shards: Sequence[Shard], covered: Coverage) -> list[str]:
+    """Why the shards together do not speak for the whole suite; none when they do, all passing."""
+    reasons = [f"{shard.report}: {reason}" for shard in shards for reason in shard.run.stopped]
+    reasons += [f"{shard.report}: test ids on the command line, so the rest of the suite was not collected"
+                for shard in shards if not shard.run.suite_collected]
+    if covered.not_run:
+        reasons.append(f"{len(covered.not_run)} of {len(covered.suite)} test(s) of the suite ran in no shard")
+    if any(shard.run.failed for shard in shards):
+        reasons.append("some tests failed")
+    return reasons
+
+
+def merged_run(shards: Sequence[Shard], partial: list[str], candidates: str | None) -> RunRecord:
+    """The shards' records as one run's: a merged report can be merged again."""
+    outcomes: dict[str, str] = {}
+    for shard in shards:
+        for nodeid, outcome in shard.run.outcomes.items():
+            if _WORST.get(outcome, 0) >= _WORST.get(outcomes.get(nodeid, "passed"), 0):
+                outcomes[nodeid] = outcome
+    return RunRecord(
+        suite=sorted({nodeid for shard in shards for nodeid in shard.run.suite}),
+        selected=sorted({nodeid for shard in shards for nodeid in shard.run.selected}),
+        outcomes=dict(sorted(outcomes.items())),
+        golden_files=dict(sorted(golden_files(shards)[0].items())),
+        used=sorted({(path, key) for shard in shards for path, key in shard.run.used}),
+        stopped=[f"{shard.report}: {reason}" for shard in shards for reason in shard.run.stopped],
+        partial=partial,
+        failed=any(shard.run.failed for shard in shards),
+        suite_collected=all(shard.run.suite_collected for shard in shards),
+        candidates=candidates,
+    )
+
+
+def golden_files(shards: Sequence[Shard]) -> tuple[dict[str, str], list[str]]:
+    """Each test module's golden file, and the modules that two shards put in different files."""
+    files: dict[str, tuple[str, Path]] = {}
+    problems = []
+    for shard in shards:
+        for module, path in shard.run.golden_files.items():
+            known = files.setdefault(module, (path, shard.report))
+            if known[0] != path:
+                problems.append(f"{module}'s goldens are in {known[0]} for {known[1]} but in {path} for "
+                                f"{shard.report}: run every shard with the same llm_golden_dir")
+    return {module: path for module, (path, _) in files.items()}, problems
+
+
+def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[str]]:
+    """Every shard's candidates in one tree, and every problem: an unreadable or unsafe folder, a
+    file that is not a golden file, or a conflict (two shards wrote one golden differently)."""
+    merged: MergedCandidates = {}
+    written_by: dict[tuple[str, str, str], Path] = {}
+    problems: list[str] = []
+    for shard in shards:
+        folder = shard.candidates
+        if folder is None:
+            continue
+        if not folder.is_dir():
+            if shard.run.failed:  # a failing shard wrote candidates: they must not go missing unnoticed
+                problems.append(
+                    f"{folder} does not exist, but {shard.report} says its shard wrote its candidates there "
+                    f"(--llm-golden-artifacts). Download the shard's candidates folder beside its report, in "
+                    f"the layout the shard wrote, e.g. {shard.report.parent / str(shard.run.candidates)}/")
+            continue
+        names, found = candidate_files(folder)
+        problems += found
+        goldens_of_shard = {path for path in shard.run.golden_files.values() if not Path(path).is_absolute()}
+        for name in names:
+            if name.parent.name != GOLDEN_FOLDER and name.as_posix() not in goldens_of_shard:
+                problems.append(f"{folder / name} is not the golden file of any test its shard ran: a candidates "
+                                "folder holds only those. Remove it.")
+                continue
+            try:
+                goldens = store.read(folder / name)
+            except GoldenFileError as error:
+                problems.append(str(error))
+                continue
+            into = merged.setdefault(name.as_posix(), {})
+            for key, variants in goldens.items():
+                for variant, entry in variants.items():
+                    earlier = into.setdefault(key, {}).setdefault(variant, entry)
+                    where = (name.as_posix(), key, variant)
+                    if earlier != entry:
+                        problems.append(_conflict(name, key, variant, written_by[where], shard.report, earlier, entry))
+                    written_by.setdefault(where, shard.report)
+    return merged, problems
+
+
+def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
+              a: store.Entry, b: store.Entry) -> str:
+    fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
+    if "fingerprint" in fields:
+        from pytest_llmdeterminism.fingerprint import diff
+
+        fields[fields.index("fingerprint")] = "fingerprint (" + ", ".join(f for f, _, _ in diff(a.fingerprint,
+                                                                                               b.fingerprint)) + ")"
+    return (f"conflict: {name} [{key!r}][{variant!r}] differs between the candidates of {first} and of "
+            f"{second} ({', '.join(fields)}). Two shards ran this check and got different results, so neither "
+            "is kept. Give every shard job the same --splits N and its own --group i (one test runs in one "
+            "shard), or merge only the reports of one attempt of each shard.")
+
+
+def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], list[str]]:
+    """After shards that together ran the whole suite, all passing: the golden keys no test checked,
+    per golden file (as in ``run.golden_files``), read from the checkout at ``root``."""
+    tests_by_file: dict[str, dict[str, str]] = {}
+    for nodeid, outcome in run.outcomes.items():
+        module, _, test = nodeid.partition("::")
+        path = run.golden_files.get(module)
+        if test and path is not None:
+            tests_by_file.setdefault(path, {})[test] = outcome
+    used: dict[str, set[str]] = {}
+    for path, key in run.used:
+        used.setdefault(path, set()).add(key)
+    unused: dict[str, list[str]] = {}
+    problems = []
+    for path, tests in sorted(tests_by_file.items()):
+        file = root / path
+        if not file.exists():
+            if path in used:  # a shard read goldens there: this is not the project the shards ran
+                problems.append(f"{file} does not exist, but the shards checked goldens in it: run merge in the "
+                                "project's root (where pytest ran), or give it with --root DIR")
+            continue
+        try:
+            keys = store.read(file).keys()
+        except GoldenFileError as error:
+            problems.append(str(error))
+            continue
+        found = unused_keys(keys, tests, used.get(path, set()))
+        if found:
+            unused[path] = found
+    return unused, problems
+
+
+@dataclass
+class MergePlan:
+    shards: list[Shard]
+    coverage: Coverage
+    run: RunRecord
+    candidates: MergedCandidates
+    unused: dict[str, list[str]]
+    problems: list[str] = field(default_factory=list)  # any: nothing is written
+
+    @property
+    def checks(self) -> list[CheckRecord]:
+        return [check for shard in self.shards for check in shard.checks]
+
+    def document(self) -> dict[str, Any]:
+        audits = [audit for shard in self.shards for audit in shard.audits]
+        return report.run_report(self.checks, audits, run=self.run)
+
+
+def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = None,
+         json_report: Path | None = None) -> MergePlan:
+    """Read and check every shard; merge candidates; judge unused goldens when the shards are complete."""
+    shards, problems = [], []
+    for path in reports:
+        try:
+            shards.append(read_shard(path))
+        except ShardError as error:
+            problems.append(str(error))
+    covered = coverage([shard.run for shard in shards])
+    partial = partial_reasons(shards, covered)
+    relative = None
+    if candidates_out is not None:
+        relative = Path(os.path.relpath(candidates_out, json_report.parent) if json_report else candidates_out)
+    run = merged_run(shards, partial, relative.as_posix() if relative is not None else None)
+    problems += golden_files(shards)[1]
+    merged, found = merge_candidates(shards)
+    problems += found
+    unused: dict[str, list[str]] = {}
+    if not partial and shards:
+        unused, found = unused_goldens(root, run)
+        problems += found
+    return MergePlan(shards, covered, run, merged, unused, problems)
+
+
+@dataclass
+class Written:
+    lines: list[str] = field(default_factory=list)  # "wrote …" and "pruned …", for the user
+    pruned: list[str] = field(default_factory=list)
+
+
+def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports: Sequence[Path],
+          prune: bool, display: Callable[[Path], str] = str) -> Written:
+    """Write a plan without problems: the candidate tree, the reports and, under ``prune``, the
+    removal of unused goldens. Every file is written atomically."""
+    assert not merge.problems, "write() takes a plan without problems"
+    out = Written()
+    if candidates_out is not None:
+        for name, goldens in sorted(merge.candidates.items()):
+            store.write(candidates_out / name, goldens)
+            count = sum(len(variants) for variants in goldens.values())
+            out.lines.append(f"wrote {display(candidates_out / name)} ({count} candidate(s))")
+    document = merge.document()
+    markdown = report.run_report_markdown(document) + "\n" + "\n".join(coverage_markdown(merge)) + "\n"
+    for path in reports:
+        text = (report.json_text(document) if path.suffix == ".json"
+                else report.run_report_html(document) if path.suffix == ".html" else markdown)
+        store.write_text_atomic(path, text)
+        out.lines.append(f"wrote {display(path)} (report)")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary and merge.checks:
+        with open(step_summary, "a", encoding="utf-8") as handle:
+            handle.write(markdown)
+    if prune and not merge.run.partial:
+        for golden, keys in sorted(merge.unused.items()):
+            store.remove(root / golden, keys)
+            out.pruned += [f"{display(root / golden)} [{key!r}]" for key in keys]
+    return out
+
+
+def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence[str] = (),
+                  display: Callable[[Path], str] = str) -> list[str]:
+    """What the merge found: the shards and their coverage, the checks, and unused goldens or why
+    they were not judged, naming every test that no shard ran."""
+    covered = merge.coverage
+    ran = len(covered.suite) - len(covered.not_run)
+    lines = [f"merged {len(merge.shards)} shard(s): {ran} of {len(covered.suite)} test(s) of the suite ran"]
+    by_verdict = report.run_report(merge.checks, []).get("summary", {}).get("by_verdict", {})
+    failed = sum(not check.passed for check in merge.checks)
+    lines.append(f"golden checks: {', '.join(f'{n} {v}' for v, n in by_verdict.items()) or 'none'}"
+                 + (f" ({failed} failed)" if failed else ""))
+    if covered.twice:
+        lines.append(f"ran in more than one shard ({len(covered.twice)}), their checks counted once per shard: "
+                     + ", ".join(covered.twice[:10]) + (" …" if len(covered.twice) > 10 else ""))
+    if merge.run.partial:
+        verb = "not pruned" if prune else "not judged"
+        lines.append(f"unused goldens {verb}: the shards together were partial ({'; '.join(merge.run.partial)})")
+        if covered.not_run:
+            lines.append(f"tests that no shard ran ({len(covered.not_run)}); run their shard again, or merge "
+                         "every shard's report:")
+            lines += [f"  {nodeid}" for nodeid in covered.not_run]
+        return lines
+    return lines + report.unused_summary(
+        {str(root / path): keys for path, keys in merge.unused.items()}, pruned, [], display,
+        prune=prune, prune_command="llm-golden merge ... --prune")
+
+
+def coverage_markdown(merge: MergePlan) -> list[str]:
+    """The merged Markdown report's last section: shards, coverage, unused goldens."""
+    covered = merge.coverage
+    return report.shards_markdown(len(merge.shards), len(covered.suite) - len(covered.not_run), len(covered.suite),
+                                  merge.run.partial, covered.not_run, merge.unused)
+
+
+def report_problems(reports: Sequence[Path]) -> str | None:
+    """Why the ``--report`` paths cannot be written as given (one per format)."""
+    suffixes = [path.suffix for path in reports]
+    bad = [str(path) for path in reports if path.suffix not in (".json", ".md", ".html")]
+    if bad:
+        return f"--report {bad[0]!r}: expected a path ending in .json, .md or .html"
+    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
+    if twice:
+        return f"two {twice[0]} reports; give one --report per format (.json, .md, .html)"
+    return None
