@@ -9,7 +9,9 @@ Measured with torch 2.13 (MKL 2024.2) on the tiny model and SmolLM2-135M, fp32 a
 - ``ATEN_CPU_CAPABILITY=default`` plus ``MKL_CBWR=COMPATIBLE`` gives one hash on all of them, at
   1, 2 and 4 threads, and restores row invariance. Neither variable alone does. (Large GEMMs still
   differ at 3 or 6 threads: the thread count stays part of a golden's numerics.)
-  ``MKL_CBWR=AVX2`` is ignored by MKL on AMD (it falls back to AUTO), so it is not portable.
+  ``MKL_CBWR=AVX2`` is ignored by MKL on AMD (it falls back to AUTO), so it is not portable:
+  re-measured on an Intel host (``benchmarks/mkl_branches.py``), AVX2 agreed with an emulated
+  Haswell and differed on an emulated EPYC for every ``linear`` shape; no cheaper pin kept the bits.
   oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``) changed no hash, fp32 or bf16, so it is not pinned.
 
 Both variables are read lazily, at torch's first CPU kernel and MKL's first call, so the plugin
