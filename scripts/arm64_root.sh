@@ -5,8 +5,9 @@
 #   ROOT/       Debian bookworm's arm64 Python 3.11 and the C libraries it and torch need, unpacked
 #               with `dpkg -x` (no maintainer scripts run, nothing is installed on this machine)
 #   SITE/       arm64 wheels: torch 2.9.1 (its arm64 wheel on PyPI is a CPU build; 2.13.0's is a
-#               CUDA one), transformers, pytest and the plugin's other dependencies. The plugin
-#               itself is not installed: the test puts the source tree on PYTHONPATH.
+#               CUDA one), transformers, pytest and the plugin's other dependencies, and gguf and
+#               accelerate (SmolLM2's .gguf file). The plugin itself is not installed: the test puts
+#               the source tree on PYTHONPATH.
 #   READY       written last: its presence means the rest is complete
 #
 # Run:  qemu-aarch64 -L ROOT ROOT/usr/bin/python3.11   with PYTHONPATH=SITE
@@ -25,15 +26,47 @@ DEBS=(libc6 libgcc-s1 libstdc++6 gcc-12-base python3.11-minimal libpython3.11-mi
 # markers for the host, so torch's `platform_machine == "x86_64"` CUDA wheels (4 GB) would come along.
 WHEELS=(filelock typing-extensions sympy networkx jinja2 fsspec "transformers>=4.56" "pytest>=8.0"
         "hypothesis>=6.100" "xxhash>=3.0" "msgspec>=0.18" numpy safetensors)
+# What transformers needs to load a .gguf file (the [gguf] extra); accelerate, like torch, goes in
+# with --no-deps, its dependencies named here.
+GGUF_WHEELS=("gguf>=0.10" psutil pyyaml packaging huggingface_hub)
+GGUF_NO_DEPS=("accelerate>=1.0")
+
+PYTHON="${PYTHON:-python3}"
+# pip does not widen an explicit --platform to older manylinux levels: name each one wheels use.
+PLATFORMS=()
+for level in 2_28 2_27 2_26 2_24 2_17; do PLATFORMS+=(--platform "manylinux_${level}_aarch64"); done
+PLATFORMS+=(--platform manylinux2014_aarch64)
+arm64_wheels() {  # arm64_wheels [--no-deps] SPEC...: into SITE, for CPython 3.11 on arm64
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-compile "${PLATFORMS[@]}" \
+        --only-binary=:all: --python-version 3.11 --implementation cp --target "$CACHE/SITE" "$@"
+}
+gguf_wheels() {
+    arm64_wheels "${GGUF_WHEELS[@]}"
+    arm64_wheels --no-deps "${GGUF_NO_DEPS[@]}"
+}
+# Byte-compiled here, at native speed (bytecode is the same on every CPU for one Python version);
+# under emulation it would cost minutes on the first run.
+byte_compile() {
+    if "$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] != (3, 11))"; then
+        "$PYTHON" -m compileall -q -j 0 "$CACHE/SITE" >/dev/null || true
+    fi
+}
 
 if [ -f "$CACHE/READY" ]; then
+    # A root prepared before gguf was part of it gains it in place (additive: a test using the root
+    # meanwhile is not disturbed).
+    if [ ! -d "$CACHE/SITE/gguf" ] || [ ! -d "$CACHE/SITE/accelerate" ]; then
+        "$PYTHON" -m pip --version >/dev/null
+        gguf_wheels
+        byte_compile
+        echo "arm64_root: added gguf and accelerate to $CACHE/SITE"
+    fi
     echo "arm64_root: ready in $CACHE"
     exit 0
 fi
 for tool in apt-get dpkg; do
     command -v "$tool" >/dev/null || { echo "arm64_root: $tool not found: Debian's tools are needed" >&2; exit 1; }
 done
-PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip --version >/dev/null
 
 rm -rf "$CACHE"
@@ -52,19 +85,10 @@ for deb in "$CACHE"/debs/*.deb; do
 done
 rm -rf "$CACHE/apt" "$CACHE/debs"
 
-# pip does not widen an explicit --platform to older manylinux levels: name each one wheels use.
-PLATFORMS=()
-for level in 2_28 2_27 2_26 2_24 2_17; do PLATFORMS+=(--platform "manylinux_${level}_aarch64"); done
-PLATFORMS+=(--platform manylinux2014_aarch64)
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-compile "${PLATFORMS[@]}" \
-    --only-binary=:all: --python-version 3.11 --implementation cp --target "$CACHE/SITE" "${WHEELS[@]}"
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-compile "${PLATFORMS[@]}" --no-deps \
-    --only-binary=:all: --python-version 3.11 --implementation cp --target "$CACHE/SITE" "torch==$TORCH_VERSION"
-# Byte-compiled here, at native speed (bytecode is the same on every CPU for one Python version);
-# under emulation it would cost minutes on the first run.
-if "$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] != (3, 11))"; then
-    "$PYTHON" -m compileall -q -j 0 "$CACHE/SITE" >/dev/null || true
-fi
+arm64_wheels "${WHEELS[@]}"
+arm64_wheels --no-deps "torch==$TORCH_VERSION"
+gguf_wheels
+byte_compile
 export QEMU_LD_PREFIX="$CACHE/ROOT"
 if command -v qemu-aarch64 >/dev/null; then
     qemu-aarch64 "$CACHE/ROOT/usr/bin/python3.11" -c "import sys; print('arm64 python', sys.version.split()[0])"

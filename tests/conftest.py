@@ -204,6 +204,23 @@ def llama_server(tmp_path_factory):
         server.stop()
 
 
+def dequantized_copy(gguf: Path, dest: Path) -> Path:
+    """A safetensors folder with the fp32 weights and the tokenizer that transformers makes of a
+    ``.gguf`` file: the same model (the same logit hashes), loaded without parsing GGUF, which takes
+    minutes under emulation."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    common = {"gguf_file": gguf.name, "local_files_only": True}
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **common)
+    # Dequantised when loaded: what is saved is plain fp32, not a GGUF-quantised model.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(dest, safe_serialization=True)
+    AutoTokenizer.from_pretrained(gguf.parent, **common).save_pretrained(dest)
+    return dest
+
+
 def perturbed_gguf(source: Path, dest: Path, factor: float) -> Path:
     """A copy of a GGUF file whose final norm weights are scaled by ``factor``: a changed model."""
     import shutil

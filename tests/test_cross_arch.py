@@ -7,7 +7,8 @@ Across architectures the bits differ (another torch, another BLAS, other kernels
 still pass as IDENTICAL or as cross-environment LOGIT_DRIFT, and a model with planted weight noise
 must fail as REGRESSION in both directions (the negative control). Within arm64, portable goldens
 must be identical under other emulated CPUs and forced OpenBLAS core types; native ones are judged
-across environments when the core type changes. Emulation is slow: about a minute a run.
+across environments when the core type changes. Emulation is slow: about a minute a run. The same
+holds for SmolLM2-135M (``slow``), whose GEMMs are large enough for native core types to change bits.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest_llmdeterminism
 from pytest_llmdeterminism import numerics
 from pytest_llmdeterminism.fingerprint import cache_dir
 
-from .conftest import perturbed_tiny_copy
+from .conftest import dequantized_copy, perturbed_tiny_copy
 
 QEMU = shutil.which("qemu-aarch64")
 ARM64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
@@ -99,10 +100,10 @@ def across(output: str) -> str:
     return found[0] if found else ""
 
 
-def project(path: Path) -> Path:
+def project(path: Path, model: str = "builtin:tiny", shape: str = "2x32", probe: str = PROBE) -> Path:
     path.mkdir()
-    (path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x32\n")
-    (path / "test_probe.py").write_text(PROBE)
+    (path / "pytest.ini").write_text(f"[pytest]\nllm_model = {model}\nllm_batch_shape = {shape}\n")
+    (path / "test_probe.py").write_text(probe)
     return path
 
 
@@ -153,4 +154,41 @@ def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_name_
     assert summary(output) == "golden checks: 4 IDENTICAL" and not across(output), output[-3000:]
 
     output = other_core.finish(0)  # the tiny model's GEMMs do not differ here, so the tolerance passes them
+    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]
+
+
+# One prompt, 4 tokens, one row: under emulation a SmolLM2 run takes 1-1.5 min, most of it torch's
+# import and the first kernels.
+SMOLLM2_PROBE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=4)
+def test_capital(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The capital of France is"))
+"""
+
+
+@pytest.mark.slow
+def test_arm64_smollm2_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path, smollm2_gguf):
+    # Dequantised here, natively: parsing the GGUF file under emulation would add about 3 min a run.
+    model = dequantized_copy(smollm2_gguf, tmp_path / "SmolLM2-135M-Instruct")
+    probe = project(tmp_path / "probe", model=str(model), shape="1x16", probe=SMOLLM2_PROBE)
+    native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native")
+    # qemu's SVE CPUs (max, a64fx) run this model 3-5x slower; these two have none.
+    records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1", env={"OPENBLAS_CORETYPE": "NEOVERSEN1"}),
+               Run(probe, *native, "--llm-golden-update", arm64=True, cpu="neoverse-n1",
+                   env={"OPENBLAS_CORETYPE": "ARMV8"})]
+    for run in records:
+        assert summary(run.finish(0)) == "golden checks: 1 recorded"
+
+    other_cpu = Run(probe, "--llm-tolerance=exact", arm64=True, cpu="cortex-a57", env={"OPENBLAS_CORETYPE": "CORTEXA57"})
+    other_core = Run(probe, *native, arm64=True, cpu="neoverse-n1", env={"OPENBLAS_CORETYPE": "NEOVERSEN1"})
+    output = other_cpu.finish(0)
+    assert summary(output) == "golden checks: 1 IDENTICAL" and not across(output), output[-3000:]
+
+    # Negative control: natively the core type changes SmolLM2's decode-step bits (not its tokens), and
+    # the check says why it tolerated them.
+    output = other_core.finish(0)
+    print(f"native, core type changed: {summary(output)}; {across(output)}")
+    assert summary(output) == "golden checks: 1 LOGIT_DRIFT", output[-3000:]
     assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]
