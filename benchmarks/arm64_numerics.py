@@ -48,7 +48,7 @@ PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):", "The cat
 # (mode, qemu -cpu, forced OPENBLAS_CORETYPE, threads): "max" is qemu's default CPU (SVE, BF16).
 CONFIGS = [
     ("portable", "max", None, 2), ("portable", "neoverse-n1", "NEOVERSEN1", 2),
-    ("portable", "a64fx", None, 2), ("portable", "cortex-a57", None, 1),
+    ("portable", "a64fx", None, 2), ("portable", "cortex-a57", None, 1), ("portable", "neoverse-n1", None, 4),
     ("native", "max", "ARMV8", 2), ("native", "max", "NEOVERSEN1", 2),
     ("native", "a64fx", None, 2), ("native", "neoverse-n1", None, 1),
 ]
