@@ -20,6 +20,7 @@ Measured (torch 2.9.1 arm64 CPU wheel, qemu-aarch64 7.2 on a 2-core AMD EPYC, 90
     portable  neoverse-n1  NEOVERSEN1    2 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39
     portable  a64fx        -             2 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39
     portable  cortex-a57   -             1 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39
+    portable  neoverse-n1  -             4 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39   (2026-12-01, Intel host)
     native    max          ARMV8         2 ARMV8       faa5c1fd 8ae6cd2b f9a96efe 81db6c39
     native    max          NEOVERSEN1    2 NEOVERSEN1  6df7d0f5 8ae6cd2b f9a96efe 81db6c39
     native    a64fx        -             2 A64FX       faa5c1fd 8ae6cd2b 6f9f8350 81db6c39

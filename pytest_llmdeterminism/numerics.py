@@ -27,7 +27,7 @@ emulated A64FX than on a Neoverse-class CPU) and for ``linear`` with SVE-512 or 
 ``OPENBLAS_CORETYPE=ARMV8`` (read when OpenBLAS loads, checked after) plus
 ``TORCH_MKLDNN_MATMUL_MIN_DIM`` above any dimension (read at torch's first matmul: every fp32 GEMM
 then goes to OpenBLAS) gave one hash for ``linear``, ``matmul`` and ``bmm`` on all emulated CPUs
-and at 1 and 2 threads; ``ATEN_CPU_CAPABILITY=default`` keeps ATen off its SVE256 kernels.
+and at 1, 2 and 4 threads; ``ATEN_CPU_CAPABILITY=default`` keeps ATen off its SVE256 kernels.
 """
 
 from __future__ import annotations
