@@ -202,3 +202,10 @@ class GoldenMismatchError(LLMDeterminismError, AssertionError):
         self.failures = failures or (self,)
         self.details = details
         super().__init__(message)
+
+
+def id_window(total: int, first: int | None, *, before: int = 3, after: int = 6) -> tuple[int, int]:
+    """``(start, end)`` of the ids to show out of ``total``: around the first differing position,
+    or the first ones when none differs."""
+    start = 0 if first is None else max(0, first - before)
+    return start, min(total, (first or 0) + after if first is not None else before + after)

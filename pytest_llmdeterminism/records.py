@@ -14,8 +14,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from pytest_llmdeterminism import report, store
-from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict, compare, first_token_divergence
+from pytest_llmdeterminism import store
+from pytest_llmdeterminism.compare import (
+    GoldenMismatchError,
+    Verdict,
+    compare,
+    first_token_divergence,
+    id_window,
+)
 from pytest_llmdeterminism.store import Entry
 
 if TYPE_CHECKING:
@@ -51,7 +57,7 @@ class InputRecord(msgspec.Struct, kw_only=True, gc=False):
     @classmethod
     def of(cls, generation: Generation, first_difference: int | None) -> InputRecord:
         ids = generation.prompt_token_ids
-        start, end = report.id_window(len(ids), first_difference, before=8, after=24)
+        start, end = id_window(len(ids), first_difference, before=8, after=24)
         return cls(prompt=generation.prompt, prompt_form=generation.prompt_form,
                    prompt_token_ids=list(ids[start:end]), ids_from=start, ids_total=len(ids))
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_divergence
+from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_divergence, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 
 if TYPE_CHECKING:
@@ -259,13 +259,6 @@ def _form_label(old: str, new: str) -> str:
     if old != new:
         return f" ({old} -> {new})"
     return {"chat": " (chat, rendered)", "token_ids": " (token ids, decoded)"}.get(old, "")
-
-
-def id_window(total: int, first: int | None, *, before: int = 3, after: int = 6) -> tuple[int, int]:
-    """``(start, end)`` of the ids to show out of ``total``: around the first differing position,
-    or the first ones when none differs."""
-    start = 0 if first is None else max(0, first - before)
-    return start, min(total, (first or 0) + after if first is not None else before + after)
 
 
 def _id_window(ids: Sequence[int], first: int) -> str:

@@ -28,6 +28,7 @@ LAYERS = [  # lowest first; each line may import only from the lines above it
     ["report"],
     ["settings", "golden", "writer", "strategies"],
     ["session", "suites", "review", "perturb", "fetch"],
+    ["merge"],
     ["plugin", "cli", "__init__"],
 ]
 LAYER = {module: number for number, modules in enumerate(LAYERS) for module in modules}
