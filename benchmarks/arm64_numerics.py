@@ -56,15 +56,15 @@ CONFIGS = [
 
 
 def child(mode: str, smollm2: bool) -> None:
-    from pytest_llmdeterminism import numerics
+    from pytest_llmdeterminism.engines import numerics
 
     numerics.pin(mode)
     import torch
     import xxhash
 
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     def short(tensor: torch.Tensor) -> str:
         return xxhash.xxh3_64_hexdigest(tensor.contiguous().numpy().tobytes())[:8]
@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.smollm2)
-    from pytest_llmdeterminism.fingerprint import cache_dir
+    from pytest_llmdeterminism.engines.fingerprint import cache_dir
 
     arm64, qemu = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64")), shutil.which("qemu-aarch64")
     if qemu is None or not (arm64 / "READY").is_file():

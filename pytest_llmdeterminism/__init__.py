@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmdeterminism.audit import AuditReport, NondeterminismError, audit
 from pytest_llmdeterminism.compare import GoldenMismatchError
+from pytest_llmdeterminism.engines.audit import AuditReport, NondeterminismError, audit
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
     ConfigurationError,
@@ -21,7 +21,7 @@ from pytest_llmdeterminism.errors import (
     SamplingRefusedError,
 )
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.golden import assert_tokens_match
+from pytest_llmdeterminism.run.golden_tokens import assert_tokens_match
 
 __all__ = [
     "AuditReport",

@@ -8,16 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism import determinism, options, suites
-from pytest_llmdeterminism.environment import PinnedEnvironment, configures_plugin
+from pytest_llmdeterminism.engines import determinism
+from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.report import one_line_crash
-from pytest_llmdeterminism.session import LLMSession
-from pytest_llmdeterminism.values import MARKER
+from pytest_llmdeterminism.reporting.report import one_line_crash
+from pytest_llmdeterminism.run import options, suites
+from pytest_llmdeterminism.run.session import LLMSession
+from pytest_llmdeterminism.shape import MARKER
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.golden import GoldenTokens
-    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
 SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
@@ -212,7 +213,7 @@ def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str]
     from pytest_llmdeterminism.generation import Generation
 
     if op == "==" and isinstance(left, Generation) and isinstance(right, Generation):
-        from pytest_llmdeterminism.report import assertrepr
+        from pytest_llmdeterminism.reporting.report import assertrepr
 
         return assertrepr(left, right)
     return None

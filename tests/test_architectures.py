@@ -13,10 +13,10 @@ import shutil
 
 import pytest
 
-from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
-from pytest_llmdeterminism.model import LLMModel
+from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 from pytest_llmdeterminism.strategies import assert_batch_invariant
-from pytest_llmdeterminism.values import BatchShape, GenerationSettings
 
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 ARCHITECTURES = {

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism import audit
-from pytest_llmdeterminism.model import LLMModel
+from pytest_llmdeterminism.engines import audit
+from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.shape import BatchShape
 from pytest_llmdeterminism.strategies import (
     BatchComposition,
     BatchInvarianceError,
@@ -13,7 +14,6 @@ from pytest_llmdeterminism.strategies import (
     batch_compositions,
     prompts,
 )
-from pytest_llmdeterminism.values import BatchShape
 
 POOL = ["The sky is", "Count: one,", "Hello, world!", "def add(a, b):", "Q: What is the capital of Peru? A:"]
 AUDIT_SUITE = """
@@ -114,7 +114,7 @@ class ShapeVarying:
 
 
 def test_shape_varying_runner_is_caught_and_shrunk_to_a_minimal_batch(tiny):
-    from pytest_llmdeterminism.values import GenerationSettings
+    from pytest_llmdeterminism.shape import GenerationSettings
 
     llm = LLMModel(tiny, GenerationSettings(BatchShape(4, 32), 3, 0))
     broken = ShapeVarying(llm)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism import store
-from pytest_llmdeterminism.review import ABSENT, NEW, needs_review, review_goldens
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.review import ABSENT, NEW, needs_review, review_goldens
 
 from .conftest import boosted_token_copy
 from .test_cli import llm_golden
@@ -135,7 +135,7 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
 def test_folders_a_level_apart_are_named_with_the_pair_to_compare(tmp_path):
     import shutil
 
-    from pytest_llmdeterminism.review import aligned_folders
+    from pytest_llmdeterminism.goldens.review import aligned_folders
 
     for folder in ("project/tests/__golden__", "cands/tests/__golden__"):
         (tmp_path / folder).mkdir(parents=True)

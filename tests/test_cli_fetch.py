@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism import cli, store
-from pytest_llmdeterminism import fetch as fetch_module
-from pytest_llmdeterminism.fetch import MODELS
+from pytest_llmdeterminism import cli
+from pytest_llmdeterminism.cli import fetch as fetch_module
+from pytest_llmdeterminism.cli.fetch import MODELS
+from pytest_llmdeterminism.goldens import store
 
 from .conftest import checked_smollm2
 

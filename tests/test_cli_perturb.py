@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_llmdeterminism.backends import BUILTIN_MODELS
 from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.engines import BUILTIN_MODELS
 
 from .conftest import perturbed_tiny_copy
 from .test_cli import llm_golden
@@ -19,8 +19,8 @@ def weights(folder):
 
 
 def generations(spec, make_llm):
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
 
     view = make_llm()
     return LLMModel(load(str(spec), dtype="float32", device="cpu"), view.settings).generate(PROMPTS)

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
-from pytest_llmdeterminism.values import BatchShape
+from pytest_llmdeterminism.shape import BatchShape
 
 from .conftest import usage_error
 

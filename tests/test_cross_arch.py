@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 import pytest_llmdeterminism
-from pytest_llmdeterminism import numerics
-from pytest_llmdeterminism.fingerprint import cache_dir
+from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.engines.fingerprint import cache_dir
 
 from .conftest import dequantized_copy, perturbed_tiny_copy
 

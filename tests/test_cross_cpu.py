@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism import numerics
+from pytest_llmdeterminism.engines import numerics
 
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = [

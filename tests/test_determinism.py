@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 
-from pytest_llmdeterminism import determinism
+from pytest_llmdeterminism.engines import determinism
 
 
 def snapshot():

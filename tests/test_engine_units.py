@@ -13,14 +13,15 @@ import pytest
 import xxhash
 from hypothesis import given
 
-from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError, store
-from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
-from pytest_llmdeterminism.backends.openai import Completion, parse_choice, request_body, text_only_id
+from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError
 from pytest_llmdeterminism.compare import Verdict, compare
-from pytest_llmdeterminism.fingerprint import numerics_changes
+from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.engines.fingerprint import numerics_changes
+from pytest_llmdeterminism.engines.openai import Completion, parse_choice, request_body, text_only_id
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
-from pytest_llmdeterminism.golden import fallback_variant
-from pytest_llmdeterminism.report import mismatch
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.files import fallback_variant
+from pytest_llmdeterminism.reporting.report import mismatch
 
 from .strategies_for_tests import generations
 
@@ -120,7 +121,7 @@ def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(py
     pytester.makeini("[pytest]\nllm_model = openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
     pytester.makeconftest("""
 def pytest_configure(config):
-    from pytest_llmdeterminism.options import read
+    from pytest_llmdeterminism.run.options import read
     print("SPEC", read(config).model)
 """)
     result = pytester.runpytest("-s", "--co")
@@ -218,7 +219,7 @@ def test_steps_that_returned_part_of_a_character_get_the_ids_of_its_bytes():
 
 
 def test_ids_a_server_returns_as_token_id_text_are_taken_as_they_are(tiny):
-    from pytest_llmdeterminism.backends.openai import OpenAIEngine
+    from pytest_llmdeterminism.engines.openai import OpenAIEngine
 
     engine = OpenAIEngine("spec", None, "m", tiny.tokenizer)
     assert engine.token_id("token_id:42") == 42 and engine.token_id("token_id:x") >= TEXT_ONLY_IDS
@@ -244,7 +245,7 @@ class FakeClient:
         return text
 
     def post(self, path, body, into):
-        from pytest_llmdeterminism.backends.openai import HTTPStatusError
+        from pytest_llmdeterminism.engines.openai import HTTPStatusError
 
         self.prompts.append(body["prompt"])
         if isinstance(body["prompt"], list):
@@ -253,8 +254,8 @@ class FakeClient:
 
 
 def test_the_prompt_goes_as_token_ids_where_the_server_takes_them_else_as_text_from_then_on(tiny):
-    from pytest_llmdeterminism.backends.openai import OpenAIEngine
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.openai import OpenAIEngine
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     client = FakeClient()
     engine = OpenAIEngine("spec", client, "m", tiny.tokenizer, reset_prefix=False)
@@ -267,8 +268,8 @@ def test_the_prompt_goes_as_token_ids_where_the_server_takes_them_else_as_text_f
 
 @pytest.mark.parametrize("override", [{"repetition_penalty": 1.5}, {"min_new_tokens": 3}])
 def test_penalties_a_server_applies_after_its_logprobs_are_refused_by_name(tiny, override):
-    from pytest_llmdeterminism.backends.openai import OpenAIEngine
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.openai import OpenAIEngine
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     engine = OpenAIEngine("spec", FakeClient(), "m", tiny.tokenizer)
     config = resolve_generation_config(override, max_new_tokens=4, eos_token_ids=[2], pad_token_id=0)
@@ -305,7 +306,7 @@ def test_what_real_servers_send_passes_the_checks_of_a_server_answer():
 def test_vllm_outputs_beyond_max_tokens_or_the_vocabulary_are_refused():
     from types import SimpleNamespace
 
-    from pytest_llmdeterminism.backends.vllm import chunk_from_outputs
+    from pytest_llmdeterminism.engines.vllm import chunk_from_outputs
 
     def output(tokens, candidates):
         steps = [{i: SimpleNamespace(logprob=-0.1 * (rank + 1)) for rank, i in enumerate([t, *candidates])}

@@ -115,9 +115,9 @@ def test_cross_engine_table_transformers_vs_llamacpp(pytester, smollm2_gguf):
 def test_a_served_generation_does_not_depend_on_the_request_before_it(smollm2_gguf, llama_server):
     """llama-cpp-python's server reuses the previous request's prompt cache for a shared prefix and
     then gives other logprobs; the one-token reset request before each generation prevents that."""
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     server = llama_server(smollm2_gguf)
     settings = GenerationSettings(BatchShape(1, 32), max_new_tokens=4, seed=0)
@@ -135,9 +135,9 @@ def test_a_served_generation_does_not_depend_on_the_request_before_it(smollm2_gg
 
 def test_what_only_transformers_does_is_refused_by_name_on_llamacpp(smollm2_gguf):
     from pytest_llmdeterminism import ConfigurationError
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     with pytest.raises(ConfigurationError, match="llm_dtype = 'bfloat16': llama.cpp runs the GGUF file's own weights"):
         load(f"llamacpp:{smollm2_gguf}", dtype="bfloat16", device="auto")

@@ -14,10 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism import cli, report, store
+from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.compare import compare
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.session import TestOutcomes
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.run.session import TestOutcomes
 
 from .strategies_for_tests import generations, sample_generation
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.review import plan_accept
+from pytest_llmdeterminism.goldens.review import plan_accept
 
 VALID = (Path(__file__).parent / "data" / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
 NEWER_SCHEMA = VALID.replace(b'"schema": 1', b'"schema": 2')

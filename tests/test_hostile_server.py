@@ -14,7 +14,7 @@ import time
 import pytest
 
 from pytest_llmdeterminism import ConfigurationError, EngineError
-from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 
 from .fake_openai_server import Connection, FakeServer, Request
 
@@ -41,7 +41,7 @@ def serve():
 
 @pytest.fixture(scope="module")
 def pieces():
-    from pytest_llmdeterminism.backends.hf import load_tokenizer
+    from pytest_llmdeterminism.engines.hf import load_tokenizer
 
     tokenizer = load_tokenizer("tiny", TINY)
     return {i: tokenizer.decode([i]) for i in GREEDY}
@@ -86,8 +86,8 @@ def routes(pieces, lie=None, **special):
 
 
 def generate(spec_text: str, max_new_tokens: int = 4):
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = load(spec_text, dtype="float32", device="cpu")
     settings = GenerationSettings(BatchShape(1, 32), max_new_tokens, 0)

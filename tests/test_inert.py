@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_llmdeterminism import backends, numerics
-from pytest_llmdeterminism.backends import ModelCache
-from pytest_llmdeterminism.environment import PinnedEnvironment, configures_plugin
+from pytest_llmdeterminism import engines as backends
+from pytest_llmdeterminism.engines import ModelCache, numerics
+from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 
 PINNED = (*numerics.PORTABLE_ENVIRONMENT, "CUBLAS_WORKSPACE_CONFIG", "HF_HUB_OFFLINE")
 

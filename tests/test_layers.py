@@ -15,22 +15,22 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 
-LAYERS = [  # lowest first; each line may import only from the lines above it
-    ["errors"],
-    ["values", "generation", "numerics", "determinism"],
-    ["compare", "capture", "environment"],
-    ["tolerance", "store", "backends.hf"],
-    ["backends.llamacpp", "backends.openai", "backends.vllm"],
-    ["backends"],
-    ["fingerprint", "records", "files"],
-    ["model", "options", "ledger"],
-    ["audit"],
-    ["report"],
-    ["settings", "golden", "writer", "strategies"],
-    ["session", "suites", "review", "perturb", "fetch"],
-    ["merge"],
-    ["plugin", "cli", "__init__"],
-]
+# Each package is a block of layers, lowest first; a line may import only from the lines above it.
+# The pure core sits flat at the package root; ``strategies``, ``plugin`` and the root are its top.
+PACKAGES = {
+    "core": [["errors"], ["shape", "generation"], ["compare"], ["tolerance"]],
+    "engines": [["engines.numerics", "engines.determinism"], ["engines.capture", "engines.environment"],
+                ["engines.hf"], ["engines.llamacpp", "engines.openai", "engines.vllm"], ["engines"],
+                ["engines.fingerprint"], ["engines.model"], ["engines.audit"]],
+    "goldens": [["goldens", "goldens.store"], ["goldens.files"], ["goldens.review"]],
+    "reporting": [["reporting", "reporting.records"], ["reporting.report"]],
+    "run": [["run", "run.options", "run.ledger"], ["run.markers", "run.golden_tokens", "run.writer"],
+            ["run.session", "run.suites"], ["run.shards"]],
+    "cli": [["cli.fetch", "cli.perturb"], ["cli"]],
+    "top": [["strategies", "plugin", "__init__"]],
+}
+LAYERS = [line for block in PACKAGES.values() for line in block]
+PACKAGE_OF = {module: name for name, block in PACKAGES.items() for line in block for module in line}
 LAYER = {module: number for number, modules in enumerate(LAYERS) for module in modules}
 
 
@@ -89,18 +89,36 @@ def test_imports_only_go_down(path):
 
 
 @pytest.mark.parametrize(("planted", "target"), [
-    ("def f():\n    from pytest_llmdeterminism.session import LLMSession\n", "session"),
-    ("from .session import LLMSession\n", "session"),
-    ("from . import session\n", "session"),
+    ("def f():\n    from pytest_llmdeterminism.run.session import LLMSession\n", "run.session"),
+    ("from ..run.session import LLMSession\n", "run.session"),
+    ("from ..run import session\n", "run.session"),
+    ("from . import model\n", "engines.model"),
     ("from pytest_llmdeterminism import GoldenMismatchError\n", "__init__"),
     ("import pytest_llmdeterminism\n", "__init__"),
-    ("import pytest_llmdeterminism.session as s\n", "session"),
-    ("import importlib\nimportlib.import_module('pytest_llmdeterminism.session')\n", "session"),
+    ("import pytest_llmdeterminism.run.session as s\n", "run.session"),
+    ("import importlib\nimportlib.import_module('pytest_llmdeterminism.goldens.store')\n", "goldens.store"),
 ])
 def test_the_checker_sees_upward_imports(tmp_path, planted, target):
-    """Negative control: an upward import, in any spelling, is found."""
+    """Negative control: an upward import, in any spelling and across packages, is found."""
     root = tmp_path / "pytest_llmdeterminism"
-    root.mkdir()
-    fake = root / "compare.py"
-    fake.write_text((PACKAGE / "compare.py").read_text() + "\n" + planted)
-    assert [t for _, t in package_imports(fake, root) if LAYER[t] >= LAYER["compare"]] == [target]
+    (root / "engines").mkdir(parents=True)
+    fake = root / "engines" / "capture.py"
+    fake.write_text((PACKAGE / "engines" / "capture.py").read_text() + "\n" + planted)
+    source = module_name(fake, root)
+    assert source == "engines.capture"
+    assert [t for _, t in package_imports(fake, root) if LAYER[t] >= LAYER[source]] == [target]
+
+
+def test_each_module_sits_in_the_package_its_layer_block_names():
+    """The table's packages are the folders: a module moved to another folder needs a new place."""
+    def folder(name: str) -> str:
+        first = name.split(".")[0]
+        return first if first in PACKAGES else "top" if name in PACKAGES["top"][0] else "core"
+    misplaced = [f"{name} is in the {PACKAGE_OF[name]!r} block" for name in map(module_name, SOURCES)
+                 if PACKAGE_OF[name] != folder(name)]
+    assert misplaced == []
+
+
+def test_the_package_root_shows_its_plan_in_a_few_entries():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 14, entries

@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from pytest_llmdeterminism.ledger import Ledger
-from pytest_llmdeterminism.records import TestOutcomes
-from pytest_llmdeterminism.store import read
+from pytest_llmdeterminism.goldens.store import read
+from pytest_llmdeterminism.reporting.records import TestOutcomes
+from pytest_llmdeterminism.run.ledger import Ledger
 
 
 def recorded_payload(tmp_path: Path, key: str) -> dict:
     """A real recorded golden: the example suite's first entry, recorded again under ``key``."""
-    from pytest_llmdeterminism import store
+    from pytest_llmdeterminism.goldens import store
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
     entry = next(iter(read(examples).values()))["cpu/float32"]
@@ -40,8 +40,8 @@ def test_an_attempt_that_will_be_retried_is_not_an_outcome():
 def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(tmp_path):
     import dataclasses
 
-    from pytest_llmdeterminism import store
     from pytest_llmdeterminism.compare import Verdict
+    from pytest_llmdeterminism.goldens import store
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
     generation = store.from_entry(next(iter(read(examples).values()))["cpu/float32"])

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError
-from pytest_llmdeterminism.values import MAX_LENGTH, MAX_ROWS, MAX_TOKENS, BatchShape
+from pytest_llmdeterminism.shape import MAX_LENGTH, MAX_ROWS, MAX_TOKENS, BatchShape
 
 PROMPT = "The capital of France is"
 OTHERS = ["Hello there", "Count: one,", "The weather today is", "x", "def add(a, b):", "Once upon a time"]
@@ -128,10 +128,10 @@ def test_nan_logits_are_a_clear_error(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.errors import NonFiniteLogitsError
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     broken = tmp_path / "nan-tiny"
     shutil.copytree(BUILTIN_MODELS["tiny"], broken)
@@ -193,10 +193,10 @@ def test_bad_inputs_are_named(make_llm, call, problem):
 def test_a_tokenizer_without_a_chat_template_says_what_to_pass_instead(tmp_path):
     import shutil
 
-    from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.errors import ConfigurationError
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     plain = tmp_path / "plain"
     shutil.copytree(BUILTIN_MODELS["tiny"], plain)
@@ -266,7 +266,7 @@ def test_a_lone_prompt_runs_unpadded_and_stops_at_eos_as_a_plain_generate_would(
 
 def test_a_lone_prompt_gives_the_bits_of_a_plain_generate_of_it(make_llm, tiny):
     """No padding and no mask trick: the captured logits are the ones a bare generate() computes."""
-    from pytest_llmdeterminism.capture import StepCapture
+    from pytest_llmdeterminism.engines.capture import StepCapture
 
     gen = make_llm("1x128", max_new_tokens=6).generate(PROMPT)
     encoded = tiny.tokenizer(PROMPT, return_tensors="pt")

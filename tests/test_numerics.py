@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from pytest_llmdeterminism import BatchInvarianceProbeError, numerics
-from pytest_llmdeterminism.fingerprint import numerics_changes
+from pytest_llmdeterminism import BatchInvarianceProbeError
+from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.engines.fingerprint import numerics_changes
 
 from .conftest import usage_error
 
@@ -179,8 +180,8 @@ def fresh_tiny(tiny):
 
 
 def _llm(loaded, shape="4x32"):
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), 3, 0))
 
@@ -220,8 +221,8 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
         handle.remove()
     assert info.value.nondeterministic and "--llm-audit" in str(info.value)
     notes = []
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0), note=notes.append).generate("The sky is")
     assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"]
@@ -230,7 +231,7 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
 def test_tokenizer_without_pad_and_eos_tokens_gets_a_safe_pad(tmp_path):
     import shutil
 
-    from pytest_llmdeterminism.backends import BUILTIN_MODELS, load
+    from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 
     folder = shutil.copytree(BUILTIN_MODELS["tiny"], tmp_path / "no-pad-no-eos")
     config = json.loads((folder / "tokenizer_config.json").read_text())

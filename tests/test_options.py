@@ -1,7 +1,7 @@
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.values import BatchShape
+from pytest_llmdeterminism.shape import BatchShape
 
 from .conftest import usage_error
 
@@ -101,6 +101,6 @@ def test_path_options_need_an_equals_sign(pytester, tmp_path):
     ("gw2", 0, 0), ("master", 4, 0),
 ])
 def test_each_xdist_worker_takes_its_own_visible_gpu(worker, count, index):
-    from pytest_llmdeterminism.backends import worker_cuda_index
+    from pytest_llmdeterminism.engines import worker_cuda_index
 
     assert worker_cuda_index(worker, count) == index

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.backends import resolve
+from pytest_llmdeterminism.engines import resolve
 from pytest_llmdeterminism.errors import ModelLoadError, pasteable
 
 README = Path(__file__).parent.parent / "README.md"

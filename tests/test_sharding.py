@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.merge import coverage
-from pytest_llmdeterminism.records import RunRecord
+from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.run.shards import coverage
 
 from .conftest import perturbed_tiny_copy
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism import store
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.goldens import store
 
 from .strategies_for_tests import generations
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism.errors import PromptTooLongError
-from pytest_llmdeterminism.options import DEFAULT_BATCH_SHAPE
+from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE
 from pytest_llmdeterminism.strategies import assert_batch_invariant, batch_compositions, prompts
 
 # The last one holds 40+ tokens: too long for 4x32, fine at the default 1x128.

@@ -45,10 +45,10 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
     """A copy that boosts the " m" token (cat/mat) changes some continuations and not others: the
     lines that fail are exactly those whose tokens changed, found here by generating each prompt
     alone with the changed model."""
-    from pytest_llmdeterminism import store
-    from pytest_llmdeterminism.backends import load
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.values import BatchShape, GenerationSettings
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     from .conftest import boosted_token_copy
 
@@ -73,7 +73,7 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
 
 COUNT_GENERATE_CALLS = """
 import pytest
-from pytest_llmdeterminism.model import LLMModel
+from pytest_llmdeterminism.engines.model import LLMModel
 
 CALLS = []
 _generate = LLMModel.generate

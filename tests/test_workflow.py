@@ -450,7 +450,7 @@ def test_xdist_four_workers_200_cases_one_model_load_each(suite):
     suite.makeconftest(
         """
         import os
-        import pytest_llmdeterminism.backends as backends
+        import pytest_llmdeterminism.engines as backends
 
         _load = backends.load
 
@@ -523,8 +523,8 @@ def test_html_report_is_self_contained_and_shows_every_check(project, tmp_path):
 
 
 def test_html_report_shows_new_lines_and_the_variant_actually_compared():
-    from pytest_llmdeterminism import report
-    from pytest_llmdeterminism.records import CheckRecord
+    from pytest_llmdeterminism.reporting import report
+    from pytest_llmdeterminism.reporting.records import CheckRecord
 
     check = CheckRecord(test="t.py::test_x", name="test_x", variant="cpu/float32", run_variant="cpu/bfloat16",
                         verdict="LOGIT_DRIFT", passed=True, prompt="def f():\n", max_logprob_delta=0.02,

@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.files import GoldenFiles
-from pytest_llmdeterminism.ledger import FileUpdates, Ledger
-from pytest_llmdeterminism.options import NODE_IDS_GIVEN, Options
-from pytest_llmdeterminism.records import RunRecord
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.files import GoldenFiles
+from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
+from pytest_llmdeterminism.run.options import NODE_IDS_GIVEN, Options
 
 
 @dataclass

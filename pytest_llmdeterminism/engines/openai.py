@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import msgspec
 
-from pytest_llmdeterminism.backends.hf import checkpoint_eos_ids, load_tokenizer
-from pytest_llmdeterminism.capture import Chunk, RowSteps
+from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
+from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, refuse_beyond
-from pytest_llmdeterminism.values import (
+from pytest_llmdeterminism.shape import (
     GenerationSettings,
     engine_params,
     flag,

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism.compare import first_token_divergence
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.values import BatchShape
+from pytest_llmdeterminism.shape import BatchShape
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.engines.model import LLMModel
 
 DEFAULT_REPEATS = 5
 COMPANIONS = ("Hello there, how are you today?", "def add(a, b):", "1 2 3", "The weather today is",

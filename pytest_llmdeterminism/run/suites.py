@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.shape import MARKER
 from pytest_llmdeterminism.tolerance import parse_profile
-from pytest_llmdeterminism.values import MARKER
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
 
+    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.generation import Generation
-    from pytest_llmdeterminism.golden import GoldenTokens
-    from pytest_llmdeterminism.model import LLMModel
+    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
 SUFFIX = ".llm.jsonl"
 _FIELDS = {"id", "prompt", "messages", "max_new_tokens", "tolerance"}

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.backends.hf import checkpoint_eos_ids, load_tokenizer, read_json
-from pytest_llmdeterminism.capture import Chunk, RowSteps
+from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
+from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer, read_json
 from pytest_llmdeterminism.errors import (
     ConfigurationError,
     EngineError,
@@ -40,7 +40,7 @@ from pytest_llmdeterminism.errors import (
     pasteable,
 )
 from pytest_llmdeterminism.generation import TOP_K, refuse_beyond
-from pytest_llmdeterminism.values import GenerationSettings, engine_params
+from pytest_llmdeterminism.shape import GenerationSettings, engine_params
 
 INSTALL = "pip install vllm (needs an NVIDIA GPU)"
 KNOBS: dict[str, tuple[Any, Any]] = {"tensor_parallel_size": (int, 1), "max_num_seqs": (int, 1),

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from pytest_llmdeterminism import determinism, numerics
+from pytest_llmdeterminism.engines import determinism, numerics
 
 
 def configures_plugin(ini_keys: Iterable[str], args: Iterable[str]) -> bool:

@@ -13,11 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.files import GOLDEN_FOLDER
-from pytest_llmdeterminism.golden import fallback_variant
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing

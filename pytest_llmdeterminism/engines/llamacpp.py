@@ -17,11 +17,11 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.capture import Chunk, RowSteps, logits_step
+from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
+from pytest_llmdeterminism.engines.numerics import cpu_name
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import refuse_beyond
-from pytest_llmdeterminism.numerics import cpu_name
-from pytest_llmdeterminism.values import GenerationSettings, engine_params, how_to_get
+from pytest_llmdeterminism.shape import GenerationSettings, engine_params, how_to_get
 
 INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
 KNOBS: dict[str, tuple[Any, Any]] = {"threads": (int, 1), "n_batch": (int, 512), "n_ubatch": (int, 512),

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pytest_llmdeterminism import numerics
+from pytest_llmdeterminism.engines import numerics
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
+from pytest_llmdeterminism.shape import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
-from pytest_llmdeterminism.values import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
 
 if TYPE_CHECKING:
     import pytest

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.backends import LoadedModel
+    from pytest_llmdeterminism.engines import LoadedModel
 
 _CHUNK = 1 << 24
 
@@ -18,7 +18,7 @@ _CHUNK = 1 << 24
 def fingerprint(loaded: LoadedModel, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What produced a generation. Cached per loaded model, except the determinism ``flags`` the
     engine had in force (by default the live torch flags)."""
-    from pytest_llmdeterminism import determinism
+    from pytest_llmdeterminism.engines import determinism
 
     if "static" not in loaded.cache:
         loaded.cache["static"] = _static(loaded) if loaded.describe is None else _static_engine(loaded)
@@ -104,7 +104,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
     import torch
     import transformers
 
-    from pytest_llmdeterminism import numerics
+    from pytest_llmdeterminism.engines import numerics
 
     model, tokenizer = loaded.model, loaded.tokenizer
     device = torch.device(loaded.device)

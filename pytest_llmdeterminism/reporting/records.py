@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import (
     GoldenMismatchError,
     Verdict,
@@ -22,7 +21,8 @@ from pytest_llmdeterminism.compare import (
     first_token_divergence,
     id_window,
 )
-from pytest_llmdeterminism.store import Entry
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.store import Entry
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict, compare
+from pytest_llmdeterminism.engines.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.files import fallback_variant
+from pytest_llmdeterminism.reporting import report
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.files import GoldenFiles
-    from pytest_llmdeterminism.options import Options
-    from pytest_llmdeterminism.records import Attempt, Site, TestOutcomes
+    from pytest_llmdeterminism.goldens.files import GoldenFiles
+    from pytest_llmdeterminism.reporting.records import Attempt, Site, TestOutcomes
+    from pytest_llmdeterminism.run.options import Options
 
 
 class GoldenTokens:
@@ -165,17 +167,6 @@ def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[C
     dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))
     comparison = compare(expected, actual, tie_margin=profile.tie_margin(dtype))
     return comparison, profile.accepts(comparison, dtype)
-
-
-def fallback_variant(wanted: str, variants: Iterable[str]) -> str | None:
-    """Another variant to compare with: same device class first, then same dtype, then any."""
-    device, _, dtype = wanted.partition("/")
-    candidates = sorted(variants)
-    for prefer in (lambda v: v.startswith(f"{device}/"), lambda v: v.endswith(f"/{dtype}"), lambda v: True):
-        match = next((v for v in candidates if prefer(v)), None)
-        if match is not None:
-            return match
-    return None
 
 
 def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, Any],

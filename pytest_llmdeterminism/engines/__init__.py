@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_llmdeterminism import numerics
-from pytest_llmdeterminism.backends import hf, llamacpp, openai, vllm
-from pytest_llmdeterminism.backends.hf import worker_cuda_index
-from pytest_llmdeterminism.capture import Chunk
-from pytest_llmdeterminism.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines import hf, llamacpp, numerics, openai, vllm
+from pytest_llmdeterminism.engines.capture import Chunk
+from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.errors import (
     NO_VALUE,
     ConfigurationError,
@@ -33,7 +32,7 @@ from pytest_llmdeterminism.errors import (
     ModelLoadError,
     pasteable,
 )
-from pytest_llmdeterminism.values import (
+from pytest_llmdeterminism.shape import (
     BUILTIN_PREFIX,
     ENGINE_PREFIXES,
     GenerationSettings,

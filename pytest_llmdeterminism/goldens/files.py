@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-from pytest_llmdeterminism import store
+from pytest_llmdeterminism.goldens import store
 
 GOLDEN_FOLDER = "__golden__"
 
@@ -51,3 +52,14 @@ class GoldenFiles:
         if path not in self._read:
             self._read[path] = store.read(path)
         return self._read[path]
+
+
+def fallback_variant(wanted: str, variants: Iterable[str]) -> str | None:
+    """Another variant to compare with: same device class first, then same dtype, then any."""
+    device, _, dtype = wanted.partition("/")
+    candidates = sorted(variants)
+    for prefer in (lambda v: v.startswith(f"{device}/"), lambda v: v.endswith(f"/{dtype}"), lambda v: True):
+        match = next((v for v in candidates if prefer(v)), None)
+        if match is not None:
+            return match
+    return None

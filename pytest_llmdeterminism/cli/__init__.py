@@ -15,12 +15,11 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_llmdeterminism import store
 from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
-from pytest_llmdeterminism.files import GOLDEN_FOLDER
-from pytest_llmdeterminism.report import shell_quote
-from pytest_llmdeterminism.review import (
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
+from pytest_llmdeterminism.goldens.review import (
     ABSENT,
     FAIL_ON,
     NEW,
@@ -31,6 +30,7 @@ from pytest_llmdeterminism.review import (
     plan_accept,
     review,
 )
+from pytest_llmdeterminism.reporting.report import shell_quote
 
 DESCRIPTION = """\
 Inspect, compare and accept golden files outside pytest; fetch and perturb models.
@@ -332,7 +332,7 @@ def _accept_usage_problem(folder: Path, root: Path, golden_dir: Path | None) -> 
 
 def _merge(report_paths: list[Path], *, root: Path, candidates: Path | None, reports: list[Path],
            prune: bool) -> int:
-    from pytest_llmdeterminism import merge
+    from pytest_llmdeterminism.run import shards as merge
 
     problem = merge.report_problems(reports)
     if problem is None and not root.is_dir():
@@ -370,7 +370,7 @@ def _display(path: Path) -> str:
 
 
 def _fetch(model: str, folder: Path | None) -> int:
-    from pytest_llmdeterminism import fetch
+    from pytest_llmdeterminism.cli import fetch
 
     try:
         path, downloaded = fetch.fetch(model, folder or fetch.DEFAULT_DIR,
@@ -388,7 +388,7 @@ def _fetch(model: str, folder: Path | None) -> int:
 
 
 def _perturb(source: str, dest: Path, *, scale: float, seed: int) -> int:
-    from pytest_llmdeterminism.perturb import perturb
+    from pytest_llmdeterminism.cli.perturb import perturb
 
     try:
         written = perturb(source, dest, scale=scale, seed=seed)

@@ -12,7 +12,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_diver
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.records import CheckRecord, RunRecord
+    from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -93,7 +93,7 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
     the fix that fits the fields that changed: another dtype or device is another variant to
     record; a library upgrade is accepted by re-recording; another machine can be re-recorded to
     compare exactly."""
-    from pytest_llmdeterminism.fingerprint import describe_changes
+    from pytest_llmdeterminism.engines.fingerprint import describe_changes
 
     line = f"compared across environments: {describe_changes(list(changes))}; tolerance {tolerance} {'as set' if explicit else 'by default'}"
     names = [name for name, _, _ in changes]
@@ -340,7 +340,7 @@ def _top(top: TopK, decode: Decode) -> str:
 
 
 def _fingerprint_changes(expected: Generation, actual: Generation) -> list[str]:
-    from pytest_llmdeterminism.fingerprint import diff
+    from pytest_llmdeterminism.engines.fingerprint import diff
 
     changes = diff(expected.fingerprint, actual.fingerprint)
     if not changes:
@@ -360,7 +360,7 @@ def _short(value: Any, limit: int = 100) -> str:
 
 def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     """One table per audited generation, then which sources moved results, across the session."""
-    from pytest_llmdeterminism.audit import AuditReport
+    from pytest_llmdeterminism.engines.audit import AuditReport
 
     if not audits:
         return []
@@ -437,7 +437,7 @@ REPORT_VERSION = 1
 def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]], *,
                run: RunRecord | None = None) -> dict[str, Any]:
     """The ``--llm-report *.json`` document: one entry per golden check, every audit and, in
-    ``run``, what the run checked (:class:`~pytest_llmdeterminism.records.RunRecord`).
+    ``run``, what the run checked (:class:`~pytest_llmdeterminism.reporting.records.RunRecord`).
 
     Each check: ``test`` (node id), ``test_duration_s`` (the test's call phase), ``name`` (golden
     key), ``variant``, ``verdict``, ``passed``, ``profile``, ``first_divergence`` (step or null),

@@ -2,7 +2,7 @@
 
 A CI job matrix runs one suite in N shards (pytest-split's ``--splits N --group i``, or any ``-k`` /
 path split). Each shard is a partial run: its JSON report lists its checks and, in ``run``
-(:class:`~pytest_llmdeterminism.records.RunRecord`), what it collected, ran and looked up; its
+(:class:`~pytest_llmdeterminism.reporting.records.RunRecord`), what it collected, ran and looked up; its
 ``--llm-golden-artifacts`` folder holds its candidates. Merging them gives one candidate tree, one
 report and one decision on unused goldens, made only when the shards together ran every test of
 the suite. Everything is read and checked first (:func:`plan`); :func:`write` writes only a plan
@@ -19,12 +19,13 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism import report, store
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.files import GOLDEN_FOLDER
-from pytest_llmdeterminism.records import CheckRecord, RunRecord
-from pytest_llmdeterminism.review import candidate_files
-from pytest_llmdeterminism.writer import unused_keys
+from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
+from pytest_llmdeterminism.goldens.review import candidate_files
+from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
+from pytest_llmdeterminism.run.writer import unused_keys
 
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
 MergedCandidates = dict[str, store.Goldens]  # candidate file (relative to the candidates folder) -> goldens
@@ -190,7 +191,7 @@ def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
               a: store.Entry, b: store.Entry) -> str:
     fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
     if "fingerprint" in fields:
-        from pytest_llmdeterminism.fingerprint import diff
+        from pytest_llmdeterminism.engines.fingerprint import diff
 
         fields[fields.index("fingerprint")] = "fingerprint (" + ", ".join(f for f, _, _ in diff(a.fingerprint,
                                                                                                b.fingerprint)) + ")"

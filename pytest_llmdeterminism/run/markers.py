@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.options import DEFAULT_SEED, Options, parse_integer
-from pytest_llmdeterminism.report import shell_quote
+from pytest_llmdeterminism.reporting.report import shell_quote
+from pytest_llmdeterminism.run.options import DEFAULT_SEED, Options, parse_integer
+from pytest_llmdeterminism.shape import MARKER, BatchShape, GenerationSettings
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
-from pytest_llmdeterminism.values import MARKER, BatchShape, GenerationSettings
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The run, kept in ``config.stash``: a few parts with one job each, and the fixtures' objects.
 
-- ``models`` (:class:`~pytest_llmdeterminism.backends.ModelCache`): one model load per process;
-- ``files`` (:class:`~pytest_llmdeterminism.files.GoldenFiles`): golden paths, each file read once;
-- ``environment`` (:class:`~pytest_llmdeterminism.environment.PinnedEnvironment`): the variables
+- ``models`` (:class:`~pytest_llmdeterminism.engines.ModelCache`): one model load per process;
+- ``files`` (:class:`~pytest_llmdeterminism.goldens.files.GoldenFiles`): golden paths, each file read once;
+- ``environment`` (:class:`~pytest_llmdeterminism.engines.environment.PinnedEnvironment`): the variables
   the run set, restored at its end;
-- ``ledger`` (:class:`~pytest_llmdeterminism.ledger.Ledger`): what every test decided, taken from
+- ``ledger`` (:class:`~pytest_llmdeterminism.run.ledger.Ledger`): what every test decided, taken from
   test reports (under pytest-xdist, from every worker's);
 - per test, in ``item.stash``: its settings (``settings.of``) and its recorder (:class:`TestOutcomes`);
 - at the end, ``writer.finish`` writes goldens, candidates and reports and judges unused goldens.
@@ -16,21 +16,22 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_llmdeterminism import numerics, settings, writer
-from pytest_llmdeterminism.backends import ModelCache
-from pytest_llmdeterminism.environment import PinnedEnvironment
-from pytest_llmdeterminism.files import GoldenFiles
-from pytest_llmdeterminism.ledger import Ledger
-from pytest_llmdeterminism.options import Options
-from pytest_llmdeterminism.records import TestOutcomes
-from pytest_llmdeterminism.values import MARKER, engine_of
+from pytest_llmdeterminism.engines import ModelCache, numerics
+from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.goldens.files import GoldenFiles
+from pytest_llmdeterminism.reporting.records import TestOutcomes
+from pytest_llmdeterminism.run import markers as settings
+from pytest_llmdeterminism.run import writer
+from pytest_llmdeterminism.run.ledger import Ledger
+from pytest_llmdeterminism.run.options import Options
+from pytest_llmdeterminism.shape import MARKER, engine_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_llmdeterminism.golden import GoldenTokens
-    from pytest_llmdeterminism.model import LLMModel
-    from pytest_llmdeterminism.settings import ItemSettings
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
+    from pytest_llmdeterminism.run.markers import ItemSettings
 
 _OUTCOMES = pytest.StashKey[TestOutcomes]()
 
@@ -55,7 +56,7 @@ class LLMSession:
         """Seed a deterministic test's generators once more, just before its function runs: another
         plugin's ``pytest_runtest_call`` (pytest-randomly's reseeding) runs after this plugin's seeding."""
         if item.get_closest_marker(MARKER):
-            from pytest_llmdeterminism.determinism import seed_all
+            from pytest_llmdeterminism.engines.determinism import seed_all
 
             seed_all(self.settings(item).generation.seed)
 
@@ -70,8 +71,8 @@ class LLMSession:
     def llm_model(self, item: pytest.Item) -> LLMModel:
         """The ``llm_model`` fixture's object for ``item``: the loaded model under its settings."""
         __tracebackhide__ = True
-        from pytest_llmdeterminism.audit import after_generate_hook
-        from pytest_llmdeterminism.model import LLMModel
+        from pytest_llmdeterminism.engines.audit import after_generate_hook
+        from pytest_llmdeterminism.engines.model import LLMModel
 
         resolved = self.settings(item)
         outcomes = self.outcomes(item)
@@ -83,7 +84,7 @@ class LLMSession:
     def golden_tokens(self, item: pytest.Item) -> GoldenTokens:
         """The ``golden_tokens`` fixture's object for ``item``."""
         __tracebackhide__ = True
-        from pytest_llmdeterminism.golden import GoldenTokens
+        from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
         resolved = self.settings(item)
         return GoldenTokens(self.files, self.outcomes(item), self.options, nodeid=item.nodeid,

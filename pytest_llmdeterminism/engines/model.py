@@ -12,20 +12,20 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from pytest_llmdeterminism.capture import Chunk
 from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.engines.capture import Chunk
+from pytest_llmdeterminism.engines.fingerprint import fingerprint
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
     ConfigurationError,
     PromptTooLongError,
     pasteable,
 )
-from pytest_llmdeterminism.fingerprint import fingerprint
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
-from pytest_llmdeterminism.values import GenerationSettings
+from pytest_llmdeterminism.shape import GenerationSettings
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.backends import LoadedModel
+    from pytest_llmdeterminism.engines import LoadedModel
 
 PROBE_STEPS = 3  # tokens the batch-invariance probe generates per row
 
@@ -63,7 +63,7 @@ class LLMModel:
 
         import torch
 
-        from pytest_llmdeterminism.backends.hf import HFEngine
+        from pytest_llmdeterminism.engines.hf import HFEngine
 
         key = f"dtype-copy:{dtype}"
         if key not in self._loaded.cache:

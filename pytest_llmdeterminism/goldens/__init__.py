@@ -1,0 +1,1 @@
+"""Golden files: schema and codec, where they live, and candidate review."""

@@ -1,0 +1,1 @@
+"""What a run decided, as failure text, terminal lines and report documents."""
