@@ -20,11 +20,12 @@ Measured (torch 2.9.1 arm64 CPU wheel, qemu-aarch64 7.2 on a 2-core AMD EPYC, 90
     portable  neoverse-n1  NEOVERSEN1    2 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39
     portable  a64fx        -             2 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39
     portable  cortex-a57   -             1 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39
-    portable  neoverse-n1  -             4 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39   (2026-12-01, Intel host)
+    portable  neoverse-n1  -             4 ARMV8       faa5c1fd faa5c1fd 6f9f8350 81db6c39   (*)
     native    max          ARMV8         2 ARMV8       faa5c1fd 8ae6cd2b f9a96efe 81db6c39
     native    max          NEOVERSEN1    2 NEOVERSEN1  6df7d0f5 8ae6cd2b f9a96efe 81db6c39
     native    a64fx        -             2 A64FX       faa5c1fd 8ae6cd2b 6f9f8350 81db6c39
     native    neoverse-n1  -             1 NEOVERSEN1  6df7d0f5 8ae6cd2b f7a12d70 81db6c39
+    (*) 2026-12-01, Intel host
 
 Natively ``mm`` follows the core type, ``linear`` goes to oneDNN and ``bmm`` to oneDNN (BF16 CPUs)
 or OpenBLAS by core type: three hashes. The tiny model's GEMMs are too small to differ either way.
@@ -76,13 +77,15 @@ def child(mode: str, smollm2: bool) -> None:
            "bmm": short(torch.bmm(x.view(2, 8, 1024), w.view(2, 1024, 1024)))}
     for name, spec, shape in [("tiny", "builtin:tiny", BatchShape(2, 32))] + (
             [("smollm2", str(SMOLLM2), BatchShape(2, 16))] if smollm2 else []):
-        llm = LLMModel(load(spec, dtype="float32", device="cpu", cpu_numerics=mode), GenerationSettings(shape, 8, 0))
+        llm = LLMModel(load(spec, dtype="float32", device="cpu", cpu_numerics=mode),
+                       GenerationSettings(shape, 8, 0))
         hashes = [h for result in llm.generate(PROMPTS) for h in result.logit_hashes]
         row[name] = xxhash.xxh3_64_hexdigest("".join(hashes).encode())[:8]
     print("ROW " + json.dumps(row), flush=True)
 
 
-def run(arm64: Path, qemu: str, config: tuple[str, str, str | None, int], smollm2: bool) -> subprocess.Popen[str]:
+def run(arm64: Path, qemu: str, config: tuple[str, str, str | None, int],
+        smollm2: bool) -> subprocess.Popen[str]:
     mode, cpu, coretype, threads = config
     pinned = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_MATMUL_MIN_DIM"}
     env = {k: v for k, v in os.environ.items() if k not in pinned}
@@ -104,25 +107,27 @@ def main() -> None:
         return child(args.child, args.smollm2)
     from pytest_llmdeterminism.engines.fingerprint import cache_dir
 
-    arm64, qemu = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64")), shutil.which("qemu-aarch64")
+    arm64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
+    qemu = shutil.which("qemu-aarch64")
     if qemu is None or not (arm64 / "READY").is_file():
         sys.exit(f"needs qemu-aarch64 and the arm64 root in {arm64}: run scripts/arm64_root.sh")
     columns = ["mm", "linear", "bmm", "tiny"] + (["smollm2"] if args.smollm2 else [])
-    print(f"{'mode':9} {'-cpu':12} {'forced':11} {'thr':>3} {'openblas':11} " + " ".join(f"{c:8}" for c in columns)
-          + "  seconds")
+    print(f"{'mode':9} {'-cpu':12} {'forced':11} {'thr':>3} {'openblas':11} "
+          + " ".join(f"{c:8}" for c in columns) + "  seconds")
     pending = [config for config in CONFIGS if args.mode in (None, config[0])]
     while pending:
         batch, pending = pending[:args.parallel], pending[args.parallel:]
         started = time.monotonic()
         processes = [(config, run(arm64, qemu, config, args.smollm2)) for config in batch]
-        for (mode, cpu, coretype, threads), process in processes:
+        for (mode, cpu, coretype, _threads), process in processes:
             output, _ = process.communicate()
             rows = [line[4:] for line in output.splitlines() if line.startswith("ROW ")]
             if not rows:
                 print(f"{mode} -cpu {cpu}: failed\n{output[-2000:]}")
                 continue
             row = json.loads(rows[0])
-            print(f"{mode:9} {cpu:12} {coretype or '-':11} {row['threads']:>3} {row['blas_coretype'] or '?':11} "
+            print(f"{mode:9} {cpu:12} {coretype or '-':11} {row['threads']:>3} "
+                  f"{row['blas_coretype'] or '?':11} "
                   + " ".join(f"{row[c]:8}" for c in columns) + f"  {time.monotonic() - started:.0f}")
 
 

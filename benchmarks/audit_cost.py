@@ -29,7 +29,8 @@ def main() -> None:
 
     specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
     for spec in specs:
-        llm = LLMModel(load(spec, dtype="float32", device="cpu"), GenerationSettings(BatchShape(4, 32), 16, 0))
+        llm = LLMModel(load(spec, dtype="float32", device="cpu"),
+                       GenerationSettings(BatchShape(4, 32), 16, 0))
         prompt = "The capital of France is"
         llm.generate(prompt)
         plain, audited = [], []

@@ -38,15 +38,17 @@ def model(spec: str, max_new_tokens: int):
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    return LLMModel(load(spec, dtype="float32", device="cpu"), GenerationSettings(BatchShape(4, 64), max_new_tokens, 0))
+    return LLMModel(load(spec, dtype="float32", device="cpu"),
+                    GenerationSettings(BatchShape(4, 64), max_new_tokens, 0))
 
 
 def start_server(gguf: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                               "--port", str(port), "--n_threads", "1", "--n_ctx", "2048", "--seed", "0"],
+    server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
+                               "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
+                               "--n_ctx", "2048", "--seed", "0"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):
@@ -92,15 +94,17 @@ def main() -> None:
         bare_llama = llama.model
         rows = [
             ("llama.cpp in process (1 thread)", lambda: llama.generate(PROMPTS),
-             lambda: [bare_llama.create_completion(p, max_tokens=n, temperature=0.0, top_k=1, repeat_penalty=1.0)
+             lambda: [bare_llama.create_completion(p, max_tokens=n, temperature=0.0, top_k=1,
+                                                   repeat_penalty=1.0)
                       for p in PROMPTS]),
             ("OpenAI-compatible server (HTTP)", lambda: served.generate(PROMPTS),
              lambda: [post(url, {"prompt": p, "max_tokens": n, "temperature": 0.0, "repeat_penalty": 1.0})
                       for p in PROMPTS]),
             # where the server's time goes: the same bare request, asking for top-5 logprobs
-            ("  bare request + logprobs=5", lambda: [post(url, {"prompt": p, "max_tokens": n, "temperature": 0.0,
-                                                                "repeat_penalty": 1.0, "logprobs": 5})
-                                                     for p in PROMPTS],
+            ("  bare request + logprobs=5",
+             lambda: [post(url, {"prompt": p, "max_tokens": n, "temperature": 0.0, "repeat_penalty": 1.0,
+                                 "logprobs": 5})
+                      for p in PROMPTS],
              lambda: [post(url, {"prompt": p, "max_tokens": n, "temperature": 0.0, "repeat_penalty": 1.0})
                       for p in PROMPTS]),
         ]

@@ -98,8 +98,9 @@ def main() -> None:
     total = args.files * args.entries
     print(f"{total} goldens ({args.files} files x {args.entries} entries x {args.steps} steps, "
           f"{result['megabytes']:.1f} MB), median of {args.rounds} rounds:")
-    print(f"  write (merge per file: lock, read, validate, format, atomic replace)  {result['write_s']:6.2f} s")
-    print(f"  read + validate + compare every golden                                {result['read_check_s']:6.2f} s")
+    print(f"  {'write (merge per file: lock, read, validate, format, atomic replace)':70}"
+          f"{result['write_s']:6.2f} s")
+    print(f"  {'read + validate + compare every golden':70}{result['read_check_s']:6.2f} s")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def probe(threads: int, timed: bool) -> dict:
     result = {"effective": numerics.effective(), "hashes": hashes}
     if timed:
         head = torch.randn(49152, 576)
-        for label, rows, w in (("decode (1 row, 49152x576)", 1, head), ("prefill (121 rows, 1536x576)", 121, weight)):
+        for label, rows, w in (("decode (1 row, 49152x576)", 1, head),
+                               ("prefill (121 rows, 1536x576)", 121, weight)):
             x = torch.randn(rows, 576)
             for _ in range(3):
                 torch.nn.functional.linear(x, w)
@@ -82,12 +83,15 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         print(json.dumps(probe(int(sys.argv[2]), sys.argv[3] == "1")))
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpus", nargs="*", default=["Haswell", "EPYC"], help="qemu -cpu models to compare with (none: time only)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpus", nargs="*", default=["Haswell", "EPYC"],
+                        help="qemu -cpu models to compare with (none: time only)")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     args = parser.parse_args()
     rows = [("native", None, None, "", "")] + [(f"{c} + aten {a}", c, a, "", "") for c, a in CANDIDATES]
-    print("candidate | threads | portable across host and " + ", ".join(args.cpus) + " | decode ms | prefill ms")
+    print("candidate | threads | portable across host and " + ", ".join(args.cpus)
+          + " | decode ms | prefill ms")
     for label, cbwr, aten, _, _ in rows:
         for threads in args.threads:
             host = run(cbwr, aten, threads, None, timed=True)
@@ -98,7 +102,8 @@ def main() -> None:
                 if wrong:
                     differing.append(f"{cpu} ({other['effective']['mkl_cbwr']}): {len(wrong)} of "
                                      f"{len(host['hashes'])} GEMMs differ")
-            verdict = "not compared" if not args.cpus else "no: " + "; ".join(differing) if differing else "yes"
+            verdict = ("not compared" if not args.cpus
+                       else "no: " + "; ".join(differing) if differing else "yes")
             print(f"{label} | {threads} | {verdict} | {host['decode (1 row, 49152x576)']:.2f} | "
                   f"{host['prefill (121 rows, 1536x576)']:.2f}", flush=True)
 

@@ -14,9 +14,10 @@ The three processes load their model once (timed, imports of torch and transform
 then take turns: round r runs every prompt in each process, the order rotating from round to round,
 so machine noise hits all alike. Per prompt, each side's median over the rounds; ratios to the
 plain side: the median over the prompts that run to ``max_new_tokens`` ("per call"), the long
-prompt (300 tokens, prefill-heavy), and the prompt that stops at EOS early. Then the wall time of a whole ``pytest`` run of a small file (four tests),
-plain vs plugin, alternating. A spread figure (the larger of the two sides' median absolute
-deviation over the median, per prompt) says how far the ratio can be trusted on this machine.
+prompt (300 tokens, prefill-heavy), and the prompt that stops at EOS early. Then the wall time of a
+whole ``pytest`` run of a small file (four tests), plain vs plugin, alternating. A spread figure
+(the larger of the two sides' median absolute deviation over the median, per prompt) says how far
+the ratio can be trusted on this machine.
 Ratios print last.
 """
 
@@ -120,7 +121,8 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mod
     def call(prompt: object) -> int:
         index = prompts.index(prompt)
         golden = GoldenTokens(files, TestOutcomes(), options,  # one GoldenFiles per run, as in pytest
-                              nodeid=f"test_bench.py::test_{index}", test_path=test_path, tokenizer=lambda: None)
+                              nodeid=f"test_bench.py::test_{index}", test_path=test_path,
+                              tokenizer=lambda: None)
         generation = llm.generate(prompt)
         comparison = golden.check(generation)
         assert comparison is not None and comparison.verdict.value == "IDENTICAL", comparison
@@ -165,8 +167,8 @@ class Side:
         for name in NUMERICS_ENV:
             env.pop(name, None)  # plain: native kernels; the plugin side pins its own
         self.process = subprocess.Popen([sys.executable, __file__, "--side", role, spec, str(max_new_tokens),
-                                         str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        env=env, cwd=ROOT)
+                                         str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=env, cwd=ROOT)
         self.load_s = self._read()["load_s"]
 
     def round(self) -> dict:
@@ -277,7 +279,8 @@ def whole_runs(spec: str, max_new_tokens: int, rounds: int) -> dict:
                 # The plain side runs without the plugin loaded at all: the test as it was before.
                 extra_args = ["-p", "no:llmdeterminism"] if role == "plain" else []
                 started = time.perf_counter()
-                subprocess.run([*base, *extra_args], cwd=folders[role], env=env, check=True, capture_output=True)
+                subprocess.run([*base, *extra_args], cwd=folders[role], env=env, check=True,
+                               capture_output=True)
                 walls[role].append(time.perf_counter() - started)
     medians = {role: statistics.median(w) for role, w in walls.items()}
     return {"wall_s": walls, "ratio_whole_run": medians["plugin"] / medians["plain"], **{
@@ -293,9 +296,11 @@ def main() -> None:
             plain_side(spec, prompts, max_new_tokens)
         else:
             folder.mkdir(parents=True, exist_ok=True)
-            plugin_side(spec, prompts, max_new_tokens, folder, "native" if role == "plugin-native" else "portable")
+            numerics_mode = "native" if role == "plugin-native" else "portable"
+            plugin_side(spec, prompts, max_new_tokens, folder, numerics_mode)
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", help="builtin:tiny or a .gguf file (repeatable)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
@@ -316,9 +321,12 @@ def main() -> None:
         name = Path(spec).name if not spec.startswith("builtin:") else spec
         print(f"  {name} (spread ±{r['spread']:.0%}; load: plain {r['load_s']['plain']:.1f} s, plugin "
               f"{r['load_s']['plugin']:.1f} s, plugin native {r['load_s']['plugin-native']:.1f} s)")
-        for role, label in (("plugin", "defaults (portable numerics)"), ("plugin-native", "llm_cpu_numerics=native")):
-            whole = f"; whole pytest run {r['ratio_whole_run']:.2f}x" if role == "plugin" and "ratio_whole_run" in r else ""
-            print(f"    {label:30} per call {r[role]['per_call']:.2f}x, long prompt {r[role]['long_prompt']:.2f}x, "
+        for role, label in (("plugin", "defaults (portable numerics)"),
+                            ("plugin-native", "llm_cpu_numerics=native")):
+            whole = (f"; whole pytest run {r['ratio_whole_run']:.2f}x"
+                     if role == "plugin" and "ratio_whole_run" in r else "")
+            print(f"    {label:30} per call {r[role]['per_call']:.2f}x, "
+                  f"long prompt {r[role]['long_prompt']:.2f}x, "
                   f"early-EOS prompt {r[role]['early_eos']:.2f}x{whole}")
 
 

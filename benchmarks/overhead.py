@@ -61,7 +61,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
         results = llm.generate(PROMPTS)
     except BatchInvarianceProbeError:  # native kernels whose rows differ here: the plugin refuses them
         results = None
-    for prompt, result in zip(PROMPTS, results or []):
+    for prompt, result in zip(PROMPTS, results or [], strict=False):  # none when the probe refused
         golden.check(result, name=prompt)
     if results is not None:
         recorder.collect(outcomes.to_json())
@@ -71,7 +71,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
 
     def plugin_run():
         golden = GoldenTokens(checker, TestOutcomes(), "test_bench.py::test_bench", test_file, lambda: None)
-        for prompt, result in zip(PROMPTS, llm.generate(PROMPTS)):
+        for prompt, result in zip(PROMPTS, llm.generate(PROMPTS), strict=True):
             golden.check(result, name=prompt)
 
     def bare_run(**extra):
@@ -134,7 +134,8 @@ def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -
     native_plugin = medians.get("native_plugin_s")  # None: refused, rows not invariant natively here
     return {**medians, "native_plugin_s": native_plugin,
             "portable_vs_native_bare": medians["portable_bare_s"] / medians["native_bare_s"],
-            "portable_vs_native_plugin": medians["portable_plugin_s"] / native_plugin if native_plugin else None,
+            "portable_vs_native_plugin":
+                medians["portable_plugin_s"] / native_plugin if native_plugin else None,
             "plugin_vs_bare_portable": medians["portable_plugin_s"] / medians["portable_bare_s"],
             "plugin_portable_vs_bare_native": medians["portable_plugin_s"] / medians["native_bare_s"],
             "probe_vs_plugin_portable": medians["portable_probe_s"] / medians["portable_plugin_s"]}
@@ -211,7 +212,8 @@ def main() -> None:
         timing = time_side_by_side(spec, args.shape, args.max_new_tokens, args.rounds)
         memory = {}
         for tokens in () if args.no_memory else (args.max_new_tokens, args.max_new_tokens * 4):
-            growth = {v: peak_rss_child(spec, args.shape, tokens, v) for v in ("bare", "plugin", "output_logits")}
+            growth = {v: peak_rss_child(spec, args.shape, tokens, v)
+                      for v in ("bare", "plugin", "output_logits")}
             memory[tokens] = {**{f"{v}_mib": g for v, g in growth.items()},
                               "delta_mib": growth["plugin"] - growth["bare"]}
         if args.json:
@@ -220,10 +222,13 @@ def main() -> None:
             continue
         t = timing
         print(f"{name}: {len(PROMPTS)} prompts at {args.shape}, {args.max_new_tokens} new tokens, "
-              f"medians of {2 * max(1, args.rounds // 2)} rounds per mode (processes alternate native/portable)")
+              f"medians of {2 * max(1, args.rounds // 2)} rounds per mode "
+              "(processes alternate native/portable)")
         print(f"  {'':38}{'native':>10}{'portable':>11}")
-        for label, key in (("bare generate()", "bare"), ("bare generate(), deterministic flags", "bare_deterministic"),
-                           ("plugin generate + check", "plugin"), ("batch-invariance probe (once/session)", "probe")):
+        for label, key in (("bare generate()", "bare"),
+                           ("bare generate(), deterministic flags", "bare_deterministic"),
+                           ("plugin generate + check", "plugin"),
+                           ("batch-invariance probe (once/session)", "probe")):
             native = f"{t[f'native_{key}_s'] * 1000:7.1f} ms" if t[f"native_{key}_s"] else "refused"
             print(f"  {label:38}{native:>10}{t[f'portable_{key}_s'] * 1000:8.1f} ms")
         plugin = f"{t['portable_vs_native_plugin']:.2f}x" if t["portable_vs_native_plugin"] else \

@@ -36,7 +36,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        (folder / "pytest.ini").write_text(f"[pytest]\nllm_model = {args.model}\nllm_batch_shape = {args.shape}\n"
+        (folder / "pytest.ini").write_text(f"[pytest]\nllm_model = {args.model}\n"
+                                           f"llm_batch_shape = {args.shape}\n"
                                            f"llm_max_new_tokens = {args.max_new_tokens}\n")
         (folder / "test_suite.llm.jsonl").write_text(
             "".join(json.dumps({"id": f"p{i:02d}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))

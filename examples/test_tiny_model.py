@@ -26,7 +26,7 @@ def test_capitals(llm_model, golden_tokens, country):
 def test_batch_of_prompts(llm_model, golden_tokens):
     # One call, one fixed-shape batch: each prompt gets the result it would get alone.
     prompts = ["Count: one,", "The colour of the sky is", "def add(a, b):"]
-    for prompt, result in zip(prompts, llm_model.generate(prompts)):
+    for prompt, result in zip(prompts, llm_model.generate(prompts), strict=True):
         golden_tokens.check(result, name=prompt)
 
 

@@ -45,9 +45,11 @@ def pytest_run(project: Path, label: str, *args: str) -> dict[str, Any] | None:
     """One pytest run in its own process; its --llm-report, or None (the output's tail is printed)."""
     report = project / f"{label}.json"
     env = {key: value for key, value in os.environ.items() if key != "CI"}  # CI refuses golden updates
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--llm-report={report}", *args]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--llm-report={report}",
+               *args]
     try:
-        done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300,
+                              check=False)
         output, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired:
         output, code = "TIMED OUT after 300 s", -1
@@ -69,7 +71,8 @@ def verdict_table(data: dict[str, Any] | None) -> None:
     print(f"\n{'golden':<28} {'compared with':<20} {'verdict':<13} {'first diff':>10} {'max |dlogprob|':>15}")
     for check in sorted(checks, key=lambda c: c["name"]):
         first, delta = check["first_divergence"], check["max_logprob_delta"]
-        print(f"{check['name']:<28} {check['variant']:<20} {check['verdict']:<13} {'-' if first is None else first:>10} "
+        print(f"{check['name']:<28} {check['variant']:<20} {check['verdict']:<13} "
+              f"{'-' if first is None else first:>10} "
               f"{'-' if delta is None else format(delta, '.3g'):>15}")
     print("verdicts:", dict(Counter(check["verdict"] for check in checks)) or "none")
 
@@ -82,7 +85,8 @@ def cuda_facts() -> None:
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
     if torch.cuda.is_available():
         print(f"device 0: {torch.cuda.get_device_name(0)}, compute capability "
-              f"{'.'.join(map(str, torch.cuda.get_device_capability(0)))}, {torch.cuda.device_count()} visible")
+              f"{'.'.join(map(str, torch.cuda.get_device_capability(0)))}, "
+              f"{torch.cuda.device_count()} visible")
     else:
         print("CUDA is not available: the vLLM and CUDA runs below will fail")
     try:
@@ -92,13 +96,16 @@ def cuda_facts() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", type=Path, default=TINY, help="a local model folder (safetensors)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", type=Path, default=TINY,
+                        help="a local model folder (safetensors)")
     parser.add_argument("--knobs", default=None, help="vllm: knobs, e.g. max_model_len=4096 (default: "
                         "max_model_len=512 for the tiny model, none otherwise)")
     args = parser.parse_args()
     folder = args.model.resolve()
-    knobs = args.knobs if args.knobs is not None else ("max_model_len=512" if folder == TINY.resolve() else "")
+    tiny_knobs = "max_model_len=512" if folder == TINY.resolve() else ""
+    knobs = args.knobs if args.knobs is not None else tiny_knobs
     vllm_spec = f"--llm-model=vllm:{folder}" + (f"#{knobs}" if knobs else "")
     hf_spec, cuda = f"--llm-model={folder}", "--llm-device=cuda"
     cuda_facts()

@@ -96,7 +96,8 @@ def train_model(texts: list[str], out: Path) -> None:
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
     )
     model = LlamaForCausalLM(config)
-    ids = [[*tokenizer(t)["input_ids"], tokenizer.eos_token_id] for t in texts]  # BOS comes from the tokenizer
+    # BOS comes from the tokenizer
+    ids = [[*tokenizer(t)["input_ids"], tokenizer.eos_token_id] for t in texts]
     optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(SEED)
     model.train()
