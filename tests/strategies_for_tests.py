@@ -14,7 +14,7 @@ def generations(draw, steps=None):
     for _ in range(n):
         values = sorted(draw(st.lists(_logprob, min_size=2, max_size=5)), reverse=True)
         ids = draw(st.lists(st.integers(0, 50_000), min_size=len(values), max_size=len(values), unique=True))
-        tops.append(tuple(zip(ids, values)))
+        tops.append(tuple(zip(ids, values, strict=True)))
     text = st.text(max_size=20)
     return Generation(
         prompt=draw(text),

@@ -49,7 +49,7 @@ def test_the_copy_loads_and_drifts_or_changes_tokens(tmp_path, make_llm, scale, 
     assert llm_golden("perturb", "builtin:tiny", dest, f"--scale={scale}", cwd=tmp_path).returncode == 0
     before = make_llm().generate(PROMPTS)
     after = generations(dest, make_llm)
-    verdicts = {compare(golden, now).verdict for golden, now in zip(before, after)}
+    verdicts = {compare(golden, now).verdict for golden, now in zip(before, after, strict=True)}
     assert changed <= verdicts and Verdict.IDENTICAL not in verdicts
 
 

@@ -31,7 +31,7 @@ IDS = {" Paris": 7042, ".": 30, " the": 260, " London": 4649, ",": 28}
 def response(tokens, tops, *, prompt_tokens=5, finish="length"):
     return {"choices": [{"text": "".join(tokens), "finish_reason": finish,
                          "logprobs": {"tokens": tokens, "top_logprobs": tops,
-                                      "token_logprobs": [top[t] for t, top in zip(tokens, tops)]}}],
+                                      "token_logprobs": [top[t] for t, top in zip(tokens, tops, strict=True)]}}],
             "usage": {"prompt_tokens": prompt_tokens}}
 
 

@@ -283,7 +283,7 @@ LIES = {
                       '[{"The": -Infinity, " zebra": -Infinity}'),
     "a logprob of the wrong type": (_set("logprobs.token_logprobs", lambda v: [*v[:-1], "-0.1"]),
                                     "got `str` - at `$.choices[0].logprobs.token_logprobs[3]`"),
-    "a probability above 1": (_set("logprobs.top_logprobs", lambda v: [{k: 0.5 for k in t} for t in v]),
+    "a probability above 1": (_set("logprobs.top_logprobs", lambda v: [dict.fromkeys(t, 0.5) for t in v]),
                               "choices[0].logprobs.top_logprobs[0]['The']: 0.5 is no log-probability"),
     "tokens of the wrong type": (_set("logprobs.tokens", lambda v: list(range(len(v)))),
                                  "Expected `str`, got `int` - at `$.choices[0].logprobs.tokens[0]`"),

@@ -93,7 +93,7 @@ def test_step_records_are_consistent(make_llm):
     gen = make_llm(max_new_tokens=10).generate("Once upon a time")
     assert gen.finish_reason == "length" and len(gen.token_ids) == 10
     assert len(set(gen.logit_hashes)) == 10 and all(len(h) == 16 for h in gen.logit_hashes)
-    for top, margin in zip(gen.top_logprobs, gen.margins):
+    for top, margin in zip(gen.top_logprobs, gen.margins, strict=True):
         assert len(top) == 5
         assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
         assert margin == pytest.approx(top[0][1] - top[1][1], abs=2e-6)
