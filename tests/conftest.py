@@ -15,6 +15,29 @@ SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smoll
                    / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+# Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the inner-loop command).
+# Marked here from what a test uses, so a new test lands in its tier without a decorator.
+TIER_BY_FIXTURE = {
+    "pytester": "pytester",  # runs pytest on a project it writes, in this process or a child
+    "smollm2_gguf": "real_model",  # the real SmolLM2-135M
+    "llama_server": "engines",  # a llama.cpp OpenAI-compatible server process
+}
+TIER_BY_FILE = {
+    "test_engines.py": "engines",  # llama.cpp in process and served
+    "test_cross_cpu.py": "emulated",  # qemu-x86_64 runs pytest under other CPUs
+    "test_cross_arch.py": "emulated",  # qemu-aarch64 runs an arm64 Python
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        tiers = {tier for fixture, tier in TIER_BY_FIXTURE.items() if fixture in fixtures}
+        tiers.update(tier for name, tier in TIER_BY_FILE.items() if item.path.name == name)
+        for tier in sorted(tiers):
+            item.add_marker(tier)
+
+
 @pytest.fixture(autouse=True)
 def _not_in_ci(monkeypatch):
     """The suite itself runs in CI (CI=true), where the plugin refuses to write goldens; the
@@ -170,14 +193,16 @@ class LlamaServer:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                pytest.fail(f"the llama.cpp server exited ({self.process.returncode}):\n{self.log.read_text()[-2000:]}")
+                pytest.fail(f"the llama.cpp server exited ({self.process.returncode}):\n"
+                            f"{self.log.read_text()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"{self.url}/models", timeout=2):
                     return
             except OSError:
                 time.sleep(0.2)
         self.stop()
-        pytest.fail(f"the llama.cpp server did not answer within {seconds:.0f} s:\n{self.log.read_text()[-2000:]}")
+        pytest.fail(f"the llama.cpp server did not answer within {seconds:.0f} s:\n"
+                    f"{self.log.read_text()[-2000:]}")
 
     def spec(self, tokenizer: Path) -> str:
         return f"openai:{self.url}#tokenizer={tokenizer}"
