@@ -40,7 +40,8 @@ def model_folders(tmp_path_factory):
     folders = {"llama (builtin:tiny)": BUILTIN_MODELS["tiny"]}
     for name, sizes in ARCHITECTURES.items():
         folder = tmp_path_factory.mktemp(name)
-        config = AutoConfig.for_model(name, vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0, **sizes)
+        config = AutoConfig.for_model(name, vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                      **sizes)
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
         for file in TOKENIZER_FILES:
@@ -67,4 +68,5 @@ def test_every_architecture_is_batch_invariant_under_portable_numerics(model_fol
         llm = LLMModel(loaded, GenerationSettings(BatchShape(4, 32), 4, 0), note=notes.append)
         llm.generate("The capital of France is")  # the plugin's own probe: raises if rows differ
         assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"], name
-        assert_batch_invariant(llm, "The capital of France is", ["The sky is", "Count: one, two,", "def add(a, b):"])
+        assert_batch_invariant(llm, "The capital of France is",
+                               ["The sky is", "Count: one, two,", "def add(a, b):"])

@@ -31,7 +31,8 @@ def test_candidates_written_in_ci_are_accepted_locally_then_pass(project, tmp_pa
     in_ci = project.runpytest(f"--llm-model={changed}", "--llm-golden-artifacts=artifacts")
     in_ci.assert_outcomes(failed=4)
     # Every check of every test was judged: one CI run gives a candidate for each of the 6 checks.
-    in_ci.stdout.fnmatch_lines(["*3 golden checks failed in this test (every check ran and has its candidate):",
+    in_ci.stdout.fnmatch_lines(["*3 golden checks failed in this test (every check ran and has "
+                                "its candidate):",
                                 "wrote artifacts/__golden__/test_suite.json (6 candidate(s))"])
     candidates = json.loads((project.path / "artifacts" / GOLDEN).read_text())["goldens"]
     assert set(candidates) == set(golden_keys(project))
@@ -98,7 +99,8 @@ def test_bf16_candidates_are_paired_with_the_float32_goldens_they_were_checked_a
     lines = diff.stdout.strip().splitlines()
     cases, summary = lines[:-1], lines[-1]
     # every check of every test ran and has its candidate, the three of test_two_checks too
-    assert len(cases) == 6 and all("['cpu/bfloat16'] (vs cpu/float32)  " in line for line in cases), diff.stdout
+    assert len(cases) == 6, diff.stdout
+    assert all("['cpu/bfloat16'] (vs cpu/float32)  " in line for line in cases), diff.stdout
     assert not any(line.startswith(("NEW", "ABSENT")) for line in cases)
     assert all(line.split()[0] in {"IDENTICAL", "LOGIT_DRIFT", "TIE_FLIP"} for line in cases), diff.stdout
     assert sum(int(n) for n in re.findall(r"(\d+) [A-Z_]+", summary)) == 6
@@ -130,7 +132,8 @@ def test_goldens_kept_under_llm_golden_dir_are_accepted_with_golden_dir(suite, t
     suite.makepyfile(test_suite=SUITE)
     suite.runpytest("--llm-golden-dir=goldens", "--llm-golden-update").assert_outcomes(passed=4)
     changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
-    ci = suite.runpytest(f"--llm-model={changed}", "--llm-golden-dir=goldens", "--llm-golden-artifacts=artifacts")
+    ci = suite.runpytest(f"--llm-model={changed}", "--llm-golden-dir=goldens",
+                         "--llm-golden-artifacts=artifacts")
     ci.assert_outcomes(failed=4)
     assert (suite.path / "artifacts" / "goldens" / "test_suite.json").is_file()  # mirrors the rootdir
     refused = llm_golden("accept", "artifacts", cwd=suite.path)

@@ -40,7 +40,8 @@ def test_a_candidate_of_a_variant_base_lacks_is_compared_with_the_plugins_fallba
 def test_a_base_variant_is_absent_only_when_no_candidate_was_paired_with_it():
     entry = recorded_entry()
     base = {"test_capital": {"cpu/float32": entry}, "test_gone": {"cpu/float32": entry}}
-    candidate = {"test_capital": {"cpu/float32": entry, "cpu/bfloat16": entry}, "test_new": {"cpu/float32": entry}}
+    candidate = {"test_capital": {"cpu/float32": entry, "cpu/bfloat16": entry},
+                 "test_new": {"cpu/float32": entry}}
     cases = review_goldens("test_x.json", base, candidate)
     assert [(c.key, c.variant, c.verdict, c.compared_with) for c in cases] == [
         ("test_capital", "cpu/bfloat16", "IDENTICAL", "cpu/float32"),
@@ -83,12 +84,13 @@ def test_a_flip_at_a_near_tie_reads_tie_flip_and_fails_only_the_tie_flip_gate(ca
     default = llm_golden("diff", "__golden__", "artifacts/__golden__", cwd=cat_flip.path)
     assert default.returncode == 0, default.stdout + default.stderr
     lines = default.stdout.splitlines()
-    assert lines[0].startswith("TIE_FLIP       test_cat.json ['test_cat']['cpu/float32']  step 0: 276 -> 326, "
-                               "golden margin 0.02"), lines
+    assert lines[0].startswith("TIE_FLIP       test_cat.json ['test_cat']['cpu/float32']  step 0: 276 -> "
+                               "326, golden margin 0.02"), lines
     assert lines[0].endswith(" (tie margin 0.05)")
     assert lines[1] == "summary: 1 TIE_FLIP; nothing needs review (--fail-on=regression)"
     for level in ("tie_flip", "drift"):
-        strict = llm_golden("diff", "__golden__", "artifacts/__golden__", f"--fail-on={level}", cwd=cat_flip.path)
+        strict = llm_golden("diff", "__golden__", "artifacts/__golden__", f"--fail-on={level}",
+                            cwd=cat_flip.path)
         assert strict.returncode == 1, strict.stdout
         assert strict.stdout.endswith(f"summary: 1 TIE_FLIP; 1 case(s) need review (--fail-on={level})\n")
 
@@ -143,7 +145,8 @@ def test_folders_a_level_apart_are_named_with_the_pair_to_compare(tmp_path):
             shutil.copy(RECORDED, tmp_path / folder / name)
     base, cands = Path("project/tests/__golden__"), Path("cands")
     # CAND given at the artifact's top, BASE at __golden__: CAND must go two folders deeper.
-    assert aligned_folders(tmp_path / base, tmp_path / cands) == (tmp_path / base, tmp_path / "cands/tests/__golden__")
+    assert aligned_folders(tmp_path / base, tmp_path / cands) == (tmp_path / base,
+                                                                  tmp_path / "cands/tests/__golden__")
     # BASE given one folder too high: BASE goes into __golden__.
     assert aligned_folders(tmp_path / "project/tests", tmp_path / "cands/tests/__golden__") == (
         tmp_path / base, tmp_path / "cands/tests/__golden__")
@@ -152,9 +155,10 @@ def test_folders_a_level_apart_are_named_with_the_pair_to_compare(tmp_path):
     assert result.returncode == 1
     assert "NEW" in result.stdout and "ABSENT" in result.stdout
     assert result.stdout.splitlines()[-1] == (
-        "hint: no golden file is in both folders, but they pair up when CAND is 'cands/tests/__golden__', a folder "
-        "inside the one given: BASE and CAND must mirror each other (both a __golden__ folder, or both the folder "
-        "above it). Compare with: llm-golden diff project/tests/__golden__ cands/tests/__golden__")
+        "hint: no golden file is in both folders, but they pair up when CAND is 'cands/tests/__golden__', a "
+        "folder inside the one given: BASE and CAND must mirror each other (both a __golden__ folder, or "
+        "both the folder above it). Compare with: llm-golden diff project/tests/__golden__ "
+        "cands/tests/__golden__")
     fixed = llm_golden("diff", base, "cands/tests/__golden__", cwd=tmp_path)
     assert fixed.returncode == 0 and "hint:" not in fixed.stdout, fixed.stdout
     too_high = llm_golden("diff", "project/tests", "cands/tests/__golden__", cwd=tmp_path)

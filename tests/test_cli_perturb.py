@@ -82,7 +82,8 @@ def test_perturb_refuses_to_overwrite_and_writes_into_an_empty_folder(tmp_path):
     (dest / "notes.txt").write_text("mine")
     refused = llm_golden("perturb", "builtin:tiny", dest, "--scale=0.1", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stdout == ""
-    assert f"{str(dest)!r} already exists and is not an empty folder; perturb never overwrites" in refused.stderr
+    assert (f"{str(dest)!r} already exists and is not an empty folder; perturb never overwrites"
+            in refused.stderr)
     assert [p.name for p in dest.iterdir()] == ["notes.txt"]
     empty = tmp_path / "empty"
     empty.mkdir()

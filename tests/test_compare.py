@@ -50,8 +50,9 @@ def test_divergence_at_step_t_never_inspects_later_steps(gen, data):
     assert first.divergence is not None and first.divergence.step == step
     assert first.verdict in (Verdict.REGRESSION, Verdict.TIE_FLIP)
     # Rewrite everything after the divergence: the comparison must not change.
-    later = {"token_ids": diverged.token_ids[: step + 1] + (7,) * (len(gen.token_ids) - step - 1),
-             "logit_hashes": diverged.logit_hashes[: step + 1] + ("0" * 16,) * (len(gen.token_ids) - step - 1)}
+    rest = len(gen.token_ids) - step - 1
+    later = {"token_ids": diverged.token_ids[: step + 1] + (7,) * rest,
+             "logit_hashes": diverged.logit_hashes[: step + 1] + ("0" * 16,) * rest}
     assert compare(gen, dataclasses.replace(diverged, **later)) == first
 
 
@@ -89,7 +90,8 @@ def test_input_changes_are_reported_first_and_outputs_not_compared(gen):
     assert result.verdict is Verdict.INPUT_CHANGED and result.divergence is None
     fields = {name: (old, new) for name, old, new in result.input_changes}
     assert fields["batch_shape"] == (gen.batch_shape, "2x40")
-    assert fields["generation_config.repetition_penalty"] == (gen.generation_config.get("repetition_penalty"), 1.7)
+    penalty = gen.generation_config.get("repetition_penalty")
+    assert fields["generation_config.repetition_penalty"] == (penalty, 1.7)
     assert fields["prompt_token_ids"][1] == changed.prompt_token_ids
 
 
@@ -106,14 +108,15 @@ def test_a_larger_budget_judges_the_goldens_steps_and_leaves_the_new_ones_unjudg
     golden = budgeted([5, 6, 7, 8], 4)
     longer = compare(golden, budgeted([5, 6, 7, 8, 9, 10], 6))
     assert longer.verdict is Verdict.IDENTICAL and not longer.input_changes
-    assert (longer.budgets, longer.steps_compared, longer.new_steps, longer.unchecked_steps) == ((4, 6), 4, 2, 0)
+    assert (longer.budgets, longer.steps_compared, longer.new_steps,
+            longer.unchecked_steps) == ((4, 6), 4, 2, 0)
     drifted = compare(golden, budgeted([5, 6, 7, 8, 9], 5, hashes=["0" * 16] * 5))
     assert drifted.verdict is Verdict.LOGIT_DRIFT and drifted.first_hash_step == 0
     diverged = compare(golden, budgeted([5, 6, 42, 8, 9, 10], 6))
     assert diverged.verdict is Verdict.REGRESSION and diverged.divergence.step == 2
     # Only the steps both budgets cover are evidence: what came after the golden's end is not judged.
-    tail = compare(golden, budgeted([5, 6, 7, 8, 99, 99], 6, hashes=[*(f"{t:016x}" for t in (5, 6, 7, 8)), "0" * 16,
-                                                                     "0" * 16]))
+    tail = compare(golden, budgeted([5, 6, 7, 8, 99, 99], 6,
+                                    hashes=[*(f"{t:016x}" for t in (5, 6, 7, 8)), "0" * 16, "0" * 16]))
     assert tail.verdict is Verdict.IDENTICAL and tail.new_steps == 2
 
 
@@ -130,7 +133,8 @@ def test_a_smaller_budget_judges_the_steps_it_has():
     golden = budgeted([5, 6, 7, 8, 9, 10], 6)
     shorter = compare(golden, budgeted([5, 6, 7, 8], 4))
     assert shorter.verdict is Verdict.IDENTICAL
-    assert (shorter.budgets, shorter.steps_compared, shorter.new_steps, shorter.unchecked_steps) == ((6, 4), 4, 0, 2)
+    assert (shorter.budgets, shorter.steps_compared, shorter.new_steps,
+            shorter.unchecked_steps) == ((6, 4), 4, 0, 2)
     assert compare(golden, budgeted([5, 6, 7, 42], 4)).divergence.step == 3
     # The golden stopped at EOS before the smaller budget ran out: the run must stop there too.
     early = budgeted([5, 2], 6, finish="eos")

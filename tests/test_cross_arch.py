@@ -39,8 +39,8 @@ pytestmark = [
     pytest.mark.skipif(QEMU is None, reason="qemu-aarch64 is not installed: apt-get install qemu-user "
                                             "(.ci/run installs it)"),
     pytest.mark.skipif(not (ARM64 / "READY").is_file(),
-                       reason=f"no arm64 Python and torch in {ARM64}: run scripts/arm64_root.sh (.ci/run does; "
-                              "it needs apt-get, dpkg and PyPI)"),
+                       reason=f"no arm64 Python and torch in {ARM64}: run scripts/arm64_root.sh (.ci/run "
+                              "does; it needs apt-get, dpkg and PyPI)"),
 ]
 
 PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):", "The cat sat on the"]
@@ -110,7 +110,8 @@ def project(path: Path, model: str = "builtin:tiny", shape: str = "2x32", probe:
 def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(tmp_path):
     changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5)
     x86_recorded, arm64_recorded = project(tmp_path / "x86"), project(tmp_path / "arm64")
-    records = [Run(x86_recorded, "--llm-golden-update"), Run(arm64_recorded, "--llm-golden-update", arm64=True)]
+    records = [Run(x86_recorded, "--llm-golden-update"),
+               Run(arm64_recorded, "--llm-golden-update", arm64=True)]
     for run in records:
         assert summary(run.finish(0)) == "golden checks: 4 recorded"
 
@@ -127,7 +128,8 @@ def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(
         print(f"{direction}: {summary(output)}; {across(output)}")
         # The summary names what changed: the machine, the BLAS and torch (2.9.1's arm64 CPU wheel).
         changes = across(output)
-        assert "machine 'x86_64' → 'aarch64'" in changes or "machine 'aarch64' → 'x86_64'" in changes, output[-3000:]
+        assert ("machine 'x86_64' → 'aarch64'" in changes
+                or "machine 'aarch64' → 'x86_64'" in changes), output[-3000:]
         assert "blas " in changes and "'openblas'" in changes and "'mkl'" in changes, changes
         assert "torch " in changes, changes
         assert "batch invariance: verified at 2x32" in output, output[-3000:]
@@ -169,19 +171,22 @@ def test_capital(llm_model, golden_tokens):
 
 
 @pytest.mark.slow
-def test_arm64_smollm2_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path, smollm2_gguf):
+def test_arm64_smollm2_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path,
+                                                                                         smollm2_gguf):
     # Dequantised here, natively: parsing the GGUF file under emulation would add about 3 min a run.
     model = dequantized_copy(smollm2_gguf, tmp_path / "SmolLM2-135M-Instruct")
     probe = project(tmp_path / "probe", model=str(model), shape="1x16", probe=SMOLLM2_PROBE)
     native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native")
     # qemu's SVE CPUs (max, a64fx) run this model 3-5x slower; these two have none.
-    records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1", env={"OPENBLAS_CORETYPE": "NEOVERSEN1"}),
+    records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1",
+                   env={"OPENBLAS_CORETYPE": "NEOVERSEN1"}),
                Run(probe, *native, "--llm-golden-update", arm64=True, cpu="neoverse-n1",
                    env={"OPENBLAS_CORETYPE": "ARMV8"})]
     for run in records:
         assert summary(run.finish(0)) == "golden checks: 1 recorded"
 
-    other_cpu = Run(probe, "--llm-tolerance=exact", arm64=True, cpu="cortex-a57", env={"OPENBLAS_CORETYPE": "CORTEXA57"})
+    other_cpu = Run(probe, "--llm-tolerance=exact", arm64=True, cpu="cortex-a57",
+                    env={"OPENBLAS_CORETYPE": "CORTEXA57"})
     other_core = Run(probe, *native, arm64=True, cpu="neoverse-n1", env={"OPENBLAS_CORETYPE": "NEOVERSEN1"})
     output = other_cpu.finish(0)
     assert summary(output) == "golden checks: 1 IDENTICAL" and not across(output), output[-3000:]

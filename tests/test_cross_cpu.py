@@ -20,7 +20,8 @@ from pytest_llmdeterminism.engines import numerics
 
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = [
-    pytest.mark.skipif(platform.machine() != "x86_64", reason="qemu-x86_64 user mode emulates x86-64 hosts only"),
+    pytest.mark.skipif(platform.machine() != "x86_64",
+                       reason="qemu-x86_64 user mode emulates x86-64 hosts only"),
     pytest.mark.skipif(QEMU is None, reason="qemu-x86_64 is not installed: apt-get install qemu-user "
                                             "(.ci/run installs it)"),
 ]
@@ -53,7 +54,8 @@ def _environment() -> dict[str, str]:
     return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _pytest(project: Path, *args: str, cpu: str | None = None, threads: int | None = None) -> subprocess.Popen[str]:
+def _pytest(project: Path, *args: str, cpu: str | None = None,
+            threads: int | None = None) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     if cpu is not None:
         command = [str(QEMU), "-cpu", cpu, *command]
@@ -96,7 +98,7 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     # Negative control: native kernels on an SSE4.2-only CPU give other bits than native ones here.
     code, output = results[f"native on {old_isa}"]
     assert code == 1, output[-3000:]
-    assert "LOGIT_DRIFT (failed)" in output or "REGRESSION (failed)" in output or "TIE_FLIP (failed)" in output
+    assert any(f"{verdict} (failed)" in output for verdict in ("LOGIT_DRIFT", "REGRESSION", "TIE_FLIP"))
     assert "compared across environments:" in output and "cpu_capability" in output, output[-3000:]
 
 
@@ -104,10 +106,12 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
     """The llama.cpp engine's greedy choice and top-5 must not depend on the CPU's SIMD dispatch
     (numpy's argpartition did: a REGRESSION at step 7 of the first prompt under an emulated Haswell)."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -e '.[llamacpp]'")
-    (tmp_path / "pytest.ini").write_text(f"[pytest]\nllm_model = llamacpp:{smollm2_gguf}\nllm_batch_shape = 1x32\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = "
+                                         f"llamacpp:{smollm2_gguf}\nllm_batch_shape = 1x32\n")
     (tmp_path / "test_probe.py").write_text(PROBE.replace("max_new_tokens=4", "max_new_tokens=8"))
     code, output = _finish(_pytest(tmp_path, "--llm-golden-update"))
     assert code == 0 and "golden checks: 3 recorded" in output, output[-3000:]
     other_vendor, _ = _foreign_cpus()
     code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
-    assert code == 0 and "golden checks: 3 IDENTICAL" in output, f"under -cpu {other_vendor}:\n{output[-4000:]}"
+    assert code == 0 and "golden checks: 3 IDENTICAL" in output, \
+        f"under -cpu {other_vendor}:\n{output[-4000:]}"

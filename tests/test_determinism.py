@@ -106,4 +106,5 @@ def test_plugin_sets_cublas_workspace_before_conftests_and_warns_on_a_bad_value(
     result.stdout.fnmatch_lines(["*SEEN :4096:8*"])
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
     result = pytester.runpytest_subprocess("-s")
-    result.stdout.fnmatch_lines(["*PytestConfigWarning*':0:0' is set, which cuBLAS does not treat as deterministic*"])
+    result.stdout.fnmatch_lines(["*PytestConfigWarning*':0:0' is set, which cuBLAS does not treat as "
+                                 "deterministic*"])

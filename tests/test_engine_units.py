@@ -31,7 +31,8 @@ IDS = {" Paris": 7042, ".": 30, " the": 260, " London": 4649, ",": 28}
 def response(tokens, tops, *, prompt_tokens=5, finish="length"):
     return {"choices": [{"text": "".join(tokens), "finish_reason": finish,
                          "logprobs": {"tokens": tokens, "top_logprobs": tops,
-                                      "token_logprobs": [top[t] for t, top in zip(tokens, tops, strict=True)]}}],
+                                      "token_logprobs": [top[t]
+                                                         for t, top in zip(tokens, tops, strict=True)]}}],
             "usage": {"prompt_tokens": prompt_tokens}}
 
 
@@ -50,7 +51,8 @@ def test_a_server_step_is_recorded_as_ids_logprobs_and_a_hash_of_what_was_return
     assert row.tokens == [7042, 30] and row.pieces == [" Paris", "."] and row.text == " Paris."
     assert row.steps.top[0] == ((7042, -0.26), (260, -2.8), (4649, -4.4))
     assert row.steps.margins == [pytest.approx(2.54), pytest.approx(1.26)]
-    expected = json.dumps([" Paris", [[" Paris", -0.26], [" the", -2.8], [" London", -4.4]]], separators=(",", ":"))
+    expected = json.dumps([" Paris", [[" Paris", -0.26], [" the", -2.8], [" London", -4.4]]],
+                          separators=(",", ":"))
     assert row.steps.hashes[0] == xxhash.xxh3_64_hexdigest(expected.encode())
     assert row.finish_reason == "length"
     assert parse(response(["."], [{".": -0.1}], finish="stop")).finish_reason == "eos"
@@ -62,14 +64,15 @@ def test_a_token_text_with_no_id_gets_a_stable_id_above_any_vocabulary():
 
 
 def test_a_server_that_did_not_decode_greedily_fails_naming_the_step_and_both_tokens():
-    with pytest.raises(EngineError, match=r"did not decode greedily at step 1: it chose '-' \(logprob -2.3246\) "
-                                          r"over '\\n' \(-0.7076\)\. A server-side sampler or penalty is in force"):
+    with pytest.raises(EngineError, match=r"did not decode greedily at step 1: it chose '-' \(logprob "
+                                          r"-2.3246\) over '\\n' \(-0.7076\)\. A server-side sampler or "
+                                          r"penalty is in force"):
         parse(response(["\n", "-"], [{"\n": -1.0}, {"\n": -0.7076, "-": -2.3246}]))
 
 
 def test_a_server_that_counts_other_prompt_tokens_names_the_tokenizer():
-    with pytest.raises(EngineError, match="the server counts 6 prompt tokens where the local tokenizer counts 5: "
-                                          "#tokenizer= is not the served model's tokenizer"):
+    with pytest.raises(EngineError, match="the server counts 6 prompt tokens where the local tokenizer "
+                                          "counts 5: #tokenizer= is not the served model's tokenizer"):
         parse(response(["."], [{".": -0.1}], prompt_tokens=6))
 
 
@@ -81,10 +84,11 @@ def test_a_response_without_logprobs_says_what_the_server_must_support():
 
 
 def test_every_request_pins_greedy_decoding_and_neutral_penalties_of_known_servers():
-    config = resolve_generation_config({"max_new_tokens": 7}, max_new_tokens=16, eos_token_ids=[2], pad_token_id=2)
+    config = resolve_generation_config({"max_new_tokens": 7}, max_new_tokens=16, eos_token_ids=[2],
+                                       pad_token_id=2)
     body = request_body("m", "Hi", config, seed=3)
-    assert {k: body[k] for k in ("model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "logprobs",
-                                 "frequency_penalty", "presence_penalty", "repeat_penalty",
+    assert {k: body[k] for k in ("model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed",
+                                 "logprobs", "frequency_penalty", "presence_penalty", "repeat_penalty",
                                  "repetition_penalty")} == {
         "model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "n": 1, "seed": 3,
         "logprobs": 5, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repeat_penalty": 1.0,
@@ -99,7 +103,8 @@ def test_every_request_pins_greedy_decoding_and_neutral_penalties_of_known_serve
      "unknown option 'thread' after '#'; this engine takes: n_batch, n_ctx, n_ubatch, threads"),
     ("llamacpp:/no/such.gguf#threads", "'threads' after '#' is not key=value"),
     ("openai:127.0.0.1:8000/v1#tokenizer=x",
-     "'127.0.0.1:8000/v1' is not an http:// or https:// URL; expected openai:http://HOST:PORT/v1#tokenizer=PATH"),
+     "'127.0.0.1:8000/v1' is not an http:// or https:// URL; expected "
+     "openai:http://HOST:PORT/v1#tokenizer=PATH"),
     ("openai:http://127.0.0.1:9/v1", "name the served model's tokenizer"),
     ("openai:http://127.0.0.1:9/v1#tokenizer=/no/such", "no such tokenizer folder or .gguf file"),
 ])
@@ -118,7 +123,8 @@ def test_an_unreachable_server_fails_at_load_with_one_clear_message():
 
 def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(pytester):
     (pytester.path / "models").mkdir()
-    pytester.makeini("[pytest]\nllm_model = openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
+    pytester.makeini("[pytest]\nllm_model = "
+                     "openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
     pytester.makeconftest("""
 def pytest_configure(config):
     from pytest_llmdeterminism.run.options import read
@@ -155,14 +161,15 @@ def test_a_cross_engine_report_says_the_hashes_are_not_comparable(make_llm):
     served = dataclasses.replace(result, hash_definition="served-topk")
     text = mismatch("golden_tokens.check", "g.json", None, compare(result, served), result, served,
                     lambda t: str(t), profile="exact")
-    assert "LOGIT_DRIFT — same tokens; the step hashes are not comparable (golden hashes raw logits, this run " \
-           "hashes what a server returned)" in text
+    assert ("LOGIT_DRIFT — same tokens; the step hashes are not comparable (golden hashes raw logits, "
+            "this run hashes what a server returned)") in text
 
 
 def test_an_unknown_hash_definition_in_a_golden_file_is_refused(tmp_path, make_llm):
     path = tmp_path / "test_x.json"
     store.write(path, {"k": {"cpu/float32": store.to_entry(make_llm().generate("The cat"))}})
-    path.write_text(path.read_text().replace('"prompt": ', '"step_hash": "sha-of-the-moon",\n        "prompt": ', 1))
+    path.write_text(path.read_text().replace('"prompt": ',
+                                             '"step_hash": "sha-of-the-moon",\n        "prompt": ', 1))
     with pytest.raises(Exception, match="step_hash"):
         store.read(path)
 
@@ -180,7 +187,8 @@ def stopped(tokens, finish, eos=(7, 8), **fingerprint):
     from pytest_llmdeterminism.generation import Generation
 
     n = len(tokens)
-    return Generation(prompt="p", prompt_token_ids=(1,), token_ids=tuple(tokens), text="", logit_hashes=("0" * 16,) * n,
+    return Generation(prompt="p", prompt_token_ids=(1,), token_ids=tuple(tokens), text="",
+                      logit_hashes=("0" * 16,) * n,
                       top_logprobs=tuple(((t, -0.1), (99, -3.0)) for t in tokens), margins=(2.9,) * n,
                       finish_reason=finish, generation_config={"eos_token_id": list(eos)}, batch_shape="4x32",
                       fingerprint=fingerprint)
@@ -197,7 +205,8 @@ def test_a_stop_at_eos_is_one_step_whether_or_not_the_engine_returned_the_token(
 def test_the_batch_shape_is_no_input_for_an_engine_that_ran_each_prompt_alone():
     alone = dataclasses.replace(stopped([5], "length", rows_alone=True), batch_shape="1x64")
     assert compare(stopped([5], "length"), alone).verdict is Verdict.IDENTICAL
-    assert compare(stopped([5], "length"), dataclasses.replace(stopped([5], "length"), batch_shape="1x64")).verdict \
+    assert compare(stopped([5], "length"),
+                   dataclasses.replace(stopped([5], "length"), batch_shape="1x64")).verdict \
         is Verdict.INPUT_CHANGED
 
 
@@ -279,8 +288,8 @@ def test_penalties_a_server_applies_after_its_logprobs_are_refused_by_name(tiny,
 
 def test_an_api_key_comes_from_the_environment_never_from_the_spec(monkeypatch):
     monkeypatch.delenv("LLMDET_TEST_KEY", raising=False)
-    with pytest.raises(ConfigurationError, match="api_key_env=LLMDET_TEST_KEY names an environment variable that "
-                                                 "is not set"):
+    with pytest.raises(ConfigurationError, match="api_key_env=LLMDET_TEST_KEY names an environment variable "
+                                                 "that is not set"):
         load(f"openai:http://127.0.0.1:9/v1#tokenizer={BUILTIN_MODELS['tiny']}&api_key_env=LLMDET_TEST_KEY",
              dtype="float32", device="auto")
     with pytest.raises(ConfigurationError, match="unknown option 'api_key'"):
@@ -314,7 +323,8 @@ def test_vllm_outputs_beyond_max_tokens_or_the_vocabulary_are_refused():
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=steps)])]
 
     assert chunk_from_outputs(output([5, 6], [7]), spec="vllm:m", max_tokens=2, id_bound=8).tokens == [[5, 6]]
-    with pytest.raises(EngineError, match="vLLM returned 3 tokens for prompt 0 where the plugin asked for at most 2"):
+    with pytest.raises(EngineError,
+                       match="vLLM returned 3 tokens for prompt 0 where the plugin asked for at most 2"):
         chunk_from_outputs(output([5, 6, 7], [1]), spec="vllm:m", max_tokens=2, id_bound=8)
     with pytest.raises(EngineError, match=r"token id 9 at step 0 of prompt 0, outside the model's vocabulary "
                                           r"\(0 to 7\)"):

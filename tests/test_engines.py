@@ -37,7 +37,8 @@ def record_and_reproduce(pytester, spec: str, variant: str) -> dict:
 def test_llamacpp_in_process_records_and_reproduces_bitwise(pytester, smollm2_gguf):
     goldens = record_and_reproduce(pytester, f"llamacpp:{smollm2_gguf}", "llamacpp:cpu/Q4_1")
     capital = goldens["test_capital"]["llamacpp:cpu/Q4_1"]
-    assert "Paris" in capital["text"] and "step_hash" not in capital  # raw logits: the transformers definition
+    # no step_hash: raw logits, the transformers definition
+    assert "Paris" in capital["text"] and "step_hash" not in capital
     fingerprint = capital["fingerprint"]
     assert fingerprint["engine"] == "llamacpp" and fingerprint["dtype"] == "Q4_1"
     assert (fingerprint["threads"], fingerprint["n_batch"], fingerprint["n_ubatch"]) == (1, 512, 512)
@@ -139,13 +140,16 @@ def test_what_only_transformers_does_is_refused_by_name_on_llamacpp(smollm2_gguf
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    with pytest.raises(ConfigurationError, match="llm_dtype = 'bfloat16': llama.cpp runs the GGUF file's own weights"):
+    with pytest.raises(ConfigurationError,
+                       match="llm_dtype = 'bfloat16': llama.cpp runs the GGUF file's own weights"):
         load(f"llamacpp:{smollm2_gguf}", dtype="bfloat16", device="auto")
     loaded = load(f"llamacpp:{smollm2_gguf}", dtype="float32", device="auto")
-    assert loaded.engine.eos_token_ids() == [2] and loaded.dtype == "Q4_1"  # <|im_end|>: SmolLM2's one EOG token
+    # 2 is <|im_end|>, SmolLM2's one EOG token
+    assert loaded.engine.eos_token_ids() == [2] and loaded.dtype == "Q4_1"
     audited = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0), after_generate=lambda *args: None)
-    with pytest.raises(ConfigurationError, match="the audit varies batch shape, padding, threads and dtype of the "
-                                                 "transformers backend; .* runs on llamacpp"):
+    with pytest.raises(ConfigurationError, match="the audit varies batch shape, padding, threads and dtype "
+                                                 "of the transformers backend; .* runs on llamacpp"):
         audited.generate("The capital of France is")
-    with pytest.raises(ConfigurationError, match="is supported by the transformers backend only, not by llama.cpp"):
+    with pytest.raises(ConfigurationError,
+                       match="is supported by the transformers backend only, not by llama.cpp"):
         LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0)).generate("Hi", no_repeat_ngram_size=2)

@@ -46,8 +46,8 @@ def test_goldens_recorded_natively_by_0_1_0_on_intel_still_pass_across_environme
     env = {k: v for k, v in os.environ.items() if k != "CI"}
 
     def run(*args):  # the chat example came after 0.1.0: that file has no golden for it
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "not test_chat",
-                               *args], cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                               "-k", "not test_chat", *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=600, check=False, env=env)
 
     across = run()

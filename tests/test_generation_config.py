@@ -84,7 +84,8 @@ def test_sampling_inside_a_deterministic_test_fails_at_the_users_line(suite):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         ">*llm_model.generate(*do_sample=True, temperature=0.7)",
-        "E*SamplingRefusedError: llm_model.generate(do_sample=True) refused: sampling draws tokens at random*",
+        "E*SamplingRefusedError: llm_model.generate(do_sample=True) refused: sampling draws "
+        "tokens at random*",
     ])
 
 
@@ -101,5 +102,6 @@ def test_sampling_inside_a_deterministic_test_fails_at_the_users_line(suite):
 def test_bad_accepted_override_values_fail_early_and_clearly(argument, value, expected):
     from pytest_llmdeterminism.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match=rf"llm_model.generate\({argument}=...\) = .*expected {expected}"):
+    with pytest.raises(ConfigurationError,
+                       match=rf"llm_model.generate\({argument}=...\) = .*expected {expected}"):
         resolve(**{argument: value})

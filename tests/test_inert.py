@@ -111,7 +111,8 @@ def test_the_first_model_load_pins_what_nobody_pinned_and_the_run_restores_every
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     environment.restore()
     assert {name: os.environ.get(name) for name in PINNED} == {
-        "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": None, "CUBLAS_WORKSPACE_CONFIG": None, "HF_HUB_OFFLINE": None}
+        "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": None, "CUBLAS_WORKSPACE_CONFIG": None,
+        "HF_HUB_OFFLINE": None}
 
 
 def test_a_model_load_after_an_early_pin_is_not_late(monkeypatch):
@@ -120,7 +121,8 @@ def test_a_model_load_after_an_early_pin_is_not_late(monkeypatch):
     environment = PinnedEnvironment(numerics.NATIVE)
     assert environment.pin(early=True) is None
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "MKL_CBWR" not in os.environ  # native
-    monkeypatch.setattr(backends, "load", lambda spec, **how: SimpleNamespace(device=f"late={how['pinned_late']}"))
+    monkeypatch.setattr(backends, "load",
+                        lambda spec, **how: SimpleNamespace(device=f"late={how['pinned_late']}"))
     assert ModelCache("x", dtype="float32", device="cpu", cpu_numerics=numerics.NATIVE,
                       environment=environment).get().device == "late=False"
     environment.restore()

@@ -63,7 +63,8 @@ def package_imports(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
                 base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
             names = [f"{base}.{alias.name}" for alias in node.names]
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")):
+              and getattr(node.func, "attr", getattr(node.func, "id", ""))
+              in ("import_module", "__import__")):
             names = [str(node.args[0].value)]
         else:
             continue
@@ -83,8 +84,10 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("path", SOURCES, ids=module_name)
 def test_imports_only_go_down(path):
     source = module_name(path)
-    upward = [f"{path.name}:{line} imports {target} (layer {LAYER[target]}, not below {source}'s {LAYER[source]})"
-              for line, target in package_imports(path) if target != source and LAYER[target] >= LAYER[source]]
+    upward = [f"{path.name}:{line} imports {target} (layer {LAYER[target]}, "
+              f"not below {source}'s {LAYER[source]})"
+              for line, target in package_imports(path)
+              if target != source and LAYER[target] >= LAYER[source]]
     assert upward == []
 
 

@@ -138,7 +138,8 @@ def test_nan_logits_are_a_clear_error(tmp_path):
     weights = load_file(broken / "model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] * float("nan")
     save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
-    llm = LLMModel(load(str(broken), dtype="float32", device="cpu"), GenerationSettings(BatchShape(2, 16), 3, 0))
+    llm = LLMModel(load(str(broken), dtype="float32", device="cpu"),
+                   GenerationSettings(BatchShape(2, 16), 3, 0))
     with pytest.raises(NonFiniteLogitsError, match=r"NaN or infinite logits at step 0 \(row 0"):
         llm.generate(["x", "y"])
 
@@ -149,7 +150,8 @@ def test_a_prompt_one_token_short_of_l_is_batch_invariant_and_l_tokens_are_refus
     from pytest_llmdeterminism.strategies import assert_batch_invariant
 
     llm = make_llm("4x32", max_new_tokens=3)
-    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen"]
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+             "twelve", "thirteen", "fourteen"]
     candidates = (" ".join(words[:n]) + " x" * k for n in range(len(words), 0, -1) for k in range(8))
     longest = next(c for c in candidates if len(llm.tokenizer(c)["input_ids"]) == 31)
     assert len(llm.tokenizer(longest)["input_ids"]) == 31
@@ -181,7 +183,8 @@ def test_a_conversation_is_rendered_and_tokenised_once_without_a_second_bos(make
 
 
 @pytest.mark.parametrize(("call", "problem"), [
-    (lambda llm: llm.generate(token_ids=[1, 10**9]), r"token_ids=\.\.\.\) = .*expected a list of token ids between 0"),
+    (lambda llm: llm.generate(token_ids=[1, 10**9]),
+     r"token_ids=\.\.\.\) = .*expected a list of token ids between 0"),
     (lambda llm: llm.generate("x", token_ids=[1]), "exactly one of the two"),
     (lambda llm: llm.generate([{"content": "no role"}]), "takes prompt strings or chat conversations"),
 ])
@@ -201,9 +204,10 @@ def test_a_tokenizer_without_a_chat_template_says_what_to_pass_instead(tmp_path)
     plain = tmp_path / "plain"
     shutil.copytree(BUILTIN_MODELS["tiny"], plain)
     (plain / "chat_template.jinja").unlink()
-    llm = LLMModel(load(str(plain), dtype="float32", device="cpu"), GenerationSettings(BatchShape(2, 32), 2, 0))
-    with pytest.raises(ConfigurationError, match="has no chat template; pass the prompt as a string, or its token "
-                                                 r"ids with token_ids=\[\.\.\.\]"):
+    llm = LLMModel(load(str(plain), dtype="float32", device="cpu"),
+                   GenerationSettings(BatchShape(2, 32), 2, 0))
+    with pytest.raises(ConfigurationError, match="has no chat template; pass the prompt as a string, or its "
+                                                 r"token ids with token_ids=\[\.\.\.\]"):
         llm.generate(CONVERSATION)
 
 

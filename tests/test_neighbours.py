@@ -103,8 +103,9 @@ def test_a_golden_check_that_passes_on_a_rerun_is_nondeterministic_and_fails(sui
     result = _rerun(suite, monkeypatch, "1", "--reruns", "2")
     _assert_outcomes(result, passed=1, failed=1, rerun=2)
     result.stdout.fnmatch_lines([
-        ("E*golden check 'test_flaky' is NONDETERMINISTIC: attempt 3 of this test generated other output than "
-         "attempt 1 in the same process (tokens differ from step 0: *); a rerun never passes a golden check"),
+        ("E*golden check 'test_flaky' is NONDETERMINISTIC: attempt 3 of this test generated other output "
+         "than attempt 1 in the same process (tokens differ from step 0: *); a rerun never passes a "
+         "golden check"),
         "E*attempt 1's check was REGRESSION (failed)*",
         "E*Find what varies with: pytest test_flaky.py::test_flaky --llm-audit",
         "golden checks: 1 IDENTICAL, 1 NONDETERMINISTIC (failed)",  # the last attempt's checks, once each

@@ -19,7 +19,8 @@ from .conftest import usage_error
 
 PORTABLE_CPU = {"device_class": "cpu", "machine": "x86_64", "dtype": "float32", "torch": "2.13.0",
                 "transformers": "5.24.0", "attention_implementation": "sdpa", "cpu_numerics": "portable",
-                "device_name": "AMD EPYC", "cpu_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE", "torch_threads": 2}
+                "device_name": "AMD EPYC", "cpu_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE",
+                "torch_threads": 2}
 
 
 def test_this_test_run_is_itself_pinned_to_portable_numerics():
@@ -27,7 +28,8 @@ def test_this_test_run_is_itself_pinned_to_portable_numerics():
     assert found["aten_capability"] == "DEFAULT"
     assert found["mkl_cbwr"] in ("COMPATIBLE", None)  # None: a torch without MKL
     assert found["blas"] == "mkl" if found["mkl_cbwr"] else found["blas_coretype"] in ("ARMV8", None)
-    assert {name: os.environ[name] for name in numerics.PORTABLE_ENVIRONMENT} == dict(numerics.PORTABLE_ENVIRONMENT)
+    pinned = {name: os.environ[name] for name in numerics.PORTABLE_ENVIRONMENT}
+    assert pinned == dict(numerics.PORTABLE_ENVIRONMENT)
 
 
 def test_portable_goldens_ignore_the_cpu_model_but_not_threads_software_or_mode():
@@ -50,15 +52,16 @@ def test_portable_goldens_ignore_the_cpu_model_but_not_threads_software_or_mode(
 def test_native_goldens_depend_on_cpu_and_threads_gpu_goldens_on_device_and_driver():
     native = {**PORTABLE_CPU, "cpu_numerics": "native", "cpu_capability": "AVX512", "mkl_cbwr": "OFF"}
     assert numerics_changes(native, {**native, "torch_threads": 1}) == [("torch_threads", 2, 1)]
-    assert [c[0] for c in numerics_changes(native, {**native, "device_name": "Intel Xeon"})] == ["device_name"]
+    elsewhere = {**native, "device_name": "Intel Xeon"}
+    assert [c[0] for c in numerics_changes(native, elsewhere)] == ["device_name"]
     gpu = {**PORTABLE_CPU, "device_class": "cuda", "device_name": "NVIDIA H200", "compute_capability": "9.0",
            "cuda": "12.8", "cudnn": 91002, "cuda_driver": "13.0"}
     assert numerics_changes(gpu, {**gpu, "torch_threads": 64, "cpu_capability": "AVX2"}) == []
     assert numerics_changes(gpu, {**gpu, "cuda_driver": "13.1"}) == [("cuda_driver", "13.0", "13.1")]
 
 
-PORTABLE_ARM64 = {**PORTABLE_CPU, "machine": "aarch64", "torch": "2.9.1", "device_name": "aarch64", "mkl_cbwr": None,
-                  "blas": "openblas", "blas_coretype": "ARMV8"}
+PORTABLE_ARM64 = {**PORTABLE_CPU, "machine": "aarch64", "torch": "2.9.1", "device_name": "aarch64",
+                  "mkl_cbwr": None, "blas": "openblas", "blas_coretype": "ARMV8"}
 
 
 def test_arm64_portable_goldens_ignore_the_core_type_native_ones_do_not():
@@ -68,7 +71,8 @@ def test_arm64_portable_goldens_ignore_the_core_type_native_ones_do_not():
         ("blas_coretype", "ARMV8", "NEOVERSEN1")]
     # Portable asked for but OpenBLAS not on its generic kernels (torch loaded too early): CPU-specific.
     unpinned = {**PORTABLE_ARM64, "blas_coretype": "NEOVERSEN1"}
-    assert [c[0] for c in numerics_changes(unpinned, {**unpinned, "device_name": "Graviton3"})] == ["device_name"]
+    elsewhere = {**unpinned, "device_name": "Graviton3"}
+    assert [c[0] for c in numerics_changes(unpinned, elsewhere)] == ["device_name"]
 
 
 def test_x86_and_arm64_portable_goldens_differ_by_machine_torch_and_blas():
@@ -85,8 +89,9 @@ def test_goldens_recorded_before_the_blas_fields_still_match_an_mkl_torch():
     assert numerics_changes(native, {**native, "blas": "mkl", "blas_coretype": None}) == []
     # Without MKL's branch nothing says which BLAS it was: on arm64 the core type may have changed.
     old_arm = {k: v for k, v in PORTABLE_ARM64.items() if k not in ("blas", "blas_coretype")}
-    assert [c[0] for c in numerics_changes({**old_arm, "cpu_numerics": "native"},
-                                           {**PORTABLE_ARM64, "cpu_numerics": "native"})] == ["blas", "blas_coretype"]
+    changes = numerics_changes({**old_arm, "cpu_numerics": "native"},
+                               {**PORTABLE_ARM64, "cpu_numerics": "native"})
+    assert [c[0] for c in changes] == ["blas", "blas_coretype"]
 
 
 def test_a_golden_that_predates_the_numerics_fields_counts_as_another_environment():
@@ -96,7 +101,8 @@ def test_a_golden_that_predates_the_numerics_fields_counts_as_another_environmen
 
 def test_bad_cpu_numerics_value_is_a_usage_error_naming_both_modes(pytester):
     result = usage_error(pytester, "llm_cpu_numerics = fast")
-    result.stderr.fnmatch_lines(["ERROR: llm_cpu_numerics = 'fast': expected 'portable' (the default*'native'*"])
+    result.stderr.fnmatch_lines(["ERROR: llm_cpu_numerics = 'fast': expected 'portable' (the "
+                                 "default*'native'*"])
 
 
 def test_header_names_the_numerics_and_goldens_record_them(suite):
@@ -111,11 +117,12 @@ def test_header_names_the_numerics_and_goldens_record_them(suite):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "llm: model=builtin:tiny shape=4x32 dtype=float32 device=auto seed=0 *",
-        f"llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=default; {platform.machine()})*",
+        "llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=default; "
+        f"{platform.machine()})*",
         "batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)",
     ])
-    golden = json.loads((suite.path / "__golden__" / "test_header_names_the_numerics_and_goldens_record_them.json")
-                        .read_text())["goldens"]["test_one"]["cpu/float32"]["fingerprint"]
+    path = suite.path / "__golden__" / "test_header_names_the_numerics_and_goldens_record_them.json"
+    golden = json.loads(path.read_text())["goldens"]["test_one"]["cpu/float32"]["fingerprint"]
     assert golden["cpu_numerics"] == "portable" and golden["cpu_capability"] == "DEFAULT"
 
 
@@ -159,7 +166,8 @@ def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(p
 
     def run(*args):
         return subprocess.run([sys.executable, "-c", STARTED_EARLY, "-p", "no:cacheprovider", *args],
-                              cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600, check=False)
+                              cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
 
     refused = run("--llm-golden-update")
     assert refused.returncode == 1, refused.stdout[-2000:]
@@ -197,11 +205,12 @@ def test_a_row_dependent_forward_pass_is_refused_at_the_first_generation(fresh_t
     finally:
         handle.remove()
     message = str(info.value)
-    assert "batch invariance fails here: 'The capital of France is' gives different logits at row 0 and at row 3 " \
-           "of a 4x32 batch with other companions (first at step 0)" in message
+    assert ("batch invariance fails here: 'The capital of France is' gives different logits at row 0 and "
+            "at row 3 of a 4x32 batch with other companions (first at step 0)") in message
     assert "cpu numerics 'portable'" in message and "Fix: one thread (OMP_NUM_THREADS=1)" in message
     assert not info.value.nondeterministic
-    with pytest.raises(BatchInvarianceProbeError):  # remembered for the model and shape: every test fails alike
+    # remembered for the model and shape: every test fails alike
+    with pytest.raises(BatchInvarianceProbeError):
         _llm(fresh_tiny).generate("Count: one,")
     assert _llm(fresh_tiny, "1x32").generate("Count: one,").token_ids  # one row per batch: nothing to verify
 
@@ -215,7 +224,8 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
 
     handle = fresh_tiny.model.register_forward_hook(noise)
     try:
-        with pytest.raises(BatchInvarianceProbeError, match=r"^NONDETERMINISTIC: the same 4x32 batch") as info:
+        with pytest.raises(BatchInvarianceProbeError,
+                           match=r"^NONDETERMINISTIC: the same 4x32 batch") as info:
             _llm(fresh_tiny).generate("The capital of France is")
     finally:
         handle.remove()
@@ -224,7 +234,8 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0), note=notes.append).generate("The sky is")
+    LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0),
+             note=notes.append).generate("The sky is")
     assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"]
 
 

@@ -107,7 +107,8 @@ def test_ctrl_c_during_a_prune_run_deletes_no_golden_and_says_why(suite, monkeyp
     assert _goldens(suite) == {"test_a", "test_b", "test_c"}
 
 
-def test_ctrl_c_during_an_update_run_writes_the_finished_tests_goldens_and_judges_nothing_unused(suite, monkeypatch):
+def test_ctrl_c_during_an_update_run_writes_the_finished_tests_goldens_and_judges_nothing_unused(suite,
+                                                                                                 monkeypatch):
     suite.makepyfile(test_three=THREE_TESTS.replace("test_c(", "test_old(", 1))
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)  # test_old's golden: unused later
     suite.makepyfile(test_three=THREE_TESTS)
@@ -141,8 +142,8 @@ def test_pytest_exit_and_maxfail_make_a_partial_run(suite, monkeypatch):
     stopped = _stopped_run(suite, monkeypatch, "exit", "test_a", "--llm-golden-prune", "-p", "no:xdist")
     stopped.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (interrupted; 3 of 3 *"])
     maxfail = _stopped_run(suite, monkeypatch, "fail", "test_a", "--llm-golden-prune", "-x", "-p", "no:xdist")
-    maxfail.stdout.fnmatch_lines([("unused goldens not pruned: this run was partial (stopping after 1 failures; "
-                                  "2 of 3 collected test(s) did not run; some tests failed)")])
+    maxfail.stdout.fnmatch_lines([("unused goldens not pruned: this run was partial (stopping after 1 "
+                                  "failures; 2 of 3 collected test(s) did not run; some tests failed)")])
     suite.makeconftest("def pytest_runtest_logfinish(nodeid):\n"
                        "    if nodeid.endswith('test_a'):\n        raise RuntimeError('a plugin broke')\n")
     internal = suite.runpytest_subprocess("--llm-golden-prune", "-p", "no:xdist", "-p", "no:randomly")

@@ -20,7 +20,8 @@ def test_configured(llm_model):
 
 def readme_config_blocks() -> list[tuple[str, str]]:
     """(language, text) of every ```ini and ```toml block in the README."""
-    return re.findall(r"^```(ini|toml)\n(.*?)^```", README.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    return re.findall(r"^```(ini|toml)\n(.*?)^```", README.read_text(encoding="utf-8"),
+                      re.MULTILINE | re.DOTALL)
 
 
 def write_config(pytester: pytest.Pytester, language: str, text: str) -> None:
@@ -46,7 +47,8 @@ def test_each_readme_config_block_loads_as_written(pytester, language, text):
 
 def _suggested(message: str) -> dict[str, str]:
     """The three forms of the setting a message suggests."""
-    match = re.search(r"(--llm-[a-z-]+=\S+) \(pytest\.ini: (llm_\w+ = [^;]+); pyproject\.toml: (llm_\w+ = \"[^\"]*\")\)",
+    match = re.search(r"(--llm-[a-z-]+=\S+) \(pytest\.ini: (llm_\w+ = [^;]+); pyproject\.toml: (llm_\w+ = "
+                      r"\"[^\"]*\")\)",
                       message)
     assert match, message
     return {"flag": match[1], "ini": match[2], "toml": match[3]}
@@ -54,7 +56,8 @@ def _suggested(message: str) -> dict[str, str]:
 
 def test_pasteable_shows_the_flag_the_ini_line_and_the_toml_line():
     assert pasteable("llm_batch_shape", "2x64") == (
-        '--llm-batch-shape=2x64 (pytest.ini: llm_batch_shape = 2x64; pyproject.toml: llm_batch_shape = "2x64")')
+        '--llm-batch-shape=2x64 (pytest.ini: llm_batch_shape = 2x64; pyproject.toml: '
+        'llm_batch_shape = "2x64")')
 
 
 TOO_LONG = """
@@ -73,10 +76,12 @@ def test_the_prompt_too_long_fix_works_pasted_into_each_file(pytester):
     pytester.makeini(f"[pytest]\nllm_model = builtin:tiny\n{suggested['ini']}\n")
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     (pytester.path / "tox.ini").unlink()
-    pytester.makepyprojecttoml(f'[tool.pytest.ini_options]\nllm_model = "builtin:tiny"\n{suggested["toml"]}\n')
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nllm_model = "builtin:tiny"\n'
+                               f'{suggested["toml"]}\n')
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     (pytester.path / "pyproject.toml").unlink()
-    pytester.runpytest("-p", "no:cacheprovider", "--llm-model=builtin:tiny", suggested["flag"]).assert_outcomes(passed=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--llm-model=builtin:tiny",
+                       suggested["flag"]).assert_outcomes(passed=1)
 
 
 def test_the_no_model_hint_works_pasted_into_pytest_ini(pytester):
@@ -108,7 +113,8 @@ def test_a_missing_smollm2_file_suggests_llm_golden_fetch(tmp_path):
         resolve(str(missing))
     assert f"`llm-golden fetch smollm2 {missing.parent}`" in str(refused.value)
     assert "hf download" not in str(refused.value)
-    with pytest.raises(ModelLoadError, match=r"`hf download ORG/NAME --local-dir models/NAME`.*--llm-model=models/NAME"):
+    with pytest.raises(ModelLoadError,
+                       match=r"`hf download ORG/NAME --local-dir models/NAME`.*--llm-model=models/NAME"):
         resolve(str(tmp_path / "other.gguf"))
 
 

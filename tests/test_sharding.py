@@ -149,9 +149,11 @@ def test_three_shards_merge_into_the_unsharded_runs_candidates(project, monkeypa
     assert "unused goldens not judged: the shards together were partial (some tests failed)" in out
     merged, unsharded = read_json(project.path / "merged.json"), read_json(project.path / "whole.json")
     assert merged["summary"] == unsharded["summary"] and merged["summary"]["failed"] > 0
-    whole_files = sorted(p.relative_to(project.path / "whole") for p in (project.path / "whole").rglob("*.json"))
-    merged_files = sorted(p.relative_to(project.path / "merged") for p in (project.path / "merged").rglob("*.json"))
-    assert merged_files == whole_files == [Path("__golden__/test_alpha.json"), Path("__golden__/test_beta.json"),
+    whole, merged_folder = project.path / "whole", project.path / "merged"
+    whole_files = sorted(p.relative_to(whole) for p in whole.rglob("*.json"))
+    merged_files = sorted(p.relative_to(merged_folder) for p in merged_folder.rglob("*.json"))
+    assert merged_files == whole_files == [Path("__golden__/test_alpha.json"),
+                                           Path("__golden__/test_beta.json"),
                                            Path("__golden__/test_gamma.json")]
     for name in whole_files:
         assert (project.path / "merged" / name).read_bytes() == (project.path / "whole" / name).read_bytes()

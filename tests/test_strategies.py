@@ -16,7 +16,8 @@ PROMPT = "The capital of France is"
 EXAMPLES = 100
 
 
-@pytest.mark.parametrize(("shape", "with_model"), [(DEFAULT_BATCH_SHAPE, False), ("4x32", False), ("4x32", True)],
+@pytest.mark.parametrize(("shape", "with_model"),
+                         [(DEFAULT_BATCH_SHAPE, False), ("4x32", False), ("4x32", True)],
                          ids=["default-pool only", "4x32-pool only", "4x32-llm_model given"])
 def test_a_property_test_runs_every_example_without_a_prompt_too_long(make_llm, shape, with_model):
     llm = make_llm(shape, max_new_tokens=1)

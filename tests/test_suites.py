@@ -6,7 +6,8 @@ import pytest
 
 PROMPTS = ["The capital of France is", "Count: one,", "The sky is", "Hello, world!", "The cat sat on the",
            "def add(a, b):", "Once upon a time", "Q: What is the capital of Peru? A:", "The weather today is",
-           "My favourite colour is", "Count: three,", "The colour of the grass is", "Q: What is the capital of Kenya? A:",
+           "My favourite colour is", "Count: three,", "The colour of the grass is",
+           "Q: What is the capital of Kenya? A:",
            "def mul(a, b):", "The snow is", "Hello, model!"]
 
 CHECK_ALONE = """
@@ -55,7 +56,8 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
     write_suite(suite)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=16)
     boosted = boosted_token_copy(tmp_path / "boosted", tiny.tokenizer.convert_tokens_to_ids("Ġm"), factor=1.5)
-    changed = LLMModel(load(str(boosted), dtype="float32", device="cpu"), GenerationSettings(BatchShape(4, 32), 8, 0))
+    changed = LLMModel(load(str(boosted), dtype="float32", device="cpu"),
+                       GenerationSettings(BatchShape(4, 32), 8, 0))
     goldens = json.loads((suite.path / "__golden__" / "test_prompts.llm.json").read_text())["goldens"]
     affected = set()
     for line in (suite.path / "test_prompts.llm.jsonl").read_text().splitlines():
@@ -109,7 +111,8 @@ def test_chunks_are_generated_once_whatever_the_test_order(suite, order):
 
 def test_suite_items_go_through_the_fixtures_so_the_audit_covers_them(suite):
     (suite.path / "test_few.llm.jsonl").write_text(
-        '{"id": "sky", "prompt": "The sky is"}\n{"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}\n')
+        '{"id": "sky", "prompt": "The sky is"}\n'
+        '{"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}\n')
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
     result = suite.runpytest("--llm-audit=2")
     result.assert_outcomes(passed=2)
@@ -129,7 +132,8 @@ def test_a_bad_tolerance_on_a_line_is_a_collection_error(suite):
     ('{"id": "a"}', 'expected an object with string "id" and either a string "prompt" or chat "messages"'),
     ('{"id": "a", "prompt": "x", "messages": []}', 'either a string "prompt" or chat "messages"'),
     ('{"id": "a", "messages": [{"role": "user"}]}', 'expected "messages" as a list of'),
-    ('{"id": "a", "prompt": "x", "temperature": 0.7}', "unknown field(s); accepted: id, max_new_tokens, messages, prompt, tolerance"),
+    ('{"id": "a", "prompt": "x", "temperature": 0.7}',
+     "unknown field(s); accepted: id, max_new_tokens, messages, prompt, tolerance"),
     ('{"id": "a", "prompt": "x", "max_new_tokens": 0}', "max_new_tokens must be an integer >= 1"),
     ("not json", "not valid JSON"),
 ])
@@ -176,7 +180,8 @@ def test_chat_lines_render_with_the_template_and_match_the_same_conversation_in_
         from pytest_llmdeterminism import assert_tokens_match
 
         def test_same_conversation(llm_model):
-            golden = json.loads(Path("__golden__/test_chat.llm.json").read_text())["goldens"]["japan"]["cpu/float32"]
+            goldens = json.loads(Path("__golden__/test_chat.llm.json").read_text())["goldens"]
+            golden = goldens["japan"]["cpu/float32"]
             result = llm_model.generate([{"role": "user", "content": "What is the capital of Japan?"}])
             assert result.prompt_form == "chat"
             assert_tokens_match(result, golden)

@@ -47,7 +47,8 @@ def test_device_mapping_and_defaults():
     assert multi_line.explicit_for("cpu") == Profile("tokens")
     assert multi_line.explicit_for("cuda") == Profile("close", atol=0.01)
     assert default_profile("float32", same_environment=True) == Profile("exact")
-    cuda_bf16, cuda_fp32 = (default_profile(dtype, same_environment=False) for dtype in ("bfloat16", "float32"))
+    cuda_bf16, cuda_fp32 = (default_profile(dtype, same_environment=False)
+                            for dtype in ("bfloat16", "float32"))
     assert cuda_bf16.name == cuda_fp32.name == "near_tie"
     assert cuda_bf16.margin > cuda_fp32.margin and cuda_bf16.atol > cuda_fp32.atol
     with pytest.raises(ConfigurationError, match="expected 'device: profile' pairs"):
@@ -56,7 +57,8 @@ def test_device_mapping_and_defaults():
 
 def test_bad_ini_tolerance_is_a_usage_error(pytester):
     result = usage_error(pytester, "llm_tolerance = fuzzy")
-    result.stderr.fnmatch_lines(["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
+    result.stderr.fnmatch_lines(["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, "
+                                 "close, near_tie*"])
 
 
 def _comparison(verdict, delta, golden_margin=0.01, tie_margin=0.05):

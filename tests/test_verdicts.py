@@ -93,8 +93,10 @@ def test_changed_prompt_is_input_changed_and_every_report_shows_both_inputs(reco
     old, new = check["inputs"]["expected"], check["inputs"]["actual"]
     assert (old["prompt"], new["prompt"]) == ("The cat sat on the", "The cat sat on a")
     first = check["first_input_difference"]
-    assert old["prompt_token_ids"][first - old["ids_from"]] != new["prompt_token_ids"][first - new["ids_from"]]
-    assert old["prompt_form"] == "text" and old["ids_total"] == len(golden_entry(recorded)["prompt_token_ids"])
+    assert (old["prompt_token_ids"][first - old["ids_from"]]
+            != new["prompt_token_ids"][first - new["ids_from"]])
+    assert old["prompt_form"] == "text"
+    assert old["ids_total"] == len(golden_entry(recorded)["prompt_token_ids"])
     markdown = (recorded.path / "r.md").read_text()
     assert "### Inputs that changed" in markdown
     assert "prompt: 'The cat sat on the' → 'The cat sat on a'" in markdown
@@ -125,15 +127,16 @@ def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_one
     longer.assert_outcomes(passed=1)
     longer.stdout.fnmatch_lines([
         "golden checks: 1 IDENTICAL",
-        ("'test_case': max_new_tokens 3 -> 8: judged on the golden's 3 step(s) only; steps 3–4 are new and not "
-         "judged. The golden ends where its budget did: re-record it to cover the new steps: "
-         "pytest test_v.py::test_case --llm-golden-update"),
+        ("'test_case': max_new_tokens 3 -> 8: judged on the golden's 3 step(s) only; steps 3–4 are new and "
+         "not judged. The golden ends where its budget did: re-record it to cover the new steps: pytest "
+         "test_v.py::test_case --llm-golden-update"),
     ])
     drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
     failing = suite.runpytest(f"--llm-model={drifted}")
     failing.assert_outcomes(failed=1)
     failing.stdout.fnmatch_lines(["E*LOGIT_DRIFT at step 0 — same tokens*", "E*all 3 tokens match*",
-                                  "E*max_new_tokens 3 -> 8: judged on the golden's 3 step(s) only; steps 3–4 are new*"])
+                                  "E*max_new_tokens 3 -> 8: judged on the golden's 3 step(s) only; steps "
+                                  "3–4 are new*"])
     # Updating records the missing steps of a passing check too; the golden then ends at EOS,
     # complete, and a larger budget still expects that stop.
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
@@ -141,29 +144,31 @@ def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_one
     write_suite(suite, prompt="Count: one,", max_new_tokens=12)
     again = suite.runpytest()
     again.assert_outcomes(passed=1)
-    again.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 12: the golden ended (EOS) within both budgets, "
-                                "so it was judged in full")])
+    again.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 12: the golden ended (EOS) within both "
+                                "budgets, so it was judged in full")])
     write_suite(suite, prompt="Count: one,", max_new_tokens=2)
     shorter = suite.runpytest()
     shorter.assert_outcomes(passed=1)
-    shorter.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 2: judged on the first 2 step(s); the golden's "
-                                  "steps 2–4 lie beyond this run's budget")])
+    shorter.stdout.fnmatch_lines([("'test_case': max_new_tokens 8 -> 2: judged on the first 2 step(s); the "
+                                  "golden's steps 2–4 lie beyond this run's budget")])
 
 
 def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
     missing = recorded.runpytest("--llm-dtype=bfloat16")
     missing.assert_outcomes(failed=1)
-    missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has goldens "
-                                  "for 'cpu/float32'; compare with one of them via --llm-golden-fallback).")])
+    missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has "
+                                  "goldens for 'cpu/float32'; compare with one of them via "
+                                  "--llm-golden-fallback).")])
     # Another dtype is another environment: by default judged with bf16's near-tie tolerance...
-    across = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-golden-artifacts=cands")
+    across = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback",
+                                "--llm-golden-artifacts=cands")
     across.assert_outcomes(passed=1)
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
-        ("*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, atol=0.1) "
-         "by default; the golden is another variant (dtype), whose numbers differ by design: record this run's own "
-         "'cpu/bfloat16' golden beside it by re-running with --llm-golden-update (variants coexist, and each run "
-         "compares with its own unless --llm-golden-fallback is given)"),
+        ("*compared across environments: dtype 'float32' → 'bfloat16'; tolerance near_tie(margin=0.5, "
+         "atol=0.1) by default; the golden is another variant (dtype), whose numbers differ by design: "
+         "record this run's own 'cpu/bfloat16' golden beside it by re-running with --llm-golden-update "
+         "(variants coexist, and each run compares with its own unless --llm-golden-fallback is given)"),
         "wrote cands/__golden__/test_v.json (1 candidate(s))",
     ])
     # Passing against a fallback still leaves this run's own variant missing: it is a candidate.
@@ -173,7 +178,8 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
     fallback = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback", "--llm-tolerance=exact")
     fallback.assert_outcomes(failed=1)
     fallback.stdout.fnmatch_lines([
-        "E*compared across environments: dtype 'float32' → 'bfloat16'; tolerance exact as set; the golden is another variant*",
+        "E*compared across environments: dtype 'float32' → 'bfloat16'; tolerance exact as set; the golden is "
+        "another variant*",
         "E*dtype: 'float32' -> 'bfloat16'",
         "E*golden: __golden__/test_v.json [[]'test_case'][[]'cpu/float32']",
         "*'test_case': no 'cpu/bfloat16' golden; compared with 'cpu/float32' (--llm-golden-fallback)",
@@ -201,16 +207,17 @@ def test_bf16_drift_beyond_the_default_tolerance_is_told_to_record_its_variant_n
     result.stdout.fnmatch_lines([
         ("E*LOGIT_DRIFT at step 0 — same tokens, logits differ (max |Δlogprob| in top-k 0.*) — fails under "
         "'near_tie(margin=0.5, atol=0.1)'"),
-        ("E*compared across environments: dtype 'float32' → 'bfloat16'; *the golden is another variant (dtype)*"
-         "record this run's own 'cpu/bfloat16' golden beside it by re-running with --llm-golden-update*; "
-         "to pass bfloat16 drift of this size instead (max |Δlogprob| 0.*): "
+        ("E*compared across environments: dtype 'float32' → 'bfloat16'; *the golden is another variant "
+         "(dtype)*record this run's own 'cpu/bfloat16' golden beside it by re-running with "
+         "--llm-golden-update*; to pass bfloat16 drift of this size instead (max |Δlogprob| 0.*): "
          "--llm-tolerance='near_tie(margin=0.5, atol=0.5)'"),
         "E*Accept with: pytest test_v.py::test_case --llm-dtype=bfloat16 --llm-golden-update",
     ])
     # Each suggested fix works: the wider tolerance passes, the accept command records cpu/bfloat16.
     recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback",
                        "--llm-tolerance=near_tie(margin=0.5, atol=0.5)").assert_outcomes(passed=1)
-    recorded.runpytest("test_v.py::test_case", "--llm-dtype=bfloat16", "--llm-golden-update").assert_outcomes(passed=1)
+    recorded.runpytest("test_v.py::test_case", "--llm-dtype=bfloat16",
+                       "--llm-golden-update").assert_outcomes(passed=1)
     assert golden_entry(recorded, "cpu/bfloat16")["fingerprint"]["dtype"] == "bfloat16"
     own = recorded.runpytest("--llm-dtype=bfloat16", "--llm-golden-fallback")
     own.assert_outcomes(passed=1)
@@ -225,7 +232,8 @@ def test_edited_version_field_is_shown_as_an_environment_change(recorded, tmp_pa
     drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=1e-4)
     result = recorded.runpytest(f"--llm-model={drifted}", "--llm-tolerance=exact")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E*environment changed (expected -> got):", "E*transformers: '4.57.1' -> '*'"])
+    result.stdout.fnmatch_lines(["E*environment changed (expected -> got):",
+                                 "E*transformers: '4.57.1' -> '*'"])
 
 
 def test_assert_equal_on_generations_renders_like_a_golden_check(suite, tmp_path):
@@ -239,8 +247,10 @@ def test_assert_equal_on_generations_renders_like_a_golden_check(suite, tmp_path
     )
     result = suite.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E*Generation == Generation: INPUT_CHANGED — generation_config.repetition_penalty*",
-                                 "E*generation_config.repetition_penalty: 3.0 -> 1.0"])  # golden (right) -> actual (left)
+    # golden (right) -> actual (left)
+    result.stdout.fnmatch_lines(["E*Generation == Generation: INPUT_CHANGED — "
+                                 "generation_config.repetition_penalty*",
+                                 "E*generation_config.repetition_penalty: 3.0 -> 1.0"])
 
 
 def _as_if_recorded_natively_elsewhere(recorded):
@@ -260,15 +270,16 @@ def test_default_tolerance_follows_the_environment_and_a_regression_fails_in_bot
     same.assert_outcomes(failed=1)
     same.stdout.fnmatch_lines(["E*LOGIT_DRIFT at step 0*fails under 'exact'"])
     assert "compared across environments" not in same.stdout.str()
-    recorded.runpytest(f"--llm-model={broken}").stdout.fnmatch_lines(["E*REGRESSION at step*fails under 'exact'"])
+    recorded.runpytest(f"--llm-model={broken}").stdout.fnmatch_lines(["E*REGRESSION at step*fails "
+                                                                      "under 'exact'"])
 
     _as_if_recorded_natively_elsewhere(recorded)
     across = recorded.runpytest(f"--llm-model={drifted}")
     across.assert_outcomes(passed=1)
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
-        ("compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → 'DEFAULT'*"
-         "tolerance near_tie(margin=0.05, atol=0.001) by default; to compare exactly again*"),
+        ("compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → "
+         "'DEFAULT'*tolerance near_tie(margin=0.05, atol=0.001) by default; to compare exactly again*"),
     ])
     regression = recorded.runpytest(f"--llm-model={broken}")
     regression.assert_outcomes(failed=1)
@@ -289,7 +300,8 @@ def test_a_changed_chat_template_is_input_changed_showing_both_rendered_prompts(
 
         @deterministic(max_new_tokens=3)
         def test_chat(llm_model, golden_tokens):
-            golden_tokens.check(llm_model.generate([{"role": "user", "content": "What is the capital of Japan?"}]))
+            question = {"role": "user", "content": "What is the capital of Japan?"}
+            golden_tokens.check(llm_model.generate([question]))
     """)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
     edited = tmp_path / "edited"
@@ -314,7 +326,8 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
     from pytest_llmdeterminism.reporting.report import mismatch
 
     now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
-    before = dataclasses.replace(now, batch_shape="1x128", logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
+    before = dataclasses.replace(now, batch_shape="1x128",
+                                 logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
     comparison = compare(before, now)
     assert comparison.verdict is Verdict.INPUT_CHANGED
     message = mismatch("test_x", "__golden__/t.json", "t.py::test_x", comparison, before, now, str,
@@ -334,10 +347,11 @@ def test_the_cross_environment_hint_fits_the_field_that_changed():
     assert "record this run's own 'cpu/bfloat16' golden" in dtype and "--llm-tolerance=exact" not in dtype
     assert "record this run's own" in hint([("dtype", "float32", "bfloat16")], explicit=True)
     upgrade = hint([("transformers", "4.57.1", "5.24.0")])
-    assert upgrade.endswith("; after an upgrade (transformers) keep the goldens and let the tolerance judge the "
-                            "drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact re-records "
-                            "every check that is not IDENTICAL")
+    assert upgrade.endswith("; after an upgrade (transformers) keep the goldens and let the tolerance judge "
+                            "the drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact "
+                            "re-records every check that is not IDENTICAL")
     machine = hint([("cpu_capability", "AVX512", "DEFAULT")])
-    assert machine.endswith("; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact")
-    assert hint([("cpu_capability", "AVX512", "DEFAULT")], explicit=True).endswith("tolerance near_tie(margin=0.05, "
-                                                                                   "atol=0.001) as set")
+    assert machine.endswith("; to compare exactly again, re-record with --llm-golden-update "
+                            "--llm-tolerance=exact")
+    explicit = hint([("cpu_capability", "AVX512", "DEFAULT")], explicit=True)
+    assert explicit.endswith("tolerance near_tie(margin=0.05, atol=0.001) as set")

@@ -38,9 +38,11 @@ def config(**overrides):
 # --- pure mappings ---
 
 def test_engine_arguments_pin_every_determinism_setting():
-    knobs = {"tensor_parallel_size": 2, "max_num_seqs": 1, "gpu_memory_utilization": 0.4, "max_model_len": 1024}
+    knobs = {"tensor_parallel_size": 2, "max_num_seqs": 1, "gpu_memory_utilization": 0.4,
+             "max_model_len": 1024}
     assert adapter.engine_arguments("models/m", knobs, "bfloat16", 0) == {
-        "model": "models/m", "tokenizer": "models/m", "trust_remote_code": False, "load_format": "safetensors",
+        "model": "models/m", "tokenizer": "models/m", "trust_remote_code": False,
+        "load_format": "safetensors",
         "dtype": "bfloat16", "seed": 0, "enforce_eager": True, "enable_prefix_caching": False,
         "enable_chunked_prefill": False, "max_num_seqs": 1, "tensor_parallel_size": 2,
         "gpu_memory_utilization": 0.4, "max_model_len": 1024, "logprobs_mode": "processed_logprobs",
@@ -51,7 +53,8 @@ def test_sampling_arguments_are_greedy_with_the_configs_lengths_penalty_and_stop
     assert adapter.sampling_arguments(config(min_new_tokens=2, repetition_penalty=1.3), seed=11) == {
         "n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "repetition_penalty": 1.3, "max_tokens": 4, "min_tokens": 2, "logprobs": 5,
-        "seed": 11, "stop_token_ids": [0, 2], "ignore_eos": True, "skip_special_tokens": False, "detokenize": True,
+        "seed": 11, "stop_token_ids": [0, 2], "ignore_eos": True, "skip_special_tokens": False,
+        "detokenize": True,
     }
 
 
@@ -84,7 +87,8 @@ def test_ties_are_ordered_by_token_id_and_only_the_top_5_are_kept():
     returned = [(12, -1.0), (30, -0.25), (5, -1.0), (8, -3.0), (1, -2.0), (40, -9.0)]
     chunk = adapter.chunk_from_outputs([request([30], [returned])], spec="vllm:m")
     assert [i for i, _ in chunk.steps[0].top[0]] == [30, 5, 12, 1, 8]
-    expected = json.dumps([30, [[30, -0.25], [5, -1.0], [12, -1.0], [1, -2.0], [8, -3.0]]], separators=(",", ":"))
+    expected = json.dumps([30, [[30, -0.25], [5, -1.0], [12, -1.0], [1, -2.0], [8, -3.0]]],
+                          separators=(",", ":"))
     assert chunk.steps[0].hashes == [xxhash.xxh3_64_hexdigest(expected.encode())]
 
 
@@ -96,8 +100,9 @@ def test_a_tied_choice_is_still_greedy():
 
 def test_a_non_greedy_step_fails_naming_the_step_and_both_tokens():
     outputs = [request([5, 6], [[(5, -0.1), (6, -2.0)], [(6, -1.0), (8, -0.2)]])]
-    with pytest.raises(EngineError, match=r"did not decode greedily at step 1 of prompt 0: it chose token 6 "
-                                          r"\(logprob -1\.0000\) over token 8 \(logprob -0\.2000\)") as raised:
+    with pytest.raises(EngineError, match=r"did not decode greedily at step 1 of prompt 0: it chose token "
+                                          r"6 \(logprob -1\.0000\) over token 8 "
+                                          r"\(logprob -0\.2000\)") as raised:
         adapter.chunk_from_outputs(outputs, spec="vllm:models/m")
     assert raised.value.spec == "vllm:models/m"
     assert "logprobs_mode='processed_logprobs'" in str(raised.value)
@@ -107,7 +112,8 @@ def test_missing_logprobs_and_nan_logprobs_are_refused():
     with pytest.raises(EngineError, match=r"logprobs for 1 of 2 steps of prompt 0"):
         adapter.chunk_from_outputs([request([5, 6], [[(5, -0.1)]])], spec="vllm:m")
     with pytest.raises(NonFiniteLogitsError) as raised:
-        adapter.chunk_from_outputs([request([1], [[(1, -0.1)]]), request([5], [[(5, float("nan"))]])], spec="vllm:m")
+        adapter.chunk_from_outputs([request([1], [[(1, -0.1)]]), request([5], [[(5, float("nan"))]])],
+                                   spec="vllm:m")
     assert (raised.value.step, raised.value.row) == (0, 1)
 
 
@@ -157,8 +163,9 @@ def test_without_cuda_the_alternatives_are_named(tmp_path, monkeypatch):
     (tmp_path / "model.safetensors").write_bytes(b"")
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm([]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ModelLoadError, match=r"needs an NVIDIA GPU.*llamacpp:PATH\.gguf.*transformers backend "
-                                             rf"\(--llm-model={tmp_path} \(pytest\.ini: llm_model = {tmp_path};"):
+    with pytest.raises(ModelLoadError, match=r"needs an NVIDIA GPU.*llamacpp:PATH\.gguf.*transformers "
+                                             rf"backend \(--llm-model={tmp_path} \(pytest\.ini: llm_model "
+                                             rf"= {tmp_path};"):
         backends.load(f"vllm:{tmp_path}", dtype="float32", device="auto")
 
 
@@ -206,7 +213,8 @@ def test_load_pins_the_engine_and_generation_records_vllm_steps(on_a_fake_h200):
 
     loaded = backends.load(f"vllm:{TINY}#max_model_len=512", dtype="float32", device="auto")
     (name, kwargs), = on_a_fake_h200
-    knobs = {"tensor_parallel_size": 1, "max_num_seqs": 1, "gpu_memory_utilization": 0.5, "max_model_len": 512}
+    knobs = {"tensor_parallel_size": 1, "max_num_seqs": 1, "gpu_memory_utilization": 0.5,
+             "max_model_len": 512}
     assert (name, kwargs) == ("LLM", adapter.engine_arguments(str(TINY), knobs, "float32", 0))
     assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -254,7 +262,8 @@ def test_several_sequences_share_one_call(on_a_fake_h200):
 @pytest.mark.parametrize(("keep_logits", "overrides", "message"), [
     (True, {}, r"vLLM returns no raw logits; audit on the transformers backend"),
     (False, {"no_repeat_ngram_size": 2}, r"supported by the transformers backend only"),
-    (False, {"max_new_tokens": 510}, r"a 3-token prompt plus max_new_tokens=510 does not fit.*#max_model_len=4096"),
+    (False, {"max_new_tokens": 510},
+     r"a 3-token prompt plus max_new_tokens=510 does not fit.*#max_model_len=4096"),
 ])
 def test_what_vllm_cannot_do_is_refused_before_a_request(on_a_fake_h200, keep_logits, overrides, message):
     loaded = backends.load(f"vllm:{TINY}#max_model_len=512", dtype="float32", device="auto")

@@ -68,17 +68,20 @@ def run(request, project):
 def test_first_run_fails_naming_the_update_flag_and_writes_nothing(project, run):
     result = run(failed=4)
     result.stdout.fnmatch_lines([
-        "E*no golden recorded for 'test_capital' in __golden__/test_suite.json [[]'test_capital'][[]'cpu/float32'].",
+        "E*no golden recorded for 'test_capital' in __golden__/test_suite.json "
+        "[[]'test_capital'][[]'cpu/float32'].",
         "E*Record it with: pytest test_suite.py::test_capital --llm-golden-update",
         "golden checks: 6 MISSING (failed)",
     ])
-    result.stdout.fnmatch_lines(["E*Record it with: pytest 'test_suite.py::test_param[[]Count: one,]' --llm-golden-update"])
+    result.stdout.fnmatch_lines(["E*Record it with: pytest 'test_suite.py::test_param[[]Count: one,]' "
+                                 "--llm-golden-update"])
     assert not (project.path / "__golden__").exists()
 
 
 def test_update_then_check_then_changed_model_then_accept(project, run, tmp_path):
     recorded = run("--llm-golden-update", passed=4)
-    recorded.stdout.fnmatch_lines(["golden checks: 6 recorded", "wrote __golden__/test_suite.json (6 goldens)"])
+    recorded.stdout.fnmatch_lines(["golden checks: 6 recorded",
+                                   "wrote __golden__/test_suite.json (6 goldens)"])
     assert golden_keys(project) == [
         "test_capital", "test_param[Count: one,]", "test_param[The cat sat on the]",
         "test_two_checks", "test_two_checks#2", "test_two_checks::code",
@@ -117,10 +120,13 @@ def test_every_check_of_a_test_is_judged_and_gets_its_candidate_in_one_run(proje
     result.stdout.fnmatch_lines([
         ">*golden_tokens.check(first)",  # the traceback points at the first failing check
         "E*3 golden checks failed in this test (every check ran and has its candidate):",
-        f"E*[[]1/3] at test_suite.py:{line['golden_tokens.check(first)']} golden mismatch in 'test_two_checks': *",
-        f"E*[[]2/3] at test_suite.py:{line['golden_tokens.check(second)']} golden mismatch in 'test_two_checks#2': *",
+        f"E*[[]1/3] at test_suite.py:{line['golden_tokens.check(first)']} golden mismatch in "
+        "'test_two_checks': *",
+        f"E*[[]2/3] at test_suite.py:{line['golden_tokens.check(second)']} golden mismatch in "
+        "'test_two_checks#2': *",
         "E*[[]3/3] at test_suite.py:* golden mismatch in 'test_two_checks::code': *",
-        "E*Accept all of them with: pytest test_suite.py::test_two_checks --llm-model=*/changed --llm-golden-update",
+        "E*Accept all of them with: pytest test_suite.py::test_two_checks --llm-model=*/changed "
+        "--llm-golden-update",
     ])
     assert result.stdout.str().count("Accept with:") == 3  # once per test with one failing check
     result.stdout.fnmatch_lines(["wrote candidates/__golden__/test_suite.json (6 candidate(s))"])
@@ -143,7 +149,8 @@ def test_a_test_that_fails_after_recording_keeps_no_golden_and_shows_its_checks(
     held = suite.runpytest("--llm-golden-update")
     held.assert_outcomes(failed=1)
     held.stdout.fnmatch_lines(["golden checks: 1 recorded",
-                               "NOT recorded: the goldens of 1 test(s) that recorded, then failed or were skipped*",
+                               "NOT recorded: the goldens of 1 test(s) that recorded, then failed or "
+                               "were skipped*",
                                "  test_then_asserts.py::test_then_asserts"])
     assert not (suite.path / "__golden__").exists()  # a known-bad output is never frozen
 
@@ -165,7 +172,8 @@ def test_tiny_weight_noise_is_logit_drift_with_tokens_unchanged(project, tmp_pat
     result = project.runpytest(f"--llm-model={drifted}", "-k", "capital")
     result.assert_outcomes(failed=1, deselected=3)
     result.stdout.fnmatch_lines([
-        "E*golden mismatch in 'test_capital': LOGIT_DRIFT at step 0 — same tokens, logits differ*fails under 'exact'",
+        "E*golden mismatch in 'test_capital': LOGIT_DRIFT at step 0 — same tokens, logits differ*fails "
+        "under 'exact'",
         "E*all * tokens match: ' Tokyo.'",
     ])
 
@@ -212,7 +220,8 @@ def test_checking_the_same_name_twice_is_an_error(suite):
     )
     result = suite.runpytest("--llm-golden-update")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E*golden 'test_twice::a' is checked twice in one test; give each check its own name="])
+    result.stdout.fnmatch_lines(["E*golden 'test_twice::a' is checked twice in one test; give each check "
+                                 "its own name="])
 
 
 def test_golden_dir_option_mirrors_the_test_tree(suite):
@@ -284,7 +293,8 @@ def test_xdist_update_of_many_parametrized_cases_loses_nothing(suite):
     )
     recorded = suite.runpytest_subprocess("-n", "2", "--llm-golden-update")
     recorded.assert_outcomes(passed=24)
-    recorded.stdout.fnmatch_lines(["golden checks: 24 recorded", "wrote __golden__/test_many.json (24 goldens)"])
+    recorded.stdout.fnmatch_lines(["golden checks: 24 recorded",
+                                   "wrote __golden__/test_many.json (24 goldens)"])
     goldens = json.loads((suite.path / "__golden__" / "test_many.json").read_text())["goldens"]
     assert len(goldens) == 24
     suite.runpytest_subprocess("-n", "2").assert_outcomes(passed=24)
@@ -355,7 +365,8 @@ def test_junit_xml_carries_one_llm_verdict_property_per_check(project):
     project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
     project.runpytest("--junitxml=report.xml").assert_outcomes(passed=4)
     tree = ET.parse(project.path / "report.xml")
-    verdicts = {case.get("name"): [p.get("value") for p in case.iter("property") if p.get("name") == "llm_verdict"]
+    verdicts = {case.get("name"): [p.get("value") for p in case.iter("property")
+                                   if p.get("name") == "llm_verdict"]
                 for case in tree.iter("testcase")}
     assert verdicts["test_two_checks"] == ["IDENTICAL", "IDENTICAL", "IDENTICAL"]
     assert verdicts["test_capital"] == ["IDENTICAL"]
@@ -405,15 +416,18 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
     # Remove one check from a test and a whole test; skip another test.
     source = (project.path / "test_suite.py").read_text()
     source = source.replace('golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")', 'pass')
-    source = source.replace("@deterministic(max_new_tokens=6)\ndef test_capital", "@deterministic(max_new_tokens=6)\ndef xtest_capital")
-    source = source.replace("@deterministic\n@pytest.mark.parametrize", "@pytest.mark.skip('GPU only')\n@deterministic\n@pytest.mark.parametrize")
+    source = source.replace("@deterministic(max_new_tokens=6)\ndef test_capital",
+                            "@deterministic(max_new_tokens=6)\ndef xtest_capital")
+    source = source.replace("@deterministic\n@pytest.mark.parametrize",
+                            "@pytest.mark.skip('GPU only')\n@deterministic\n@pytest.mark.parametrize")
     project.makepyfile(test_suite=source)
     before = (project.path / GOLDEN).read_bytes()
 
     partial = run("-k", "two_checks", passed=1, deselected=2)
     assert "unused golden" not in partial.stdout.str()
     not_pruned = run("-k", "two_checks", "--llm-golden-prune")
-    not_pruned.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (-k; 2 test(s) deselected)"])
+    not_pruned.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (-k; 2 "
+                                     "test(s) deselected)"])
     assert (project.path / GOLDEN).read_bytes() == before
 
     complete = run(passed=1, skipped=2)
@@ -425,7 +439,8 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
     assert "test_param" not in complete.stdout.str().split("llm goldens")[-1]  # skipped: not exercised
 
     pruned = run("--llm-golden-prune")
-    pruned.stdout.fnmatch_lines(["pruned 2 unused golden(s):", "  __golden__/test_suite.json ['test_capital']",
+    pruned.stdout.fnmatch_lines(["pruned 2 unused golden(s):",
+                                 "  __golden__/test_suite.json ['test_capital']",
                                  "  __golden__/test_suite.json ['test_two_checks::code']"])
     assert golden_keys(project) == ["test_param[Count: one,]", "test_param[The cat sat on the]",
                                     "test_two_checks", "test_two_checks#2"]
@@ -476,7 +491,8 @@ def test_xdist_four_workers_200_cases_one_model_load_each(suite):
     )
     recorded = suite.runpytest_subprocess("-n", "4", "--llm-golden-update")
     recorded.assert_outcomes(passed=200)
-    recorded.stdout.fnmatch_lines(["golden checks: 200 recorded", "wrote __golden__/test_many.json (200 goldens)"])
+    recorded.stdout.fnmatch_lines(["golden checks: 200 recorded",
+                                   "wrote __golden__/test_many.json (200 goldens)"])
     goldens = json.loads((suite.path / "__golden__" / "test_many.json").read_text())["goldens"]
     assert sorted(goldens) == sorted(f"test_case[{n}]" for n in range(200))
     logs = sorted(suite.path.glob("loads-gw*.txt"))
