@@ -16,7 +16,8 @@ SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smoll
 
 
 # Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the inner-loop command).
-# Marked here from what a test uses, so a new test lands in its tier without a decorator.
+# Marked here from what a test uses, so a new test lands in its tier without a decorator; tests that
+# start pytest in a child process carry @pytest.mark.subprocess (a fixture below checks the mark).
 TIER_BY_FIXTURE = {
     "pytester": "pytester",  # runs pytest on a project it writes, in this process or a child
     "smollm2_gguf": "real_model",  # the real SmolLM2-135M
@@ -50,6 +51,19 @@ def _heavy_libraries_before_pytester(request):
     """Tests that run pytest in-process get torch imported first; unit tests load nothing."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("_import_heavy_libraries_once")
+
+
+@pytest.fixture(autouse=True)
+def _child_pytest_runs_are_marked(request, monkeypatch):
+    """The inner loop deselects ``subprocess`` tests: one that starts pytest in a child process
+    without the mark would slow it unnoticed, so it fails saying what to add."""
+    if "pytester" in request.fixturenames and request.node.get_closest_marker("subprocess") is None:
+        def unmarked(*args, **kwargs):
+            __tracebackhide__ = True
+            pytest.fail(f"{request.node.name} runs pytest in a child process: mark it "
+                        "@pytest.mark.subprocess (pyproject.toml lists the test tiers)", pytrace=False)
+
+        monkeypatch.setattr(request.getfixturevalue("pytester"), "runpytest_subprocess", unmarked)
 
 
 @pytest.fixture(autouse=True)

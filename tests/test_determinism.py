@@ -4,6 +4,7 @@ import os
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from pytest_llmdeterminism.engines import determinism
@@ -89,6 +90,7 @@ def test_cublas_workspace_is_set_when_absent_and_kept_when_valid(monkeypatch):
     assert "':4096:8'" in warning
 
 
+@pytest.mark.subprocess
 def test_plugin_sets_cublas_workspace_before_conftests_and_warns_on_a_bad_value(pytester, monkeypatch):
     pytester.makeini("[pytest]\nllm_model = builtin:tiny\n")  # a project that configures the plugin
     pytester.makeconftest("import os\nSEEN = os.environ.get('CUBLAS_WORKSPACE_CONFIG')\n")

@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.subprocess  # every test here runs pytest on examples/
+
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
 

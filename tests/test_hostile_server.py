@@ -348,6 +348,7 @@ def test_an_update_run_records_an_honest_server_and_nothing_of_a_lying_one(pytes
     assert not golden.exists()
 
 
+@pytest.mark.subprocess
 def test_a_run_with_credentials_in_the_server_url_stops_at_start_without_printing_them(pytester, serve,
                                                                                        pieces):
     server = serve(routes(pieces))

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_import_does_not_load_torch_or_transformers():
     code = ("import sys, pytest_llmdeterminism, pytest_llmdeterminism.plugin; "
@@ -9,6 +11,7 @@ def test_import_does_not_load_torch_or_transformers():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.subprocess
 def test_plugin_is_registered_and_marker_documented(pytester):
     result = pytester.runpytest_subprocess("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.deterministic(seed=None, max_new_tokens=None, "
@@ -24,6 +27,7 @@ def test_public_marker_is_pytest_mark():
     assert deterministic.mark == pytest.mark.deterministic.mark
 
 
+@pytest.mark.subprocess
 def test_the_unit_tests_load_no_model(tmp_path):
     """The comparator, tolerance, store, ledger and layering tests run without torch: only tests that
     run pytest in-process, or ask for a model, import it."""

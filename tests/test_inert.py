@@ -40,6 +40,7 @@ def _seen(result: pytest.RunResult) -> dict[str, object]:
     return seen
 
 
+@pytest.mark.subprocess
 def test_an_unconfigured_run_changes_nothing_a_torch_test_sees(pytester, monkeypatch):
     for name in PINNED:
         monkeypatch.delenv(name, raising=False)
@@ -55,6 +56,7 @@ def test_an_unconfigured_run_changes_nothing_a_torch_test_sees(pytester, monkeyp
     assert ours == []
 
 
+@pytest.mark.subprocess
 def test_a_configured_project_is_pinned_before_its_conftest_imports_torch(pytester, monkeypatch):
     for name in PINNED:
         monkeypatch.delenv(name, raising=False)
@@ -139,6 +141,7 @@ def pytest_configure(config):
 
 
 @pytest.mark.skipif(numerics.effective()["mkl_cbwr"] is None, reason="this torch runs without MKL")
+@pytest.mark.subprocess
 def test_torch_that_computed_before_a_late_pin_is_refused_naming_the_ini_setting(pytester, monkeypatch):
     for name in PINNED:
         monkeypatch.delenv(name, raising=False)

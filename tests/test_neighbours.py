@@ -179,6 +179,7 @@ def test_4_after():  # (after a crashed xdist worker, in a new one: nothing ran 
 TIMEOUT = ("-p", "timeout", "--timeout=15", "-o", "timeout_func_only=true")
 
 
+@pytest.mark.subprocess
 def test_a_timeout_by_signal_fails_the_stuck_test_and_keeps_the_others_goldens(suite):
     pytest.importorskip("pytest_timeout")
     suite.makepyfile(test_stuck=STUCK)
@@ -197,6 +198,7 @@ def test_a_timeout_by_signal_fails_the_stuck_test_and_keeps_the_others_goldens(s
     checked.stdout.fnmatch_lines(["golden checks: 2 IDENTICAL"])
 
 
+@pytest.mark.subprocess
 def test_a_timeout_by_thread_kills_the_run_without_touching_goldens(suite):
     """The thread method ends the process (os._exit) from its timer: nothing after that runs, so
     nothing is written, pruned or half-written; the stack dump names the stuck test."""
@@ -213,6 +215,7 @@ def test_a_timeout_by_thread_kills_the_run_without_touching_goldens(suite):
     assert (suite.path / "__golden__" / "test_stuck.json").read_bytes() == golden
 
 
+@pytest.mark.subprocess
 def test_a_timeout_by_thread_under_xdist_keeps_the_finished_tests_goldens_and_prunes_nothing(suite):
     """Under pytest-xdist the thread method kills one worker: the controller keeps what the finished
     tests recorded, and the run is partial, so no golden is judged unused."""

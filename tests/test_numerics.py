@@ -153,6 +153,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 
 
 @pytest.mark.skipif(numerics.effective()["mkl_cbwr"] is None, reason="this torch runs without MKL")
+@pytest.mark.subprocess
 def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(pytester):
     pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x16\n")
     pytester.makepyfile(test_early="""

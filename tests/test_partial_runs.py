@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
 """
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.subprocess)])
 def test_tests_a_conftest_deselects_keep_their_goldens_under_prune(suite, workers):
     suite.makepyfile(test_two=TWO_TESTS)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
@@ -94,6 +94,7 @@ def _stopped_run(suite, monkeypatch, how, stop_at, *args):
 
 
 @pytest.mark.parametrize("stop_at", ["test_a", "test_b"])
+@pytest.mark.subprocess
 def test_ctrl_c_during_a_prune_run_deletes_no_golden_and_says_why(suite, monkeypatch, stop_at):
     suite.makepyfile(test_three=THREE_TESTS)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
@@ -107,6 +108,7 @@ def test_ctrl_c_during_a_prune_run_deletes_no_golden_and_says_why(suite, monkeyp
     assert _goldens(suite) == {"test_a", "test_b", "test_c"}
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_during_an_update_run_writes_the_finished_tests_goldens_and_judges_nothing_unused(suite,
                                                                                                  monkeypatch):
     suite.makepyfile(test_three=THREE_TESTS.replace("test_c(", "test_old(", 1))
@@ -125,6 +127,7 @@ def test_ctrl_c_during_an_update_run_writes_the_finished_tests_goldens_and_judge
 
 
 @pytest.mark.parametrize("how", ["sigint-controller", "crash"])
+@pytest.mark.subprocess
 def test_an_xdist_run_stopped_by_ctrl_c_or_a_crashed_worker_prunes_nothing(suite, monkeypatch, how):
     suite.makepyfile(test_three=THREE_TESTS)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
@@ -136,6 +139,7 @@ def test_an_xdist_run_stopped_by_ctrl_c_or_a_crashed_worker_prunes_nothing(suite
     assert _goldens(suite) == {"test_a", "test_b", "test_c"}
 
 
+@pytest.mark.subprocess
 def test_pytest_exit_and_maxfail_make_a_partial_run(suite, monkeypatch):
     suite.makepyfile(test_three=THREE_TESTS)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
@@ -152,6 +156,7 @@ def test_pytest_exit_and_maxfail_make_a_partial_run(suite, monkeypatch):
     assert _goldens(suite) == {"test_a", "test_b", "test_c"}
 
 
+@pytest.mark.subprocess
 def test_a_complete_run_still_prunes_after_the_partial_ones(suite):
     """The negative control: the same suite, run whole, does judge and prune."""
     suite.makepyfile(test_three=THREE_TESTS.replace("test_c(", "test_old(", 1))

@@ -207,6 +207,7 @@ def test_merge_refuses_what_it_cannot_read_and_a_used_candidates_folder(project,
     assert status == 2 and "--candidates 'old' exists and is not an empty folder" in err
 
 
+@pytest.mark.subprocess
 def test_an_xdist_shard_reports_the_same_suite_as_a_plain_one(project):
     pytest.importorskip("xdist")
     run_shards(project, groups=[2])

@@ -57,7 +57,7 @@ class Runner:
         return result
 
 
-@pytest.fixture(params=[0, 2], ids=["no-xdist", "xdist-2"])
+@pytest.fixture(params=[0, pytest.param(2, marks=pytest.mark.subprocess)], ids=["no-xdist", "xdist-2"])
 def run(request, project):
     """The user's journey is the same with and without pytest-xdist: these tests run it both ways."""
     if request.param:
@@ -273,6 +273,7 @@ def test_global_torch_state_is_restored_after_a_deterministic_test(suite):
     suite.runpytest("-p", "no:randomly").assert_outcomes(passed=3)
 
 
+@pytest.mark.subprocess
 def test_xdist_update_of_many_parametrized_cases_loses_nothing(suite):
     pytest.importorskip("xdist")
     suite.makepyfile(
@@ -301,6 +302,7 @@ def test_xdist_update_of_many_parametrized_cases_loses_nothing(suite):
     suite.runpytest_subprocess("-p", "no:xdist").assert_outcomes(passed=24)
 
 
+@pytest.mark.subprocess
 def test_xdist_worker_crash_keeps_goldens_recorded_before_it(suite):
     pytest.importorskip("xdist")
     suite.makepyfile(
@@ -446,6 +448,7 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
                                     "test_two_checks", "test_two_checks#2"]
 
 
+@pytest.mark.subprocess
 def test_unused_goldens_merge_across_xdist_workers(project):
     pytest.importorskip("xdist")
     project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
@@ -460,6 +463,7 @@ def test_unused_goldens_merge_across_xdist_workers(project):
     assert result.stdout.str().count("unused golden in") == 1
 
 
+@pytest.mark.subprocess
 def test_xdist_four_workers_200_cases_one_model_load_each(suite):
     pytest.importorskip("xdist")
     suite.makeconftest(
