@@ -16,6 +16,7 @@ PROMPT = "The capital of France is"
 EXAMPLES = 100
 
 
+@pytest.mark.slow  # 100 examples through the tiny model: 30-50 CPU seconds a case
 @pytest.mark.parametrize(("shape", "with_model"),
                          [(DEFAULT_BATCH_SHAPE, False), ("4x32", False), ("4x32", True)],
                          ids=["default-pool only", "4x32-pool only", "4x32-llm_model given"])
