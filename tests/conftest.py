@@ -54,9 +54,10 @@ def _heavy_libraries_before_pytester(request):
 
 
 @pytest.fixture(autouse=True)
-def _child_pytest_runs_are_marked(request, monkeypatch):
+def _child_pytest_runs_are_marked(request, monkeypatch, _heavy_libraries_before_pytester):
     """The inner loop deselects ``subprocess`` tests: one that starts pytest in a child process
-    without the mark would slow it unnoticed, so it fails saying what to add."""
+    without the mark would slow it unnoticed, so it fails saying what to add. (After the heavy
+    libraries: pytester's snapshot of ``sys.modules`` must already hold them.)"""
     if "pytester" in request.fixturenames and request.node.get_closest_marker("subprocess") is None:
         def unmarked(*args, **kwargs):
             __tracebackhide__ = True
