@@ -410,7 +410,3 @@ def _read_existing(path: Path) -> store.Goldens:
     if not path.exists():
         raise GoldenFileError(path, "does not exist", "Check the path.")
     return store.read(path)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
