@@ -81,28 +81,33 @@ def _usage(names: list[str], attrs: dict[str, Any]) -> str:
     return f"{flag}[={metavar}]" if nargs == "?" else f"{flag}={metavar}"
 
 
+def _llm_groups(parser: Any) -> list[Any]:
+    """The option groups that hold this plugin's ``--llm-*`` options."""
+    groups = getattr(parser, "_groups", None) or [parser.getgroup("llmdeterminism")]
+    return [group for group in groups
+            if any(name.startswith("--llm") for option in group.options for name in option.names())]
+
+
 def options() -> str:
     parser = _filled_parser()
     ini = _ini_settings(parser)
-    groups = [group for group in getattr(parser, "_groups", None) or [parser.getgroup("llmdeterminism")] if any(
-        name.startswith("--llm") for option in group.options for name in option.names())]
     lines = []
-    for group in groups:
+    dests = set()
+    for group in _llm_groups(parser):
         for option in group.options:
             attrs = option.attrs()
             names = option.names()
-            lines += [f"### `{names[-1]}`", ""]
-            rows = [f"- command line: `{_usage(names, attrs)}`"]
             dest = attrs.get("dest")
+            dests.add(dest)
+            rows = [f"- command line: `{_usage(names, attrs)}`"]
             if dest in ini:
-                rows.append(f"- ini: `{dest}`")
                 default = ini[dest][1]
-                rows.append(f"- ini default: `{default}`" if default not in (None, "") else "- ini default: none")
-            if attrs.get("action") == "append":
+                rows += [f"- ini: `{dest}`", f"- ini default: `{default}`" if default not in (None, "")
+                         else "- ini default: none"]
+            if attrs.get("action") == "append" or isinstance(attrs.get("default"), list):  # argparse's append
                 rows.append("- repeatable")
-            lines += [*rows, "", _escape(str(attrs.get("help", ""))), ""]
-    settings = [name for name in ini if not any(name == o.attrs().get("dest") for g in groups for o in g.options)]
-    for name in settings:  # an ini setting without a command-line twin
+            lines += [f"### `{names[-1]}`", "", *rows, "", _escape(str(attrs.get("help", ""))), ""]
+    for name in [name for name in ini if name not in dests]:  # an ini setting without a command-line twin
         help_text, default = ini[name]
         lines += [f"### `{name}`", "", f"- ini: `{name}` (default `{default}`)", "", _escape(help_text), ""]
     return "\n".join(lines)
@@ -139,7 +144,8 @@ def cli() -> str:
         sections = [("llm-golden", parser.format_help())]
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
-                sections += [(f"llm-golden {name}", sub.format_help()) for name, sub in action.choices.items()]
+                sections += [(f"llm-golden {name}", command.format_help())
+                             for name, command in action.choices.items()]
     lines = []
     for title, text in sections:
         lines += [f"## `{title}`", "", "```text", text.rstrip(), "```", ""]
@@ -208,7 +214,9 @@ def api() -> str:
     for name in package.__all__:
         value = getattr(package, name)
         if name == "deterministic":
-            kind, doc = "marker", "The `deterministic` marker, the same object as `pytest.mark.deterministic`."
+            kind = "marker"
+            doc = ("The `deterministic` marker: the same object as `pytest.mark.deterministic`. Bare, or "
+                   "with `seed`, `max_new_tokens`, `batch_shape`, `tolerance`.")
         else:
             kind = "exception" if isinstance(value, type) and issubclass(value, BaseException) else (
                 "class" if isinstance(value, type) else "function")
