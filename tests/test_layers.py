@@ -3,7 +3,7 @@
 Any import counts: absolute or relative, at module level, inside a function, under
 ``TYPE_CHECKING``, from the package root, or through ``importlib.import_module`` with a literal
 name. A strict order of layers also rules out every import cycle. A new module must be given its
-layer here (and in the README's design notes), so the picture cannot drift from the code.
+layer here (the docs' design page renders this table), so the picture cannot drift from the code.
 """
 
 from __future__ import annotations
