@@ -12,6 +12,7 @@ from typing import Any
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.engines.determinism import deterministic_state
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
+from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -31,7 +32,7 @@ class HFEngine:
     padded, filler rows repeating the first prompt; logits hashed in a forward hook."""
 
     name = "transformers"
-    hash_definition = "logits"
+    hash_definition = HashDefinition.LOGITS
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
     def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
@@ -46,7 +47,7 @@ class HFEngine:
     def vocab_size(self) -> int:
         return min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
-    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         import torch
         from transformers import GenerationConfig
@@ -54,7 +55,7 @@ class HFEngine:
         from pytest_llmdeterminism.engines.determinism import flags
 
         shape = settings.batch_shape.running(max(map(len, rows)))
-        self._refuse_past_context(shape, config["max_new_tokens"], settings)
+        self._refuse_past_context(shape, config.max_new_tokens, settings)
         input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
         # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
@@ -75,7 +76,7 @@ class HFEngine:
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),
-                    generation_config=GenerationConfig(**config),
+                    generation_config=GenerationConfig(**config.as_dict()),
                     logits_processor=capture.logits_processor(),
                 )
                 in_force = flags()  # as they were for this call
