@@ -46,7 +46,8 @@ VLLM_HASH_DEFINITION = (
     "xxh3_64 hex digest of the compact JSON [token id, [[token id, logprob], ...]] of one step as "
     "vLLM returned it: the chosen token and the top-k alternatives with their logprobs, best first"
 )
-HASH_DEFINITIONS = {HashDefinition.LOGITS: LOGIT_HASH_DEFINITION, HashDefinition.SERVED_TOPK: SERVED_HASH_DEFINITION,
+HASH_DEFINITIONS = {HashDefinition.LOGITS: LOGIT_HASH_DEFINITION,
+                    HashDefinition.SERVED_TOPK: SERVED_HASH_DEFINITION,
                     HashDefinition.VLLM_TOPK: VLLM_HASH_DEFINITION}
 # A served token whose text is no single token of the local tokenizer gets an id from here up
 # (TEXT_ONLY_IDS + a hash of its text): stable, and never a real vocabulary id.
@@ -145,7 +146,8 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
             continue
         if name not in ACCEPTED_OVERRIDES:
             raise SamplingRefusedError(
-                name, value, f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})"
+                name, value,
+                f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})",
             )
         accepted[name] = _checked_override(name, value)
     defaults = GreedyConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
@@ -162,8 +164,9 @@ def refuse_beyond(engine: str, config: GreedyConfig, *, keep_logits: bool = Fals
     ``max_new_tokens`` beyond its ``context``: ``(size, knob, example spec that raises it)``."""
     __tracebackhide__ = True
     if keep_logits and not has_logits:
-        raise ConfigurationError("--llm-audit", True, f"{engine} returns no raw logits; audit on the transformers "
-                                 "backend (llm_model = the model's folder or .gguf file, without an engine prefix)")
+        raise ConfigurationError("--llm-audit", True, f"{engine} returns no raw logits; audit on the "
+                                 "transformers backend (llm_model = the model's folder or .gguf file, "
+                                 "without an engine prefix)")
     if config.no_repeat_ngram_size:
         raise ConfigurationError("llm_model.generate(no_repeat_ngram_size=...)", config.no_repeat_ngram_size,
                                  f"is supported by the transformers backend only, not by {engine}")
@@ -171,13 +174,14 @@ def refuse_beyond(engine: str, config: GreedyConfig, *, keep_logits: bool = Fals
                                  ("min_new_tokens", config.min_new_tokens, 0)):
         if not logprobs_after_penalties and value != neutral:
             raise ConfigurationError(f"llm_model.generate({name}=...)", value, "a server returns its "
-                                     "logprobs from before its penalties, so greedy decoding could not be checked; "
-                                     "test it on the transformers or llamacpp backend")
+                                     "logprobs from before its penalties, so greedy decoding could not be "
+                                     "checked; test it on the transformers or llamacpp backend")
     if context is not None and longest_prompt + config.max_new_tokens > context[0]:
         size, knob, example = context
         raise ConfigurationError("llm_model", f"#{knob}={size}",
-                                 f"a {longest_prompt}-token prompt plus max_new_tokens={config.max_new_tokens} "
-                                 f"does not fit the context; raise {knob} in the spec ({example})")
+                                 f"a {longest_prompt}-token prompt plus "
+                                 f"max_new_tokens={config.max_new_tokens} does not fit the context; raise "
+                                 f"{knob} in the spec ({example})")
 
 
 def _checked_override(name: str, value: Any) -> Any:

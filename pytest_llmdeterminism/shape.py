@@ -48,17 +48,18 @@ class BatchShape:
                      f"L = {length:,} is above {MAX_LENGTH:,}; " if length > MAX_LENGTH else "")
             raise ConfigurationError(
                 setting, text,
-                f"{limit}{rows * length:,} tokens per batch: the input ids and attention mask alone would take "
-                f"{_size(16 * rows * length)}, and attention needs about {_size(4 * rows * length * length)} "
-                f"per layer and head for its fp32 scores. Expected B <= {MAX_ROWS}, L <= {MAX_LENGTH:,} and "
-                f"B x L <= {MAX_TOKENS:,}, for example '4x64'",
+                f"{limit}{rows * length:,} tokens per batch: the input ids and attention mask alone would "
+                f"take {_size(16 * rows * length)}, and attention needs about "
+                f"{_size(4 * rows * length * length)} per layer and head for its fp32 scores. Expected "
+                f"B <= {MAX_ROWS}, L <= {MAX_LENGTH:,} and B x L <= {MAX_TOKENS:,}, for example '4x64'",
             )
         return cls(rows, length)
 
     def running(self, prompt_tokens: int) -> BatchShape:
         """The shape a chunk whose longest prompt has ``prompt_tokens`` tokens really runs in: this one,
         except at one row, where a prompt has no companions to be invariant to, so it runs at its own
-        length, unpadded, as a plain ``model.generate()`` of it would (bounded by the model's context only)."""
+        length, unpadded, as a plain ``model.generate()`` of it would (bounded by the model's context
+        only)."""
         return BatchShape(1, prompt_tokens) if self.rows == 1 else self
 
     def holding(self, n_tokens: int) -> BatchShape | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from pytest_llmdeterminism.engines import hf, llamacpp, numerics, openai, vllm
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
-from pytest_llmdeterminism.engines.loaded import Engine, LoadedModel
+from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
 from pytest_llmdeterminism.engines.spec import (
     BUILTIN_PREFIX,
     ENGINE_PREFIXES,
@@ -39,11 +39,11 @@ from pytest_llmdeterminism.errors import (
     pasteable,
 )
 
-__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "EngineSpec", "LoadedModel", "ModelCache", "load", "resolve",
-           "worker_cuda_index"]
+__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "EngineSpec", "LoadedModel", "ModelCache", "load",
+           "resolve", "worker_cuda_index"]
 
 BUILTIN_MODELS = {"tiny": Path(__file__).parent / "tiny"}
-ENGINES = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # spec prefix -> module
+ENGINES: dict[str, EngineModule] = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # prefix -> module
 assert tuple(ENGINES) == ENGINE_PREFIXES
 
 
@@ -120,9 +120,10 @@ class ModelCache:
             except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
                 self._loaded = ModelLoadError(self._spec, f"{type(error).__name__}: {error}")
             took = f"{time.perf_counter() - started:.1f} s"
-            self._announce(f"llm: could not load {self._spec} ({took}); every test that uses it fails with the reason"
-                           if isinstance(self._loaded, LLMDeterminismError) else
+            self._announce(f"llm: could not load {self._spec} ({took}); every test that uses it fails with "
+                           "the reason" if isinstance(self._loaded, LLMDeterminismError) else
                            f"llm: loaded {self._spec} in {took} on {self._loaded.device}")
         if isinstance(self._loaded, LLMDeterminismError):
-            raise self._loaded.with_traceback(None)  # one error object for many tests: no earlier test's frames
+            # One error object for many tests: no earlier test's frames.
+            raise self._loaded.with_traceback(None)
         return self._loaded

@@ -40,9 +40,11 @@ COMPANIONS = ("Hello there, how are you today?", "def add(a, b):", "1 2 3", "The
               "Once upon a time, in a land far away,", "Q:")
 EXPLANATIONS = {
     "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
-              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in eval()",
+              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in "
+              "eval()",
     "batch": "other prompts in the batch changed the numerics: run every generation at one fixed shape",
-    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's identity)",
+    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's "
+                  "identity)",
     "padding": "padded length changes numerics: keep L in llm_batch_shape fixed",
     "cache": "KV cache on/off takes another numeric path: keep use_cache pinned",
     "threads": "thread count changes CPU reduction order: pin torch.set_num_threads / OMP_NUM_THREADS",
@@ -123,7 +125,8 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     ids = [int(t) for t in prompt] if is_token_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]
     text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
 
-    def run(view: _KeptLogits, batch: Sequence[list[int]], row: int, **extra: Any) -> tuple[Generation, list[Any]]:
+    def run(view: _KeptLogits, batch: Sequence[list[int]], row: int,
+            **extra: Any) -> tuple[Generation, list[Any]]:
         return view.run(batch, row, **{**overrides, **extra})
 
     prompt = ids  # every run below feeds exactly these ids
@@ -143,16 +146,19 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
                              ran=False))
     other_rows = 1 if shape.rows > 1 else 4
     rows.append(_row("batch_size", f"B {shape.rows} -> {other_rows}", base,
-                     run(_KeptLogits(llm_model, batch_shape=BatchShape(other_rows, shape.length)), [prompt], 0)))
+                     run(_KeptLogits(llm_model, batch_shape=BatchShape(other_rows, shape.length)),
+                         [prompt], 0)))
     longer = shape.length + 8  # not a multiple of 16: some kernels block by 16 and would hide the change
     if shape.rows == 1:
         rows.append(AuditRow("padding", "B=1 runs each prompt at its own length, unpadded", False, None, 0.0,
                              ran=False))
     else:
         rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
-                         run(_KeptLogits(llm_model, batch_shape=BatchShape(shape.rows, longer)), [prompt], 0)))
+                         run(_KeptLogits(llm_model, batch_shape=BatchShape(shape.rows, longer)),
+                             [prompt], 0)))
     cache = overrides.get("use_cache", True)
-    rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base, run(probe, [prompt], 0, use_cache=not cache)))
+    rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base,
+                     run(probe, [prompt], 0, use_cache=not cache)))
     threads = torch.get_num_threads()
     other_threads = 1 if threads > 1 else 2
     torch.set_num_threads(other_threads)
@@ -172,7 +178,8 @@ def _row(source: str, change: str, base: tuple[Generation, list[Any]],
     return AuditRow(source, change, changed, first, delta)
 
 
-def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
+def _difference(a: tuple[Generation, list[Any]],
+                b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
     import numpy as np
 
     (gen_a, logits_a), (gen_b, logits_b) = a, b

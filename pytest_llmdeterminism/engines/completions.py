@@ -120,7 +120,7 @@ def implausible(completion: Completion, *, max_tokens: int, vocab_size: int) -> 
     chosen = logprobs.token_logprobs
     if chosen is not None and len(chosen) != steps:
         return f"{field}.token_logprobs: {len(chosen)} steps for {steps} tokens"
-    for step, (text, top) in enumerate(zip(logprobs.tokens, logprobs.top_logprobs)):
+    for step, (text, top) in enumerate(zip(logprobs.tokens, logprobs.top_logprobs, strict=True)):
         candidates = top or {}
         if not 1 <= len(candidates) <= TOP_K + 1:
             return (f"{field}.top_logprobs[{step}]: {len(candidates)} candidates, where the request asked "
@@ -170,10 +170,10 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
     counted = response.usage.prompt_tokens if response.usage is not None else None
     if counted is not None and counted != prompt_tokens:
         raise EngineError(spec, f"{source} counts {counted} prompt tokens where the local tokenizer counts "
-                          f"{prompt_tokens}: #tokenizer= is not the served model's tokenizer (or the server adds "
-                          "a BOS of its own)")
+                          f"{prompt_tokens}: #tokenizer= is not the served model's tokenizer (or the server "
+                          "adds a BOS of its own)")
     row = ParsedRow()
-    for step, (text, top) in enumerate(zip(texts, tops)):
+    for step, (text, top) in enumerate(zip(texts, tops, strict=True)):
         ranked = sorted((top or {}).items(), key=lambda p: (-p[1], p[0]))[:TOP_K]
         if text not in dict(ranked):  # implausible() made sure it has a logprob
             own = chosen[step] if chosen is not None else None
@@ -189,7 +189,8 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
         row.steps.append(step_hash, [token_id(t) for t, _ in ranked], [lp for _, lp in ranked])
         row.tokens.append(token_id(text))
         exact = exact_id(text) is not None  # vLLM's exact ids: the piece is the tokenizer's text
-        row.pieces.append(str(tokenizer.decode([row.tokens[-1]])) if exact and tokenizer is not None else text)
+        spelled = exact and tokenizer is not None
+        row.pieces.append(str(tokenizer.decode([row.tokens[-1]])) if spelled else text)
         row.exact.append(exact)
     row.text = "".join(row.pieces) if choice.text is None else choice.text
     if not _spelled(row, tokenizer):
@@ -219,7 +220,8 @@ def _spelled(row: ParsedRow, tokenizer: Any) -> bool:
     special = set(getattr(tokenizer, "all_special_ids", ()) or ())
     segments = [""]
     for step, piece in enumerate(row.pieces):
-        if _part_of_character(piece) or (row.exact[step] and (tokenizer is None or row.tokens[step] in special)):
+        unspelled = row.exact[step] and (tokenizer is None or row.tokens[step] in special)
+        if _part_of_character(piece) or unspelled:
             segments.append("")
         else:
             segments[-1] += "".join(piece.split())
@@ -266,9 +268,10 @@ def resolve_partial_characters(row: ParsedRow, tokenizer: Any) -> None:
             return
         ids = list(tokenizer(row.text[cursor:stop], add_special_tokens=False)["input_ids"])
         if len(ids) == end - step:
-            for index, resolved in zip(range(step, end), ids):
+            for index, resolved in zip(range(step, end), ids, strict=True):
                 unknown = row.tokens[index]
                 row.tokens[index] = resolved
-                row.steps.top[index] = tuple((resolved if t == unknown else t, lp) for t, lp in row.steps.top[index])
+                row.steps.top[index] = tuple((resolved if t == unknown else t, lp)
+                                             for t, lp in row.steps.top[index])
         cursor, step = stop, end
 

@@ -87,7 +87,8 @@ class HFEngine:
         return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits)
 
 
-    def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int, settings: GenerationSettings) -> None:
+    def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int,
+                             settings: GenerationSettings) -> None:
         """Positions past the model's context give no meaningful logits (and may run for minutes): the
         padded prompt plus every new token must fit ``max_position_embeddings``."""
         __tracebackhide__ = True
@@ -96,14 +97,14 @@ class HFEngine:
         if not isinstance(context, int) or length + max_new_tokens <= context:
             return
         fits = context - length
-        fix = (f"lower max_new_tokens to at most {fits} (@deterministic(max_new_tokens=...), llm_max_new_tokens "
-               f"or generate(max_new_tokens=...))" if fits >= 1 else
+        fix = (f"lower max_new_tokens to at most {fits} (@deterministic(max_new_tokens=...), "
+               f"llm_max_new_tokens or generate(max_new_tokens=...))" if fits >= 1 else
                "shorten the prompt" if shape.rows == 1 else
                f"use a shorter L in {settings.batch_shape_setting.replace('=...', '')}")
         raise ConfigurationError("max_new_tokens", max_new_tokens,
                                  f"the {shape} shape's {length} prompt positions plus {max_new_tokens} "
-                                 f"new tokens need {length + max_new_tokens} positions, beyond the model's context "
-                                 f"of {context} (max_position_embeddings in its config); {fix}")
+                                 f"new tokens need {length + max_new_tokens} positions, beyond the model's "
+                                 f"context of {context} (max_position_embeddings in its config); {fix}")
 
 
 def pick_device(spec: str, device: str) -> str:

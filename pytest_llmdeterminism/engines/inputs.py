@@ -57,7 +57,8 @@ def encoded(prompt: Any, *, tokenizer: Any, settings: GenerationSettings, spec: 
     """A prompt string or a chat conversation, tokenised as the model runs it."""
     __tracebackhide__ = True
     if isinstance(prompt, str):
-        return ModelInput(prompt, checked(prompt, list(tokenizer(prompt)["input_ids"]), settings), PromptForm.TEXT)
+        ids = checked(prompt, list(tokenizer(prompt)["input_ids"]), settings)
+        return ModelInput(prompt, ids, PromptForm.TEXT)
     if not is_conversation(prompt):
         raise TypeError(f"llm_model.generate() takes prompt strings or chat conversations (lists of "
                         f"{{'role': ..., 'content': ...}} dicts), got {prompt!r}")

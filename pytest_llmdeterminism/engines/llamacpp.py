@@ -6,8 +6,9 @@ evaluate that one token. No sampler chain is involved, so no server-style penalt
 can leak in. Each prompt runs alone on a cleared context, so rows cannot influence each other.
 
 Pinned and recorded: ``threads`` (1 unless set; one count for every machine, so goldens do not
-depend on the core count, and no spinning thread competes with xdist workers for a core), ``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash
-attention off, no prompt cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
+depend on the core count, and no spinning thread competes with xdist workers for a core),
+``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash attention off, no prompt
+cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
 ``n_batch`` 512 vs 2 give bit-identical logits; repeats are bit-identical.
 """
 
@@ -48,14 +49,16 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     target = spec.target
     path = Path(target)
     if path.is_dir() or (path.is_file() and path.suffix != ".gguf"):
-        raise ModelLoadError(spec.text, f"{target!r} is not a .gguf file; llamacpp: takes one GGUF file (for a "
-                             "transformers folder, drop the llamacpp: prefix)")
+        raise ModelLoadError(spec.text, f"{target!r} is not a .gguf file; llamacpp: takes one GGUF file (for "
+                             "a transformers folder, drop the llamacpp: prefix)")
     if not path.is_file():
-        raise ModelLoadError(spec.text, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; the "
-                             f"plugin never downloads: {how_to_get(target, example='llamacpp:models/NAME/FILE.gguf')}")
+        how = how_to_get(target, example="llamacpp:models/NAME/FILE.gguf")
+        raise ModelLoadError(spec.text, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; "
+                             f"the plugin never downloads: {how}")
     if dtype != "float32":
         raise ConfigurationError("llm_dtype", dtype, "llama.cpp runs the GGUF file's own weights (their "
-                                 "quantisation is the golden's dtype); remove llm_dtype, or pick another .gguf file")
+                                 "quantisation is the golden's dtype); remove llm_dtype, or pick another "
+                                 ".gguf file")
     if device not in ("auto", "cpu"):
         raise ConfigurationError("llm_device", device, "llama.cpp runs on the CPU in this plugin; use "
                                  f"{pasteable('llm_device', 'auto')} or cpu")
@@ -166,13 +169,15 @@ class LlamaTokenizer:
         self.backend_tokenizer = None
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": list(self._llm.tokenize(text.encode(), add_bos=add_special_tokens, special=True))}
+        ids = self._llm.tokenize(text.encode(), add_bos=add_special_tokens, special=True)
+        return {"input_ids": list(ids)}
 
     def __len__(self) -> int:
         return int(self._llm.n_vocab())
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return str(self._llm.detokenize(list(ids), special=not skip_special_tokens).decode("utf-8", errors="replace"))
+        text = self._llm.detokenize(list(ids), special=not skip_special_tokens)
+        return str(text.decode("utf-8", errors="replace"))
 
     def batch_decode(self, rows: list[list[int]]) -> list[str]:
         return [self.decode(row) for row in rows]
@@ -193,8 +198,8 @@ class LlamaTokenizer:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         assert self.chat_template is not None
-        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self.eos_token, bos_token=self.bos_token,
-                                        add_generation_prompt=add_generation_prompt)
+        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self.eos_token,
+                                        bos_token=self.bos_token, add_generation_prompt=add_generation_prompt)
         return str(formatter(messages=list(conversation)).prompt)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.spec import EngineSpec
     from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
     from pytest_llmdeterminism.shape import GenerationSettings
 
@@ -26,6 +27,12 @@ class Engine(Protocol):
     def eos_token_ids(self) -> list[int]: ...
 
     def vocab_size(self) -> int: ...
+
+
+class EngineModule(Protocol):
+    """An engine's module (``llamacpp``, ``openai``, ``vllm``): it loads the spec that names it."""
+
+    def load(self, spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel: ...
 
 
 @dataclass

@@ -91,7 +91,8 @@ class LLMModel:
     @overload
     def generate(self, *, token_ids: Sequence[Sequence[int]], **overrides: Any) -> list[Generation]: ...
 
-    def generate(self, prompt: Any = None, *, token_ids: Any = None, **overrides: Any) -> Generation | list[Generation]:
+    def generate(self, prompt: Any = None, *, token_ids: Any = None,
+                 **overrides: Any) -> Generation | list[Generation]:
         """Greedy continuation of one input, or of each input in a list.
 
         An input is a prompt string (tokenised with the tokenizer's special tokens), a chat
@@ -102,8 +103,8 @@ class LLMModel:
         ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``; sampling arguments are refused.
         """
         __tracebackhide__ = True
-        given, single = inputs.model_inputs(prompt, token_ids, tokenizer=self.tokenizer, settings=self.settings,
-                                            spec=self._loaded.spec)
+        given, single = inputs.model_inputs(prompt, token_ids, tokenizer=self.tokenizer,
+                                            settings=self.settings, spec=self._loaded.spec)
         config = resolve_generation_config(
             overrides,
             max_new_tokens=self.settings.max_new_tokens,
@@ -111,9 +112,10 @@ class LLMModel:
             pad_token_id=self.tokenizer.pad_token_id,
         )
         if self._after_generate is not None and self._loaded.engine.name != "transformers":
-            raise ConfigurationError("--llm-audit", True, f"the audit varies batch shape, padding, threads and dtype "
-                                     f"of the transformers backend; {self._loaded.spec} runs on "
-                                     f"{self._loaded.engine.name}. Audit the same model without the engine prefix")
+            raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
+                                     f"and dtype of the transformers backend; {self._loaded.spec} runs on "
+                                     f"{self._loaded.engine.name}. Audit the same model without the engine "
+                                     "prefix")
         if self._verify and not self._loaded.engine.runs_rows_alone:
             found = verify_batch_invariance(self._loaded, self.settings, given[0].text, given[0].ids,
                                             self._generate_chunk)
@@ -123,8 +125,10 @@ class LLMModel:
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
         for start in range(0, len(given), rows):
-            results += self._generate_chunk([(item.text, item.ids) for item in given[start:start + rows]], config)
-        results = [result if item.form is PromptForm.TEXT else dataclasses.replace(result, prompt_form=item.form)
+            chunk = [(item.text, item.ids) for item in given[start:start + rows]]
+            results += self._generate_chunk(chunk, config)
+        results = [result if item.form is PromptForm.TEXT else
+                   dataclasses.replace(result, prompt_form=item.form)
                    for result, item in zip(results, given, strict=True)]
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
@@ -133,7 +137,8 @@ class LLMModel:
     def encode(self, prompt: str | Conversation) -> list[int]:
         """The token ids ``generate`` runs for a prompt string or a chat conversation."""
         __tracebackhide__ = True
-        return inputs.encoded(prompt, tokenizer=self.tokenizer, settings=self.settings, spec=self._loaded.spec).ids
+        return inputs.encoded(prompt, tokenizer=self.tokenizer, settings=self.settings,
+                              spec=self._loaded.spec).ids
 
     def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: GreedyConfig) -> list[Generation]:
         engine = self._loaded.engine

@@ -88,17 +88,19 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     refuse_credentials(spec.text)  # before anything prints the spec
     check_url(spec.text, spec.target)
     knobs = spec.options(OpenAIOptions)
-    for knob, value, example in (("timeout", knobs.timeout, "300"), ("max_response_mb", knobs.max_response_mb, "64")):
+    for knob, value, example in (("timeout", knobs.timeout, "300"),
+                                 ("max_response_mb", knobs.max_response_mb, "64")):
         if not (math.isfinite(value) and value > 0):
             raise ConfigurationError("llm_model", spec.text, f"option {knob}={spec.given(knob)!r} must be a "
                                      f"positive number, e.g. #{knob}={example}")
     if knobs.tokenizer is None:
-        raise ConfigurationError("llm_model", spec.text, "name the served model's tokenizer, a local folder or .gguf "
-                                 "file: openai:URL#model=NAME&tokenizer=PATH (the plugin tokenises prompts and "
-                                 "maps returned tokens to ids with it; it never downloads one)")
+        raise ConfigurationError("llm_model", spec.text, "name the served model's tokenizer, a local folder "
+                                 "or .gguf file: openai:URL#model=NAME&tokenizer=PATH (the plugin tokenises "
+                                 "prompts and maps returned tokens to ids with it; it never downloads one)")
     if dtype != "float32":
         raise ConfigurationError("llm_dtype", dtype, "a server runs in its own dtype; say which in the spec "
-                                 f"(openai:URL#tokenizer=PATH&dtype={dtype}: recorded, and it sets the tie margin)")
+                                 f"(openai:URL#tokenizer=PATH&dtype={dtype}: recorded, and it sets the tie "
+                                 "margin)")
     tokenizer_path = Path(knobs.tokenizer)
     if not tokenizer_path.exists():
         raise ModelLoadError(spec.text, f"no such tokenizer folder or .gguf file: {knobs.tokenizer!r}")
@@ -109,9 +111,9 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
             raise ConfigurationError("llm_model", spec.text, f"api_key_env={knobs.api_key_env} names an "
                                      "environment variable that is not set")
         if not (api_key.isascii() and api_key.isprintable()) or any(c.isspace() for c in api_key):
-            raise ConfigurationError("llm_model", spec.text, f"the key in ${knobs.api_key_env} holds a space, "
-                                     "a line break or a non-ASCII character, which no HTTP header can carry; "
-                                     "set it to the key alone")
+            raise ConfigurationError("llm_model", spec.text, f"the key in ${knobs.api_key_env} holds a "
+                                     "space, a line break or a non-ASCII character, which no HTTP header can "
+                                     "carry; set it to the key alone")
     client = Client(spec.text, spec.target, timeout=knobs.timeout, max_bytes=int(knobs.max_response_mb * 1e6),
                     api_key=api_key)
     served = [client.redact(m.id) for m in client.get("models", ModelList).data]
@@ -119,8 +121,8 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     if model is None and len(served) == 1:
         model = served[0]
     if model is None or (served and model not in served):
-        raise ConfigurationError("llm_model", spec.text, f"the server serves {served or 'no models'}; name one "
-                                 "with #model=NAME")
+        raise ConfigurationError("llm_model", spec.text, f"the server serves {served or 'no models'}; name "
+                                 "one with #model=NAME")
     version = client.version()
     tokenizer = load_tokenizer(spec.text, tokenizer_path)
     describe = {
@@ -151,7 +153,8 @@ class OpenAIEngine:
                  eos: list[int] | None = None) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
         self._reset_prefix = reset_prefix
-        self._eos = eos if eos is not None else ([] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)])
+        own = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+        self._eos = eos if eos is not None else own
         self._send_ids: bool | None = None  # unknown until the first request
         self._zero: list[int] | None = None  # the first token of "0", once
         self._ids: dict[str, int] | None = None

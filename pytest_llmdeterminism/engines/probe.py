@@ -76,8 +76,8 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings) -> tuple[str, str
     if loaded.cpu_numerics != "portable":
         return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
                           "any thread count; or one thread (OMP_NUM_THREADS=1)")
-    return in_force, (f"one thread (OMP_NUM_THREADS=1), or one prompt per batch: {one_row}; please report this "
-                      "machine (lscpu) as a bug")
+    return in_force, (f"one thread (OMP_NUM_THREADS=1), or one prompt per batch: {one_row}; please report "
+                      "this machine (lscpu) as a bug")
 
 
 def companions(ids: list[int], length: int, count: int, vocab_size: int) -> list[list[int]]:

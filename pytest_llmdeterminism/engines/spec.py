@@ -132,8 +132,8 @@ def how_to_get(path: str, *, example: str = "models/NAME") -> str:
     name = path.replace("\\", "/").rpartition("/")[2]
     if name in FETCHABLE_FILES:
         folder = path[: len(path) - len(name)].rstrip("/\\") or "."
-        return (f"fetch it (checked against its pinned SHA-256) with `llm-golden fetch {FETCHABLE_FILES[name]} "
-                f"{folder}`")
+        return ("fetch it (checked against its pinned SHA-256) with "
+                f"`llm-golden fetch {FETCHABLE_FILES[name]} {folder}`")
     return ("download the model first (e.g. `hf download ORG/NAME --local-dir models/NAME`) and set "
             f"{pasteable('llm_model', example)}")
 

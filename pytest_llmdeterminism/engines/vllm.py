@@ -137,11 +137,12 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
                               f"asked for at most {max_tokens} (max_tokens); nothing was recorded")
         returned = completion.logprobs
         if returned is None or len(returned) < len(tokens):
-            raise EngineError(spec, f"vLLM returned logprobs for {0 if returned is None else len(returned)} of "
-                              f"{len(tokens)} steps of prompt {row}; the plugin asks for logprobs={TOP_K} and "
-                              "records every step")
+            counted = 0 if returned is None else len(returned)
+            raise EngineError(spec, f"vLLM returned logprobs for {counted} of {len(tokens)} steps of prompt "
+                              f"{row}; the plugin asks for logprobs={TOP_K} and records every step")
         steps = RowSteps()
-        for step, (token, candidates) in enumerate(zip(tokens, returned)):
+        # Steps past the tokens' (a longer list of logprobs) are not recorded.
+        for step, (token, candidates) in enumerate(zip(tokens, returned, strict=False)):
             ranked = sorted(((int(i), float(lp.logprob)) for i, lp in candidates.items()),
                             key=lambda pair: (-pair[1], pair[0]))
             if id_bound is not None:
@@ -155,11 +156,11 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
             chosen = dict(ranked).get(token)
             if chosen is None or chosen < ranked[0][1] - GREEDY_SLACK:
                 shown = "no logprob" if chosen is None else f"logprob {chosen:.4f}"
-                raise EngineError(spec, f"vLLM did not decode greedily at step {step} of prompt {row}: it chose "
-                                  f"token {token} ({shown}) over token {ranked[0][0]} (logprob {ranked[0][1]:.4f}). "
-                                  "Something overrides the pinned greedy sampling: check for a vLLM logits-"
-                                  "processor plugin, a VLLM_* sampler setting, and that this vLLM supports "
-                                  f"logprobs_mode={LOGPROBS_MODE!r}")
+                raise EngineError(spec, f"vLLM did not decode greedily at step {step} of prompt {row}: "
+                                  f"it chose token {token} ({shown}) over token {ranked[0][0]} (logprob "
+                                  f"{ranked[0][1]:.4f}). Something overrides the pinned greedy sampling: "
+                                  "check for a vLLM logits-processor plugin, a VLLM_* sampler setting, and "
+                                  f"that this vLLM supports logprobs_mode={LOGPROBS_MODE!r}")
             top = ranked[:TOP_K]
             step_hash = xxhash.xxh3_64_hexdigest(json.dumps([token, top], separators=(",", ":")).encode())
             steps.append(step_hash, [i for i, _ in top], [value for _, value in top])
@@ -174,28 +175,31 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     knobs = spec.options(VLLMOptions)
     target = spec.target
     if not 0 < knobs.gpu_memory_utilization <= 1:
-        raise ConfigurationError("llm_model", spec.text, "gpu_memory_utilization must be above 0 and at most 1 "
-                                 "(the share of GPU memory vLLM may take), e.g. #gpu_memory_utilization=0.5")
+        raise ConfigurationError("llm_model", spec.text, "gpu_memory_utilization must be above 0 and at "
+                                 "most 1 (the share of GPU memory vLLM may take), e.g. "
+                                 "#gpu_memory_utilization=0.5")
     path = Path(target)
     if not path.is_dir():
-        raise ModelLoadError(spec.text, f"no such folder: {target!r}. vllm: takes a local model folder; the plugin "
-                             "never downloads (e.g. `hf download ORG/NAME --local-dir models/NAME`, then "
+        raise ModelLoadError(spec.text, f"no such folder: {target!r}. vllm: takes a local model folder; the "
+                             "plugin never downloads (e.g. `hf download ORG/NAME --local-dir models/NAME`, "
+                             "then "
                              f"{pasteable('llm_model', 'vllm:models/NAME')})")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
-        raise ModelLoadError(spec.text, f"no *.safetensors weights in {target!r}; vllm: loads safetensors only "
-                             "(convert with model.save_pretrained(dir, safe_serialization=True))")
+        raise ModelLoadError(spec.text, f"no *.safetensors weights in {target!r}; vllm: loads safetensors "
+                             "only (convert with model.save_pretrained(dir, safe_serialization=True))")
     if device not in ("auto", "cuda", "cuda:0"):
         raise ConfigurationError("llm_device", device, "vLLM runs on the first visible CUDA device; use "
-                                 f"{pasteable('llm_device', 'auto')} or cuda, and pick the GPU with CUDA_VISIBLE_DEVICES")
+                                 f"{pasteable('llm_device', 'auto')} or cuda, and pick the GPU with "
+                                 "CUDA_VISIBLE_DEVICES")
     if importlib.util.find_spec("vllm") is None:
         raise ModelLoadError(spec.text, f"vllm: needs vLLM: {INSTALL}")
     import torch
 
     if not torch.cuda.is_available():
-        raise ModelLoadError(spec.text, "vLLM needs an NVIDIA GPU with CUDA, and none is available here. On this "
-                             f"machine use {pasteable('llm_model', 'llamacpp:PATH.gguf')} or the transformers backend "
-                             f"({pasteable('llm_model', target)})")
+        raise ModelLoadError(spec.text, "vLLM needs an NVIDIA GPU with CUDA, and none is available here. On "
+                             f"this machine use {pasteable('llm_model', 'llamacpp:PATH.gguf')} or the "
+                             f"transformers backend ({pasteable('llm_model', target)})")
     tokenizer = load_tokenizer(spec.text, path)  # before the engine takes the GPU: a broken folder fails fast
     capability = torch.cuda.get_device_capability(0)
     for key, value in environment(capability).items():
@@ -207,8 +211,8 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
         llm = vllm.LLM(**arguments)
     except (RuntimeError, ValueError, TypeError) as error:
         raise ModelLoadError(spec.text, f"vLLM could not load it: {type(error).__name__}: {error}") from error
-    pinned = {key: arguments[key] for key in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill",
-                                              "load_format", "logprobs_mode")}
+    pinned = {key: arguments[key] for key in ("enforce_eager", "enable_prefix_caching",
+                                              "enable_chunked_prefill", "load_format", "logprobs_mode")}
     describe = {
         "engine": "vllm",
         "engine_version": str(vllm.__version__),
@@ -260,7 +264,8 @@ class VLLMEngine:
     def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
-        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False, longest_prompt=max(map(len, rows)),
+        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False,
+                      longest_prompt=max(map(len, rows)),
                       context=(self._max_model_len, "max_model_len", "vllm:FOLDER#max_model_len=4096"))
         params = self._vllm.SamplingParams(**sampling_arguments(config, seed=settings.seed))
         prompts = [{"prompt_token_ids": list(ids)} for ids in rows]  # vLLM's TokensPrompt: no re-tokenising
