@@ -65,7 +65,7 @@ class EngineSpec:
                                      f"engine takes: {', '.join(sorted(fields))}")
         parsed: dict[str, Any] = {}
         for key, text in given.items():
-            parse = _PARSERS[str(fields[key].type).removesuffix(" | None")]
+            parse = _PARSERS[_type_name(fields[key].type).removesuffix(" | None")]
             try:
                 parsed[key] = parse(text)
             except ValueError:
@@ -146,6 +146,14 @@ def flag(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(text)
+
+
+def _type_name(annotation: object) -> str:
+    """``int``, ``str | None``, ...: a field's annotation as written (a string under postponed
+    annotations) or as a type."""
+    if isinstance(annotation, str):
+        return annotation
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 # How an option's text becomes its field's type (the annotation, as written in the dataclass).
