@@ -17,7 +17,7 @@ from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadErro
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 from pytest_llmdeterminism.engines.fingerprint import numerics_changes
-from pytest_llmdeterminism.engines.openai import Completion, parse_choice, request_body, text_only_id
+from pytest_llmdeterminism.engines.completions import Completion, parse_choice, request_body, text_only_id
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import fallback_variant
@@ -245,7 +245,7 @@ class FakeClient:
         return text
 
     def post(self, path, body, into):
-        from pytest_llmdeterminism.engines.openai import HTTPStatusError
+        from pytest_llmdeterminism.engines.server_client import HTTPStatusError
 
         self.prompts.append(body["prompt"])
         if isinstance(body["prompt"], list):

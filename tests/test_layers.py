@@ -19,9 +19,11 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # The pure core sits flat at the package root; ``strategies``, ``plugin`` and the root are its top.
 PACKAGES = {
     "core": [["errors"], ["shape", "generation"], ["compare"], ["tolerance"]],
-    "engines": [["engines.numerics", "engines.determinism"], ["engines.capture", "engines.environment"],
-                ["engines.hf"], ["engines.llamacpp", "engines.openai", "engines.vllm"], ["engines"],
-                ["engines.fingerprint"], ["engines.model"], ["engines.audit"]],
+    "engines": [["engines.numerics", "engines.determinism"],
+                ["engines.capture", "engines.environment", "engines.spec"],
+                ["engines.hf", "engines.loaded", "engines.completions", "engines.inputs"],
+                ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"], ["engines"],
+                ["engines.fingerprint"], ["engines.probe"], ["engines.model"], ["engines.audit"]],
     "goldens": [["goldens", "goldens.store"], ["goldens.files"], ["goldens.review"]],
     "reporting": [["reporting", "reporting.records"], ["reporting.report"]],
     "run": [["run", "run.options", "run.ledger"], ["run.markers", "run.golden_tokens", "run.writer"],

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_llmdeterminism.engines.spec import FETCHABLE_FILES
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.goldens import store
-from pytest_llmdeterminism.shape import FETCHABLE_FILES
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.engines import resolve
+from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX
 from pytest_llmdeterminism.errors import LLMDeterminismError
-from pytest_llmdeterminism.shape import BUILTIN_PREFIX
 
 
 class PerturbError(LLMDeterminismError):

@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.generation import LOGIT_HASH_DEFINITION, LOGPROB_FLOOR, Generation
+from pytest_llmdeterminism.generation import (
+    LOGIT_HASH_DEFINITION,
+    LOGPROB_FLOOR,
+    Generation,
+    HashDefinition,
+    PromptForm,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -158,8 +164,8 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
         batch_shape=entry.batch_shape,
         pieces=tuple(s.piece for s in steps),
         fingerprint=entry.fingerprint,
-        prompt_form=entry.prompt_form,
-        hash_definition=entry.step_hash,
+        prompt_form=PromptForm(entry.prompt_form),
+        hash_definition=HashDefinition(entry.step_hash),
     )
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX, refuse_credentials, with_local_paths
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
-from pytest_llmdeterminism.shape import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
+from pytest_llmdeterminism.shape import DTYPES, BatchShape
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
 
 if TYPE_CHECKING:
@@ -324,15 +325,7 @@ def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
     refuse_credentials(spec)
-    engine = engine_of(spec)
-    if engine is None:
-        return _path_setting("llm_model", spec, config)
-    target, hash_sign, fragment = spec.partition(":")[2].partition("#")
-    if engine != "openai" and target:
-        target = _path_setting("llm_model", target, config) or target
-    pairs = [f"{key}={_path_setting('llm_model', value, config)}" if key == "tokenizer" and sep and value else pair
-             for pair in fragment.split("&") if pair for key, sep, value in [pair.partition("=")]]
-    return f"{engine}:{target}{hash_sign}{'&'.join(pairs)}"
+    return with_local_paths(spec, lambda path: _path_setting("llm_model", path, config) or path)
 
 
 def _path_setting(name: str, raw: str | None, config: pytest.Config) -> str | None:

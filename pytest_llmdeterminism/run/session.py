@@ -18,13 +18,14 @@ import pytest
 
 from pytest_llmdeterminism.engines import ModelCache, numerics
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting.records import TestOutcomes
 from pytest_llmdeterminism.run import markers as settings
 from pytest_llmdeterminism.run import writer
 from pytest_llmdeterminism.run.ledger import Ledger
 from pytest_llmdeterminism.run.options import Options
-from pytest_llmdeterminism.shape import MARKER, engine_of
+from pytest_llmdeterminism.shape import MARKER
 
 if TYPE_CHECKING:
     from collections.abc import Callable
