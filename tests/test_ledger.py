@@ -9,12 +9,12 @@ from pytest_llmdeterminism.run.ledger import Ledger
 
 def recorded_payload(tmp_path: Path, key: str) -> dict:
     """A real recorded golden: the example suite's first entry, recorded again under ``key``."""
-    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens import schema
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
     entry = next(iter(read(examples).values()))["cpu/float32"]
     outcomes = TestOutcomes()
-    outcomes.record(tmp_path / "g.json", key, store.from_entry(entry), outcome="recorded")
+    outcomes.record(tmp_path / "g.json", key, schema.from_entry(entry), outcome="recorded")
     payload = outcomes.to_json()
     assert payload is not None
     return payload
@@ -41,10 +41,10 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
     import dataclasses
 
     from pytest_llmdeterminism.compare import Verdict
-    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens import schema
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
-    generation = store.from_entry(next(iter(read(examples).values()))["cpu/float32"])
+    generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
     drifted = dataclasses.replace(generation, logit_hashes=("0" * 16,) * len(generation.logit_hashes))
     outcomes = TestOutcomes()
     outcomes.record(tmp_path / "g.json", "k", generation, outcome="recorded")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
@@ -214,7 +214,7 @@ def _show(path: Path) -> int:
     goldens = _read_existing(path)
     for key, variants in sorted(goldens.items()):
         for variant, entry in sorted(variants.items()):
-            gen = store.from_entry(entry)
+            gen = schema.from_entry(entry)
             print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
             print(f"  prompt: {gen.prompt!r}")
             print(f"  output: {gen.text!r}")
@@ -406,7 +406,7 @@ def _perturb(source: str, dest: Path, *, scale: float, seed: int) -> int:
     return 0
 
 
-def _read_existing(path: Path) -> store.Goldens:
+def _read_existing(path: Path) -> schema.Goldens:
     if not path.exists():
         raise GoldenFileError(path, "does not exist", "Check the path.")
     return store.read(path)

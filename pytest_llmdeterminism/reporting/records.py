@@ -21,8 +21,8 @@ from pytest_llmdeterminism.compare import (
     first_token_divergence,
     id_window,
 )
-from pytest_llmdeterminism.goldens import store
-from pytest_llmdeterminism.goldens.store import Entry
+from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.goldens.schema import Entry
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,7 +41,7 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
 
     @classmethod
     def of(cls, path: Path, key: str, generation: Generation) -> GoldenWrite:
-        return cls(str(path), key, generation.variant, store.to_struct(store.to_entry(generation)))
+        return cls(str(path), key, generation.variant, schema.to_struct(schema.to_entry(generation)))
 
 
 class InputRecord(msgspec.Struct, kw_only=True, gc=False):

@@ -12,7 +12,7 @@ from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdi
 from pytest_llmdeterminism.engines.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
 from pytest_llmdeterminism.reporting import report
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
@@ -88,7 +88,7 @@ class GoldenTokens:
                                                     missing, key=key, path=self._path), site,
                                accept=self.accept_command)
             return missing
-        expected = store.from_entry(stored)
+        expected = schema.from_entry(stored)
         dtype = str(generation.fingerprint.get("dtype", "float32"))
         environment = numerics_changes(expected.fingerprint, generation.fingerprint)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
@@ -180,11 +180,11 @@ def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, 
     """
     __tracebackhide__ = True
     if not isinstance(expected, Generation):
-        problem = store.entry_problem(expected)
+        problem = schema.entry_problem(expected)
         if problem:
             raise TypeError(f"assert_tokens_match(expected=...) takes a Generation or one golden entry "
                             f"(goldens[key][variant], e.g. goldens['test_x']['cpu/float32']): {problem}")
-        expected = store.from_entry(expected)
+        expected = schema.from_entry(expected)
     profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
     comparison, passed = judge(expected, actual, profile)
     if not passed:

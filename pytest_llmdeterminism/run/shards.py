@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import atomic, schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import candidate_files
 from pytest_llmdeterminism.reporting import report
@@ -28,7 +28,7 @@ from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 from pytest_llmdeterminism.run.writer import unused_keys
 
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
-MergedCandidates = dict[str, store.Goldens]  # candidate file (relative to the candidates folder) -> goldens
+MergedCandidates = dict[str, schema.Goldens]  # candidate file (relative to the candidates folder) -> goldens
 
 
 class _ReportDocument(msgspec.Struct):
@@ -188,7 +188,7 @@ def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[st
 
 
 def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
-              a: store.Entry, b: store.Entry) -> str:
+              a: schema.Entry, b: schema.Entry) -> str:
     fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
     if "fingerprint" in fields:
         from pytest_llmdeterminism.engines.fingerprint import diff
@@ -298,7 +298,7 @@ def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports:
     for path in reports:
         text = (report.json_text(document) if path.suffix == ".json"
                 else report.run_report_html(document) if path.suffix == ".html" else markdown)
-        store.write_text_atomic(path, text)
+        atomic.write_text_atomic(path, text)
         out.lines.append(f"wrote {display(path)} (report)")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and merge.checks:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting import report
 from pytest_llmdeterminism.reporting.records import RunRecord
@@ -125,7 +125,7 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
         else:
             text = report.run_report_html(document) if path.suffix == ".html" else markdown
         try:
-            store.write_text_atomic(path, text)
+            atomic.write_text_atomic(path, text)
             out.written.append(f"{files.display(path)} (report)")
         except OSError as error:
             out.errors.append(f"{files.display(path)}: {error}")
