@@ -21,7 +21,7 @@ from pytest_llmdeterminism.engines.openai import Completion, parse_choice, reque
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.reporting.report import mismatch
+from pytest_llmdeterminism.reporting.failure import mismatch
 
 from .strategies_for_tests import generations
 

@@ -18,7 +18,7 @@ from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.compare import compare
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, codec, schema, store
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.run.session import TestOutcomes
 
 from .strategies_for_tests import generations, sample_generation
@@ -163,11 +163,11 @@ def _survives(tmp_path, data: bytes) -> None:
             comparison = compare(generation, generation)
             outcomes = TestOutcomes()
             outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation, actual=generation)
-            document = report.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
+            document = documents.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
                                           for check in outcomes.data.checks], [])
             json.dumps(document, allow_nan=False)
-            report.run_report_html(document)
-            report.run_report_markdown(document)
+            documents.run_report_html(document)
+            documents.run_report_markdown(document)
     codec.dumps(goldens)
 
 
@@ -330,10 +330,10 @@ def test_reports_are_strict_json_and_inert_markdown():
     outcomes = TestOutcomes()
     outcomes.checked(HOSTILE, "cpu/float32", comparison, passed=False,
                      changed=[("torch", HOSTILE, "2.13|0")], expected=other, actual=generation)
-    document = report.run_report([msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
+    document = documents.run_report([msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
     text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
     assert json.loads(text)["checks"][0]["golden_margin"] is None
-    markdown = report.run_report_markdown(document)
+    markdown = documents.run_report_markdown(document)
     row = next(line for line in markdown.splitlines() if "script" in line)
     cells = re.split(r"(?<!\\)\|", row)[1:-1]
     assert len(cells) == 6  # no cell was split by a '|' from the data
@@ -341,7 +341,7 @@ def test_reports_are_strict_json_and_inert_markdown():
     # identifiers are code spans (HTML inside one is shown, not run) with no backtick inside to end them
     assert test.startswith("`") and test.endswith("`") and "`" not in test[1:-1] and "<script>" in test
     assert "<" not in changed and ">" not in changed and "`" not in changed and "&lt;script&gt;" in changed
-    html = report.run_report_html(document)
+    html = documents.run_report_html(document)
     assert "<script>" not in html and "&lt;script&gt;" in html
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -30,7 +31,6 @@ from pytest_llmdeterminism.goldens.review import (
     plan_accept,
     review,
 )
-from pytest_llmdeterminism.reporting.report import shell_quote
 
 DESCRIPTION = """\
 Inspect, compare and accept golden files outside pytest; fetch and perturb models.
@@ -247,7 +247,7 @@ def _diff(base: Path, candidate: Path, *, fail_on: str) -> int:
             print(f"hint: no golden file is in both folders, but they pair up when {moved} is {deeper!r}, a "
                   f"folder inside the one given: BASE and CAND must mirror each other (both a {GOLDEN_FOLDER} "
                   "folder, or both the folder above it). Compare with: llm-golden diff "
-                  f"{shell_quote(str(aligned[0]))} {shell_quote(str(aligned[1]))}")
+                  f"{shlex.quote(str(aligned[0]))} {shlex.quote(str(aligned[1]))}")
     return 1 if flagged else 0
 
 

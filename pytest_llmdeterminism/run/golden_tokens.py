@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting import failure
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class GoldenTokens:
         self._files = files
         self._outcomes = outcomes
         self._options = options
-        self._target = rerun or report.shell_quote(nodeid)
+        self._target = rerun or shlex.quote(nodeid)
         self._nodeid = nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = files.path_for(test_path)
@@ -44,7 +45,7 @@ class GoldenTokens:
     @property
     def accept_command(self) -> str:
         """The command that records (or re-records) this test's goldens, with the run's options."""
-        return report.accept_command(self._target)
+        return failure.accept_command(self._target)
 
     def check(self, generation: Generation, name: str | None = None) -> Comparison | None:
         """Compare ``generation`` with its golden (or record it under ``--llm-golden-update``).
@@ -84,7 +85,7 @@ class GoldenTokens:
             missing = Comparison(Verdict.MISSING)
             self._outcomes.checked(key, variant, missing, passed=False, actual=generation)
             self._outcomes.candidate(self._path, key, generation)
-            self._outcomes.fail(GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
+            self._outcomes.fail(GoldenMismatchError(failure.missing(key, location, self._target, sorted(variants)),
                                                     missing, key=key, path=self._path), site,
                                accept=self.accept_command)
             return missing
@@ -96,7 +97,7 @@ class GoldenTokens:
         profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
         if environment:
-            across = report.across_environments(environment, tolerance=profile.describe(dtype),
+            across = failure.across_environments(environment, tolerance=profile.describe(dtype),
                                                 explicit=explicit is not None, run_variant=generation.variant)
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
@@ -114,14 +115,14 @@ class GoldenTokens:
         # reviewer gets it as a candidate, passing or not.
         if not passed or variant != generation.variant:
             self._outcomes.candidate(self._path, key, generation)
-        budget = report.budget_note(comparison, self.accept_command)
+        budget = failure.budget_note(comparison, self.accept_command)
         if passed:
             if budget:
                 self._outcomes.note(f"{key!r}: {budget}")
             return comparison
-        wider = report.wider_tolerance(comparison, dtype=dtype) if environment else ""
-        decode = report.decoder_for(expected, generation, self._tokenizer())
-        message = report.mismatch(key, location, self._target, comparison, expected, generation,
+        wider = failure.wider_tolerance(comparison, dtype=dtype) if environment else ""
+        decode = failure.decoder_for(expected, generation, self._tokenizer())
+        message = failure.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype),
                                   across=f"{across}; {wider}" if wider else across)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
@@ -136,9 +137,9 @@ class GoldenTokens:
         comparison = dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC)
         self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output, actual=generation)
         attempts = (earlier.number, self._outcomes.attempt)
-        self._outcomes.note(report.rerun_note(key, self._nodeid, attempts))
-        decode = report.decoder_for(earlier.output, generation, self._tokenizer())
-        message = report.nondeterministic(key, location, self._target, between, earlier.output, generation, decode,
+        self._outcomes.note(failure.rerun_note(key, self._nodeid, attempts))
+        decode = failure.decoder_for(earlier.output, generation, self._tokenizer())
+        message = failure.nondeterministic(key, location, self._target, between, earlier.output, generation, decode,
                                           attempts=attempts, earlier_outcome=earlier.outcome)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path,
                                                 expected=earlier.output, actual=generation), site,
@@ -188,8 +189,8 @@ def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, 
     profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
     comparison, passed = judge(expected, actual, profile)
     if not passed:
-        decode = report.decoder_for(expected, actual, tokenizer)
-        message = report.mismatch("assert_tokens_match", "(in memory)", None, comparison, expected, actual,
+        decode = failure.decoder_for(expected, actual, tokenizer)
+        message = failure.mismatch("assert_tokens_match", "(in memory)", None, comparison, expected, actual,
                                   decode, profile=str(profile))
         raise GoldenMismatchError(message, comparison)
     return comparison
