@@ -143,7 +143,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if payload is not None:
             setattr(report, REPORT_ATTRIBUTE, payload)
         # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards.
-        item.user_properties += [("llm_verdict", outcome) for outcome in outcomes.data.sequence]
+        item.user_properties += [("llm_verdict", str(outcome)) for outcome in outcomes.data.outcomes]
     return report
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.reporting.records import Outcome
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -136,7 +139,7 @@ def budget_note(comparison: Comparison, accept: str | None = None) -> str:
 
 
 def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Generation,
-                     after: Generation, decode: Decode, *, attempts: tuple[int, int], earlier_outcome: str) -> str:
+                     after: Generation, decode: Decode, *, attempts: tuple[int, int], earlier_outcome: Outcome) -> str:
     """Two attempts of one test in one process (a rerun) generated different outputs for ``key``."""
     first, now = attempts
     lines = [(f"golden check {key!r} is NONDETERMINISTIC: attempt {now} of this test generated other output "

@@ -8,6 +8,7 @@ Under pytest-xdist that travels to the controller on the test's report as plain 
 
 from __future__ import annotations
 
+import enum
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -116,22 +117,44 @@ class RunRecord(msgspec.Struct, kw_only=True):
     candidates: str | None = None  # the --llm-golden-artifacts folder, relative to the report's folder
 
 
+class Written(enum.Enum):
+    """A golden that ``--llm-golden-update`` wrote where a check would have been judged."""
+
+    RECORDED = "recorded"  # there was none
+    UPDATED = "updated"  # it failed, flipped at a near tie or lacked steps: re-recorded
+
+
+class Outcome(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """How one golden check ended, the key the run counts by: its verdict and whether it passed.
+    A golden written instead of checked has no verdict of its own: ``written`` says which write."""
+
+    verdict: Verdict | None
+    passed: bool
+    written: Written | None = None
+
+    def __str__(self) -> str:
+        """As the terminal summary and JUnit's ``llm_verdict`` property spell it: ``REGRESSION (failed)``."""
+        if self.written is not None:
+            return self.written.value
+        name = self.verdict.value if self.verdict is not None else "?"
+        return name if self.passed else f"{name} (failed)"
+
+
 class TestRecords(msgspec.Struct):
     """Everything one test's golden checks decided."""
 
     __test__ = False  # not a pytest test class
 
     records: list[GoldenWrite] = msgspec.field(default_factory=list)
-    counts: dict[str, int] = msgspec.field(default_factory=dict)
     notes: list[str] = msgspec.field(default_factory=list)
     audits: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    sequence: list[str] = msgspec.field(default_factory=list)  # each check's outcome, in call order
+    outcomes: list[Outcome] = msgspec.field(default_factory=list)  # each check's, in call order
     checks: list[CheckRecord] = msgspec.field(default_factory=list)
     used: list[tuple[str, str]] = msgspec.field(default_factory=list)  # (golden file, key) looked up
     candidates: list[GoldenWrite] = msgspec.field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not (self.records or self.counts or self.notes or self.audits or self.used or self.candidates)
+        return not (self.records or self.outcomes or self.notes or self.audits or self.used or self.candidates)
 
     def to_payload(self) -> dict[str, Any]:
         """Plain JSON types: what crosses the process boundary under xdist."""
@@ -151,7 +174,7 @@ class Attempt(NamedTuple):
 
     number: int
     output: Generation
-    outcome: str
+    outcome: Outcome
 
 
 class TestOutcomes:
@@ -196,14 +219,11 @@ class TestOutcomes:
                 return attempt, comparison
         return None
 
-    def record(self, path: Path, key: str, generation: Generation, *, outcome: str) -> None:
+    def record(self, path: Path, key: str, generation: Generation, *, written: Written) -> None:
         self.data.records.append(GoldenWrite.of(path, key, generation))
-        self.count(outcome)
+        outcome = Outcome(None, passed=True, written=written)
+        self.data.outcomes.append(outcome)
         self._outputs[key] = Attempt(self.attempt, generation, outcome)
-
-    def count(self, outcome: str) -> None:
-        self.data.counts[outcome] = self.data.counts.get(outcome, 0) + 1
-        self.data.sequence.append(outcome)
 
     def note(self, line: str) -> None:
         self.data.notes.append(line)
@@ -223,8 +243,8 @@ class TestOutcomes:
                 expected: Generation | None = None, actual: Generation | None = None) -> None:
         """One golden comparison's result, as the machine-readable report lists it."""
         verdict = comparison.verdict.value
-        outcome = verdict if passed else f"{verdict} (failed)"
-        self.count(outcome)
+        outcome = Outcome(comparison.verdict, passed=passed)
+        self.data.outcomes.append(outcome)
         if actual is not None:
             self._outputs[key] = Attempt(self.attempt, actual, outcome)
         divergence = comparison.divergence

@@ -3,9 +3,12 @@ goldens, audits; and a failure's one-line crash message for the short test summa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.reporting.records import Outcome
 
 
 def one_line_crash(longrepr: Any) -> None:
@@ -16,12 +19,12 @@ def one_line_crash(longrepr: Any) -> None:
         crash.message = str(crash.message).split("\n", 1)[0].rstrip(":")
 
 
-def summary(counts: dict[str, int], written: Sequence[str], errors: Iterable[str],
+def summary(counts: Mapping[Outcome, int], written: Sequence[str], errors: Iterable[str],
             notes: Sequence[str] = (), held_back: Sequence[str] = ()) -> list[str]:
     """Terminal summary lines: checks per outcome, files written, write problems, notes."""
     if not counts and not written:
         return []
-    parts = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    parts = ", ".join(f"{n} {name}" for name, n in sorted((str(outcome), n) for outcome, n in counts.items()))
     lines = [f"golden checks: {parts}" if parts else "golden checks: none"]
     lines += list(notes)
     lines += [f"wrote {path}" for path in written]

@@ -16,6 +16,7 @@ from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
 from pytest_llmdeterminism.reporting import failure
+from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class GoldenTokens:
         stored = variants.get(variant)
         if stored is None:
             if update:
-                self._outcomes.record(self._path, key, generation, outcome="recorded")
+                self._outcomes.record(self._path, key, generation, written=Written.RECORDED)
                 return None
             missing = Comparison(Verdict.MISSING)
             self._outcomes.checked(key, variant, missing, passed=False, actual=generation)
@@ -105,7 +106,7 @@ class GoldenTokens:
         # the model: updating re-records it, as it does every failing check.
         # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
         if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP or comparison.new_steps):
-            self._outcomes.record(self._path, key, generation, outcome="updated")
+            self._outcomes.record(self._path, key, generation, written=Written.UPDATED)
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
                                changed=diff(expected.fingerprint, generation.fingerprint),
