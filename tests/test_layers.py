@@ -25,6 +25,7 @@ PACKAGES = {
     "goldens": [["goldens", "goldens.schema", "goldens.atomic"], ["goldens.codec"], ["goldens.store"],
                 ["goldens.files"], ["goldens.review"]],
     "reporting": [["reporting", "reporting.records", "reporting.text"],
+                  ["reporting.recorder", "reporting.hints"],
                   ["reporting.failure", "reporting.terminal", "reporting.documents"]],
     "run": [["run", "run.options", "run.ledger"], ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"]],

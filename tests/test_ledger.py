@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from pytest_llmdeterminism.goldens.store import read
-from pytest_llmdeterminism.reporting.records import TestOutcomes, Written
+from pytest_llmdeterminism.reporting.recorder import TestOutcomes
+from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.run.ledger import Ledger
 
 
@@ -22,7 +23,7 @@ def recorded_payload(tmp_path: Path, key: str) -> dict:
 
 def test_a_test_that_failed_after_recording_keeps_nothing(tmp_path):
     ledger = Ledger()
-    for nodeid, outcome in (("t.py::ok", "passed"), ("t.py::bad", "failed")):
+    for nodeid in ("t.py::ok", "t.py::bad"):
         ledger.collect(recorded_payload(tmp_path, nodeid.split("::")[1]), nodeid)
         ledger.test_finished(nodeid, "call", "passed")
     ledger.test_finished("t.py::bad", "teardown", "failed")  # a failing teardown after a passing call

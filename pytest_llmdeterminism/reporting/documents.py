@@ -27,8 +27,9 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
     key), ``variant``, ``verdict``, ``passed``, ``profile``, ``first_divergence`` (step or null),
     ``golden_margin``, ``max_logprob_delta``, ``input_changes`` (field names),
     ``changed_fingerprint`` (field -> [recorded, now]), ``numerics_changed`` (the fields that
-    decide the bits and differ: non-empty means compared across environments) and ``steps`` (``expected`` / ``actual``:
-    ``[piece, token id, margin, top-1 logprob]`` per step, at most 64); for INPUT_CHANGED ``inputs``
+    decide the bits and differ: non-empty means compared across environments) and ``steps``
+    (``expected`` / ``actual``: ``[piece, token id, margin, top-1 logprob]`` per step, at most 64);
+    for INPUT_CHANGED ``inputs``
     (both sides' prompt and id window), ``first_input_difference`` and ``input_diff``; where the
     budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``.
     """
@@ -89,25 +90,28 @@ def run_report_markdown(document: dict[str, Any]) -> str:
                      key=lambda c: -(c["golden_margin"] or 0))
     if failing:
         lines += ["", "### Failing checks (most confident divergence first)", "",
-                  "| test | golden | verdict | step | golden margin | what changed |", "|---|---|---|---|---|---|"]
+                  "| test | golden | verdict | step | golden margin | what changed |",
+                  "|---|---|---|---|---|---|"]
         for c in failing[:50]:
             changed = ", ".join(f"{k}: {v[0]} → {v[1]}" for k, v in c["changed_fingerprint"].items()
                                 if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
             margin = "" if c["golden_margin"] is None else f"{c['golden_margin']:.3g}"
             step = "" if c["first_divergence"] is None else str(c["first_divergence"])
-            lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | `{c['verdict']}` | {step} | {margin} "
-                         f"| {_md(changed)} |")
+            lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | `{c['verdict']}` | {step} "
+                         f"| {margin} | {_md(changed)} |")
         if len(failing) > 50:
             lines.append(f"| … {len(failing) - 50} more | | | | | |")
     changed_inputs = [c for c in failing[:50] if c.get("inputs")]
     if changed_inputs:
         lines += ["", "### Inputs that changed (recorded → now; outputs not compared)", ""]
         for c in changed_inputs:
-            lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}", *(f"  - {_md(line)}" for line in _input_lines(c))]
+            lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}",
+                      *(f"  - {_md(line)}" for line in _input_lines(c))]
     incomplete = [c for c in document["checks"] if c.get("new_steps")]
     if incomplete:
         lines += ["", "### Goldens shorter than this run (re-record with `--llm-golden-update`)", ""]
-        lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md(_budget_text(c))}" for c in incomplete[:50]]
+        lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md(_budget_text(c))}"
+                  for c in incomplete[:50]]
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +123,8 @@ def shards_markdown(shards: int, ran: int, suite: int, partial: Sequence[str], n
     if partial:
         lines += ["", f"Unused goldens not judged: {_md('; '.join(partial))}."]
         if not_run:
-            lines += ["", "Tests that no shard ran:", "", *(f"- {_md_code(nodeid)}" for nodeid in not_run[:50])]
+            lines += ["", "Tests that no shard ran:", "",
+                      *(f"- {_md_code(nodeid)}" for nodeid in not_run[:50])]
             lines += [f"- … {len(not_run) - 50} more"] if len(not_run) > 50 else []
     elif unused:
         lines += ["", *(f"- unused golden in {_md_code(path)}: {_md_code(key)}"
@@ -140,16 +145,18 @@ def _input_lines(check: dict[str, Any]) -> list[str]:
     if first is None:
         lines.append(f"prompt token ids: unchanged ({old['ids_total']} ids)")
     else:
-        lines.append(f"prompt token ids differ from position {first} ({old['ids_total']} → {new['ids_total']} ids): "
-                     f"{_ids_shown(old)} → {_ids_shown(new)}")
-    lines += [f"{field}: {short(values[0])} → {short(values[1])}" for field, values in check["input_diff"].items()]
+        lines.append(f"prompt token ids differ from position {first} "
+                     f"({old['ids_total']} → {new['ids_total']} ids): {_ids_shown(old)} → {_ids_shown(new)}")
+    lines += [f"{field}: {short(values[0])} → {short(values[1])}"
+              for field, values in check["input_diff"].items()]
     return lines
 
 
 def _ids_shown(side: dict[str, Any]) -> str:
     start, ids = side["ids_from"], side["prompt_token_ids"]
     more = side["ids_total"] > start + len(ids)
-    return f"[{'…, ' if start else ''}{', '.join(map(str, ids))}{', …' if more else ''}] (from position {start})"
+    shown = f"[{'…, ' if start else ''}{', '.join(map(str, ids))}{', …' if more else ''}]"
+    return f"{shown} (from position {start})"
 
 
 def _budget_text(check: dict[str, Any]) -> str:
@@ -161,7 +168,8 @@ def _budget_text(check: dict[str, Any]) -> str:
 _HTML_STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}h1{font-size:20px}
 section{border:1px solid #ddd;border-radius:6px;margin:1em 0;padding:.6em 1em}
-section.failed{border-color:#d33}.verdict{font-weight:600}.passed .verdict{color:#1a7f37}.failed .verdict{color:#d33}
+section.failed{border-color:#d33}.verdict{font-weight:600}
+.passed .verdict{color:#1a7f37}.failed .verdict{color:#d33}
 .tokens{display:flex;flex-wrap:wrap;gap:2px;margin:.3em 0;align-items:flex-end}
 .tok{font-family:ui-monospace,monospace;background:#f3f3f3;padding:1px 3px;border-radius:3px;white-space:pre;
 display:flex;flex-direction:column;align-items:center}
@@ -188,18 +196,20 @@ def _html_inputs(check: dict[str, Any]) -> str:
     rows = []
     for label, side in (("recorded input", old), ("new input", new)):
         text = side["prompt"]
-        marked = (html.escape(_visible(text[:first_char])) + "<mark>" + html.escape(_visible(text[first_char:]))
-                  + "</mark>") if old["prompt"] != new["prompt"] else html.escape(_visible(text))
+        marked = (html.escape(_visible(text[:first_char])) + "<mark>"
+                  + html.escape(_visible(text[first_char:])) + "</mark>"
+                  ) if old["prompt"] != new["prompt"] else html.escape(_visible(text))
         ids = [f"<mark>{token}</mark>" if side["ids_from"] + i == first_id else str(token)
                for i, token in enumerate(side["prompt_token_ids"])]
         more = side["ids_total"] > side["ids_from"] + len(ids)
         shown = f"[{'…, ' if side['ids_from'] else ''}{', '.join(ids)}{', …' if more else ''}]"
         form = html.escape(form_label(side["prompt_form"], side["prompt_form"]).strip() or "text")
-        rows.append(f'<div class="tokens"><span class="label">{label}</span><span class="input">{form}: {marked}'
+        rows.append(f'<div class="tokens"><span class="label">{label}</span>'
+                    f'<span class="input">{form}: {marked}'
                     f"<br>{side['ids_total']} ids from position {side['ids_from']}: {shown}</span></div>")
     where = "same ids" if first_id is None else f"ids differ from position {first_id}"
-    fields = "".join(f"<br>{html.escape(field)}: {html.escape(short(values[0]))} → {html.escape(short(values[1]))}"
-                     for field, values in check["input_diff"].items())
+    fields = "".join(f"<br>{html.escape(field)}: {html.escape(short(values[0]))} → "
+                     f"{html.escape(short(values[1]))}" for field, values in check["input_diff"].items())
     return (f'<div class="label" style="width:auto">the input changed ({where}); outputs were not compared'
             f"{fields}</div>{''.join(rows)}")
 
@@ -210,7 +220,8 @@ def run_report_html(document: dict[str, Any]) -> str:
     import html
 
     summary = document["summary"]
-    rows = "".join(f"<tr><td>{html.escape(v)}</td><td>{n}</td></tr>" for v, n in summary["by_verdict"].items())
+    rows = "".join(f"<tr><td>{html.escape(v)}</td><td>{n}</td></tr>"
+                   for v, n in summary["by_verdict"].items())
     sections = []
     for check in document["checks"]:
         status = "passed" if check["passed"] else "failed"
@@ -227,9 +238,11 @@ def run_report_html(document: dict[str, Any]) -> str:
                 fresh = side == "actual" and new_from is not None and index >= new_from
                 classes = ("tok" + (" div" if index == step else "") + (" tie" if tie else "")
                            + (" new" if fresh else ""))
-                title = f"step {index}, id {token}, margin {margin:.3g}" + (", new: not judged" if fresh else "")
+                title = (f"step {index}, id {token}, margin {margin:.3g}"
+                         + (", new: not judged" if fresh else ""))
                 tokens.append(f'<span class="{classes}" title="{title}">'
-                              f'{html.escape(_visible(piece))}<span class="bar" style="width:{width}px"></span></span>')
+                              f'{html.escape(_visible(piece))}'
+                              f'<span class="bar" style="width:{width}px"></span></span>')
             if tokens:
                 label = labels.get(side, side)
                 lines.append(f'<div class="tokens"><span class="label">{label}</span>{"".join(tokens)}</div>')
@@ -244,7 +257,8 @@ def run_report_html(document: dict[str, Any]) -> str:
         drift = check["verdict"] == "LOGIT_DRIFT" or check["max_logprob_delta"]
         detail = [f"profile {html.escape(check['profile'])}" if check["profile"] else "",
                   f"max |Δlogprob| in top-k {delta(check['max_logprob_delta'])}" if drift else "",
-                  f"first divergence at step {check['first_divergence']}" if check["first_divergence"] is not None else "",
+                  (f"first divergence at step {check['first_divergence']}"
+                   if check["first_divergence"] is not None else ""),
                   f"golden margin {check['golden_margin']:.3g}" if check["golden_margin"] is not None else "",
                   html.escape(_budget_text(check)) if check.get("new_steps") else "",
                   f"changed: {changed}" if changed else ""]

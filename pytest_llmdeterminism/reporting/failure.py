@@ -1,15 +1,15 @@
 """The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
-confident), nondeterministic across attempts, and the hints that go with it (tolerance, budgets,
-environments, the command that accepts). Built from data; nothing here prints or raises."""
+confident), nondeterministic across attempts, and ``assert a == b`` on two generations. Built from
+data; nothing here prints or raises."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
+from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 
 if TYPE_CHECKING:
@@ -17,12 +17,6 @@ if TYPE_CHECKING:
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
-
-
-def accept_command(rerun: str) -> str:
-    """``rerun`` is the test id and the run's own ``--llm-*`` options, shell-quoted."""
-    # The flag goes last: it takes an optional value and would swallow a path placed after it.
-    return f"pytest {rerun} --llm-golden-update"
 
 
 def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
@@ -35,7 +29,8 @@ def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] 
 
 
 def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
-             expected: Generation, actual: Generation, decode: Decode, *, profile: str, across: str = "") -> str:
+             expected: Generation, actual: Generation, decode: Decode, *, profile: str,
+             across: str = "") -> str:
     """A failure message of bounded length: verdict, where and how confident, what changed, the fix."""
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode)} — fails under {profile!r}"]
     if across:
@@ -68,84 +63,16 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     return "\n".join(lines)
 
 
-# Fields whose change makes the golden another variant (its key says device class and dtype, and
-# the engine when not transformers): such a golden is compared only under --llm-golden-fallback.
-_VARIANT_FIELDS = ("dtype", "device_class", "engine")
-# Library versions: an upgrade is a change to accept (or not), not a property of the machine.
-_VERSION_FIELDS = ("torch", "transformers", "cuda", "cudnn", "cuda_driver", "engine_version", "server_version")
-
-
-def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: str, explicit: bool,
-                        run_variant: str) -> str:
-    """The line that says a golden was compared across environments, which profile judged it, and
-    the fix that fits the fields that changed: another dtype or device is another variant to
-    record; a library upgrade is accepted by re-recording; another machine can be re-recorded to
-    compare exactly."""
-    from pytest_llmdeterminism.engines.fingerprint import describe_changes
-
-    line = f"compared across environments: {describe_changes(list(changes))}; tolerance {tolerance} {'as set' if explicit else 'by default'}"
-    names = [name for name, _, _ in changes]
-    variant = [name for name in names if name in _VARIANT_FIELDS]
-    versions = [name for name in names if name in _VERSION_FIELDS]
-    if variant:
-        return (f"{line}; the golden is another variant ({', '.join(variant)}), whose numbers differ by design: "
-                f"record this run's own {run_variant!r} golden beside it by re-running with --llm-golden-update "
-                "(variants coexist, and each run compares with its own unless --llm-golden-fallback is given)")
-    if explicit:
-        return line
-    if versions:
-        return (f"{line}; after an upgrade ({', '.join(versions)}) keep the goldens and let the tolerance judge "
-                "the drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact re-records "
-                "every check that is not IDENTICAL")
-    return f"{line}; to compare exactly again, re-record with --llm-golden-update --llm-tolerance=exact"
-
-
-def wider_tolerance(comparison: Comparison, *, dtype: str) -> str:
-    """For a check that failed only on the size of its logit drift: a ``near_tie`` profile that
-    would pass it, with the drift rounded up; "" for any other failure."""
-    drift = comparison.max_logprob_delta
-    if comparison.verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or not 0 < drift < math.inf:
-        return ""
-    atol = _round_up(drift)
-    return (f"to pass {dtype} drift of this size instead (max |Δlogprob| {delta(drift)}): "
-            f"--llm-tolerance='near_tie(margin={comparison.tie_margin:g}, atol={atol:g})'")
-
-
-def _round_up(value: float) -> float:
-    """The first of 1, 2, 5 times a power of ten at or above ``value``."""
-    scale = 10.0 ** math.floor(math.log10(value))
-    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
-
-
-def budget_note(comparison: Comparison, accept: str | None = None) -> str:
-    """What a changed ``max_new_tokens`` left out of the comparison, or "" when it did not change.
-    ``accept``: the command that re-records the golden, named when the golden is incomplete."""
-    if comparison.budgets is None:
-        return ""
-    old, new = comparison.budgets
-    judged = comparison.total_steps - comparison.unchecked_steps
-    head = f"max_new_tokens {old} -> {new}: "
-    if comparison.new_steps:
-        last = judged + comparison.new_steps - 1
-        steps = f"step {judged} is" if comparison.new_steps == 1 else f"steps {judged}–{last} are"
-        record = f": {accept}" if accept else " (--llm-golden-update)"
-        return (f"{head}judged on the golden's {judged} step(s) only; {steps} new and not judged. The golden "
-                f"ends where its budget did: re-record it to cover the new steps{record}")
-    if comparison.unchecked_steps:
-        last = comparison.total_steps - 1
-        steps = f"step {judged}" if judged == last else f"steps {judged}–{last}"
-        return f"{head}judged on the first {judged} step(s); the golden's {steps} lie beyond this run's budget"
-    return f"{head}the golden ended (EOS) within both budgets, so it was judged in full"
-
-
 def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Generation,
-                     after: Generation, decode: Decode, *, attempts: tuple[int, int], earlier_outcome: Outcome) -> str:
+                     after: Generation, decode: Decode, *, attempts: tuple[int, int],
+                     earlier_outcome: Outcome) -> str:
     """Two attempts of one test in one process (a rerun) generated different outputs for ``key``."""
     first, now = attempts
     lines = [(f"golden check {key!r} is NONDETERMINISTIC: attempt {now} of this test generated other output "
               f"than attempt {first} in the same process ({_how_attempts_differ(between, decode)}); "
               "a rerun never passes a golden check"),
-             f"  attempt {first}'s check was {earlier_outcome}; the same input must give the same output every time"]
+             f"  attempt {first}'s check was {earlier_outcome}; the same input must give the same output "
+             "every time"]
     if between.verdict is Verdict.INPUT_CHANGED:
         for field, old, new in between.input_changes:
             lines += _input_change(field, old, new, before, after)
@@ -181,8 +108,9 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
     if comparison.verdict is Verdict.INPUT_CHANGED:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
-        return (f"{verdict} — same tokens; the step hashes are not comparable (golden {_hashes(comparison, 0)}, "
-                f"this run {_hashes(comparison, 1)}); max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
+        return (f"{verdict} — same tokens; the step hashes are not comparable "
+                f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "
+                f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
     if comparison.verdict is Verdict.LOGIT_DRIFT:
         return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ "
                 f"(max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})")
@@ -193,7 +121,8 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
     elif comparison.verdict is Verdict.TIE_FLIP:
         confidence = f"{margins} < tie margin {comparison.tie_margin:g}: near tie"
     else:
-        confidence = f"{margins} < tie margin {comparison.tie_margin:g}, but the new token was not in its top-k"
+        confidence = (f"{margins} < tie margin {comparison.tie_margin:g}, "
+                      "but the new token was not in its top-k")
     return (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
             f"got {_token(d.actual_token, decode)}; {confidence}")
 
@@ -209,9 +138,9 @@ def _drift_line(comparison: Comparison) -> str:
     matched = comparison.steps_compared
     total = max(comparison.total_steps, 1)
     if comparison.hash_definitions is not None:
-        return (f"  before the divergence: {matched}/{comparison.total_steps} tokens matched ({matched / total:.0%}); "
-                f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)} (golden {_hashes(comparison, 0)}, "
-                f"this run {_hashes(comparison, 1)}: not comparable)")
+        return (f"  before the divergence: {matched}/{comparison.total_steps} tokens matched "
+                f"({matched / total:.0%}); max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)} "
+                f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: not comparable)")
     drift = ("logits identical before it" if comparison.first_hash_step is None
              or comparison.first_hash_step >= matched else
              f"logits differed from step {comparison.first_hash_step}, "
@@ -222,8 +151,9 @@ def _drift_line(comparison: Comparison) -> str:
 
 def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: Generation) -> list[str]:
     if field == "batch_shape" and str(old).startswith("1x") and new == f"1x{len(actual.prompt_token_ids)}":
-        return [(f"    {field}: {short(old)} -> {short(new)} (at B = 1 a prompt now runs alone at its own length, "
-                "unpadded, as a plain generate() does; a golden recorded padded is re-recorded once)")]
+        return [(f"    {field}: {short(old)} -> {short(new)} (at B = 1 a prompt now runs alone at its own "
+                "length, unpadded, as a plain generate() does; a golden recorded padded is re-recorded "
+                "once)")]
     if field != "prompt_token_ids":
         return [f"    {field}: {short(old)} -> {short(new)}"]
     first = first_difference(old, new)
@@ -251,7 +181,7 @@ def _id_window(ids: Sequence[int], first: int) -> str:
 def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None) -> Decode:
     """Token id -> text. Generated tokens use the pieces recorded with them (the golden's own
     text wins), other ids the current ``tokenizer`` when given, else ``<id N>``."""
-    known = {t: p for gen in (actual, expected) for t, p in zip(gen.token_ids, gen.pieces)}
+    known = {t: p for gen in (actual, expected) for t, p in zip(gen.token_ids, gen.pieces, strict=False)}
 
     def decode(token: int) -> str:
         if token in known:

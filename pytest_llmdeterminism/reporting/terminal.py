@@ -30,8 +30,9 @@ def summary(counts: Mapping[Outcome, int], written: Sequence[str], errors: Itera
     lines += [f"wrote {path}" for path in written]
     lines += [f"NOT written: {problem}" for problem in errors]
     if held_back:
-        lines.append(f"NOT recorded: the goldens of {len(held_back)} test(s) that recorded, then failed or were "
-                     "skipped (a golden is kept only when its test passes); fix them, then record again:")
+        lines.append(f"NOT recorded: the goldens of {len(held_back)} test(s) that recorded, then failed or "
+                     "were skipped (a golden is kept only when its test passes); fix them, then record "
+                     "again:")
         lines += [f"  {nodeid}" for nodeid in held_back]
     return lines
 
@@ -52,7 +53,8 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
             moved[row.source] = moved.get(row.source, 0) + row.moved
     nondeterministic = sum(found.nondeterministic for _, found in reports)
     lines.append(f"audit summary: {len(reports)} generation(s), {nondeterministic} nondeterministic; "
-                 "results moved by " + ", ".join(f"{source} {n}/{len(reports)}" for source, n in moved.items()))
+                 "results moved by " + ", ".join(f"{source} {n}/{len(reports)}"
+                                                 for source, n in moved.items()))
     return lines
 
 
@@ -65,7 +67,9 @@ def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial:
         return [f"pruned {len(pruned)} unused golden(s):", *(f"  {item}" for item in pruned)]
     if partial:
         verb = "not pruned" if prune else "not judged"
-        return [f"unused goldens {verb}: this run was partial ({'; '.join(partial)})"] if prune or stopped else []
+        if not (prune or stopped):
+            return []
+        return [f"unused goldens {verb}: this run was partial ({'; '.join(partial)})"]
     lines = []
     for path, keys in sorted(unused.items()):
         lines += [f"unused golden in {display(Path(path))}: {key!r}" for key in keys]

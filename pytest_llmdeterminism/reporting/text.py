@@ -30,7 +30,8 @@ def differing_window(old: str, new: str, before: int = 30, after: int = 50) -> t
     start = max(0, first - before)
 
     def window(text: str) -> str:
-        return ("…" if start else "") + repr(text[start:first + after]) + ("…" if len(text) > first + after else "")
+        end = first + after
+        return ("…" if start else "") + repr(text[start:end]) + ("…" if len(text) > end else "")
 
     return window(old), window(new)
 

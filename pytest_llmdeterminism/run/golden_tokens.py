@@ -15,13 +15,13 @@ from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.reporting import failure
+from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.goldens.files import GoldenFiles
-    from pytest_llmdeterminism.reporting.records import Attempt, Site, TestOutcomes
+    from pytest_llmdeterminism.reporting.recorder import Attempt, Site, TestOutcomes
     from pytest_llmdeterminism.run.options import Options
 
 
@@ -46,7 +46,7 @@ class GoldenTokens:
     @property
     def accept_command(self) -> str:
         """The command that records (or re-records) this test's goldens, with the run's options."""
-        return failure.accept_command(self._target)
+        return hints.accept_command(self._target)
 
     def check(self, generation: Generation, name: str | None = None) -> Comparison | None:
         """Compare ``generation`` with its golden (or record it under ``--llm-golden-update``).
@@ -98,7 +98,7 @@ class GoldenTokens:
         profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
         if environment:
-            across = failure.across_environments(environment, tolerance=profile.describe(dtype),
+            across = hints.across_environments(environment, tolerance=profile.describe(dtype),
                                                 explicit=explicit is not None, run_variant=generation.variant)
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
@@ -116,12 +116,12 @@ class GoldenTokens:
         # reviewer gets it as a candidate, passing or not.
         if not passed or variant != generation.variant:
             self._outcomes.candidate(self._path, key, generation)
-        budget = failure.budget_note(comparison, self.accept_command)
+        budget = hints.budget_note(comparison, self.accept_command)
         if passed:
             if budget:
                 self._outcomes.note(f"{key!r}: {budget}")
             return comparison
-        wider = failure.wider_tolerance(comparison, dtype=dtype) if environment else ""
+        wider = hints.wider_tolerance(comparison, dtype=dtype) if environment else ""
         decode = failure.decoder_for(expected, generation, self._tokenizer())
         message = failure.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype),
