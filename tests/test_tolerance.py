@@ -6,7 +6,13 @@ from hypothesis import strategies as st
 
 from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.tolerance import Profile, ProfileName, default_profile, parse_profile, parse_setting
+from pytest_llmdeterminism.tolerance import (
+    Profile,
+    ProfileName,
+    default_profile,
+    parse_profile,
+    parse_setting,
+)
 
 from .conftest import usage_error
 
