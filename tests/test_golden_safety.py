@@ -50,7 +50,8 @@ def test_deep_nesting_is_a_golden_file_error_in_checks_and_in_llm_golden_show(tm
         text = '{"schema": 1, "goldens": ' + deep + "}"
         problem = r"malformed golden: goldens: Expected `object`, got `array`"
     else:
-        text = json.dumps(_valid_document()).replace('"fingerprint": {', '"fingerprint": {"deep": ' + deep + ", ", 1)
+        text = json.dumps(_valid_document()).replace('"fingerprint": {',
+                                                     '"fingerprint": {"deep": ' + deep + ", ", 1)
         problem = r"malformed golden: .*fingerprint.*got `array`"
     path = _write(tmp_path, text)
     _rejected(path, problem)
@@ -97,10 +98,13 @@ def test_a_duplicate_hidden_by_a_missing_field_is_still_found(tmp_path):
     no_fingerprint = re.sub(r'"fingerprint": \{.*?\n        \},\n', "", text, count=1, flags=re.DOTALL)
     assert '"fingerprint"' not in no_fingerprint
     twice = no_fingerprint.replace('"text": "', '"text": "FAKE", "text": "', 1)
-    _rejected(_write(tmp_path, twice, "a.json"), "missing required field `fingerprint`|has the key 'text' twice")
+    _rejected(_write(tmp_path, twice, "a.json"),
+              "missing required field `fingerprint`|has the key 'text' twice")
     no_piece = text.replace('"piece":"a",', "", 1).replace('"token":10,', '"token":10,"token":11,', 1)
-    _rejected(_write(tmp_path, no_piece, "b.json"), "missing required field `piece`|has the key 'token' twice")
-    header_only = f'{{"logit_hash": {json.dumps(json.loads(_VALID)["logit_hash"])}, "schema": 2, "schema": 1}}'
+    _rejected(_write(tmp_path, no_piece, "b.json"),
+              "missing required field `piece`|has the key 'token' twice")
+    logit_hash = json.dumps(json.loads(_VALID)["logit_hash"])
+    header_only = f'{{"logit_hash": {logit_hash}, "schema": 2, "schema": 1}}'
     _rejected(_write(tmp_path, header_only, "c.json"), "has the key 'schema' twice")
 
 
@@ -138,12 +142,14 @@ def test_a_string_schema_says_it_is_a_string(tmp_path):
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (st.lists(children, max_size=4)
+                      | st.dictionaries(st.text(max_size=6), children, max_size=4)),
     max_leaves=12,
 )
 _VALID = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation(3))}}).encode()
 _FIELD_PATHS = [("batch_shape",), ("finish_reason",), ("fingerprint",), ("fingerprint", "dtype"),
-                ("fingerprint", "device_class"), ("generation_config",), ("generation_config", "eos_token_id"),
+                ("fingerprint", "device_class"), ("generation_config",),
+                ("generation_config", "eos_token_id"),
                 ("prompt",), ("prompt_token_ids",), ("steps",), ("steps", 0), ("steps", 0, "hash"),
                 ("steps", 0, "margin"), ("steps", 0, "token"), ("steps", 0, "top"), ("steps", 0, "top", 0),
                 ("steps", 0, "top", 0, 1), ("steps", 0, "piece"), ("text",)]
@@ -162,7 +168,8 @@ def _survives(tmp_path, data: bytes) -> None:
             generation = schema.from_entry(entry)
             comparison = compare(generation, generation)
             outcomes = TestOutcomes()
-            outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation, actual=generation)
+            outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation,
+                             actual=generation)
             document = documents.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
                                           for check in outcomes.data.checks], [])
             json.dumps(document, allow_nan=False)
@@ -171,7 +178,8 @@ def _survives(tmp_path, data: bytes) -> None:
     codec.dumps(goldens)
 
 
-_FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_FUZZ = settings(max_examples=1000, deadline=None,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @_FUZZ
@@ -188,7 +196,8 @@ def test_fuzz_whole_document_byte_mutations(tmp_path, data):
         elif action == "delete":
             del raw[position]
         elif action == "insert":
-            raw[position:position] = data.draw(st.sampled_from([b"[", b"{", b'"', b",", b"NaN", b"1e999", b"-1"]))
+            raw[position:position] = data.draw(
+                st.sampled_from([b"[", b"{", b'"', b",", b"NaN", b"1e999", b"-1"]))
         else:
             del raw[position:]
     _survives(tmp_path, bytes(raw))
@@ -324,13 +333,15 @@ HOSTILE = "<script>alert(1)</script> | `code` ![x](http://e/x.png) <img src=x on
 
 def test_reports_are_strict_json_and_inert_markdown():
     generation = sample_generation()
-    other = schema.from_entry({**schema.to_entry(generation), "steps": schema.to_entry(generation)["steps"][:1]})
+    entry = schema.to_entry(generation)
+    other = schema.from_entry({**entry, "steps": entry["steps"][:1]})
     comparison = compare(other, generation)  # the golden stopped where the actual went on: margin inf
     assert comparison.divergence.golden_margin == math.inf
     outcomes = TestOutcomes()
     outcomes.checked(HOSTILE, "cpu/float32", comparison, passed=False,
                      changed=[("torch", HOSTILE, "2.13|0")], expected=other, actual=generation)
-    document = documents.run_report([msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
+    document = documents.run_report(
+        [msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
     text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
     assert json.loads(text)["checks"][0]["golden_margin"] is None
     markdown = documents.run_report_markdown(document)

@@ -53,7 +53,8 @@ def test_truncated_file_never_passes_silently(tmp_path_factory, gen, cut):
 def test_corrupt_file_error_names_the_file_and_the_fix(tmp_path):
     path = tmp_path / "test_m.json"
     path.write_text('{"schema": 1, "goldens": {')
-    with pytest.raises(GoldenFileError, match=r"test_m.json' is not valid JSON.*left untouched.*git checkout"):
+    with pytest.raises(GoldenFileError,
+                       match=r"test_m.json' is not valid JSON.*left untouched.*git checkout"):
         store.read(path)
 
 
@@ -79,13 +80,14 @@ def test_changed_hash_definition_is_a_schema_error(tmp_path):
 def test_malformed_entry_is_named(tmp_path):
     path = tmp_path / "test_m.json"
     path.write_text(codec.dumps({"test_x": {"cpu/float32": {"prompt": "x"}}}))
-    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] Object missing "
-                       r"required field `batch_shape`"):
+    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] "
+                       r"Object missing required field `batch_shape`"):
         store.read(path)
 
 
 @pytest.mark.parametrize(("edit", "problem"), [
-    (lambda step: step.pop("hash"), r"\['test_x'\]\['cpu/float32'\] steps\[0\]: Object missing required field `hash`"),
+    (lambda step: step.pop("hash"),
+     r"\['test_x'\]\['cpu/float32'\] steps\[0\]: Object missing required field `hash`"),
     (lambda step: step.update(token="x"), r"steps\[0\].token: Expected `int`, got `str`"),
     (lambda step: step.update(top=[[1]]), r"steps\[0\].top\[0\]: Expected `array` of length 2, got 1"),
     (lambda step: step.update(margin=None), r"steps\[0\].margin: Expected `float`, got `null`"),

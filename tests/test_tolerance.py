@@ -53,7 +53,8 @@ def test_device_mapping_and_defaults():
     assert multi_line.explicit_for("cpu") == Profile(ProfileName.TOKENS)
     assert multi_line.explicit_for("cuda") == Profile(ProfileName.CLOSE, atol=0.01)
     assert default_profile("float32", same_environment=True) == Profile(ProfileName.EXACT)
-    cuda_bf16, cuda_fp32 = (default_profile(dtype, same_environment=False) for dtype in ("bfloat16", "float32"))
+    cuda_bf16, cuda_fp32 = (default_profile(dtype, same_environment=False)
+                            for dtype in ("bfloat16", "float32"))
     assert cuda_bf16.name == cuda_fp32.name == "near_tie"
     assert cuda_bf16.margin > cuda_fp32.margin and cuda_bf16.atol > cuda_fp32.atol
     with pytest.raises(ConfigurationError, match="expected 'device: profile' pairs"):
@@ -62,7 +63,8 @@ def test_device_mapping_and_defaults():
 
 def test_bad_ini_tolerance_is_a_usage_error(pytester):
     result = usage_error(pytester, "llm_tolerance = fuzzy")
-    result.stderr.fnmatch_lines(["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
 
 
 def _comparison(verdict, delta, golden_margin=0.01, tie_margin=0.05):
@@ -108,7 +110,8 @@ def test_what_each_profile_accepts():
     assert Profile(ProfileName.TOKENS).accepts(drift) and Profile(ProfileName.TOKENS).accepts(big_drift)
     close = Profile(ProfileName.CLOSE, atol=1e-3)
     assert close.accepts(drift) and not close.accepts(big_drift)
-    assert not Profile(ProfileName.CLOSE, atol=1).accepts(flip) and not Profile(ProfileName.TOKENS).accepts(flip)
+    assert not Profile(ProfileName.CLOSE, atol=1).accepts(flip)
+    assert not Profile(ProfileName.TOKENS).accepts(flip)
     assert Profile(ProfileName.NEAR_TIE, atol=1e-3, margin=0.1).accepts(flip)
     assert Profile(ProfileName.CLOSE).accepts(drift, "float32")  # dtype default atol 1e-3
     assert not Profile(ProfileName.CLOSE).accepts(big_drift, "float32")
