@@ -11,7 +11,7 @@ import pytest
 from pytest_llmdeterminism.engines import determinism
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.reporting.report import one_line_crash
+from pytest_llmdeterminism.reporting.terminal import one_line_crash
 from pytest_llmdeterminism.run import options, suites
 from pytest_llmdeterminism.run.session import LLMSession
 from pytest_llmdeterminism.shape import MARKER
@@ -143,7 +143,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if payload is not None:
             setattr(report, REPORT_ATTRIBUTE, payload)
         # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards.
-        item.user_properties += [("llm_verdict", outcome) for outcome in outcomes.data.sequence]
+        item.user_properties += [("llm_verdict", str(outcome)) for outcome in outcomes.data.outcomes]
     return report
 
 
@@ -213,7 +213,7 @@ def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str]
     from pytest_llmdeterminism.generation import Generation
 
     if op == "==" and isinstance(left, Generation) and isinstance(right, Generation):
-        from pytest_llmdeterminism.reporting.report import assertrepr
+        from pytest_llmdeterminism.reporting.failure import assertrepr
 
         return assertrepr(left, right)
     return None

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.errors import LLMDeterminismError, PromptTooLongError
-from pytest_llmdeterminism.reporting.report import decoder_for, mismatch
+from pytest_llmdeterminism.reporting.failure import decoder_for, mismatch
 
 __all__ = ["BatchComposition", "BatchInvarianceError", "assert_batch_invariant", "batch_compositions",
            "prompts"]

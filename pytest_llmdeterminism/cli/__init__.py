@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
@@ -30,7 +31,6 @@ from pytest_llmdeterminism.goldens.review import (
     plan_accept,
     review,
 )
-from pytest_llmdeterminism.reporting.report import shell_quote
 
 DESCRIPTION = """\
 Inspect, compare and accept golden files outside pytest; fetch and perturb models.
@@ -214,7 +214,7 @@ def _show(path: Path) -> int:
     goldens = _read_existing(path)
     for key, variants in sorted(goldens.items()):
         for variant, entry in sorted(variants.items()):
-            gen = store.from_entry(entry)
+            gen = schema.from_entry(entry)
             print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
             print(f"  prompt: {gen.prompt!r}")
             print(f"  output: {gen.text!r}")
@@ -247,7 +247,7 @@ def _diff(base: Path, candidate: Path, *, fail_on: str) -> int:
             print(f"hint: no golden file is in both folders, but they pair up when {moved} is {deeper!r}, a "
                   f"folder inside the one given: BASE and CAND must mirror each other (both a {GOLDEN_FOLDER} "
                   "folder, or both the folder above it). Compare with: llm-golden diff "
-                  f"{shell_quote(str(aligned[0]))} {shell_quote(str(aligned[1]))}")
+                  f"{shlex.quote(str(aligned[0]))} {shlex.quote(str(aligned[1]))}")
     return 1 if flagged else 0
 
 
@@ -406,7 +406,7 @@ def _perturb(source: str, dest: Path, *, scale: float, seed: int) -> int:
     return 0
 
 
-def _read_existing(path: Path) -> store.Goldens:
+def _read_existing(path: Path) -> schema.Goldens:
     if not path.exists():
         raise GoldenFileError(path, "does not exist", "Check the path.")
     return store.read(path)

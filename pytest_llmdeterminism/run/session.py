@@ -20,7 +20,7 @@ from pytest_llmdeterminism.engines import ModelCache, numerics
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
-from pytest_llmdeterminism.reporting.records import TestOutcomes
+from pytest_llmdeterminism.reporting.recorder import TestOutcomes
 from pytest_llmdeterminism.run import markers as settings
 from pytest_llmdeterminism.run import writer
 from pytest_llmdeterminism.run.ledger import Ledger

@@ -20,15 +20,15 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import atomic, schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import candidate_files
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting import documents, terminal
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 from pytest_llmdeterminism.run.writer import unused_keys
 
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
-MergedCandidates = dict[str, store.Goldens]  # candidate file (relative to the candidates folder) -> goldens
+MergedCandidates = dict[str, schema.Goldens]  # candidate file (relative to the candidates folder) -> goldens
 
 
 class _ReportDocument(msgspec.Struct):
@@ -70,9 +70,9 @@ def read_shard(path: Path) -> Shard:
         document = msgspec.json.decode(data, type=_ReportDocument)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise ShardError(f"{path} is not a pytest-llmdeterminism JSON report ({error}). {rerun}") from None
-    if document.schema != report.REPORT_SCHEMA or document.version != report.REPORT_VERSION:
+    if document.schema != documents.REPORT_SCHEMA or document.version != documents.REPORT_VERSION:
         raise ShardError(f"{path} has schema {document.schema!r} version {document.version!r}; this "
-                         f"pytest-llmdeterminism merges {report.REPORT_SCHEMA!r} version {report.REPORT_VERSION}. "
+                         f"pytest-llmdeterminism merges {documents.REPORT_SCHEMA!r} version {documents.REPORT_VERSION}. "
                          f"{rerun}")
     if document.run is None:
         raise ShardError(f"{path} has no 'run' section (which tests the shard collected and ran), so it "
@@ -188,7 +188,7 @@ def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[st
 
 
 def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
-              a: store.Entry, b: store.Entry) -> str:
+              a: schema.Entry, b: schema.Entry) -> str:
     fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
     if "fingerprint" in fields:
         from pytest_llmdeterminism.engines.fingerprint import diff
@@ -248,7 +248,7 @@ class MergePlan:
 
     def document(self) -> dict[str, Any]:
         audits = [audit for shard in self.shards for audit in shard.audits]
-        return report.run_report(self.checks, audits, run=self.run)
+        return documents.run_report(self.checks, audits, run=self.run)
 
 
 def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = None,
@@ -294,11 +294,11 @@ def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports:
             count = sum(len(variants) for variants in goldens.values())
             out.lines.append(f"wrote {display(candidates_out / name)} ({count} candidate(s))")
     document = merge.document()
-    markdown = report.run_report_markdown(document) + "\n" + "\n".join(coverage_markdown(merge)) + "\n"
+    markdown = documents.run_report_markdown(document) + "\n" + "\n".join(coverage_markdown(merge)) + "\n"
     for path in reports:
-        text = (report.json_text(document) if path.suffix == ".json"
-                else report.run_report_html(document) if path.suffix == ".html" else markdown)
-        store.write_text_atomic(path, text)
+        text = (documents.json_text(document) if path.suffix == ".json"
+                else documents.run_report_html(document) if path.suffix == ".html" else markdown)
+        atomic.write_text_atomic(path, text)
         out.lines.append(f"wrote {display(path)} (report)")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and merge.checks:
@@ -318,7 +318,7 @@ def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence
     covered = merge.coverage
     ran = len(covered.suite) - len(covered.not_run)
     lines = [f"merged {len(merge.shards)} shard(s): {ran} of {len(covered.suite)} test(s) of the suite ran"]
-    by_verdict = report.run_report(merge.checks, []).get("summary", {}).get("by_verdict", {})
+    by_verdict = documents.run_report(merge.checks, []).get("summary", {}).get("by_verdict", {})
     failed = sum(not check.passed for check in merge.checks)
     lines.append(f"golden checks: {', '.join(f'{n} {v}' for v, n in by_verdict.items()) or 'none'}"
                  + (f" ({failed} failed)" if failed else ""))
@@ -333,7 +333,7 @@ def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence
                          "every shard's report:")
             lines += [f"  {nodeid}" for nodeid in covered.not_run]
         return lines
-    return lines + report.unused_summary(
+    return lines + terminal.unused_summary(
         {str(root / path): keys for path, keys in merge.unused.items()}, pruned, [], display,
         prune=prune, prune_command="llm-golden merge ... --prune")
 
@@ -341,7 +341,7 @@ def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence
 def coverage_markdown(merge: MergePlan) -> list[str]:
     """The merged Markdown report's last section: shards, coverage, unused goldens."""
     covered = merge.coverage
-    return report.shards_markdown(len(merge.shards), len(covered.suite) - len(covered.not_run), len(covered.suite),
+    return documents.shards_markdown(len(merge.shards), len(covered.suite) - len(covered.not_run), len(covered.suite),
                                   merge.run.partial, covered.not_run, merge.unused)
 
 
