@@ -15,7 +15,8 @@ from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting import report
 from pytest_llmdeterminism.reporting.records import RunRecord
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
-from pytest_llmdeterminism.run.options import NODE_IDS_GIVEN, Options
+from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
+from pytest_llmdeterminism.run.options import Options
 
 
 @dataclass
