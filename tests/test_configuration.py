@@ -82,6 +82,28 @@ def test_a_misspelled_setting_stops_the_run_once_with_a_suggestion(pytester, ini
     assert result.stderr.str().count("ERROR:") == 1
 
 
+_PYTEST_9 = pytest.mark.skipif(pytest.version_tuple < (9,), reason="pytest 9 reads this table")
+
+
+@pytest.mark.parametrize(("name", "text", "args"), [
+    ("pytest.ini", "[pytest]\nllm_modle = builtin:tiny\n", []),
+    ("tox.ini", "[pytest]\nllm_modle = builtin:tiny\n", []),
+    ("setup.cfg", "[tool:pytest]\nllm_modle = builtin:tiny\n", []),
+    ("pyproject.toml", '[tool.pytest.ini_options]\nllm_modle = "builtin:tiny"\n', []),
+    pytest.param("pyproject.toml", '[tool.pytest]\nllm_modle = "builtin:tiny"\n', [], marks=_PYTEST_9),
+    pytest.param("pytest.toml", '[pytest]\nllm_modle = "builtin:tiny"\n', [], marks=_PYTEST_9),
+    ("custom.ini", "[pytest]\nllm_modle = builtin:tiny\n", ["-c", "custom.ini"]),
+    ("pytest.ini", "[pytest]\n", ["-o", "llm_modle=builtin:tiny"]),
+])
+def test_a_misspelled_key_is_found_in_every_kind_of_configuration_file(pytester, name, text, args):
+    """The keys come from the file pytest chose (``config.inipath``), in the section that kind of
+    file keeps pytest's settings in, and from ``-o``."""
+    (pytester.path / name).write_text(text)
+    result = usage_error(pytester, None, *args)
+    result.stderr.fnmatch_lines(["ERROR: llm_modle = 'builtin:tiny': not a pytest-llmdeterminism ini setting; "
+                                 "did you mean 'llm_model'?"])
+
+
 def test_settings_a_conftest_declares_are_not_typos(pytester):
     pytester.makeconftest("""
         def pytest_addoption(parser):
