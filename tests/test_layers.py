@@ -26,7 +26,7 @@ PACKAGES = {
     "reporting": [["reporting", "reporting.records"], ["reporting.report"]],
     "run": [["run", "run.options", "run.ledger"], ["run.configuration"],
             ["run.markers", "run.golden_tokens", "run.writer"],
-            ["run.session", "run.suites"], ["run.shards"]],
+            ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
     "cli": [["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"], ["cli"], ["cli.__main__"]],
     "top": [["strategies", "plugin", "__init__"]],
 }

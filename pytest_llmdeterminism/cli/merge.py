@@ -1,7 +1,8 @@
 """``llm-golden merge REPORT.json...``: one review from the shards of a suite.
 
-The merge itself (read, check, plan, write) lives in :mod:`~pytest_llmdeterminism.run.shards`;
-this module reads the arguments, checks them, and prints what the merge wrote and found.
+The merge itself lives in :mod:`~pytest_llmdeterminism.run.shards` (read, check, plan) and
+:mod:`~pytest_llmdeterminism.run.merge_writer` (write, sum up); this module reads the arguments,
+checks them, and prints what the merge wrote and found.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
 def merge(report_paths: list[Path], *, root: Path, candidates: Path | None, reports: list[Path],
           prune: bool) -> int:
-    from pytest_llmdeterminism.run import shards
+    from pytest_llmdeterminism.run import merge_writer, shards
 
-    problem = shards.report_problems(reports)
+    problem = merge_writer.report_problems(reports)
     if problem is None and not root.is_dir():
         problem = f"--root {str(root)!r} is not a folder. Check the path."
     if problem is None and candidates is not None and candidates.exists() and (
@@ -78,12 +79,13 @@ def merge(report_paths: list[Path], *, root: Path, candidates: Path | None, repo
               "Fix the problems above and run merge again.", file=sys.stderr)
         return 2
     try:
-        written = shards.write(planned, root=root, candidates_out=candidates, reports=reports, prune=prune,
-                               display=_display)
+        written = merge_writer.write(planned, root=root, candidates_out=candidates, reports=reports,
+                                     prune=prune, display=_display)
     except (OSError, GoldenFileError) as error:
         print(f"llm-golden merge: {error}", file=sys.stderr)
         return 2
-    summary = shards.summary_lines(planned, root=root, prune=prune, pruned=written.pruned, display=_display)
+    summary = merge_writer.summary_lines(planned, root=root, prune=prune, pruned=written.pruned,
+                                         display=_display)
     for line in [*written.lines, *summary]:
         print(line)
     return 1 if planned.run.partial else 0
