@@ -24,8 +24,9 @@ SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 _ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
 _MARKER_HELP = (
-    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
-    "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
+    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed "
+    "seeds, deterministic torch kernels and greedy fixed-shape generation; every global is restored "
+    "afterwards."
 )
 
 

@@ -69,7 +69,7 @@ def read(config: pytest.Config) -> Options:
         device=parse_device(value("llm_device") or "auto"),
         seed=parse_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
         max_new_tokens=parse_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
-                                DEFAULT_MAX_NEW_TOKENS, minimum=1),
+                                     DEFAULT_MAX_NEW_TOKENS, minimum=1),
         cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),
         update=_update_mode_allowed(config),
         tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
