@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.run.options import FLAGS, SETTINGS
 from pytest_llmdeterminism.shape import BatchShape
 
 from .conftest import usage_error
@@ -94,6 +97,14 @@ def test_bad_marker_argument_names_it(suite):
 def test_path_options_need_an_equals_sign(pytester, tmp_path):
     result = usage_error(pytester, "llm_batch_shape = 4x32", "--llm-model", str(tmp_path))
     result.stderr.fnmatch_lines([f"ERROR: --llm-model = '{tmp_path}': write --llm-model={tmp_path} (with '=')*"])
+
+
+def test_every_option_pytest_shows_is_declared_in_the_tables(pytester):
+    """The tables are the one declaration: the options reference is generated from them, and a
+    mistyped option is matched against them."""
+    shown = pytester.runpytest("--help").stdout.str()
+    assert set(re.findall(r"--llm-[a-z-]+[a-z]", shown)) == set(FLAGS)
+    assert all(setting.ini in shown for setting in SETTINGS)
 
 
 @pytest.mark.parametrize(("worker", "count", "index"), [

@@ -28,7 +28,7 @@ from pytest_llmdeterminism.shape import MARKER
 from pytest_llmdeterminism.tolerance import parse_profile
 
 if TYPE_CHECKING:
-    from _pytest._code.code import ExceptionInfo, TerminalRepr
+    from _pytest._code.code import TerminalRepr  # the type pytest.Item.repr_failure returns; not exported
 
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.generation import Generation
@@ -103,7 +103,9 @@ class PromptItem(pytest.Function):
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, self.line - 1, self.name
 
-    def repr_failure(self, excinfo: ExceptionInfo[BaseException]) -> str | TerminalRepr:  # type: ignore[override]
+    # The ignore below: pytest.Function's own repr_failure drops Node's `style` argument too.
+    def repr_failure(  # type: ignore[override]
+            self, excinfo: pytest.ExceptionInfo[BaseException]) -> str | TerminalRepr:
         # The plugin's own errors are complete messages; a traceback into this module adds nothing.
         if isinstance(excinfo.value, LLMDeterminismError):
             return str(excinfo.value)
