@@ -118,7 +118,7 @@ def options() -> str:
 
 def _cli_parser() -> argparse.ArgumentParser:
     cli = importlib.import_module("pytest_llmdeterminism.cli")
-    build = getattr(cli, "parser", None) or cli._parser
+    build = cli.parser
     result: argparse.ArgumentParser = build()
     return result
 

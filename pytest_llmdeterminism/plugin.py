@@ -12,7 +12,7 @@ from pytest_llmdeterminism.engines import determinism
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.reporting.terminal import one_line_crash
-from pytest_llmdeterminism.run import options, suites
+from pytest_llmdeterminism.run import configuration, options, suites
 from pytest_llmdeterminism.run.session import LLMSession
 from pytest_llmdeterminism.shape import MARKER
 
@@ -24,8 +24,9 @@ SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 _ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
 _MARKER_HELP = (
-    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
-    "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
+    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed "
+    "seeds, deterministic torch kernels and greedy fixed-shape generation; every global is restored "
+    "afterwards."
 )
 
 
@@ -39,17 +40,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     # Installed is not used: only a project that configures the plugin gets its variables set
     # here, before any conftest can import torch or start CUDA (see environment.py).
     try:
-        environment = PinnedEnvironment(options.early_cpu_numerics(early_config))
+        environment = PinnedEnvironment(configuration.early_cpu_numerics(early_config))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     early_config.stash[_ENVIRONMENT] = environment
-    if configures_plugin(options.ini_values(early_config), args):
+    if configures_plugin(configuration.ini_values(early_config), args):
         warning = environment.pin(early=True)
         if warning:
             early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
     yield
     try:  # now conftests have declared their own options and ini keys: only what nobody knows is a typo
-        options.check_names(early_config, parser, args)
+        configuration.check_names(early_config, parser, args)
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
 
@@ -57,7 +58,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     try:
-        session = LLMSession(options.read(config), announce=_terminal_line(config),
+        session = LLMSession(configuration.read(config), announce=_terminal_line(config),
                              environment=config.stash.get(_ENVIRONMENT, None))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None

@@ -121,7 +121,7 @@ def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(py
     pytester.makeini("[pytest]\nllm_model = openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
     pytester.makeconftest("""
 def pytest_configure(config):
-    from pytest_llmdeterminism.run.options import read
+    from pytest_llmdeterminism.run.configuration import read
     print("SPEC", read(config).model)
 """)
     result = pytester.runpytest("-s", "--co")

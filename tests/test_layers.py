@@ -29,9 +29,11 @@ PACKAGES = {
     "reporting": [["reporting", "reporting.records", "reporting.text"],
                   ["reporting.recorder", "reporting.hints"],
                   ["reporting.failure", "reporting.terminal", "reporting.documents"]],
-    "run": [["run", "run.options", "run.ledger"], ["run.markers", "run.golden_tokens", "run.writer"],
-            ["run.session", "run.suites"], ["run.shards"]],
-    "cli": [["cli.fetch", "cli.perturb"], ["cli"], ["cli.__main__"]],
+    "run": [["run", "run.options", "run.ledger"], ["run.configuration"],
+            ["run.markers", "run.golden_tokens", "run.writer"],
+            ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
+    "cli": [["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"], ["cli"],
+            ["cli.__main__"]],
     "top": [["strategies", "plugin", "__init__"]],
 }
 LAYERS = [line for block in PACKAGES.values() for line in block]

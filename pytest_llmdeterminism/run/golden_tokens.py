@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import shlex
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,10 +60,7 @@ class GoldenTokens:
         if not isinstance(generation, Generation):
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
-        caller = sys._getframe(1)
-        while caller.f_back is not None and caller.f_locals.get("__tracebackhide__"):
-            caller = caller.f_back  # a helper that hides itself: point at the line that called it
-        site: Site = (caller, caller.f_lasti, caller.f_lineno)
+        site = _caller_site()
         key = self._key(name)
         self._outcomes.used(self._path, key)
         variants = self._files.read(self._path).get(key, {})
@@ -86,8 +83,8 @@ class GoldenTokens:
             missing = Comparison(Verdict.MISSING)
             self._outcomes.checked(key, variant, missing, passed=False, actual=generation)
             self._outcomes.candidate(self._path, key, generation)
-            self._outcomes.fail(GoldenMismatchError(failure.missing(key, location, self._target, sorted(variants)),
-                                                    missing, key=key, path=self._path), site,
+            message = failure.missing(key, location, self._target, sorted(variants))
+            self._outcomes.fail(GoldenMismatchError(message, missing, key=key, path=self._path), site,
                                accept=self.accept_command)
             return missing
         expected = schema.from_entry(stored)
@@ -126,22 +123,24 @@ class GoldenTokens:
         message = failure.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype),
                                   across=f"{across}; {wider}" if wider else across)
-        self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
-                                                actual=generation), site, accept=self.accept_command)
+        error = GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
+                                    actual=generation)
+        self._outcomes.fail(error, site, accept=self.accept_command)
         return comparison
 
-    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation, earlier: Attempt,
-                          between: Comparison, *, site: Site) -> Comparison:
+    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation,
+                          earlier: Attempt, between: Comparison, *, site: Site | None) -> Comparison:
         """This test ran before in this process (a rerun) and generated something else for ``key``:
         NONDETERMINISTIC, and failed, even where this attempt matches the golden."""
         __tracebackhide__ = True
         comparison = dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC)
-        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output, actual=generation)
+        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output,
+                               actual=generation)
         attempts = (earlier.number, self._outcomes.attempt)
         self._outcomes.note(failure.rerun_note(key, self._nodeid, attempts))
         decode = failure.decoder_for(earlier.output, generation, self._tokenizer())
-        message = failure.nondeterministic(key, location, self._target, between, earlier.output, generation, decode,
-                                          attempts=attempts, earlier_outcome=earlier.outcome)
+        message = failure.nondeterministic(key, location, self._target, between, earlier.output, generation,
+                                          decode, attempts=attempts, earlier_outcome=earlier.outcome)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path,
                                                 expected=earlier.output, actual=generation), site,
                             accept=self.accept_command)
@@ -157,10 +156,22 @@ class GoldenTokens:
                 raise ConfigurationError("golden_tokens.check(name=...)", name, "expected a non-empty string")
             key = f"{self._test_key}::{name}"
         if key in self._used:
-            raise ConfigurationError("golden_tokens.check(name=...)", name,
-                                     f"golden {key!r} is checked twice in one test; give each check its own name=")
+            raise ConfigurationError(
+                "golden_tokens.check(name=...)", name,
+                f"golden {key!r} is checked twice in one test; give each check its own name=")
         self._used.add(key)
         return key
+
+
+def _caller_site() -> Site | None:
+    """The line that called ``check()``, for the test's failure to point at when it is raised at the
+    end of the test; a helper that hides itself (``__tracebackhide__``) is passed for its caller."""
+    caller = inspect.currentframe()  # None where Python keeps no frames: then no site
+    for _ in range(2):  # past this function and check()
+        caller = caller.f_back if caller is not None else None
+    while caller is not None and caller.f_back is not None and caller.f_locals.get("__tracebackhide__"):
+        caller = caller.f_back  # a helper that hides itself: point at the line that called it
+    return None if caller is None else (caller, caller.f_lasti, caller.f_lineno)
 
 
 def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:

@@ -58,7 +58,8 @@ def _resolve(item: pytest.Item, options: Options) -> ItemSettings:
     assert isinstance(shape, BatchShape) and (tolerance is None or isinstance(tolerance, Profile))
     generation = GenerationSettings(
         batch_shape=shape,
-        batch_shape_setting="@deterministic(batch_shape=...)" if "batch_shape" in given else "llm_batch_shape",
+        batch_shape_setting=("@deterministic(batch_shape=...)" if "batch_shape" in given
+                             else "llm_batch_shape"),
         max_new_tokens=int(given.get("max_new_tokens", options.max_new_tokens)),  # type: ignore[call-overload]
         seed=int(given.get("seed", options.seed)),  # type: ignore[call-overload]
     )

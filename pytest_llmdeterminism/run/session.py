@@ -107,8 +107,8 @@ class LLMSession:
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
         engine = engine_of(options.model)
-        pinned = " ".join([*([f"engine={engine}"] if engine else []),
-                           *([f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else [])])
+        where = [f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else []
+        pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
         return [
             (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
              f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"),

@@ -14,8 +14,9 @@ from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting import documents, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
-from pytest_llmdeterminism.run.options import NODE_IDS_GIVEN, Options
+from pytest_llmdeterminism.run.options import Options
 
 
 @dataclass
@@ -111,7 +112,8 @@ def _prune(out: RunOutput, files: GoldenFiles) -> None:
     out.unused = {}
 
 
-def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput, *, failed: bool) -> None:
+def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput, *,
+                   failed: bool) -> None:
     """``--llm-report`` (JSON, Markdown or HTML), and the Markdown summary for GitHub Actions. The
     JSON report also says what the run checked (``run``), for ``llm-golden merge`` of shards."""
     if not ledger.checks and not options.reports:
