@@ -80,13 +80,15 @@ SETTINGS = (
              str(DEFAULT_SEED)),
     _Setting("llm_tolerance", "--llm-tolerance",
              "tolerance profile: exact, tokens, close(atol=...), near_tie(margin=..., atol=...), or "
-             "'cpu: exact, cuda: near_tie(...)' (default: exact on CPU, near_tie scaled by dtype elsewhere)",
+             "'cpu: exact, cuda: near_tie(...)' (default: exact where the golden was recorded with "
+             "the same numerics, the dtype's near_tie across environments)",
              None),
     _Setting("llm_max_new_tokens", "--llm-max-new-tokens",
              f"new tokens per generation unless a test says otherwise (default {DEFAULT_MAX_NEW_TOKENS})",
              str(DEFAULT_MAX_NEW_TOKENS)),
     _Setting("llm_cpu_numerics", "--llm-cpu-numerics",
-             "portable (default): CPU kernels that give the same bits on any x86-64 CPU and thread count; "
+             "portable (default): CPU kernels that give the same bits on every CPU of one architecture "
+             "(x86-64 or arm64) at a given thread count; "
              "native: the CPU's fastest kernels, goldens specific to the CPU model and thread count",
              numerics.DEFAULT_MODE),
 )
