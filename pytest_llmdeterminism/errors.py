@@ -49,7 +49,8 @@ class ConfigurationError(LLMDeterminismError, ValueError):
     def __init__(self, setting: str, value: object, message: str) -> None:
         self.setting = setting
         self.value = None if value is NO_VALUE else value
-        super().__init__(f"{setting}: {message}" if value is NO_VALUE else f"{setting} = {value!r}: {message}")
+        shown = f"{setting}: " if value is NO_VALUE else f"{setting} = {value!r}: "
+        super().__init__(shown + message)
 
 
 class ModelLoadError(LLMDeterminismError):
@@ -90,8 +91,8 @@ class NonFiniteLogitsError(LLMDeterminismError, ValueError):
         self.row = row
         super().__init__(
             f"the model produced NaN or infinite logits at step {step} (row {row} of the batch). "
-            f"Goldens cannot hold them. Common causes: float16 overflow (try {pasteable('llm_dtype', 'bfloat16')} "
-            "or float32), corrupt or incompatible weights."
+            "Goldens cannot hold them. Common causes: float16 overflow "
+            f"(try {pasteable('llm_dtype', 'bfloat16')} or float32), corrupt or incompatible weights."
         )
 
 
@@ -133,9 +134,9 @@ class BatchInvarianceProbeError(LLMDeterminismError):
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
         rows = int(batch_shape.partition("x")[0])
         if nondeterministic:
-            what = (f"NONDETERMINISTIC: the same {batch_shape} batch with {shown!r} gave different logits twice "
-                    f"(first at step {step}): something in the forward pass is random (an unseeded random "
-                    "source, dropout, a hook adding noise, or a nondeterministic kernel)")
+            what = (f"NONDETERMINISTIC: the same {batch_shape} batch with {shown!r} gave different logits "
+                    f"twice (first at step {step}): something in the forward pass is random "
+                    "(an unseeded random source, dropout, a hook adding noise, or a nondeterministic kernel)")
             fix = "find it with --llm-audit, which repeats each generation and tables what moved it"
         else:
             what = (f"batch invariance fails here: {shown!r} gives different logits at row 0 and at row "

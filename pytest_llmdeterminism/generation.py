@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
 
 TopK = tuple[tuple[int, float], ...]
+
+
+class HashDefinition(StrEnum):
+    """What a Generation's step hashes hash (golden files name it: ``step_hash``); the value is the
+    name a golden stores."""
+
+    LOGITS = "logits"  # the raw logits: transformers, llama.cpp
+    SERVED_TOPK = "served-topk"  # the texts and top-k logprobs an OpenAI-compatible server returned
+    VLLM_TOPK = "vllm-topk"  # the ids and top-k logprobs vLLM returned
+
+
+class PromptForm(StrEnum):
+    """How a test gave its prompt (a golden stores the value)."""
+
+    TEXT = "text"
+    CHAT = "chat"  # the prompt is the rendered conversation
+    TOKEN_IDS = "token_ids"  # the prompt is the ids, decoded
 
 # What a Generation's per-step fields mean (golden files name the hash definition in their header).
 LOGIT_HASH_DEFINITION = (
@@ -27,8 +46,9 @@ VLLM_HASH_DEFINITION = (
     "xxh3_64 hex digest of the compact JSON [token id, [[token id, logprob], ...]] of one step as "
     "vLLM returned it: the chosen token and the top-k alternatives with their logprobs, best first"
 )
-HASH_DEFINITIONS = {"logits": LOGIT_HASH_DEFINITION, "served-topk": SERVED_HASH_DEFINITION,
-                    "vllm-topk": VLLM_HASH_DEFINITION}
+HASH_DEFINITIONS = {HashDefinition.LOGITS: LOGIT_HASH_DEFINITION,
+                    HashDefinition.SERVED_TOPK: SERVED_HASH_DEFINITION,
+                    HashDefinition.VLLM_TOPK: VLLM_HASH_DEFINITION}
 # A served token whose text is no single token of the local tokenizer gets an id from here up
 # (TEXT_ONLY_IDS + a hash of its text): stable, and never a real vocabulary id.
 TEXT_ONLY_IDS = 1 << 40
@@ -94,21 +114,31 @@ def _is_neutral(name: str, value: Any) -> bool:
     return isinstance(value, (int, float)) and value in _NEUTRAL_VALUES.get(name, ())
 
 
+@dataclass(frozen=True, kw_only=True)
+class GreedyConfig:
+    """The effective greedy generation config: what every engine runs, and what a golden records
+    (:meth:`as_dict`, in this field order). ``do_sample`` and ``num_beams`` are never anything else."""
+
+    do_sample: bool = False
+    num_beams: int = 1
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    eos_token_id: tuple[int, ...]  # sorted
+    pad_token_id: int
+    use_cache: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as a golden records it and transformers' ``GenerationConfig`` takes it."""
+        return {**dataclasses.asdict(self), "eos_token_id": list(self.eos_token_id)}
+
+
 def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,
-                              eos_token_ids: list[int], pad_token_id: int) -> dict[str, Any]:
+                              eos_token_ids: list[int], pad_token_id: int) -> GreedyConfig:
     """The effective greedy config: defaults, then accepted overrides; sampling arguments refused."""
     __tracebackhide__ = True
-    effective: dict[str, Any] = {
-        "do_sample": False,
-        "num_beams": 1,
-        "max_new_tokens": max_new_tokens,
-        "min_new_tokens": 0,
-        "repetition_penalty": 1.0,
-        "no_repeat_ngram_size": 0,
-        "eos_token_id": sorted(eos_token_ids),
-        "pad_token_id": pad_token_id,
-        "use_cache": True,
-    }
+    accepted: dict[str, Any] = {}
     for name, value in overrides.items():
         if name in _SAMPLING_REASONS:
             if not _is_neutral(name, value):
@@ -116,13 +146,16 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
             continue
         if name not in ACCEPTED_OVERRIDES:
             raise SamplingRefusedError(
-                name, value, f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})"
+                name, value,
+                f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})",
             )
-        effective[name] = _checked_override(name, value)
-    return effective
+        accepted[name] = _checked_override(name, value)
+    defaults = GreedyConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
+                            pad_token_id=pad_token_id)
+    return dataclasses.replace(defaults, **accepted)
 
 
-def refuse_beyond(engine: str, config: Mapping[str, Any], *, keep_logits: bool = False, has_logits: bool = True,
+def refuse_beyond(engine: str, config: GreedyConfig, *, keep_logits: bool = False, has_logits: bool = True,
                   logprobs_after_penalties: bool = True, context: tuple[int, str, str] | None = None,
                   longest_prompt: int = 0) -> None:
     """What ``engine`` cannot do, refused by name before anything runs: an n-gram block (a
@@ -131,21 +164,24 @@ def refuse_beyond(engine: str, config: Mapping[str, Any], *, keep_logits: bool =
     ``max_new_tokens`` beyond its ``context``: ``(size, knob, example spec that raises it)``."""
     __tracebackhide__ = True
     if keep_logits and not has_logits:
-        raise ConfigurationError("--llm-audit", True, f"{engine} returns no raw logits; audit on the transformers "
-                                 "backend (llm_model = the model's folder or .gguf file, without an engine prefix)")
-    if config["no_repeat_ngram_size"]:
-        raise ConfigurationError("llm_model.generate(no_repeat_ngram_size=...)", config["no_repeat_ngram_size"],
+        raise ConfigurationError("--llm-audit", True, f"{engine} returns no raw logits; audit on the "
+                                 "transformers backend (llm_model = the model's folder or .gguf file, "
+                                 "without an engine prefix)")
+    if config.no_repeat_ngram_size:
+        raise ConfigurationError("llm_model.generate(no_repeat_ngram_size=...)", config.no_repeat_ngram_size,
                                  f"is supported by the transformers backend only, not by {engine}")
-    for name, neutral in (("repetition_penalty", 1.0), ("min_new_tokens", 0)):
-        if not logprobs_after_penalties and config[name] != neutral:
-            raise ConfigurationError(f"llm_model.generate({name}=...)", config[name], "a server returns its "
-                                     "logprobs from before its penalties, so greedy decoding could not be checked; "
-                                     "test it on the transformers or llamacpp backend")
-    if context is not None and longest_prompt + config["max_new_tokens"] > context[0]:
+    for name, value, neutral in (("repetition_penalty", config.repetition_penalty, 1.0),
+                                 ("min_new_tokens", config.min_new_tokens, 0)):
+        if not logprobs_after_penalties and value != neutral:
+            raise ConfigurationError(f"llm_model.generate({name}=...)", value, "a server returns its "
+                                     "logprobs from before its penalties, so greedy decoding could not be "
+                                     "checked; test it on the transformers or llamacpp backend")
+    if context is not None and longest_prompt + config.max_new_tokens > context[0]:
         size, knob, example = context
         raise ConfigurationError("llm_model", f"#{knob}={size}",
-                                 f"a {longest_prompt}-token prompt plus max_new_tokens={config['max_new_tokens']} "
-                                 f"does not fit the context; raise {knob} in the spec ({example})")
+                                 f"a {longest_prompt}-token prompt plus "
+                                 f"max_new_tokens={config.max_new_tokens} does not fit the context; raise "
+                                 f"{knob} in the spec ({example})")
 
 
 def _checked_override(name: str, value: Any) -> Any:
@@ -170,7 +206,7 @@ def _checked_override(name: str, value: Any) -> Any:
     if not ok(value):
         raise ConfigurationError(f"llm_model.generate({name}=...)", value, f"expected {expected}")
     if name == "eos_token_id":
-        return sorted([value] if isinstance(value, int) else set(value))
+        return tuple(sorted([value] if isinstance(value, int) else set(value)))
     return value
 
 
@@ -196,8 +232,8 @@ class Generation:
     batch_shape: str
     pieces: tuple[str, ...] = ()
     fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    prompt_form: str = "text"  # "text", "chat" (prompt is the rendered conversation) or "token_ids"
-    hash_definition: str = "logits"  # a key of HASH_DEFINITIONS: what ``logit_hashes`` hash
+    prompt_form: PromptForm = PromptForm.TEXT
+    hash_definition: HashDefinition = HashDefinition.LOGITS  # what ``logit_hashes`` hash
 
     def __post_init__(self) -> None:
         steps = len(self.token_ids)

@@ -11,8 +11,8 @@ import pytest
 from pytest_llmdeterminism.engines import determinism
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.reporting.report import one_line_crash
-from pytest_llmdeterminism.run import options, suites
+from pytest_llmdeterminism.reporting.terminal import one_line_crash
+from pytest_llmdeterminism.run import configuration, options, suites
 from pytest_llmdeterminism.run.session import LLMSession
 from pytest_llmdeterminism.shape import MARKER
 
@@ -24,8 +24,9 @@ SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 _ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
 _MARKER_HELP = (
-    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed seeds, "
-    "deterministic torch kernels and greedy fixed-shape generation; every global is restored afterwards."
+    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed "
+    "seeds, deterministic torch kernels and greedy fixed-shape generation; every global is restored "
+    "afterwards."
 )
 
 
@@ -39,17 +40,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     # Installed is not used: only a project that configures the plugin gets its variables set
     # here, before any conftest can import torch or start CUDA (see environment.py).
     try:
-        environment = PinnedEnvironment(options.early_cpu_numerics(early_config))
+        environment = PinnedEnvironment(configuration.early_cpu_numerics(early_config))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     early_config.stash[_ENVIRONMENT] = environment
-    if configures_plugin(options.ini_values(early_config), args):
+    if configures_plugin(configuration.ini_values(early_config), args):
         warning = environment.pin(early=True)
         if warning:
             early_config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
     yield
     try:  # now conftests have declared their own options and ini keys: only what nobody knows is a typo
-        options.check_names(early_config, parser, args)
+        configuration.check_names(early_config, parser, args)
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
 
@@ -57,7 +58,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     try:
-        session = LLMSession(options.read(config), announce=_terminal_line(config),
+        session = LLMSession(configuration.read(config), announce=_terminal_line(config),
                              environment=config.stash.get(_ENVIRONMENT, None))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
@@ -143,7 +144,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if payload is not None:
             setattr(report, REPORT_ATTRIBUTE, payload)
         # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards.
-        item.user_properties += [("llm_verdict", outcome) for outcome in outcomes.data.sequence]
+        item.user_properties += [("llm_verdict", str(outcome)) for outcome in outcomes.data.outcomes]
     return report
 
 
@@ -213,7 +214,7 @@ def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str]
     from pytest_llmdeterminism.generation import Generation
 
     if op == "==" and isinstance(left, Generation) and isinstance(right, Generation):
-        from pytest_llmdeterminism.reporting.report import assertrepr
+        from pytest_llmdeterminism.reporting.failure import assertrepr
 
         return assertrepr(left, right)
     return None

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.errors import LLMDeterminismError, PromptTooLongError
-from pytest_llmdeterminism.reporting.report import decoder_for, mismatch
+from pytest_llmdeterminism.reporting.failure import decoder_for, mismatch
 
 __all__ = ["BatchComposition", "BatchInvarianceError", "assert_batch_invariant", "batch_compositions",
            "prompts"]
@@ -97,7 +97,8 @@ def batch_compositions(draw: st.DrawFn, pool: Sequence[str] = (), *, max_compani
     to cross chunks too."""
     sources = [prompts(llm_model=llm_model, tokenizer=tokenizer, max_tokens=max_tokens)]
     tokenizer, max_tokens = _limits(llm_model, tokenizer, max_tokens)
-    fitting = [text for text in pool if tokenizer is None or max_tokens is None or _fits(tokenizer, max_tokens, text)]
+    fitting = [text for text in pool
+               if tokenizer is None or max_tokens is None or _fits(tokenizer, max_tokens, text)]
     if fitting:
         sources.insert(0, st.sampled_from(fitting))
     companions = draw(st.lists(st.one_of(*sources), max_size=max_companions))
@@ -138,9 +139,9 @@ def assert_batch_invariant(llm_model: Any, prompt: str,
     comparison = compare(alone, batched)
     if comparison.verdict is Verdict.IDENTICAL:
         return
+    decode = decoder_for(alone, batched, getattr(llm_model, "tokenizer", None))
     text = mismatch("batch invariance", f"alone vs row {composition.row} of {len(batch)} prompts", None,
-                    comparison, alone, batched, decoder_for(alone, batched, getattr(llm_model, "tokenizer", None)),
-                    profile="exact")
+                    comparison, alone, batched, decode, profile="exact")
     raise BatchInvarianceError(
         f"{prompt!r} changed when batched with {list(composition.companions)!r} at row {composition.row}:\n"
         + text.split(": ", 1)[1],

@@ -16,6 +16,7 @@ margin and atol, because another CPU, GPU or library version changes bits, not b
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Mapping
@@ -27,26 +28,40 @@ from pytest_llmdeterminism.errors import ConfigurationError
 # near_tie's and close's default atol per dtype (the default margin lives beside the comparator).
 DEFAULT_ATOL = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
 EXAMPLE = "near_tie(margin=0.1, atol=1e-2)"
-_NAMES = ("exact", "tokens", "close", "near_tie")
-_PARAMETERS = {"exact": (), "tokens": (), "close": ("atol",), "near_tie": ("margin", "atol")}
+
+
+class ProfileName(str, enum.Enum):
+    """A profile's name as a setting spells it (a ``str``: ``ProfileName.EXACT == "exact"``)."""
+
+    EXACT = "exact"
+    TOKENS = "tokens"
+    CLOSE = "close"
+    NEAR_TIE = "near_tie"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_PARAMETERS = {ProfileName.EXACT: (), ProfileName.TOKENS: (), ProfileName.CLOSE: ("atol",),
+               ProfileName.NEAR_TIE: ("margin", "atol")}
 
 
 @dataclass(frozen=True)
 class Profile:
-    name: str
+    name: ProfileName
     atol: float | None = None
     margin: float | None = None
 
     def __str__(self) -> str:
         params = [f"{p}={getattr(self, p):g}" for p in _PARAMETERS[self.name] if getattr(self, p) is not None]
-        return f"{self.name}({', '.join(params)})" if params else self.name
+        return f"{self.name.value}({', '.join(params)})" if params else self.name.value
 
     def describe(self, dtype: str) -> str:
         """The profile with the thresholds it applies for ``dtype`` spelled out."""
-        if self.name in ("exact", "tokens"):
+        if self.name in (ProfileName.EXACT, ProfileName.TOKENS):
             return str(self)
         atol = self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
-        if self.name == "close":
+        if self.name is ProfileName.CLOSE:
             return f"close(atol={atol:g})"
         return f"near_tie(margin={self.tie_margin(dtype):g}, atol={atol:g})"
 
@@ -60,14 +75,14 @@ class Profile:
         verdict = comparison.verdict
         if verdict is Verdict.IDENTICAL:
             return True
-        if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or self.name == "exact":
+        if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or self.name is ProfileName.EXACT:
             return False
-        if self.name == "tokens":
+        if self.name is ProfileName.TOKENS:
             return verdict is Verdict.LOGIT_DRIFT
         atol = self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
         if comparison.max_logprob_delta > atol:
             return False
-        return verdict is Verdict.LOGIT_DRIFT or self.name == "near_tie"
+        return verdict is Verdict.LOGIT_DRIFT or self.name is ProfileName.NEAR_TIE
 
 
 @dataclass(frozen=True)
@@ -88,23 +103,25 @@ class ToleranceSetting:
 def default_profile(dtype: str, *, same_environment: bool) -> Profile:
     """``exact`` where the golden's numerics are this run's; the dtype's ``near_tie`` across environments."""
     if same_environment:
-        return Profile("exact")
-    return Profile("near_tie", atol=DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"]),
+        return Profile(ProfileName.EXACT)
+    return Profile(ProfileName.NEAR_TIE, atol=DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"]),
                    margin=DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"]))
 
 
 def parse_profile(text: str, *, setting: str = "llm_tolerance") -> Profile:
     match = re.fullmatch(r"\s*([a-z_]+)\s*(?:\((.*)\))?\s*", text)
-    if not match or match[1] not in _NAMES:
-        raise ConfigurationError(setting, text, f"expected one of {', '.join(_NAMES)}, e.g. {EXAMPLE!r}")
-    name, args = match[1], (match[2] or "").strip()
+    names = [name.value for name in ProfileName]
+    if not match or match[1] not in names:
+        raise ConfigurationError(setting, text, f"expected one of {', '.join(names)}, e.g. {EXAMPLE!r}")
+    name, args = ProfileName(match[1]), (match[2] or "").strip()
     values: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in args.split(","))):
         key, _, raw = part.partition("=")
         key = key.strip()
         if key not in _PARAMETERS[name]:
             accepted = ", ".join(_PARAMETERS[name]) or "no arguments"
-            raise ConfigurationError(setting, text, f"{name} takes {accepted}; got {key!r}. Example: {EXAMPLE!r}")
+            raise ConfigurationError(setting, text,
+                                     f"{name.value} takes {accepted}; got {key!r}. Example: {EXAMPLE!r}")
         try:
             number = float(raw)
         except ValueError:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.engines import audit
+from pytest_llmdeterminism.engines.audit import audit
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape
 from pytest_llmdeterminism.strategies import (

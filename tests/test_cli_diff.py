@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.review import ABSENT, NEW, needs_review, review_goldens
 
 from .conftest import boosted_token_copy
@@ -57,7 +57,7 @@ def test_a_candidates_dtype_sets_the_tie_margin():
     golden = store.read(RECORDED)["test_near_tie_prompt"]["cpu/float32"]
     assert 0.05 < golden.steps[0].margin < 0.5
     runner_up = golden.steps[0].top[1][0]
-    flipped = store.to_entry(store.from_entry(golden))
+    flipped = schema.to_entry(schema.from_entry(golden))
     flipped["steps"][0]["token"] = runner_up
     for dtype, verdict in (("float32", "REGRESSION"), ("bfloat16", "TIE_FLIP")):
         candidate = dict(flipped, fingerprint=dict(flipped["fingerprint"], dtype=dtype))

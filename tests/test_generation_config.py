@@ -63,11 +63,12 @@ def test_do_sample_zero_is_not_mistaken_for_false():
 
 def test_accepted_overrides_are_recorded():
     config = resolve(max_new_tokens=3, repetition_penalty=1.3, no_repeat_ngram_size=2, eos_token_id=5)
-    assert config["max_new_tokens"] == 3
-    assert config["repetition_penalty"] == 1.3
-    assert config["no_repeat_ngram_size"] == 2
-    assert config["eos_token_id"] == [5]
-    assert config["do_sample"] is False and config["num_beams"] == 1
+    assert config.max_new_tokens == 3
+    assert config.repetition_penalty == 1.3
+    assert config.no_repeat_ngram_size == 2
+    assert config.eos_token_id == (5,)
+    assert config.do_sample is False and config.num_beams == 1
+    assert config.as_dict()["eos_token_id"] == [5]  # as a golden records it
 
 
 def test_sampling_inside_a_deterministic_test_fails_at_the_users_line(suite):

@@ -17,15 +17,15 @@ from hypothesis import strategies as st
 from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.compare import compare
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.goldens import atomic, codec, schema, store
+from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.run.session import TestOutcomes
 
 from .strategies_for_tests import generations, sample_generation
 
 
 def _valid_document(steps: int = 2) -> dict:
-    return json.loads(store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation(steps))}}))
+    return json.loads(codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation(steps))}}))
 
 
 def _write(tmp_path, document, name="test_m.json"):
@@ -61,7 +61,7 @@ def test_deep_nesting_is_a_golden_file_error_in_checks_and_in_llm_golden_show(tm
 
 @pytest.mark.parametrize("literal", ["NaN", "-Infinity", "Infinity", "1e400"])
 def test_non_finite_numbers_are_refused(tmp_path, literal):
-    text = store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation())}})
+    text = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation())}})
     text = text.replace('"margin":2.4', f'"margin":{literal}', 1)
     assert literal in text
     _rejected(_write(tmp_path, text), "not valid JSON|malformed golden")
@@ -84,7 +84,7 @@ def test_wrong_types_are_named_with_their_place(tmp_path, edit, problem):
 
 
 def test_duplicate_keys_are_an_error_at_any_depth(tmp_path):
-    text = store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation())}})
+    text = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation())}})
     twice = text.replace('    "test_x": {', '    "test_x": {},\n    "test_x": {', 1)
     _rejected(_write(tmp_path, twice, "a.json"), "has the key 'test_x' twice")
     in_step = text.replace('"token":10,', '"token":10,"token":11,', 1)
@@ -116,19 +116,19 @@ def test_an_unknown_top_level_field_is_an_error_not_an_empty_file(tmp_path):
 
 def test_json_inside_prompts_keeps_the_fast_duplicate_proof(tmp_path):
     generation = sample_generation()
-    entry = {**store.to_entry(generation), "prompt": 'Reply in JSON: {"a": 1, "b": [2]}'}
-    data = store.dumps({"test_x": {"cpu/float32": entry}}).encode()
-    goldens = store.parse(tmp_path / "x.json", data)
-    assert store._no_duplicate_keys(data, goldens)
+    entry = {**schema.to_entry(generation), "prompt": 'Reply in JSON: {"a": 1, "b": [2]}'}
+    data = codec.dumps({"test_x": {"cpu/float32": entry}}).encode()
+    goldens = codec.parse(tmp_path / "x.json", data)
+    assert codec._no_duplicate_keys(data, goldens)
     assert goldens["test_x"]["cpu/float32"].prompt == entry["prompt"]
 
 
 def test_a_symlinked_golden_is_updated_through_its_link(tmp_path):
     target = tmp_path / "real" / "test_m.json"
-    store.merge(target, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(target, {"k": {"cpu/float32": schema.to_entry(sample_generation())}})
     link = tmp_path / "test_m.json"
     link.symlink_to(target)
-    store.merge(link, {"k2": {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(link, {"k2": {"cpu/float32": schema.to_entry(sample_generation())}})
     assert link.is_symlink() and sorted(store.read(target)) == ["k", "k2"]
 
 
@@ -142,11 +142,11 @@ def test_a_string_schema_says_it_is_a_string(tmp_path):
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children,
-                                                                      max_size=4),
+    lambda children: (st.lists(children, max_size=4)
+                      | st.dictionaries(st.text(max_size=6), children, max_size=4)),
     max_leaves=12,
 )
-_VALID = store.dumps({"test_x": {"cpu/float32": store.to_entry(sample_generation(3))}}).encode()
+_VALID = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation(3))}}).encode()
 _FIELD_PATHS = [("batch_shape",), ("finish_reason",), ("fingerprint",), ("fingerprint", "dtype"),
                 ("fingerprint", "device_class"), ("generation_config",),
                 ("generation_config", "eos_token_id"),
@@ -165,17 +165,17 @@ def _survives(tmp_path, data: bytes) -> None:
         return
     for variants in goldens.values():
         for entry in variants.values():
-            generation = store.from_entry(entry)
+            generation = schema.from_entry(entry)
             comparison = compare(generation, generation)
             outcomes = TestOutcomes()
             outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation,
                              actual=generation)
-            document = report.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
+            document = documents.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
                                           for check in outcomes.data.checks], [])
             json.dumps(document, allow_nan=False)
-            report.run_report_html(document)
-            report.run_report_markdown(document)
-    store.dumps(goldens)
+            documents.run_report_html(document)
+            documents.run_report_markdown(document)
+    codec.dumps(goldens)
 
 
 _FUZZ = settings(max_examples=1000, deadline=None,
@@ -225,9 +225,9 @@ def test_fuzz_arbitrary_goldens_sections(tmp_path, goldens, schema):
 @given(generation=generations())
 def test_fuzz_recorded_generations_round_trip_unchanged(tmp_path, generation):
     path = tmp_path / "test_round.json"
-    store.write(path, {"k": {"cpu/float32": store.to_entry(generation)}})
-    assert store.from_entry(store.read(path)["k"]["cpu/float32"]) == generation
-    assert store.dumps(store.read(path)).encode() == path.read_bytes()
+    store.write(path, {"k": {"cpu/float32": schema.to_entry(generation)}})
+    assert schema.from_entry(store.read(path)["k"]["cpu/float32"]) == generation
+    assert codec.dumps(store.read(path)).encode() == path.read_bytes()
 
 
 # -- concurrency, modes, temp files -------------------------------------------------------------
@@ -239,7 +239,7 @@ def _update(path: str, key: str, barrier, locked: bool) -> None:
     from pathlib import Path
 
     if not locked:  # the negative control: both processes provably read before either writes
-        store._locked = lambda _path: contextlib.nullcontext()
+        store.folder_lock = lambda _path: contextlib.nullcontext()
     original = store.read
 
     def slow_read(target):
@@ -252,7 +252,7 @@ def _update(path: str, key: str, barrier, locked: bool) -> None:
 
     store.read = slow_read
     barrier.wait(timeout=30)
-    store.merge(Path(path), {key: {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(Path(path), {key: {"cpu/float32": schema.to_entry(sample_generation())}})
 
 
 def _race(path, trials: int, *, locked: bool) -> int:
@@ -284,12 +284,12 @@ def test_the_race_is_real_without_the_lock(tmp_path):
 
 def test_written_goldens_keep_their_mode_or_get_the_umask_default(tmp_path):
     new = tmp_path / "new.json"
-    store.merge(new, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(new, {"k": {"cpu/float32": schema.to_entry(sample_generation())}})
     umask = os.umask(0o022)
     os.umask(umask)
     assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask
     os.chmod(new, 0o640)
-    store.merge(new, {"k2": {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(new, {"k2": {"cpu/float32": schema.to_entry(sample_generation())}})
     assert stat.S_IMODE(new.stat().st_mode) == 0o640
 
 
@@ -298,18 +298,18 @@ def test_temp_files_of_killed_writers_are_removed_by_the_next_write(tmp_path):
     dead = multiprocessing.get_context("fork").Process(target=lambda: None)
     dead.start()
     dead.join()
-    orphan = tmp_path / f".test_m.json.{store.HOST}-{dead.pid}.abc123.tmp"
+    orphan = tmp_path / f".test_m.json.{atomic.HOST}-{dead.pid}.abc123.tmp"
     orphan.write_text("half a golden")
     os.utime(orphan, (0, 0))  # older than a minute
-    live = tmp_path / f".test_m.json.{store.HOST}-{os.getppid()}.def456.tmp"  # a running process's: kept
+    live = tmp_path / f".test_m.json.{atomic.HOST}-{os.getppid()}.def456.tmp"  # a running process's: kept
     live.write_text("being written")
     os.utime(live, (0, 0))
-    fresh = tmp_path / f".test_m.json.{store.HOST}-{dead.pid}.ghi789.tmp"  # too recent to judge: kept
+    fresh = tmp_path / f".test_m.json.{atomic.HOST}-{dead.pid}.ghi789.tmp"  # too recent to judge: kept
     fresh.write_text("just now")
     other_host = tmp_path / f".test_m.json.otherhost-{dead.pid}.jkl012.tmp"  # not ours to judge: kept
     other_host.write_text("elsewhere")
     os.utime(other_host, (0, 0))
-    store.merge(path, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(path, {"k": {"cpu/float32": schema.to_entry(sample_generation())}})
     assert not orphan.exists() and live.exists() and fresh.exists() and other_host.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [live.name, fresh.name, other_host.name, "test_m.json"])
@@ -317,9 +317,9 @@ def test_temp_files_of_killed_writers_are_removed_by_the_next_write(tmp_path):
 
 def test_an_invalid_entry_is_refused_before_anything_is_written(tmp_path):
     path = tmp_path / "test_m.json"
-    store.merge(path, {"k": {"cpu/float32": store.to_entry(sample_generation())}})
+    store.merge(path, {"k": {"cpu/float32": schema.to_entry(sample_generation())}})
     before = path.read_bytes()
-    bad = store.to_entry(sample_generation())
+    bad = schema.to_entry(sample_generation())
     bad["steps"][0]["margin"] = math.nan
     with pytest.raises(msgspec.ValidationError):
         store.merge(path, {"k2": {"cpu/float32": bad}})
@@ -333,17 +333,18 @@ HOSTILE = "<script>alert(1)</script> | `code` ![x](http://e/x.png) <img src=x on
 
 def test_reports_are_strict_json_and_inert_markdown():
     generation = sample_generation()
-    other = store.from_entry({**store.to_entry(generation), "steps": store.to_entry(generation)["steps"][:1]})
+    entry = schema.to_entry(generation)
+    other = schema.from_entry({**entry, "steps": entry["steps"][:1]})
     comparison = compare(other, generation)  # the golden stopped where the actual went on: margin inf
     assert comparison.divergence.golden_margin == math.inf
     outcomes = TestOutcomes()
     outcomes.checked(HOSTILE, "cpu/float32", comparison, passed=False,
                      changed=[("torch", HOSTILE, "2.13|0")], expected=other, actual=generation)
-    hostile = [msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks]
-    document = report.run_report(hostile, [])
+    document = documents.run_report(
+        [msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
     text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
     assert json.loads(text)["checks"][0]["golden_margin"] is None
-    markdown = report.run_report_markdown(document)
+    markdown = documents.run_report_markdown(document)
     row = next(line for line in markdown.splitlines() if "script" in line)
     cells = re.split(r"(?<!\\)\|", row)[1:-1]
     assert len(cells) == 6  # no cell was split by a '|' from the data
@@ -351,7 +352,7 @@ def test_reports_are_strict_json_and_inert_markdown():
     # identifiers are code spans (HTML inside one is shown, not run) with no backtick inside to end them
     assert test.startswith("`") and test.endswith("`") and "`" not in test[1:-1] and "<script>" in test
     assert "<" not in changed and ">" not in changed and "`" not in changed and "&lt;script&gt;" in changed
-    html = report.run_report_html(document)
+    html = documents.run_report_html(document)
     assert "<script>" not in html and "&lt;script&gt;" in html
 
 

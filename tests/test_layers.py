@@ -3,7 +3,7 @@
 Any import counts: absolute or relative, at module level, inside a function, under
 ``TYPE_CHECKING``, from the package root, or through ``importlib.import_module`` with a literal
 name. A strict order of layers also rules out every import cycle. A new module must be given its
-layer here (and in the README's design notes), so the picture cannot drift from the code.
+layer here (the docs' design page renders this table), so the picture cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -19,14 +19,22 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # The pure core sits flat at the package root; ``strategies``, ``plugin`` and the root are its top.
 PACKAGES = {
     "core": [["errors"], ["shape", "generation"], ["compare"], ["tolerance"]],
-    "engines": [["engines.numerics", "engines.determinism"], ["engines.capture", "engines.environment"],
-                ["engines.hf"], ["engines.llamacpp", "engines.openai", "engines.vllm"], ["engines"],
-                ["engines.fingerprint"], ["engines.model"], ["engines.audit"]],
-    "goldens": [["goldens", "goldens.store"], ["goldens.files"], ["goldens.review"]],
-    "reporting": [["reporting", "reporting.records"], ["reporting.report"]],
-    "run": [["run", "run.options", "run.ledger"], ["run.markers", "run.golden_tokens", "run.writer"],
-            ["run.session", "run.suites"], ["run.shards"]],
-    "cli": [["cli.fetch", "cli.perturb"], ["cli"]],
+    "engines": [["engines.numerics", "engines.determinism"],
+                ["engines.capture", "engines.environment", "engines.spec"],
+                ["engines.hf", "engines.loaded", "engines.completions", "engines.inputs"],
+                ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],
+                ["engines"],
+                ["engines.fingerprint"], ["engines.probe"], ["engines.model"], ["engines.audit"]],
+    "goldens": [["goldens", "goldens.schema", "goldens.atomic"], ["goldens.codec"], ["goldens.store"],
+                ["goldens.files"], ["goldens.review"]],
+    "reporting": [["reporting", "reporting.records", "reporting.text"],
+                  ["reporting.recorder", "reporting.hints"],
+                  ["reporting.failure", "reporting.terminal", "reporting.documents"]],
+    "run": [["run", "run.options", "run.ledger"], ["run.configuration"],
+            ["run.markers", "run.golden_tokens", "run.writer"],
+            ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
+    "cli": [["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"], ["cli"],
+            ["cli.__main__"]],
     "top": [["strategies", "plugin", "__init__"]],
 }
 LAYERS = [line for block in PACKAGES.values() for line in block]

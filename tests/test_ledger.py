@@ -3,18 +3,19 @@
 from pathlib import Path
 
 from pytest_llmdeterminism.goldens.store import read
-from pytest_llmdeterminism.reporting.records import TestOutcomes
+from pytest_llmdeterminism.reporting.recorder import TestOutcomes
+from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.run.ledger import Ledger
 
 
 def recorded_payload(tmp_path: Path, key: str) -> dict:
     """A real recorded golden: the example suite's first entry, recorded again under ``key``."""
-    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens import schema
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
     entry = next(iter(read(examples).values()))["cpu/float32"]
     outcomes = TestOutcomes()
-    outcomes.record(tmp_path / "g.json", key, store.from_entry(entry), outcome="recorded")
+    outcomes.record(tmp_path / "g.json", key, schema.from_entry(entry), written=Written.RECORDED)
     payload = outcomes.to_json()
     assert payload is not None
     return payload
@@ -41,16 +42,16 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
     import dataclasses
 
     from pytest_llmdeterminism.compare import Verdict
-    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens import schema
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
-    generation = store.from_entry(next(iter(read(examples).values()))["cpu/float32"])
+    generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
     drifted = dataclasses.replace(generation, logit_hashes=("0" * 16,) * len(generation.logit_hashes))
     outcomes = TestOutcomes()
-    outcomes.record(tmp_path / "g.json", "k", generation, outcome="recorded")
+    outcomes.record(tmp_path / "g.json", "k", generation, written=Written.RECORDED)
     assert outcomes.other_output("k", drifted) is None  # a first attempt has nothing to contradict
     outcomes.end_attempt()
     assert outcomes.to_json() is None and outcomes.attempt == 2
     assert outcomes.other_output("k", generation) is None
     earlier, between = outcomes.other_output("k", drifted)
-    assert (earlier.number, earlier.outcome, between.verdict) == (1, "recorded", Verdict.LOGIT_DRIFT)
+    assert (earlier.number, str(earlier.outcome), between.verdict) == (1, "recorded", Verdict.LOGIT_DRIFT)

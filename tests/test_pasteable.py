@@ -1,5 +1,6 @@
-"""Messages you can paste: every setting a message suggests works in the file it names, the README's
-config blocks load as written, a mistyped option names the real one, a failure prints in full once."""
+"""Messages you can paste: every setting a message suggests works in the file it names, the config
+blocks of the README and the docs load as written, a mistyped option names the real one, a failure
+prints in full once."""
 
 from __future__ import annotations
 
@@ -12,16 +13,24 @@ from pytest_llmdeterminism.engines import resolve
 from pytest_llmdeterminism.errors import ModelLoadError, pasteable
 
 README = Path(__file__).parent.parent / "README.md"
+DOCS = sorted((Path(__file__).parent.parent / "docs").rglob("*.md"))
 LOADS_THE_MODEL = """
 def test_configured(llm_model):
     assert llm_model.tokenizer is not None
 """
 
 
+def config_blocks(path: Path) -> list[tuple[str, str]]:
+    """(language, text) of every ```ini and ```toml block in a Markdown file."""
+    text = path.read_text(encoding="utf-8")
+    return re.findall(r"^```(ini|toml)\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
 def readme_config_blocks() -> list[tuple[str, str]]:
-    """(language, text) of every ```ini and ```toml block in the README."""
-    return re.findall(r"^```(ini|toml)\n(.*?)^```", README.read_text(encoding="utf-8"),
-                      re.MULTILINE | re.DOTALL)
+    return config_blocks(README)
+
+
+DOC_BLOCKS = [(path, *block) for path in [README, *DOCS] for block in config_blocks(path)]
 
 
 def write_config(pytester: pytest.Pytester, language: str, text: str) -> None:
@@ -36,9 +45,10 @@ def test_the_readme_has_config_blocks_of_both_kinds():
     assert {language for language, _ in readme_config_blocks()} == {"ini", "toml"}
 
 
-@pytest.mark.parametrize(("language", "text"), readme_config_blocks(),
-                         ids=[f"{language}-{n}" for n, (language, _) in enumerate(readme_config_blocks())])
-def test_each_readme_config_block_loads_as_written(pytester, language, text):
+@pytest.mark.parametrize(("path", "language", "text"), DOC_BLOCKS,
+                         ids=[f"{path.stem}-{language}-{n}"
+                              for n, (path, language, _) in enumerate(DOC_BLOCKS)])
+def test_each_readme_and_docs_config_block_loads_as_written(pytester, path, language, text):
     write_config(pytester, language, text)
     pytester.makepyfile(LOADS_THE_MODEL if "llm_model" in text else "def test_configured(): pass")
     result = pytester.runpytest("-p", "no:cacheprovider")

@@ -7,24 +7,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import codec, schema, store
 
 from .strategies_for_tests import generations
 
 
 @given(generations())
 def test_generation_round_trips_through_the_file_format(gen):
-    text = store.dumps({"test_x": {gen.variant: store.to_entry(gen)}})
-    loaded = store.from_entry(json.loads(text)["goldens"]["test_x"][gen.variant])
+    text = codec.dumps({"test_x": {gen.variant: schema.to_entry(gen)}})
+    loaded = schema.from_entry(json.loads(text)["goldens"]["test_x"][gen.variant])
     assert loaded == gen
     assert loaded.fingerprint == gen.fingerprint
 
 
 @given(st.lists(generations(steps=st.integers(1, 4)), min_size=1, max_size=4))
 def test_formatting_is_stable_and_sorted(gens):
-    goldens = {f"test_{i}": {g.variant: store.to_entry(g)} for i, g in enumerate(gens)}
-    text = store.dumps(goldens)
-    again = store.dumps(json.loads(text)["goldens"])
+    goldens = {f"test_{i}": {g.variant: schema.to_entry(g)} for i, g in enumerate(gens)}
+    text = codec.dumps(goldens)
+    again = codec.dumps(json.loads(text)["goldens"])
     assert text == again
     assert text.endswith("}\n")
     # One line per generated step, so a review diff shows exactly the steps that changed.
@@ -34,7 +34,7 @@ def test_formatting_is_stable_and_sorted(gens):
 
 def _write_one(tmp_path, gen):
     path = tmp_path / "__golden__" / "test_m.json"
-    store.write(path, {"test_x": {gen.variant: store.to_entry(gen)}})
+    store.write(path, {"test_x": {gen.variant: schema.to_entry(gen)}})
     return path
 
 
@@ -79,9 +79,9 @@ def test_changed_hash_definition_is_a_schema_error(tmp_path):
 
 def test_malformed_entry_is_named(tmp_path):
     path = tmp_path / "test_m.json"
-    path.write_text(store.dumps({"test_x": {"cpu/float32": {"prompt": "x"}}}))
-    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] Object "
-                       r"missing required field `batch_shape`"):
+    path.write_text(codec.dumps({"test_x": {"cpu/float32": {"prompt": "x"}}}))
+    with pytest.raises(GoldenFileError, match=r"malformed golden: \['test_x'\]\['cpu/float32'\] "
+                       r"Object missing required field `batch_shape`"):
         store.read(path)
 
 
@@ -97,10 +97,10 @@ def test_malformed_entry_is_named(tmp_path):
 def test_hand_edited_step_is_named(tmp_path, edit, problem):
     from .strategies_for_tests import sample_generation
 
-    entry = store.to_entry(sample_generation())
+    entry = schema.to_entry(sample_generation())
     edit(entry["steps"][0])
     path = tmp_path / "test_m.json"
-    path.write_text(store.dumps({"test_x": {"cpu/float32": entry}}))
+    path.write_text(codec.dumps({"test_x": {"cpu/float32": entry}}))
     with pytest.raises(GoldenFileError, match=problem):
         store.read(path)
 
@@ -113,13 +113,13 @@ def test_missing_file_reads_as_empty(tmp_path):
 @settings(max_examples=20)
 def test_merge_keeps_other_keys_and_variants(tmp_path_factory, first, second):
     path = tmp_path_factory.mktemp("m") / "test_m.json"
-    store.write(path, {"test_a": {"cpu/float32": store.to_entry(first)},
-                       "test_b": {"cuda/bfloat16": store.to_entry(first)}})
-    store.merge(path, {"test_b": {"cpu/float32": store.to_entry(second)}})
+    store.write(path, {"test_a": {"cpu/float32": schema.to_entry(first)},
+                       "test_b": {"cuda/bfloat16": schema.to_entry(first)}})
+    store.merge(path, {"test_b": {"cpu/float32": schema.to_entry(second)}})
     goldens = store.read(path)
-    assert store.from_entry(goldens["test_a"]["cpu/float32"]) == first
-    assert store.from_entry(goldens["test_b"]["cuda/bfloat16"]) == first
-    assert store.from_entry(goldens["test_b"]["cpu/float32"]) == second
+    assert schema.from_entry(goldens["test_a"]["cpu/float32"]) == first
+    assert schema.from_entry(goldens["test_b"]["cuda/bfloat16"]) == first
+    assert schema.from_entry(goldens["test_b"]["cpu/float32"]) == second
     assert [p.name for p in path.parent.iterdir()] == ["test_m.json"]  # no temp file left behind
 
 

@@ -48,7 +48,7 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
     alone with the changed model."""
     from pytest_llmdeterminism.engines import load
     from pytest_llmdeterminism.engines.model import LLMModel
-    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens import schema
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     from .conftest import boosted_token_copy
@@ -63,7 +63,7 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
     for line in (suite.path / "test_prompts.llm.jsonl").read_text().splitlines():
         case = json.loads(line)
         alone = changed.generate(case["prompt"], **{k: v for k, v in case.items() if k == "max_new_tokens"})
-        if alone.token_ids != store.from_entry(goldens[case["id"]]["cpu/float32"]).token_ids:
+        if alone.token_ids != schema.from_entry(goldens[case["id"]]["cpu/float32"]).token_ids:
             affected.add(case["id"])
     assert 0 < len(affected) < 16
 

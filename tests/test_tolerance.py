@@ -6,18 +6,24 @@ from hypothesis import strategies as st
 
 from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile, parse_setting
+from pytest_llmdeterminism.tolerance import (
+    Profile,
+    ProfileName,
+    default_profile,
+    parse_profile,
+    parse_setting,
+)
 
 from .conftest import usage_error
 
 
 @pytest.mark.parametrize(("text", "profile"), [
-    ("exact", Profile("exact")),
-    ("tokens", Profile("tokens")),
-    ("close(atol=1e-3)", Profile("close", atol=1e-3)),
-    ("close", Profile("close")),
-    (" near_tie( margin=0.1 , atol=1e-2 ) ", Profile("near_tie", atol=1e-2, margin=0.1)),
-    ("near_tie(margin=0.2)", Profile("near_tie", margin=0.2)),
+    ("exact", Profile(ProfileName.EXACT)),
+    ("tokens", Profile(ProfileName.TOKENS)),
+    ("close(atol=1e-3)", Profile(ProfileName.CLOSE, atol=1e-3)),
+    ("close", Profile(ProfileName.CLOSE)),
+    (" near_tie( margin=0.1 , atol=1e-2 ) ", Profile(ProfileName.NEAR_TIE, atol=1e-2, margin=0.1)),
+    ("near_tie(margin=0.2)", Profile(ProfileName.NEAR_TIE, margin=0.2)),
 ])
 def test_profiles_parse_and_print_back(text, profile):
     assert parse_profile(text) == profile
@@ -40,13 +46,13 @@ def test_bad_profiles_name_the_problem_and_an_example(text, problem):
 
 def test_device_mapping_and_defaults():
     setting = parse_setting("cpu: exact, cuda: near_tie(margin=0.2, atol=0.05)")
-    assert setting.explicit_for("cpu") == Profile("exact")
-    assert setting.explicit_for("cuda") == Profile("near_tie", atol=0.05, margin=0.2)
+    assert setting.explicit_for("cpu") == Profile(ProfileName.EXACT)
+    assert setting.explicit_for("cuda") == Profile(ProfileName.NEAR_TIE, atol=0.05, margin=0.2)
     assert setting.explicit_for("mps") is None  # unset: the default decides, by environment
     multi_line = parse_setting("\ncpu: tokens\n*: close(atol=0.01)\n")
-    assert multi_line.explicit_for("cpu") == Profile("tokens")
-    assert multi_line.explicit_for("cuda") == Profile("close", atol=0.01)
-    assert default_profile("float32", same_environment=True) == Profile("exact")
+    assert multi_line.explicit_for("cpu") == Profile(ProfileName.TOKENS)
+    assert multi_line.explicit_for("cuda") == Profile(ProfileName.CLOSE, atol=0.01)
+    assert default_profile("float32", same_environment=True) == Profile(ProfileName.EXACT)
     cuda_bf16, cuda_fp32 = (default_profile(dtype, same_environment=False)
                             for dtype in ("bfloat16", "float32"))
     assert cuda_bf16.name == cuda_fp32.name == "near_tie"
@@ -57,8 +63,8 @@ def test_device_mapping_and_defaults():
 
 def test_bad_ini_tolerance_is_a_usage_error(pytester):
     result = usage_error(pytester, "llm_tolerance = fuzzy")
-    result.stderr.fnmatch_lines(["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, "
-                                 "close, near_tie*"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
 
 
 def _comparison(verdict, delta, golden_margin=0.01, tie_margin=0.05):
@@ -79,13 +85,14 @@ atols = st.floats(min_value=0, max_value=1, allow_nan=False)
 
 @given(comparisons, atols, st.floats(min_value=0, max_value=2, allow_nan=False))
 def test_profiles_are_monotone(comparison, atol, margin):
-    exact, tokens = Profile("exact"), Profile("tokens")
-    close, near_tie = Profile("close", atol=atol), Profile("near_tie", atol=atol, margin=margin)
+    exact, tokens = Profile(ProfileName.EXACT), Profile(ProfileName.TOKENS)
+    close = Profile(ProfileName.CLOSE, atol=atol)
+    near_tie = Profile(ProfileName.NEAR_TIE, atol=atol, margin=margin)
     if exact.accepts(comparison):
         assert tokens.accepts(comparison) and close.accepts(comparison) and near_tie.accepts(comparison)
     if close.accepts(comparison):
         assert near_tie.accepts(comparison)
-        assert Profile("close", atol=atol * 2 + 1e-9).accepts(comparison)
+        assert Profile(ProfileName.CLOSE, atol=atol * 2 + 1e-9).accepts(comparison)
 
 
 @given(st.floats(min_value=0, max_value=5, allow_nan=False))
@@ -99,10 +106,12 @@ def test_input_changes_and_regressions_fail_under_every_profile(delta):
 def test_what_each_profile_accepts():
     drift, big_drift = _comparison(Verdict.LOGIT_DRIFT, 1e-4), _comparison(Verdict.LOGIT_DRIFT, 0.5)
     flip = _comparison(Verdict.TIE_FLIP, 1e-4)
-    assert not Profile("exact").accepts(drift)
-    assert Profile("tokens").accepts(drift) and Profile("tokens").accepts(big_drift)
-    assert Profile("close", atol=1e-3).accepts(drift) and not Profile("close", atol=1e-3).accepts(big_drift)
-    assert not Profile("close", atol=1).accepts(flip) and not Profile("tokens").accepts(flip)
-    assert Profile("near_tie", atol=1e-3, margin=0.1).accepts(flip)
-    assert Profile("close").accepts(drift, "float32")  # dtype default atol 1e-3
-    assert not Profile("close").accepts(big_drift, "float32")
+    assert not Profile(ProfileName.EXACT).accepts(drift)
+    assert Profile(ProfileName.TOKENS).accepts(drift) and Profile(ProfileName.TOKENS).accepts(big_drift)
+    close = Profile(ProfileName.CLOSE, atol=1e-3)
+    assert close.accepts(drift) and not close.accepts(big_drift)
+    assert not Profile(ProfileName.CLOSE, atol=1).accepts(flip)
+    assert not Profile(ProfileName.TOKENS).accepts(flip)
+    assert Profile(ProfileName.NEAR_TIE, atol=1e-3, margin=0.1).accepts(flip)
+    assert Profile(ProfileName.CLOSE).accepts(drift, "float32")  # dtype default atol 1e-3
+    assert not Profile(ProfileName.CLOSE).accepts(big_drift, "float32")

@@ -323,7 +323,7 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
     import dataclasses
 
     from pytest_llmdeterminism.compare import Verdict, compare
-    from pytest_llmdeterminism.reporting.report import mismatch
+    from pytest_llmdeterminism.reporting.failure import mismatch
 
     now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
     before = dataclasses.replace(now, batch_shape="1x128",
@@ -337,7 +337,7 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
 
 
 def test_the_cross_environment_hint_fits_the_field_that_changed():
-    from pytest_llmdeterminism.reporting.report import across_environments
+    from pytest_llmdeterminism.reporting.hints import across_environments
 
     def hint(changes, explicit=False):
         return across_environments(changes, tolerance="near_tie(margin=0.05, atol=0.001)", explicit=explicit,

@@ -38,8 +38,8 @@ def config(**overrides):
 # --- pure mappings ---
 
 def test_engine_arguments_pin_every_determinism_setting():
-    knobs = {"tensor_parallel_size": 2, "max_num_seqs": 1, "gpu_memory_utilization": 0.4,
-             "max_model_len": 1024}
+    knobs = adapter.VLLMOptions(tensor_parallel_size=2, max_num_seqs=1, gpu_memory_utilization=0.4,
+                                max_model_len=1024)
     assert adapter.engine_arguments("models/m", knobs, "bfloat16", 0) == {
         "model": "models/m", "tokenizer": "models/m", "trust_remote_code": False,
         "load_format": "safetensors",
@@ -213,8 +213,8 @@ def test_load_pins_the_engine_and_generation_records_vllm_steps(on_a_fake_h200):
 
     loaded = backends.load(f"vllm:{TINY}#max_model_len=512", dtype="float32", device="auto")
     (name, kwargs), = on_a_fake_h200
-    knobs = {"tensor_parallel_size": 1, "max_num_seqs": 1, "gpu_memory_utilization": 0.5,
-             "max_model_len": 512}
+    knobs = adapter.VLLMOptions(tensor_parallel_size=1, max_num_seqs=1, gpu_memory_utilization=0.5,
+                                max_model_len=512)
     assert (name, kwargs) == ("LLM", adapter.engine_arguments(str(TINY), knobs, "float32", 0))
     assert os.environ["VLLM_BATCH_INVARIANT"] == "1"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

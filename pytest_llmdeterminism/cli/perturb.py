@@ -7,16 +7,28 @@ from one seeded generator in file and tensor order, so a seed gives the same cop
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.engines import resolve
+from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX
 from pytest_llmdeterminism.errors import LLMDeterminismError
-from pytest_llmdeterminism.shape import BUILTIN_PREFIX
+
+SUMMARY = "copy a model with relative noise on its weights"
+HELP = """\
+Write a copy of a transformers model folder (safetensors weights) with Gaussian noise of relative
+size S on every floating weight: w + S * std(w) * N(0, 1), drawn from one generator seeded with N.
+On builtin:tiny, --scale 1e-4 gives logit drift with the same tokens, 0.5 changed tokens.
+GGUF files cannot be perturbed (transformers cannot save a GGUF-loaded model back).
+
+exit status: 0 written; 2 a usage error (GGUF or missing source, DEST exists and is not empty)
+or a DEST that cannot be written."""
 
 
 class PerturbError(LLMDeterminismError):
@@ -30,6 +42,36 @@ class Perturbed:
     dest: Path
     weights: tuple[tuple[str, int, int], ...]
     copied: tuple[str, ...]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SRC", help="a transformers folder with safetensors weights, "
+                        "or builtin:tiny")
+    parser.add_argument("dest", type=Path, metavar="DEST", help="a new (or empty) folder for the copy")
+    parser.add_argument("--scale", type=float, required=True, metavar="S",
+                        help="relative noise size, e.g. 1e-3")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="noise seed (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command: perturb, then say what was written and how to use it."""
+    source: str = args.source
+    scale: float = args.scale
+    seed: int = args.seed
+    try:
+        written = perturb(source, args.dest, scale=scale, seed=seed)
+    except (LLMDeterminismError, OSError) as error:  # OSError: DEST cannot be written; none of it is left
+        print(f"llm-golden perturb: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {written.dest}: a copy of {source} with relative noise {scale:g} (seed {seed})")
+    for name, changed, total in written.weights:
+        print(f"  {name}: all {total} tensors changed" if changed == total else
+              f"  {name}: {changed} of {total} tensors changed; {total - changed} unchanged (integer, scalar "
+              "or constant, or the noise is below their dtype's resolution: raise --scale)")
+    if written.copied:
+        print(f"  copied unchanged: {', '.join(written.copied)}")
+    print(f"use it with: pytest --llm-model={written.dest}")
+    return 0
 
 
 def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbed:
@@ -99,7 +141,8 @@ def _write_noisy(source: Path, dest: Path, files: list[Path], *, scale: float,
                 original = tensor.float()
                 noise = torch.randn(tensor.shape, generator=generator)
                 weights[name] = (original + scale * original.std() * noise).to(tensor.dtype)
-                # Counted by result: noise below the dtype's resolution, or a constant tensor, changes nothing.
+                # Counted by result: noise below the dtype's resolution, or a constant tensor, changes
+                # nothing.
                 changed += not weights[name].equal(tensor)
         (dest / relative).parent.mkdir(parents=True, exist_ok=True)
         save_file(weights, dest / relative, metadata=metadata)

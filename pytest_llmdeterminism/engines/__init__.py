@@ -15,16 +15,22 @@ reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from pytest_llmdeterminism.engines import hf, llamacpp, numerics, openai, vllm
-from pytest_llmdeterminism.engines.capture import Chunk
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
+from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
+from pytest_llmdeterminism.engines.spec import (
+    BUILTIN_PREFIX,
+    ENGINE_PREFIXES,
+    EngineSpec,
+    engine_of,
+    how_to_get,
+)
 from pytest_llmdeterminism.errors import (
     NO_VALUE,
     ConfigurationError,
@@ -32,54 +38,13 @@ from pytest_llmdeterminism.errors import (
     ModelLoadError,
     pasteable,
 )
-from pytest_llmdeterminism.shape import (
-    BUILTIN_PREFIX,
-    ENGINE_PREFIXES,
-    GenerationSettings,
-    engine_of,
-    how_to_get,
-)
 
-__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "LoadedModel", "ModelCache", "load", "resolve",
-           "worker_cuda_index"]
+__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "EngineSpec", "LoadedModel", "ModelCache", "load",
+           "resolve", "worker_cuda_index"]
 
 BUILTIN_MODELS = {"tiny": Path(__file__).parent / "tiny"}
-ENGINES = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # spec prefix -> module
+ENGINES: dict[str, EngineModule] = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # prefix -> module
 assert tuple(ENGINES) == ENGINE_PREFIXES
-
-
-class Engine(Protocol):
-    """What the model layer needs of an engine: greedy generation with per-step capture."""
-
-    name: str  # "transformers", "llamacpp", "openai", "vllm": the variant's prefix (none for transformers)
-    hash_definition: str  # a key of generation.HASH_DEFINITIONS: what its step hashes hash
-    runs_rows_alone: bool  # each prompt runs alone, so companions cannot change it: nothing to probe
-
-    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
-            keep_logits: bool) -> Chunk: ...
-
-    def eos_token_ids(self) -> list[int]: ...
-
-    def vocab_size(self) -> int: ...
-
-
-@dataclass
-class LoadedModel:
-    """A model and tokenizer ready for greedy generation, with what is needed to fingerprint them."""
-
-    spec: str
-    kind: str  # "folder" or "gguf" (transformers), or the engine's name
-    path: Path  # the weights: a folder or a .gguf file (for a server, its tokenizer)
-    model: Any  # the engine's own object: a transformers model, a llama_cpp.Llama, a client
-    tokenizer: Any  # a transformers tokenizer, or an engine's adapter with the same surface
-    dtype: str
-    device: str
-    engine: Engine
-    cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
-    cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
-    # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
-    # for transformers, whose fingerprint the fingerprint module builds itself.
-    describe: dict[str, Any] | None = None
 
 
 def resolve(spec: str) -> tuple[str, Path]:
@@ -107,33 +72,16 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded)."""
     __tracebackhide__ = True
-    engine = engine_of(spec)
-    if engine is not None:
-        target, params = split_params(spec, spec.partition(":")[2])
-        loaded = ENGINES[engine].load(spec, target, params, dtype=dtype, device=device)
-        return LoadedModel(spec=spec, cpu_numerics=cpu_numerics, **loaded)
+    if engine_of(spec) is not None:
+        parsed = EngineSpec.parse(spec)
+        loaded = ENGINES[parsed.engine].load(parsed, dtype=dtype, device=device)
+        return dataclasses.replace(loaded, cpu_numerics=cpu_numerics)
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         numerics.check(cpu_numerics, pinned_late=pinned_late)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=hf.HFEngine(model, tokenizer, device), cpu_numerics=cpu_numerics)
-
-
-def split_params(spec: str, rest: str) -> tuple[str, dict[str, str]]:
-    """``TARGET#key=value&key=value`` -> ``(TARGET, {key: value})``; a malformed pair names the fix."""
-    __tracebackhide__ = True
-    target, _, fragment = rest.partition("#")
-    params: dict[str, str] = {}
-    for pair in filter(None, fragment.split("&")):
-        key, sep, value = pair.partition("=")
-        if not sep or not key or not value:
-            raise ConfigurationError("llm_model", spec, f"{pair!r} after '#' is not key=value "
-                                     "(e.g. llamacpp:model.gguf#threads=2&n_batch=512)")
-        params[key] = value
-    if not target:
-        raise ConfigurationError("llm_model", spec, "names no model after the engine prefix")
-    return target, params
 
 
 class ModelCache:
@@ -172,9 +120,10 @@ class ModelCache:
             except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
                 self._loaded = ModelLoadError(self._spec, f"{type(error).__name__}: {error}")
             took = f"{time.perf_counter() - started:.1f} s"
-            self._announce(f"llm: could not load {self._spec} ({took}); every test that uses it fails with the reason"
-                           if isinstance(self._loaded, LLMDeterminismError) else
+            self._announce(f"llm: could not load {self._spec} ({took}); every test that uses it fails with "
+                           "the reason" if isinstance(self._loaded, LLMDeterminismError) else
                            f"llm: loaded {self._spec} in {took} on {self._loaded.device}")
         if isinstance(self._loaded, LLMDeterminismError):
-            raise self._loaded.with_traceback(None)  # one error object for many tests: no earlier test's frames
+            # One error object for many tests: no earlier test's frames.
+            raise self._loaded.with_traceback(None)
         return self._loaded

@@ -10,6 +10,9 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``cache``: the KV cache off;
 - ``threads``: another torch thread count;
 - ``dtype``: another dtype, when asked for.
+
+Only the audit needs each step's raw logits (a view's ``on_chunk`` keeps them) and a copy of the
+weights in another dtype; both live here, not in the model everyone else uses.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
+from pytest_llmdeterminism.engines.inputs import fits, is_token_ids
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.shape import BatchShape
@@ -27,6 +31,8 @@ from pytest_llmdeterminism.shape import BatchShape
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.loaded import LoadedModel
     from pytest_llmdeterminism.engines.model import LLMModel
 
 DEFAULT_REPEATS = 5
@@ -34,9 +40,11 @@ COMPANIONS = ("Hello there, how are you today?", "def add(a, b):", "1 2 3", "The
               "Once upon a time, in a land far away,", "Q:")
 EXPLANATIONS = {
     "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
-              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in eval()",
+              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in "
+              "eval()",
     "batch": "other prompts in the batch changed the numerics: run every generation at one fixed shape",
-    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's identity)",
+    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's "
+                  "identity)",
     "padding": "padded length changes numerics: keep L in llm_batch_shape fixed",
     "cache": "KV cache on/off takes another numeric path: keep use_cache pinned",
     "threads": "thread count changes CPU reduction order: pin torch.set_num_threads / OMP_NUM_THREADS",
@@ -113,13 +121,13 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     import torch
 
     shape = llm_model.settings.batch_shape
-    probe = llm_model.with_settings(keep_logits=True)
-    ids = [int(t) for t in prompt] if _is_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]
+    probe = _KeptLogits(llm_model)
+    ids = [int(t) for t in prompt] if is_token_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]
     text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
 
-    def run(view: LLMModel, batch: Sequence[list[int]], row: int, **extra: Any) -> tuple[Generation, list[Any]]:
-        results = view.generate(token_ids=list(batch), **{**overrides, **extra})
-        return results[row], view.last_logits[row]
+    def run(view: _KeptLogits, batch: Sequence[list[int]], row: int,
+            **extra: Any) -> tuple[Generation, list[Any]]:
+        return view.run(batch, row, **{**overrides, **extra})
 
     prompt = ids  # every run below feeds exactly these ids
 
@@ -129,7 +137,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     rows = [_row("repeat", f"{unique} unique of {len(runs)}", base,
                  max(runs[1:], key=lambda r: _difference(base, r)[2], default=base))]
 
-    companions = _fitting(llm_model, COMPANIONS, shape.length)[: shape.rows - 1]
+    companions = _fitting(llm_model, COMPANIONS, shape)[: shape.rows - 1]
     if companions:
         rows.append(_row("batch", f"{len(companions)} companion(s), row {len(companions)}", base,
                          run(probe, [*companions, prompt], len(companions))))
@@ -138,7 +146,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
                              ran=False))
     other_rows = 1 if shape.rows > 1 else 4
     rows.append(_row("batch_size", f"B {shape.rows} -> {other_rows}", base,
-                     run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(other_rows, shape.length)),
+                     run(_KeptLogits(llm_model, batch_shape=BatchShape(other_rows, shape.length)),
                          [prompt], 0)))
     longer = shape.length + 8  # not a multiple of 16: some kernels block by 16 and would hide the change
     if shape.rows == 1:
@@ -146,10 +154,11 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
                              ran=False))
     else:
         rows.append(_row("padding", f"L {shape.length} -> {longer}", base,
-                         run(llm_model.with_settings(keep_logits=True, batch_shape=BatchShape(shape.rows, longer)),
+                         run(_KeptLogits(llm_model, batch_shape=BatchShape(shape.rows, longer)),
                              [prompt], 0)))
     cache = overrides.get("use_cache", True)
-    rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base, run(probe, [prompt], 0, use_cache=not cache)))
+    rows.append(_row("cache", f"use_cache {cache} -> {not cache}", base,
+                     run(probe, [prompt], 0, use_cache=not cache)))
     threads = torch.get_num_threads()
     other_threads = 1 if threads > 1 else 2
     torch.set_num_threads(other_threads)
@@ -159,7 +168,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
         torch.set_num_threads(threads)
     if dtype is not None:
         rows.append(_row("dtype", f"{llm_model.fingerprint['dtype']} -> {dtype}", base,
-                         run(llm_model.in_dtype(dtype, keep_logits=True), [prompt], 0)))
+                         run(_KeptLogits(llm_model, loaded=_in_dtype(llm_model.loaded, dtype)), [prompt], 0)))
     return AuditReport(text, str(shape), tuple(rows), unique, len(runs))
 
 
@@ -169,7 +178,8 @@ def _row(source: str, change: str, base: tuple[Generation, list[Any]],
     return AuditRow(source, change, changed, first, delta)
 
 
-def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
+def _difference(a: tuple[Generation, list[Any]],
+                b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
     import numpy as np
 
     (gen_a, logits_a), (gen_b, logits_b) = a, b
@@ -181,15 +191,48 @@ def _difference(a: tuple[Generation, list[Any]], b: tuple[Generation, list[Any]]
     return first is not None, first, delta
 
 
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+class _KeptLogits:
+    """A view of the model (under other settings, or on ``loaded``, a copy of it) whose calls keep
+    each step's raw logits, per prompt of the last call."""
+
+    def __init__(self, llm_model: LLMModel, *, loaded: LoadedModel | None = None, **changes: Any) -> None:
+        self._logits: list[Any] = []
+        settings = dataclasses.replace(llm_model.settings, **changes)
+        self._view = llm_model.view(loaded=loaded, settings=settings, on_chunk=self._keep)
+
+    def _keep(self, out: Chunk, records: list[Generation]) -> None:
+        self._logits += [out.logits[row][: len(record.token_ids)] for row, record in enumerate(records)]
+
+    def run(self, batch: Sequence[list[int]], row: int, **overrides: Any) -> tuple[Generation, list[Any]]:
+        """Row ``row`` of a call on ``batch`` (token ids), and its steps' raw logits."""
+        self._logits = []
+        results = self._view.generate(token_ids=list(batch), **overrides)
+        return results[row], self._logits[row]
 
 
-def _fitting(llm_model: LLMModel, prompts: Sequence[str], length: int) -> list[list[int]]:
-    """The token ids of the prompts that fit a shape of ``length``: one position always stays padding."""
+def _in_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
+    """The same weights cast to ``dtype``: a copy, made once per loaded model."""
+    import copy
+
+    import torch
+
+    from pytest_llmdeterminism.engines.hf import HFEngine
+
+    key = f"dtype-copy:{dtype}"
+    if key not in loaded.cache:
+        engine = loaded.engine
+        assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
+        model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
+        loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={},
+                                                engine=HFEngine(model, engine.tokenizer, engine.device))
+    copied: LoadedModel = loaded.cache[key]
+    return copied
+
+
+def _fitting(llm_model: LLMModel, prompts: Sequence[str], shape: BatchShape) -> list[list[int]]:
+    """The token ids of the prompts that fit ``shape`` beside another prompt (see ``inputs.fits``)."""
     encoded = (list(llm_model.tokenizer(p)["input_ids"]) for p in prompts)
-    return [ids for ids in encoded if 0 < len(ids) < length]
+    return [ids for ids in encoded if ids and fits(len(ids), shape)]
 
 
 def after_generate_hook(repeats: int, dtype: str | None,

@@ -37,7 +37,7 @@ class RowSteps:
         every engine, so that goldens of different engines hold the same kind of numbers."""
         finite = [max(v, LOGPROB_FLOOR) for v in logprobs]
         self.hashes.append(step_hash)
-        self.top.append(tuple(zip(ids, (round(v, LOGPROB_DECIMALS) for v in finite))))
+        self.top.append(tuple(zip(ids, (round(v, LOGPROB_DECIMALS) for v in finite), strict=True)))
         margin = finite[0] - finite[1] if len(finite) > 1 else math.inf
         self.margins.append(round(min(margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
 
@@ -160,7 +160,8 @@ class StepCapture:
         rows = []
         for row in range(self._n_rows):
             steps = RowSteps()
-            for step_hash, step_ids, step_values in zip((h[row] for h in self._hashes), ids[row], values[row]):
+            hashes = (h[row] for h in self._hashes)
+            for step_hash, step_ids, step_values in zip(hashes, ids[row], values[row], strict=True):
                 steps.append(step_hash, step_ids, step_values)
             rows.append(steps)
         return rows

@@ -95,7 +95,8 @@ def flags() -> dict[str, Any]:
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
     if _has_fp32_precision_api(torch):
-        state["fp32_precision"] = {name: knob.fp32_precision for name, knob in _precision_knobs(torch).items()}
+        knobs = _precision_knobs(torch)
+        state["fp32_precision"] = {name: knob.fp32_precision for name, knob in knobs.items()}
     else:
         state["float32_matmul_precision"] = torch.get_float32_matmul_precision()
         state["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
@@ -137,7 +138,8 @@ def seed_all(seed: int) -> None:
 
 def _apply(torch: Any, seed: int) -> None:
     seed_all(seed)
-    if not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled():
+    if not torch.are_deterministic_algorithms_enabled() or \
+            torch.is_deterministic_algorithms_warn_only_enabled():
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False

@@ -128,7 +128,8 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "compute_capability": capability,
         "machine": platform.machine(),
         "cpu_numerics": loaded.cpu_numerics,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's SIMD kernels: AVX512, AVX2, DEFAULT
+        # ATen's SIMD kernels: AVX512, AVX2, DEFAULT
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": found["mkl_cbwr"],  # MKL's code path: COMPATIBLE when portable
         "blas": found["blas"],  # torch's BLAS: mkl (x86-64 wheels), openblas (arm64 wheels)
         "blas_coretype": found["blas_coretype"],  # OpenBLAS's kernels by CPU: ARMV8 when portable
@@ -208,7 +209,8 @@ def file_hash(path: Path) -> str:
     result = digest.hexdigest()
     # Keep one entry per file: older sizes and mtimes of the same path are stale.
     stale = f"{path.resolve()}|"
-    cached = {k: v for k, v in (cached.items() if isinstance(cached, dict) else ()) if not k.startswith(stale)}
+    entries = cached.items() if isinstance(cached, dict) else ()
+    cached = {k: v for k, v in entries if not k.startswith(stale)}
     cached[key] = result
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)

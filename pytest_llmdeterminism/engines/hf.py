@@ -12,6 +12,7 @@ from typing import Any
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.engines.determinism import deterministic_state
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
+from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -31,7 +32,7 @@ class HFEngine:
     padded, filler rows repeating the first prompt; logits hashed in a forward hook."""
 
     name = "transformers"
-    hash_definition = "logits"
+    hash_definition = HashDefinition.LOGITS
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
     def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
@@ -46,7 +47,7 @@ class HFEngine:
     def vocab_size(self) -> int:
         return min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
-    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         import torch
         from transformers import GenerationConfig
@@ -54,7 +55,7 @@ class HFEngine:
         from pytest_llmdeterminism.engines.determinism import flags
 
         shape = settings.batch_shape.running(max(map(len, rows)))
-        self._refuse_past_context(shape, config["max_new_tokens"], settings)
+        self._refuse_past_context(shape, config.max_new_tokens, settings)
         input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
         # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
@@ -75,7 +76,7 @@ class HFEngine:
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),
-                    generation_config=GenerationConfig(**config),
+                    generation_config=GenerationConfig(**config.as_dict()),
                     logits_processor=capture.logits_processor(),
                 )
                 in_force = flags()  # as they were for this call
@@ -86,7 +87,8 @@ class HFEngine:
         return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits)
 
 
-    def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int, settings: GenerationSettings) -> None:
+    def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int,
+                             settings: GenerationSettings) -> None:
         """Positions past the model's context give no meaningful logits (and may run for minutes): the
         padded prompt plus every new token must fit ``max_position_embeddings``."""
         __tracebackhide__ = True
@@ -95,14 +97,14 @@ class HFEngine:
         if not isinstance(context, int) or length + max_new_tokens <= context:
             return
         fits = context - length
-        fix = (f"lower max_new_tokens to at most {fits} (@deterministic(max_new_tokens=...), llm_max_new_tokens "
-               f"or generate(max_new_tokens=...))" if fits >= 1 else
+        fix = (f"lower max_new_tokens to at most {fits} (@deterministic(max_new_tokens=...), "
+               f"llm_max_new_tokens or generate(max_new_tokens=...))" if fits >= 1 else
                "shorten the prompt" if shape.rows == 1 else
                f"use a shorter L in {settings.batch_shape_setting.replace('=...', '')}")
         raise ConfigurationError("max_new_tokens", max_new_tokens,
                                  f"the {shape} shape's {length} prompt positions plus {max_new_tokens} "
-                                 f"new tokens need {length + max_new_tokens} positions, beyond the model's context "
-                                 f"of {context} (max_position_embeddings in its config); {fix}")
+                                 f"new tokens need {length + max_new_tokens} positions, beyond the model's "
+                                 f"context of {context} (max_position_embeddings in its config); {fix}")
 
 
 def pick_device(spec: str, device: str) -> str:

@@ -6,57 +6,73 @@ evaluate that one token. No sampler chain is involved, so no server-style penalt
 can leak in. Each prompt runs alone on a cleared context, so rows cannot influence each other.
 
 Pinned and recorded: ``threads`` (1 unless set; one count for every machine, so goldens do not
-depend on the core count, and no spinning thread competes with xdist workers for a core), ``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash
-attention off, no prompt cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
+depend on the core count, and no spinning thread competes with xdist workers for a core),
+``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash attention off, no prompt
+cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
 ``n_batch`` 512 vs 2 give bit-identical logits; repeats are bit-identical.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
+from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.numerics import cpu_name
+from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
-from pytest_llmdeterminism.generation import refuse_beyond
-from pytest_llmdeterminism.shape import GenerationSettings, engine_params, how_to_get
+from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.shape import GenerationSettings
 
 INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
-KNOBS: dict[str, tuple[Any, Any]] = {"threads": (int, 1), "n_batch": (int, 512), "n_ubatch": (int, 512),
-                                     "n_ctx": (int, 2048)}
 
 
-def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: str) -> dict[str, Any]:
-    """The LoadedModel fields for ``llamacpp:PATH.gguf``. ``dtype`` is the file's own (quantisation):
-    llm_dtype does not apply, and ``device`` must allow the CPU."""
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """The spec's ``#key=value`` options (``llamacpp:PATH.gguf#threads=2``)."""
+
+    threads: int = 1
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_ctx: int = 2048
+
+
+def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
+    """``llamacpp:PATH.gguf``, loaded. ``dtype`` is the file's own (quantisation): llm_dtype does not
+    apply, and ``device`` must allow the CPU."""
     __tracebackhide__ = True
-    knobs = engine_params(spec, params, KNOBS)
+    knobs = spec.options(LlamaCppOptions)
+    target = spec.target
     path = Path(target)
     if path.is_dir() or (path.is_file() and path.suffix != ".gguf"):
-        raise ModelLoadError(spec, f"{target!r} is not a .gguf file; llamacpp: takes one GGUF file (for a "
-                             "transformers folder, drop the llamacpp: prefix)")
+        raise ModelLoadError(spec.text, f"{target!r} is not a .gguf file; llamacpp: takes one GGUF file (for "
+                             "a transformers folder, drop the llamacpp: prefix)")
     if not path.is_file():
-        raise ModelLoadError(spec, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; the "
-                             f"plugin never downloads: {how_to_get(target, example='llamacpp:models/NAME/FILE.gguf')}")
+        how = how_to_get(target, example="llamacpp:models/NAME/FILE.gguf")
+        raise ModelLoadError(spec.text, f"no such .gguf file: {target!r}. llamacpp: takes a local GGUF file; "
+                             f"the plugin never downloads: {how}")
     if dtype != "float32":
         raise ConfigurationError("llm_dtype", dtype, "llama.cpp runs the GGUF file's own weights (their "
-                                 "quantisation is the golden's dtype); remove llm_dtype, or pick another .gguf file")
+                                 "quantisation is the golden's dtype); remove llm_dtype, or pick another "
+                                 ".gguf file")
     if device not in ("auto", "cpu"):
         raise ConfigurationError("llm_device", device, "llama.cpp runs on the CPU in this plugin; use "
                                  f"{pasteable('llm_device', 'auto')} or cpu")
     if importlib.util.find_spec("llama_cpp") is None:
-        raise ModelLoadError(spec, f"llama.cpp in process needs llama-cpp-python: {INSTALL}")
+        raise ModelLoadError(spec.text, f"llama.cpp in process needs llama-cpp-python: {INSTALL}")
     import llama_cpp
 
     try:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=knobs["n_ctx"], n_threads=knobs["threads"],
-                              n_threads_batch=knobs["threads"], n_batch=knobs["n_batch"],
-                              n_ubatch=knobs["n_ubatch"], n_gpu_layers=0, flash_attn=False,
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=knobs.n_ctx, n_threads=knobs.threads,
+                              n_threads_batch=knobs.threads, n_batch=knobs.n_batch,
+                              n_ubatch=knobs.n_ubatch, n_gpu_layers=0, flash_attn=False,
                               logits_all=False, verbose=False)
     except (ValueError, RuntimeError) as error:
-        raise ModelLoadError(spec, f"llama.cpp could not load it: {error}") from error
+        raise ModelLoadError(spec.text, f"llama.cpp could not load it: {error}") from error
     file_type = _file_type(llm.metadata)
     describe = {
         "engine": "llamacpp",
@@ -65,20 +81,21 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
         "device_name": cpu_name(),
         "cpu_features": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
         "dtype": file_type,
-        **knobs,
+        **dataclasses.asdict(knobs),
         "flash_attn": False,
         "rows_alone": True,  # each prompt on a cleared context: the batch shape does not touch it
         "model": path.name,
         "weights_file": str(path),
     }
     tokenizer = LlamaTokenizer(llm)
-    return {"kind": "llamacpp", "path": path, "model": llm, "tokenizer": tokenizer, "dtype": file_type,
-            "device": "cpu", "engine": LlamaCppEngine(llm, tokenizer, knobs["n_ctx"]), "describe": describe}
+    return LoadedModel(spec=spec.text, kind="llamacpp", path=path, model=llm, tokenizer=tokenizer,
+                       dtype=file_type, device="cpu", engine=LlamaCppEngine(llm, tokenizer, knobs.n_ctx),
+                       describe=describe)
 
 
 class LlamaCppEngine:
     name = "llamacpp"
-    hash_definition = "logits"  # llama.cpp hands over the raw float32 logits, like transformers
+    hash_definition = HashDefinition.LOGITS  # llama.cpp hands over the raw float32 logits, like transformers
     runs_rows_alone = True
 
     def __init__(self, llm: Any, tokenizer: LlamaTokenizer, n_ctx: int) -> None:
@@ -90,7 +107,7 @@ class LlamaCppEngine:
     def vocab_size(self) -> int:
         return len(self._tokenizer)
 
-    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
         refuse_beyond("llama.cpp", config, keep_logits=keep_logits, longest_prompt=max(map(len, rows)),
@@ -103,25 +120,26 @@ class LlamaCppEngine:
             out.logits.append(logits)
         return out
 
-    def _greedy(self, ids: list[int], config: dict[str, Any], keep_logits: bool) -> tuple[list[int], RowSteps, list[Any]]:
+    def _greedy(self, ids: list[int], config: GreedyConfig,
+                keep_logits: bool) -> tuple[list[int], RowSteps, list[Any]]:
         import llama_cpp
         import numpy as np
 
         llm = self._llm
         llm.reset()  # a cleared context: nothing of an earlier prompt is reused
         llm.eval(ids)
-        eos, penalty = set(config["eos_token_id"]), float(config["repetition_penalty"])
+        eos, penalty = set(config.eos_token_id), float(config.repetition_penalty)
         seen, tokens, steps, kept = list(ids), [], RowSteps(), []
-        for step in range(config["max_new_tokens"]):
+        for step in range(config.max_new_tokens):
             raw = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
             step_hash, top_ids, top_logprobs = logits_step(raw, step)
-            if penalty != 1.0 or step < config["min_new_tokens"]:
+            if penalty != 1.0 or step < config.min_new_tokens:
                 # Processors act on a copy (the hash is of what the model computed), by transformers' rules.
                 scores = raw.copy()
                 previous = np.unique(np.asarray(seen))
                 scores[previous] = np.where(scores[previous] > 0, scores[previous] / penalty,
                                             scores[previous] * penalty)
-                if step < config["min_new_tokens"]:
+                if step < config.min_new_tokens:
                     scores[sorted(eos)] = np.finfo(np.float32).min
                 _, top_ids, top_logprobs = logits_step(scores, step)
             steps.append(step_hash, top_ids, top_logprobs)
@@ -151,13 +169,15 @@ class LlamaTokenizer:
         self.backend_tokenizer = None
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": list(self._llm.tokenize(text.encode(), add_bos=add_special_tokens, special=True))}
+        ids = self._llm.tokenize(text.encode(), add_bos=add_special_tokens, special=True)
+        return {"input_ids": list(ids)}
 
     def __len__(self) -> int:
         return int(self._llm.n_vocab())
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return str(self._llm.detokenize(list(ids), special=not skip_special_tokens).decode("utf-8", errors="replace"))
+        text = self._llm.detokenize(list(ids), special=not skip_special_tokens)
+        return str(text.decode("utf-8", errors="replace"))
 
     def batch_decode(self, rows: list[list[int]]) -> list[str]:
         return [self.decode(row) for row in rows]
@@ -178,8 +198,8 @@ class LlamaTokenizer:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         assert self.chat_template is not None
-        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self.eos_token, bos_token=self.bos_token,
-                                        add_generation_prompt=add_generation_prompt)
+        formatter = Jinja2ChatFormatter(self.chat_template, eos_token=self.eos_token,
+                                        bos_token=self.bos_token, add_generation_prompt=add_generation_prompt)
         return str(formatter(messages=list(conversation)).prompt)
 
 

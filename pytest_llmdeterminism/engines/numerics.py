@@ -177,7 +177,8 @@ def _openblas_coretype() -> str | None:
     cannot be asked (no ``/proc/self/maps``, or a build without ``openblas_get_corename``)."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split()[-1] for line in maps if os.path.basename(line.split()[-1]).startswith("libopenblas")}
+            mapped = (line.split()[-1] for line in maps)
+            paths = {path for path in mapped if os.path.basename(path).startswith("libopenblas")}
     except OSError:
         return None
     for path in sorted(paths):

@@ -21,17 +21,21 @@ Knobs after ``#``: ``tensor_parallel_size`` (1), ``max_num_seqs`` (1), ``gpu_mem
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
 from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer, read_json
+from pytest_llmdeterminism.engines.loaded import LoadedModel
+from pytest_llmdeterminism.engines.spec import EngineSpec
 from pytest_llmdeterminism.errors import (
     ConfigurationError,
     EngineError,
@@ -39,12 +43,21 @@ from pytest_llmdeterminism.errors import (
     NonFiniteLogitsError,
     pasteable,
 )
-from pytest_llmdeterminism.generation import TOP_K, refuse_beyond
-from pytest_llmdeterminism.shape import GenerationSettings, engine_params
+from pytest_llmdeterminism.generation import TOP_K, GreedyConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.shape import GenerationSettings
 
 INSTALL = "pip install vllm (needs an NVIDIA GPU)"
-KNOBS: dict[str, tuple[Any, Any]] = {"tensor_parallel_size": (int, 1), "max_num_seqs": (int, 1),
-                                     "gpu_memory_utilization": (float, 0.5), "max_model_len": (int, 2048)}
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """The spec's ``#key=value`` options (``vllm:models/NAME#max_model_len=4096``)."""
+
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int = 2048
+
 ENGINE_SEED = 0  # the engine is built once per load; each request carries the test's own seed
 LOGPROBS_MODE = "processed_logprobs"  # the scores greedy picks from, as transformers records them
 GREEDY_SLACK = 1e-6  # the chosen token may trail the best returned logprob by this much
@@ -62,7 +75,7 @@ def environment(capability: tuple[int, int] | None) -> dict[str, str]:
     return env
 
 
-def engine_arguments(target: str, knobs: Mapping[str, Any], dtype: str, seed: int) -> dict[str, Any]:
+def engine_arguments(target: str, knobs: VLLMOptions, dtype: str, seed: int) -> dict[str, Any]:
     """The keyword arguments for ``vllm.LLM``."""
     return {
         "model": target,
@@ -74,18 +87,18 @@ def engine_arguments(target: str, knobs: Mapping[str, Any], dtype: str, seed: in
         "enforce_eager": True,
         "enable_prefix_caching": False,
         "enable_chunked_prefill": False,
-        "max_num_seqs": knobs["max_num_seqs"],
-        "tensor_parallel_size": knobs["tensor_parallel_size"],
-        "gpu_memory_utilization": knobs["gpu_memory_utilization"],
-        "max_model_len": knobs["max_model_len"],
+        "max_num_seqs": knobs.max_num_seqs,
+        "tensor_parallel_size": knobs.tensor_parallel_size,
+        "gpu_memory_utilization": knobs.gpu_memory_utilization,
+        "max_model_len": knobs.max_model_len,
         "logprobs_mode": LOGPROBS_MODE,
     }
 
 
-def sampling_arguments(config: Mapping[str, Any], *, seed: int) -> dict[str, Any]:
+def sampling_arguments(config: GreedyConfig, *, seed: int) -> dict[str, Any]:
     """The keyword arguments for ``vllm.SamplingParams``: greedy, every sampler knob neutral.
 
-    Only ``config["eos_token_id"]`` stops a row (``ignore_eos`` drops vLLM's own EOS rule), as in
+    Only ``config.eos_token_id`` stops a row (``ignore_eos`` drops vLLM's own EOS rule), as in
     transformers: an overridden EOS list, or the probe's empty one, means the same on both engines.
     """
     return {
@@ -96,12 +109,12 @@ def sampling_arguments(config: Mapping[str, Any], *, seed: int) -> dict[str, Any
         "min_p": 0.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
-        "repetition_penalty": float(config["repetition_penalty"]),
-        "max_tokens": config["max_new_tokens"],
-        "min_tokens": config["min_new_tokens"],
+        "repetition_penalty": float(config.repetition_penalty),
+        "max_tokens": config.max_new_tokens,
+        "min_tokens": config.min_new_tokens,
         "logprobs": TOP_K,
         "seed": seed,
-        "stop_token_ids": list(config["eos_token_id"]),
+        "stop_token_ids": list(config.eos_token_id),
         "ignore_eos": True,
         "skip_special_tokens": False,
         "detokenize": True,
@@ -124,11 +137,12 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
                               f"asked for at most {max_tokens} (max_tokens); nothing was recorded")
         returned = completion.logprobs
         if returned is None or len(returned) < len(tokens):
-            raise EngineError(spec, f"vLLM returned logprobs for {0 if returned is None else len(returned)} of "
-                              f"{len(tokens)} steps of prompt {row}; the plugin asks for logprobs={TOP_K} and "
-                              "records every step")
+            counted = 0 if returned is None else len(returned)
+            raise EngineError(spec, f"vLLM returned logprobs for {counted} of {len(tokens)} steps of prompt "
+                              f"{row}; the plugin asks for logprobs={TOP_K} and records every step")
         steps = RowSteps()
-        for step, (token, candidates) in enumerate(zip(tokens, returned)):
+        # Steps past the tokens' (a longer list of logprobs) are not recorded.
+        for step, (token, candidates) in enumerate(zip(tokens, returned, strict=False)):
             ranked = sorted(((int(i), float(lp.logprob)) for i, lp in candidates.items()),
                             key=lambda pair: (-pair[1], pair[0]))
             if id_bound is not None:
@@ -142,11 +156,11 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
             chosen = dict(ranked).get(token)
             if chosen is None or chosen < ranked[0][1] - GREEDY_SLACK:
                 shown = "no logprob" if chosen is None else f"logprob {chosen:.4f}"
-                raise EngineError(spec, f"vLLM did not decode greedily at step {step} of prompt {row}: it chose "
-                                  f"token {token} ({shown}) over token {ranked[0][0]} (logprob {ranked[0][1]:.4f}). "
-                                  "Something overrides the pinned greedy sampling: check for a vLLM logits-"
-                                  "processor plugin, a VLLM_* sampler setting, and that this vLLM supports "
-                                  f"logprobs_mode={LOGPROBS_MODE!r}")
+                raise EngineError(spec, f"vLLM did not decode greedily at step {step} of prompt {row}: "
+                                  f"it chose token {token} ({shown}) over token {ranked[0][0]} (logprob "
+                                  f"{ranked[0][1]:.4f}). Something overrides the pinned greedy sampling: "
+                                  "check for a vLLM logits-processor plugin, a VLLM_* sampler setting, and "
+                                  f"that this vLLM supports logprobs_mode={LOGPROBS_MODE!r}")
             top = ranked[:TOP_K]
             step_hash = xxhash.xxh3_64_hexdigest(json.dumps([token, top], separators=(",", ":")).encode())
             steps.append(step_hash, [i for i, _ in top], [value for _, value in top])
@@ -155,34 +169,38 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
     return out
 
 
-def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: str) -> dict[str, Any]:
-    """The LoadedModel fields for ``vllm:FOLDER``: a local folder with safetensors weights, on CUDA."""
+def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
+    """``vllm:FOLDER``, loaded: a local folder with safetensors weights, on CUDA."""
     __tracebackhide__ = True
-    knobs = engine_params(spec, params, KNOBS)
-    if not 0 < knobs["gpu_memory_utilization"] <= 1:
-        raise ConfigurationError("llm_model", spec, "gpu_memory_utilization must be above 0 and at most 1 "
-                                 "(the share of GPU memory vLLM may take), e.g. #gpu_memory_utilization=0.5")
+    knobs = spec.options(VLLMOptions)
+    target = spec.target
+    if not 0 < knobs.gpu_memory_utilization <= 1:
+        raise ConfigurationError("llm_model", spec.text, "gpu_memory_utilization must be above 0 and at "
+                                 "most 1 (the share of GPU memory vLLM may take), e.g. "
+                                 "#gpu_memory_utilization=0.5")
     path = Path(target)
     if not path.is_dir():
-        raise ModelLoadError(spec, f"no such folder: {target!r}. vllm: takes a local model folder; the plugin "
-                             "never downloads (e.g. `hf download ORG/NAME --local-dir models/NAME`, then "
+        raise ModelLoadError(spec.text, f"no such folder: {target!r}. vllm: takes a local model folder; the "
+                             "plugin never downloads (e.g. `hf download ORG/NAME --local-dir models/NAME`, "
+                             "then "
                              f"{pasteable('llm_model', 'vllm:models/NAME')})")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
-        raise ModelLoadError(spec, f"no *.safetensors weights in {target!r}; vllm: loads safetensors only "
-                             "(convert with model.save_pretrained(dir, safe_serialization=True))")
+        raise ModelLoadError(spec.text, f"no *.safetensors weights in {target!r}; vllm: loads safetensors "
+                             "only (convert with model.save_pretrained(dir, safe_serialization=True))")
     if device not in ("auto", "cuda", "cuda:0"):
         raise ConfigurationError("llm_device", device, "vLLM runs on the first visible CUDA device; use "
-                                 f"{pasteable('llm_device', 'auto')} or cuda, and pick the GPU with CUDA_VISIBLE_DEVICES")
+                                 f"{pasteable('llm_device', 'auto')} or cuda, and pick the GPU with "
+                                 "CUDA_VISIBLE_DEVICES")
     if importlib.util.find_spec("vllm") is None:
-        raise ModelLoadError(spec, f"vllm: needs vLLM: {INSTALL}")
+        raise ModelLoadError(spec.text, f"vllm: needs vLLM: {INSTALL}")
     import torch
 
     if not torch.cuda.is_available():
-        raise ModelLoadError(spec, "vLLM needs an NVIDIA GPU with CUDA, and none is available here. On this "
-                             f"machine use {pasteable('llm_model', 'llamacpp:PATH.gguf')} or the transformers backend "
-                             f"({pasteable('llm_model', target)})")
-    tokenizer = load_tokenizer(spec, path)  # before the engine takes the GPU: a broken folder fails fast
+        raise ModelLoadError(spec.text, "vLLM needs an NVIDIA GPU with CUDA, and none is available here. On "
+                             f"this machine use {pasteable('llm_model', 'llamacpp:PATH.gguf')} or the "
+                             f"transformers backend ({pasteable('llm_model', target)})")
+    tokenizer = load_tokenizer(spec.text, path)  # before the engine takes the GPU: a broken folder fails fast
     capability = torch.cuda.get_device_capability(0)
     for key, value in environment(capability).items():
         os.environ.setdefault(key, value)  # a value the user set is kept, and recorded below
@@ -192,9 +210,9 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
     try:
         llm = vllm.LLM(**arguments)
     except (RuntimeError, ValueError, TypeError) as error:
-        raise ModelLoadError(spec, f"vLLM could not load it: {type(error).__name__}: {error}") from error
-    pinned = {key: arguments[key] for key in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill",
-                                              "load_format", "logprobs_mode")}
+        raise ModelLoadError(spec.text, f"vLLM could not load it: {type(error).__name__}: {error}") from error
+    pinned = {key: arguments[key] for key in ("enforce_eager", "enable_prefix_caching",
+                                              "enable_chunked_prefill", "load_format", "logprobs_mode")}
     describe = {
         "engine": "vllm",
         "engine_version": str(vllm.__version__),
@@ -204,19 +222,19 @@ def load(spec: str, target: str, params: dict[str, str], *, dtype: str, device: 
         "cuda": torch.version.cuda,
         "torch": str(torch.__version__),
         "dtype": dtype,
-        **knobs,
+        **dataclasses.asdict(knobs),
         **pinned,
         "batch_invariant": in_force["VLLM_BATCH_INVARIANT"] == "1",
-        "rows_alone": knobs["max_num_seqs"] == 1,
+        "rows_alone": knobs.max_num_seqs == 1,
         "seed": ENGINE_SEED,
         "env": in_force,
         "model": path.name,
         "weights_file": str(weights[0]),
     }
-    flags = {**pinned, "max_num_seqs": knobs["max_num_seqs"], **in_force}
-    engine = VLLMEngine(spec, path, llm, vllm, tokenizer, knobs, flags)
-    return {"kind": "vllm", "path": path, "model": llm, "tokenizer": tokenizer, "dtype": dtype, "device": "cuda:0",
-            "engine": engine, "describe": describe}
+    flags = {**pinned, "max_num_seqs": knobs.max_num_seqs, **in_force}
+    engine = VLLMEngine(spec.text, path, llm, vllm, tokenizer, knobs, flags)
+    return LoadedModel(spec=spec.text, kind="vllm", path=path, model=llm, tokenizer=tokenizer, dtype=dtype,
+                       device="cuda:0", engine=engine, describe=describe)
 
 
 class VLLMEngine:
@@ -224,17 +242,17 @@ class VLLMEngine:
     (``max_num_seqs=1``) or per chunk, each step's returned top-k recorded and checked greedy."""
 
     name = "vllm"
-    hash_definition = "vllm-topk"
+    hash_definition = HashDefinition.VLLM_TOPK
 
-    def __init__(self, spec: str, path: Path, llm: Any, vllm: Any, tokenizer: Any, knobs: Mapping[str, Any],
+    def __init__(self, spec: str, path: Path, llm: Any, vllm: Any, tokenizer: Any, knobs: VLLMOptions,
                  flags: Mapping[str, Any]) -> None:
         self._spec, self._llm, self._vllm = spec, llm, vllm
-        self._max_model_len: int = knobs["max_model_len"]
+        self._max_model_len = knobs.max_model_len
         self._eos = checkpoint_eos_ids(path, tokenizer)
         self._vocab_size = min(len(tokenizer), _config_vocab_size(path) or len(tokenizer))
         self._id_bound = max(len(tokenizer), _config_vocab_size(path) or 0)  # a padded vocabulary's ids too
         # With one sequence at a time each prompt runs alone; more share vLLM's batches.
-        self.runs_rows_alone = knobs["max_num_seqs"] == 1
+        self.runs_rows_alone = knobs.max_num_seqs == 1
         self._flags = {**flags, "requests": "one at a time" if self.runs_rows_alone else "one call per chunk"}
 
     def eos_token_ids(self) -> list[int]:
@@ -243,17 +261,18 @@ class VLLMEngine:
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def run(self, rows: list[list[int]], config: dict[str, Any], settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
-        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False, longest_prompt=max(map(len, rows)),
+        refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False,
+                      longest_prompt=max(map(len, rows)),
                       context=(self._max_model_len, "max_model_len", "vllm:FOLDER#max_model_len=4096"))
         params = self._vllm.SamplingParams(**sampling_arguments(config, seed=settings.seed))
         prompts = [{"prompt_token_ids": list(ids)} for ids in rows]  # vLLM's TokensPrompt: no re-tokenising
         calls = [[prompt] for prompt in prompts] if self.runs_rows_alone else [prompts]
         outputs = [output for call in calls for output in self._llm.generate(call, params, use_tqdm=False)]
         return chunk_from_outputs(outputs, spec=self._spec, flags=self._flags,
-                                  max_tokens=config["max_new_tokens"], id_bound=self._id_bound)
+                                  max_tokens=config.max_new_tokens, id_bound=self._id_bound)
 
 
 def _config_vocab_size(path: Path) -> int | None:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 
 GOLDEN_FOLDER = "__golden__"
 
@@ -16,7 +16,7 @@ class GoldenFiles:
         self._golden_dir = golden_dir
         self._rootdir = rootdir
         self._invocation_dir = invocation_dir
-        self._read: dict[Path, store.Goldens] = {}
+        self._read: dict[Path, schema.Goldens] = {}
 
     def path_for(self, test_path: Path) -> Path:
         """The golden file of a test file: beside it in ``__golden__/``, or mirrored under llm_golden_dir."""
@@ -46,7 +46,7 @@ class GoldenFiles:
         relative = os.path.relpath(path, self._invocation_dir)
         return path.as_posix() if relative.startswith("..") else relative
 
-    def read(self, path: Path) -> store.Goldens:
+    def read(self, path: Path) -> schema.Goldens:
         """The goldens in ``path`` (empty when it does not exist); a bad file raises GoldenFileError."""
         __tracebackhide__ = True
         if path not in self._read:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
@@ -54,7 +54,7 @@ def review(base: Path, candidate: Path) -> list[Case]:
     return cases
 
 
-def review_goldens(name: str, base: store.Goldens, candidate: store.Goldens) -> list[Case]:
+def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -> list[Case]:
     """The cases of one golden file's two versions."""
     cases = []
     for key in sorted(set(base) | set(candidate)):
@@ -65,7 +65,7 @@ def review_goldens(name: str, base: store.Goldens, candidate: store.Goldens) -> 
                 cases.append(Case(name, key, variant, NEW))
                 continue
             paired.add(against)
-            expected, actual = store.from_entry(base_variants[against]), store.from_entry(entry)
+            expected, actual = schema.from_entry(base_variants[against]), schema.from_entry(entry)
             # Judged as the plugin judges a run: with the tie margin of the dtype that ran.
             dtype = str(actual.fingerprint.get("dtype", "float32"))
             comparison = compare(expected, actual, tie_margin=default_tie_margin(dtype))
@@ -93,7 +93,8 @@ def aligned_folders(base: Path, candidate: Path) -> tuple[Path, Path] | None:
         other = names[1 - side]
         prefixes = {parts[:k] for parts in names[side] for k in range(1, len(parts))}
         for prefix in sorted(prefixes):
-            matches = sum(parts[:len(prefix)] == prefix and parts[len(prefix):] in other for parts in names[side])
+            matches = sum(parts[:len(prefix)] == prefix and parts[len(prefix):] in other
+                          for parts in names[side])
             if matches and (best is None or matches > best[0]):
                 best = (matches, side, prefix)
     if best is None:
@@ -119,7 +120,7 @@ class Acceptance:
 
     name: Path  # the same relative path in the candidate folder and under the root
     target: Path
-    goldens: store.Goldens
+    goldens: schema.Goldens
 
 
 def plan_accept(candidates: Path, root: Path, *,

@@ -1,1 +1,2 @@
-"""What a run decided, as failure text, terminal lines and report documents."""
+"""What a run decided: typed records and the recorder that fills them, failure text and its hints,
+terminal lines, and the report documents."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
+import inspect
+import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,14 +13,15 @@ from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdi
 from pytest_llmdeterminism.engines.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting import failure, hints
+from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.goldens.files import GoldenFiles
-    from pytest_llmdeterminism.reporting.records import Attempt, Site, TestOutcomes
+    from pytest_llmdeterminism.reporting.recorder import Attempt, Site, TestOutcomes
     from pytest_llmdeterminism.run.options import Options
 
 
@@ -32,7 +34,7 @@ class GoldenTokens:
         self._files = files
         self._outcomes = outcomes
         self._options = options
-        self._target = rerun or report.shell_quote(nodeid)
+        self._target = rerun or shlex.quote(nodeid)
         self._nodeid = nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = files.path_for(test_path)
@@ -44,7 +46,7 @@ class GoldenTokens:
     @property
     def accept_command(self) -> str:
         """The command that records (or re-records) this test's goldens, with the run's options."""
-        return report.accept_command(self._target)
+        return hints.accept_command(self._target)
 
     def check(self, generation: Generation, name: str | None = None) -> Comparison | None:
         """Compare ``generation`` with its golden (or record it under ``--llm-golden-update``).
@@ -58,10 +60,7 @@ class GoldenTokens:
         if not isinstance(generation, Generation):
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
-        caller = sys._getframe(1)
-        while caller.f_back is not None and caller.f_locals.get("__tracebackhide__"):
-            caller = caller.f_back  # a helper that hides itself: point at the line that called it
-        site: Site = (caller, caller.f_lasti, caller.f_lineno)
+        site = _caller_site()
         key = self._key(name)
         self._outcomes.used(self._path, key)
         variants = self._files.read(self._path).get(key, {})
@@ -79,16 +78,16 @@ class GoldenTokens:
         stored = variants.get(variant)
         if stored is None:
             if update:
-                self._outcomes.record(self._path, key, generation, outcome="recorded")
+                self._outcomes.record(self._path, key, generation, written=Written.RECORDED)
                 return None
             missing = Comparison(Verdict.MISSING)
             self._outcomes.checked(key, variant, missing, passed=False, actual=generation)
             self._outcomes.candidate(self._path, key, generation)
-            self._outcomes.fail(GoldenMismatchError(report.missing(key, location, self._target, sorted(variants)),
-                                                    missing, key=key, path=self._path), site,
+            message = failure.missing(key, location, self._target, sorted(variants))
+            self._outcomes.fail(GoldenMismatchError(message, missing, key=key, path=self._path), site,
                                accept=self.accept_command)
             return missing
-        expected = store.from_entry(stored)
+        expected = schema.from_entry(stored)
         dtype = str(generation.fingerprint.get("dtype", "float32"))
         environment = numerics_changes(expected.fingerprint, generation.fingerprint)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
@@ -96,7 +95,7 @@ class GoldenTokens:
         profile = explicit or default_profile(dtype, same_environment=not environment)
         across = ""
         if environment:
-            across = report.across_environments(environment, tolerance=profile.describe(dtype),
+            across = hints.across_environments(environment, tolerance=profile.describe(dtype),
                                                 explicit=explicit is not None, run_variant=generation.variant)
             self._outcomes.note(across)
         comparison, passed = judge(expected, generation, profile)
@@ -104,7 +103,7 @@ class GoldenTokens:
         # the model: updating re-records it, as it does every failing check.
         # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
         if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP or comparison.new_steps):
-            self._outcomes.record(self._path, key, generation, outcome="updated")
+            self._outcomes.record(self._path, key, generation, written=Written.UPDATED)
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
                                changed=diff(expected.fingerprint, generation.fingerprint),
@@ -114,32 +113,34 @@ class GoldenTokens:
         # reviewer gets it as a candidate, passing or not.
         if not passed or variant != generation.variant:
             self._outcomes.candidate(self._path, key, generation)
-        budget = report.budget_note(comparison, self.accept_command)
+        budget = hints.budget_note(comparison, self.accept_command)
         if passed:
             if budget:
                 self._outcomes.note(f"{key!r}: {budget}")
             return comparison
-        wider = report.wider_tolerance(comparison, dtype=dtype) if environment else ""
-        decode = report.decoder_for(expected, generation, self._tokenizer())
-        message = report.mismatch(key, location, self._target, comparison, expected, generation,
+        wider = hints.wider_tolerance(comparison, dtype=dtype) if environment else ""
+        decode = failure.decoder_for(expected, generation, self._tokenizer())
+        message = failure.mismatch(key, location, self._target, comparison, expected, generation,
                                   decode, profile=profile.describe(dtype),
                                   across=f"{across}; {wider}" if wider else across)
-        self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
-                                                actual=generation), site, accept=self.accept_command)
+        error = GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
+                                    actual=generation)
+        self._outcomes.fail(error, site, accept=self.accept_command)
         return comparison
 
-    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation, earlier: Attempt,
-                          between: Comparison, *, site: Site) -> Comparison:
+    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation,
+                          earlier: Attempt, between: Comparison, *, site: Site | None) -> Comparison:
         """This test ran before in this process (a rerun) and generated something else for ``key``:
         NONDETERMINISTIC, and failed, even where this attempt matches the golden."""
         __tracebackhide__ = True
         comparison = dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC)
-        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output, actual=generation)
+        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output,
+                               actual=generation)
         attempts = (earlier.number, self._outcomes.attempt)
-        self._outcomes.note(report.rerun_note(key, self._nodeid, attempts))
-        decode = report.decoder_for(earlier.output, generation, self._tokenizer())
-        message = report.nondeterministic(key, location, self._target, between, earlier.output, generation, decode,
-                                          attempts=attempts, earlier_outcome=earlier.outcome)
+        self._outcomes.note(failure.rerun_note(key, self._nodeid, attempts))
+        decode = failure.decoder_for(earlier.output, generation, self._tokenizer())
+        message = failure.nondeterministic(key, location, self._target, between, earlier.output, generation,
+                                          decode, attempts=attempts, earlier_outcome=earlier.outcome)
         self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path,
                                                 expected=earlier.output, actual=generation), site,
                             accept=self.accept_command)
@@ -155,10 +156,22 @@ class GoldenTokens:
                 raise ConfigurationError("golden_tokens.check(name=...)", name, "expected a non-empty string")
             key = f"{self._test_key}::{name}"
         if key in self._used:
-            raise ConfigurationError("golden_tokens.check(name=...)", name,
-                                     f"golden {key!r} is checked twice in one test; give each check its own name=")
+            raise ConfigurationError(
+                "golden_tokens.check(name=...)", name,
+                f"golden {key!r} is checked twice in one test; give each check its own name=")
         self._used.add(key)
         return key
+
+
+def _caller_site() -> Site | None:
+    """The line that called ``check()``, for the test's failure to point at when it is raised at the
+    end of the test; a helper that hides itself (``__tracebackhide__``) is passed for its caller."""
+    caller = inspect.currentframe()  # None where Python keeps no frames: then no site
+    for _ in range(2):  # past this function and check()
+        caller = caller.f_back if caller is not None else None
+    while caller is not None and caller.f_back is not None and caller.f_locals.get("__tracebackhide__"):
+        caller = caller.f_back  # a helper that hides itself: point at the line that called it
+    return None if caller is None else (caller, caller.f_lasti, caller.f_lineno)
 
 
 def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:
@@ -180,16 +193,16 @@ def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, 
     """
     __tracebackhide__ = True
     if not isinstance(expected, Generation):
-        problem = store.entry_problem(expected)
+        problem = schema.entry_problem(expected)
         if problem:
             raise TypeError(f"assert_tokens_match(expected=...) takes a Generation or one golden entry "
                             f"(goldens[key][variant], e.g. goldens['test_x']['cpu/float32']): {problem}")
-        expected = store.from_entry(expected)
+        expected = schema.from_entry(expected)
     profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
     comparison, passed = judge(expected, actual, profile)
     if not passed:
-        decode = report.decoder_for(expected, actual, tokenizer)
-        message = report.mismatch("assert_tokens_match", "(in memory)", None, comparison, expected, actual,
+        decode = failure.decoder_for(expected, actual, tokenizer)
+        message = failure.mismatch("assert_tokens_match", "(in memory)", None, comparison, expected, actual,
                                   decode, profile=str(profile))
         raise GoldenMismatchError(message, comparison)
     return comparison

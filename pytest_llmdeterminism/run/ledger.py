@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.goldens import store
-from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, TestRecords
+from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, Outcome, TestRecords
 
-FileUpdates = dict[str, dict[str, dict[str, store.Entry]]]  # file -> key -> variant -> entry
+FileUpdates = dict[str, dict[str, dict[str, schema.Entry]]]  # file -> key -> variant -> entry
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 
@@ -24,7 +24,7 @@ class Ledger:
     def __init__(self, partial: Iterable[str] = ()) -> None:
         self.recorded: dict[str, list[GoldenWrite]] = {}  # node id -> goldens its checks recorded
         self.candidates: FileUpdates = {}  # missing and failing checks' results, for artifacts
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[Outcome] = Counter()
         self.notes: list[str] = []
         self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
         self.checks: list[CheckRecord] = []  # every golden comparison, for --llm-report
@@ -42,7 +42,7 @@ class Ledger:
         records = TestRecords.from_payload(payload)
         self.recorded.setdefault(nodeid, []).extend(records.records)
         fold(self.candidates, records.candidates)
-        self.counts.update(records.counts)
+        self.counts.update(records.outcomes)
         self.notes += [note for note in records.notes if note not in self.notes]
         self.audits += [(nodeid, audit) for audit in records.audits]
         self.checks += [msgspec.structs.replace(check, test=nodeid, test_duration_s=round(duration, 4))

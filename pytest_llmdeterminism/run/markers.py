@@ -8,13 +8,13 @@ carries it, each time with the same error.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.reporting.report import shell_quote
 from pytest_llmdeterminism.run.options import DEFAULT_SEED, Options, parse_integer
 from pytest_llmdeterminism.shape import MARKER, BatchShape, GenerationSettings
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
@@ -58,7 +58,8 @@ def _resolve(item: pytest.Item, options: Options) -> ItemSettings:
     assert isinstance(shape, BatchShape) and (tolerance is None or isinstance(tolerance, Profile))
     generation = GenerationSettings(
         batch_shape=shape,
-        batch_shape_setting="@deterministic(batch_shape=...)" if "batch_shape" in given else "llm_batch_shape",
+        batch_shape_setting=("@deterministic(batch_shape=...)" if "batch_shape" in given
+                             else "llm_batch_shape"),
         max_new_tokens=int(given.get("max_new_tokens", options.max_new_tokens)),  # type: ignore[call-overload]
         seed=int(given.get("seed", options.seed)),  # type: ignore[call-overload]
     )
@@ -71,7 +72,7 @@ def _rerun_arguments(item: pytest.Item, options: Options) -> str:
     ``--llm-*`` options (model, dtype, shape...), so a printed command acts on the same variant."""
     path = os.path.relpath(item.path, item.config.invocation_params.dir)
     target = f"{path}::{item.nodeid.split('::', 1)[1]}" if "::" in item.nodeid else path
-    return " ".join(shell_quote(arg) for arg in (target, *options.cli_settings))
+    return " ".join(shlex.quote(arg) for arg in (target, *options.cli_settings))
 
 
 def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, object]:

@@ -1,25 +1,27 @@
-"""Every option and ini name, declared once, read once into a frozen :class:`Options`.
+"""Every option and ini name, declared once: the tables, the frozen :class:`Options` they are read
+into, and the parsers of their values.
 
-A command-line option overrides its ini twin. Bad values stop pytest at start-up with a usage
-error that names the setting and shows a valid example.
+``SETTINGS`` (an ini key with its command-line twin) and ``COMMAND_LINE_OPTIONS`` (flags alone) are
+public: the documentation's options reference is generated from them. Reading them from pytest's
+config is :mod:`~pytest_llmdeterminism.run.configuration`'s job. Bad values stop pytest at start-up
+with a usage error that names the setting and shows a valid example.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import itertools
-import os
+import copy
 import re
-import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_llmdeterminism.engines import numerics
-from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
-from pytest_llmdeterminism.shape import BUILTIN_PREFIX, DTYPES, BatchShape, engine_of, refuse_credentials
-from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
+from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX, refuse_credentials, with_local_paths
+from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.shape import DTYPES, BatchShape
+from pytest_llmdeterminism.tolerance import ToleranceSetting
 
 if TYPE_CHECKING:
     import pytest
@@ -78,13 +80,15 @@ SETTINGS = (
              str(DEFAULT_SEED)),
     _Setting("llm_tolerance", "--llm-tolerance",
              "tolerance profile: exact, tokens, close(atol=...), near_tie(margin=..., atol=...), or "
-             "'cpu: exact, cuda: near_tie(...)' (default: exact on CPU, near_tie scaled by dtype elsewhere)",
+             "'cpu: exact, cuda: near_tie(...)' (default: exact where the golden was recorded with "
+             "the same numerics, the dtype's near_tie across environments)",
              None),
     _Setting("llm_max_new_tokens", "--llm-max-new-tokens",
              f"new tokens per generation unless a test says otherwise (default {DEFAULT_MAX_NEW_TOKENS})",
              str(DEFAULT_MAX_NEW_TOKENS)),
     _Setting("llm_cpu_numerics", "--llm-cpu-numerics",
-             "portable (default): CPU kernels that give the same bits on any x86-64 CPU and thread count; "
+             "portable (default): CPU kernels that give the same bits on every CPU of one architecture "
+             "(x86-64 or arm64) at a given thread count; "
              "native: the CPU's fastest kernels, goldens specific to the CPU model and thread count",
              numerics.DEFAULT_MODE),
 )
@@ -114,228 +118,84 @@ def _report_path(value: str) -> str:
     raise argparse.ArgumentTypeError(f"expected a path ending in .json, .md or .html, got {value!r}")
 
 
-FLAGS: list[str] = []  # every --llm-* option, filled by register()
+@dataclass(frozen=True)
+class _CommandLineOption:
+    flag: str
+    dest: str
+    help: str
+    default: Any
+    how: Mapping[str, Any] = field(default_factory=dict)  # argparse's action, nargs, type, ...
+
+
+COMMAND_LINE_OPTIONS = (
+    _CommandLineOption(
+        "--llm-golden-update", "llm_golden_update",
+        "record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
+        None, {"nargs": "?", "const": "all", "type": _update_mode, "metavar": "all|new"},
+    ),
+    _CommandLineOption(
+        "--llm-report", "llm_report",
+        "write a report of every golden check: .json (machine-readable), .md (pull-request comment) or "
+        ".html (for reviewers); repeat the option for several",
+        [], {"action": "append", "metavar": "PATH", "type": _report_path},
+    ),
+    _CommandLineOption(
+        "--llm-golden-artifacts", "llm_golden_artifacts",
+        "write the candidate golden of every missing or failing check under DIR (e.g. for a CI "
+        "artifact); review, then import them with: llm-golden accept DIR",
+        None, {"metavar": "DIR"},
+    ),
+    _CommandLineOption(
+        "--llm-golden-prune", "llm_golden_prune",
+        "after a complete run in which every test passed, delete goldens that no test checked",
+        False, {"action": "store_true"},
+    ),
+    _CommandLineOption(
+        "--llm-golden-update-in-ci", "llm_golden_update_in_ci",
+        "allow --llm-golden-update when the CI environment variable is set (refused otherwise)",
+        False, {"action": "store_true"},
+    ),
+    _CommandLineOption(
+        "--llm-audit", "llm_audit",
+        "audit every deterministic generation: repeat it N times (default 5) and re-run it at another "
+        "batch size, padding, cache setting and thread count; report what changed the result",
+        None, {"nargs": "?", "const": 5, "type": _audit_repeats, "metavar": "N"},
+    ),
+    _CommandLineOption(
+        "--llm-audit-dtype", "llm_audit_dtype",
+        "with --llm-audit, also re-run each generation in this dtype",
+        None, {"choices": DTYPES},
+    ),
+    _CommandLineOption(
+        "--llm-golden-fallback", "llm_golden_fallback",
+        "when a test has no golden for this device class and dtype, compare with another variant",
+        False, {"action": "store_true"},
+    ),
+)
+FLAGS = tuple(option.flag for option in (*SETTINGS, *COMMAND_LINE_OPTIONS))  # every --llm-* option
 
 
 def register(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmdeterminism", "LLM output regression testing (pytest-llmdeterminism)")
-    original = group.addoption
-
-    def addoption(*names: str, **attrs: object) -> None:
-        FLAGS.extend(name for name in names if name not in FLAGS)
-        original(*names, **attrs)
-
-    group.addoption = addoption  # type: ignore[method-assign]
     for setting in SETTINGS:
         group.addoption(setting.flag, dest=setting.ini, default=None, help=setting.help)
         parser.addini(setting.ini, setting.help, default=setting.default)
-    group.addoption(
-        "--llm-golden-update", dest="llm_golden_update", nargs="?", const="all", default=None,
-        type=_update_mode, metavar="all|new",
-        help="record goldens: 'all' (default) writes missing and failing ones, 'new' only missing ones",
-    )
-    group.addoption(
-        "--llm-report", dest="llm_report", action="append", default=[], metavar="PATH", type=_report_path,
-        help="write a report of every golden check: .json (machine-readable), .md (pull-request comment) or "
-             ".html (for reviewers); repeat the option for several",
-    )
-    group.addoption(
-        "--llm-golden-artifacts", dest="llm_golden_artifacts", default=None, metavar="DIR",
-        help="write the candidate golden of every missing or failing check under DIR (e.g. for a CI "
-             "artifact); review, then import them with: llm-golden accept DIR",
-    )
-    group.addoption(
-        "--llm-golden-prune", dest="llm_golden_prune", action="store_true", default=False,
-        help="after a complete run in which every test passed, delete goldens that no test checked",
-    )
-    group.addoption(
-        "--llm-golden-update-in-ci", dest="llm_golden_update_in_ci", action="store_true", default=False,
-        help="allow --llm-golden-update when the CI environment variable is set (refused otherwise)",
-    )
-    group.addoption(
-        "--llm-audit", dest="llm_audit", nargs="?", const=5, default=None, type=_audit_repeats, metavar="N",
-        help="audit every deterministic generation: repeat it N times (default 5) and re-run it at another "
-             "batch size, padding, cache setting and thread count; report what changed the result",
-    )
-    group.addoption(
-        "--llm-audit-dtype", dest="llm_audit_dtype", default=None, choices=DTYPES,
-        help="with --llm-audit, also re-run each generation in this dtype",
-    )
-    group.addoption(
-        "--llm-golden-fallback", dest="llm_golden_fallback", action="store_true", default=False,
-        help="when a test has no golden for this device class and dtype, compare with another variant",
-    )
+    for option in COMMAND_LINE_OPTIONS:
+        # A copy: pytest keeps the default object itself in config.option (--llm-report's list).
+        group.addoption(option.flag, dest=option.dest, default=copy.copy(option.default), help=option.help,
+                        **option.how)
 
 
-_PATH_FLAGS = ("--llm-model", "--llm-golden-dir", "--llm-golden-artifacts", "--llm-report")
-
-
-def _require_equals_for_paths(args: list[str]) -> None:
-    """pytest picks its rootdir and ini file from the command line's existing paths before plugin
-    options are parsed, so ``--llm-model DIR`` makes DIR look like a test path and the project's
-    ini file silently goes unread. ``--llm-model=DIR`` is unambiguous."""
-    for flag, following in itertools.pairwise(args):
-        if flag in _PATH_FLAGS and not following.startswith("-"):
-            raise ConfigurationError(
-                flag, following,
-                f"write {flag}={following} (with '='): with a space pytest reads {following!r} as a "
-                "test path when it looks for your pytest.ini / pyproject.toml, and ignores them",
-            )
-
-
-def read(config: pytest.Config) -> Options:
-    def value(ini: str) -> str | None:
-        cli = config.getoption(ini)
-        raw = cli if cli is not None else config.getini(ini)
-        return str(raw).strip() if raw not in (None, "") else None
-
-    _require_equals_for_paths([str(a) for a in config.invocation_params.args])
-    rootdir = Path(config.rootpath)
-    golden_dir = _path_setting("llm_golden_dir", value("llm_golden_dir"), config)
-    return Options(
-        model=_model_spec(value("llm_model"), config),
-        golden_dir=Path(golden_dir).resolve() if golden_dir else None,
-        batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
-        dtype=_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
-        device=_device(value("llm_device") or "auto"),
-        seed=parse_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
-        max_new_tokens=parse_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
-                                DEFAULT_MAX_NEW_TOKENS, minimum=1),
-        cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),
-        update=_update_mode_allowed(config),
-        tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
-        if value("llm_tolerance") else ToleranceSetting({}),
-        golden_fallback=bool(config.getoption("llm_golden_fallback")),
-        audit=config.getoption("llm_audit"),
-        audit_dtype=config.getoption("llm_audit_dtype"),
-        prune=bool(config.getoption("llm_golden_prune")),
-        artifacts=Path(config.invocation_params.dir, config.getoption("llm_golden_artifacts"))
-        if config.getoption("llm_golden_artifacts") else None,
-        partial=partial_run_reasons(config),
-        reports=_reports(config.getoption("llm_report"), Path(config.invocation_params.dir)),
-        rootdir=rootdir,
-        invocation_dir=Path(config.invocation_params.dir),
-        cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
-                           if config.getoption(s.ini) is not None),
-    )
-
-
-def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
-    paths = tuple(dict.fromkeys((base / path).resolve() for path in given))
-    suffixes = [path.suffix for path in paths]
-    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
-    if twice:
-        raise ConfigurationError("--llm-report", given, f"two {twice[0]} reports; give one path per format "
-                                 "(.json, .md, .html), e.g. --llm-report=llm.json --llm-report=llm.html")
-    return paths
-
-
-def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """``llm_*`` ini keys and ``--llm-*`` options that no plugin or conftest declared stop the run
-    once, naming the closest real one (pytest alone would warn about the ini key and fail every test
-    with "no model"). Call it after conftests have loaded."""
-    known_ini = [setting.ini for setting in SETTINGS]
-    for key, raw in ini_values(config).items():
-        if key.startswith("llm_") and not _declared_ini(config, key):
-            close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
-            hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
-            raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
-    _, unknown = parser.parse_known_and_unknown_args(args)
-    for arg in map(str, unknown):
-        flag, _, raw = arg.partition("=")
-        if flag.startswith("--llm"):
-            raise ConfigurationError(flag, raw or NO_VALUE, f"no such option; {_closest_flag(flag)}")
-
-
-def _closest_flag(flag: str) -> str:
-    """A truncated name (pytest takes no abbreviations) or a misspelled one: the real option it means."""
-    extended = sorted((name for name in FLAGS if name.startswith(flag)), key=len)
-    if extended and (len(extended) == 1 or len(extended[0]) - len(flag) <= 3):
-        return f"did you mean {extended[0]}? (pytest does not accept abbreviated options)"
-    close = extended or difflib.get_close_matches(flag, FLAGS, n=3, cutoff=0.75)
-    if close:
-        return f"did you mean {' or '.join(close[:3])}?"
-    return "see pytest --help for the --llm-* options"
-
-
-def _declared_ini(config: pytest.Config, key: str) -> bool:
-    try:
-        config.getini(key)
-    except ValueError:  # pytest's answer for a key no plugin or conftest declared
-        return False
-    return True
-
-
-def ini_values(config: pytest.Config) -> dict[str, str]:
-    """The ini file's keys and raw values (pytest 9 deprecates the public ``inicfg``; its private twin
-    holds the same mapping)."""
-    raw = getattr(config, "_inicfg", None)
-    if raw is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            raw = getattr(config, "inicfg", None) or {}
-    return {str(key): str(getattr(value, "value", value)) for key, value in raw.items()}
-
-
-def early_cpu_numerics(early_config: pytest.Config) -> str:
-    """``llm_cpu_numerics`` before conftests load (and before anything can have imported torch)."""
-    raw = getattr(early_config.known_args_namespace, "llm_cpu_numerics", None)
-    return numerics.parse_mode(raw if raw is not None else str(early_config.getini("llm_cpu_numerics")))
-
-
-NODE_IDS_GIVEN = "test ids on the command line"  # the rest of the suite was not even collected
-
-
-def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:
-    """Selections after which some goldens were simply not visited: never judge them unused then."""
-    reasons = []
-    if config.getoption("keyword", ""):
-        reasons.append("-k")
-    if config.getoption("markexpr", ""):
-        reasons.append("-m")
-    if any("::" in str(arg) for arg in config.args):
-        reasons.append(NODE_IDS_GIVEN)
-    for option, flag in (("lf", "--lf"), ("deselect", "--deselect"), ("stepwise", "--sw")):
-        if config.getoption(option, None):
-            reasons.append(flag)
-    return tuple(reasons)
-
-
-def running_in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def _update_mode_allowed(config: pytest.Config) -> UpdateMode | None:
-    """Goldens are recorded where a person reviews them, not silently by a pipeline."""
-    update: UpdateMode | None = config.getoption("llm_golden_update")
-    if update and running_in_ci() and not config.getoption("llm_golden_update_in_ci"):
-        raise ConfigurationError(
-            "--llm-golden-update", update,
-            f"refused because CI={os.environ.get('CI')!r} is set: in CI goldens are checked, never "
-            "written, so a pipeline cannot approve its own changes. Record them on a development "
-            "machine and commit them, or add --llm-golden-update-in-ci to write them here anyway",
-        )
-    return update
-
-
-def _model_spec(spec: str | None, config: pytest.Config) -> str | None:
+def resolve_model_spec(spec: str | None, config: pytest.Config) -> str | None:
     """The spec with its local paths made absolute: the model path, or an engine's model file and
     (for a server) its tokenizer, after the engine prefix."""
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
     refuse_credentials(spec)
-    engine = engine_of(spec)
-    if engine is None:
-        return _path_setting("llm_model", spec, config)
-    target, hash_sign, fragment = spec.partition(":")[2].partition("#")
-    if engine != "openai" and target:
-        target = _path_setting("llm_model", target, config) or target
-    pairs = [f"{key}={_path_setting('llm_model', value, config)}" if key == "tokenizer" and sep and value else pair
-             for pair in fragment.split("&") if pair for key, sep, value in [pair.partition("=")]]
-    return f"{engine}:{target}{hash_sign}{'&'.join(pairs)}"
+    return with_local_paths(spec, lambda path: resolve_path("llm_model", path, config) or path)
 
 
-def _path_setting(name: str, raw: str | None, config: pytest.Config) -> str | None:
+def resolve_path(name: str, raw: str | None, config: pytest.Config) -> str | None:
     """A path from the command line is relative to where pytest started; one from the ini file is
     relative to that file (as a user reads it); ``~`` is expanded in both."""
     if raw is None:
@@ -348,13 +208,13 @@ def _path_setting(name: str, raw: str | None, config: pytest.Config) -> str | No
     return str(path)
 
 
-def _choice(setting: str, raw: str, choices: tuple[str, ...]) -> str:
+def parse_choice(setting: str, raw: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ConfigurationError(setting, raw, f"expected one of {', '.join(choices)}, e.g. '{choices[0]}'")
     return raw
 
 
-def _device(raw: str) -> str:
+def parse_device(raw: str) -> str:
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", raw):
         raise ConfigurationError("llm_device", raw, "expected auto, cpu, mps, cuda or cuda:N, e.g. 'cpu'")
     return raw

@@ -18,13 +18,14 @@ import pytest
 
 from pytest_llmdeterminism.engines import ModelCache, numerics
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
-from pytest_llmdeterminism.reporting.records import TestOutcomes
+from pytest_llmdeterminism.reporting.recorder import TestOutcomes
 from pytest_llmdeterminism.run import markers as settings
 from pytest_llmdeterminism.run import writer
 from pytest_llmdeterminism.run.ledger import Ledger
 from pytest_llmdeterminism.run.options import Options
-from pytest_llmdeterminism.shape import MARKER, engine_of
+from pytest_llmdeterminism.shape import MARKER
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -106,8 +107,8 @@ class LLMSession:
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
         engine = engine_of(options.model)
-        pinned = " ".join([*([f"engine={engine}"] if engine else []),
-                           *([f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else [])])
+        where = [f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else []
+        pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
         return [
             (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
              f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"),

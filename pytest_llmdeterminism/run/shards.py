@@ -5,14 +5,14 @@ path split). Each shard is a partial run: its JSON report lists its checks and, 
 (:class:`~pytest_llmdeterminism.reporting.records.RunRecord`), what it collected, ran and looked up; its
 ``--llm-golden-artifacts`` folder holds its candidates. Merging them gives one candidate tree, one
 report and one decision on unused goldens, made only when the shards together ran every test of
-the suite. Everything is read and checked first (:func:`plan`); :func:`write` writes only a plan
-without problems.
+the suite. Everything is read and checked first (:func:`plan`), here; writing a plan without
+problems, and the summary of what it found, are :mod:`~pytest_llmdeterminism.run.merge_writer`'s.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,15 +20,15 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import candidate_files
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 from pytest_llmdeterminism.run.writer import unused_keys
 
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
-MergedCandidates = dict[str, store.Goldens]  # candidate file (relative to the candidates folder) -> goldens
+MergedCandidates = dict[str, schema.Goldens]  # candidate file (relative to the candidates folder) -> goldens
 
 
 class _ReportDocument(msgspec.Struct):
@@ -70,10 +70,10 @@ def read_shard(path: Path) -> Shard:
         document = msgspec.json.decode(data, type=_ReportDocument)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise ShardError(f"{path} is not a pytest-llmdeterminism JSON report ({error}). {rerun}") from None
-    if document.schema != report.REPORT_SCHEMA or document.version != report.REPORT_VERSION:
+    if document.schema != documents.REPORT_SCHEMA or document.version != documents.REPORT_VERSION:
         raise ShardError(f"{path} has schema {document.schema!r} version {document.version!r}; this "
-                         f"pytest-llmdeterminism merges {report.REPORT_SCHEMA!r} version {report.REPORT_VERSION}. "
-                         f"{rerun}")
+                         f"pytest-llmdeterminism merges {documents.REPORT_SCHEMA!r} version "
+                         f"{documents.REPORT_VERSION}. {rerun}")
     if document.run is None:
         raise ShardError(f"{path} has no 'run' section (which tests the shard collected and ran), so it "
                          f"cannot say what the shard covered. {rerun}")
@@ -168,8 +168,8 @@ def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[st
         goldens_of_shard = {path for path in shard.run.golden_files.values() if not Path(path).is_absolute()}
         for name in names:
             if name.parent.name != GOLDEN_FOLDER and name.as_posix() not in goldens_of_shard:
-                problems.append(f"{folder / name} is not the golden file of any test its shard ran: a candidates "
-                                "folder holds only those. Remove it.")
+                problems.append(f"{folder / name} is not the golden file of any test its shard ran: a "
+                                "candidates folder holds only those. Remove it.")
                 continue
             try:
                 goldens = store.read(folder / name)
@@ -182,23 +182,24 @@ def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[st
                     earlier = into.setdefault(key, {}).setdefault(variant, entry)
                     where = (name.as_posix(), key, variant)
                     if earlier != entry:
-                        problems.append(_conflict(name, key, variant, written_by[where], shard.report, earlier, entry))
+                        first = written_by[where]
+                        problems.append(_conflict(name, key, variant, first, shard.report, earlier, entry))
                     written_by.setdefault(where, shard.report)
     return merged, problems
 
 
 def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
-              a: store.Entry, b: store.Entry) -> str:
+              a: schema.Entry, b: schema.Entry) -> str:
     fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
     if "fingerprint" in fields:
         from pytest_llmdeterminism.engines.fingerprint import diff
 
-        fields[fields.index("fingerprint")] = "fingerprint (" + ", ".join(f for f, _, _ in diff(a.fingerprint,
-                                                                                               b.fingerprint)) + ")"
+        changed = ", ".join(f for f, _, _ in diff(a.fingerprint, b.fingerprint))
+        fields[fields.index("fingerprint")] = f"fingerprint ({changed})"
     return (f"conflict: {name} [{key!r}][{variant!r}] differs between the candidates of {first} and of "
-            f"{second} ({', '.join(fields)}). Two shards ran this check and got different results, so neither "
-            "is kept. Give every shard job the same --splits N and its own --group i (one test runs in one "
-            "shard), or merge only the reports of one attempt of each shard.")
+            f"{second} ({', '.join(fields)}). Two shards ran this check and got different results, so "
+            "neither is kept. Give every shard job the same --splits N and its own --group i (one test runs "
+            "in one shard), or merge only the reports of one attempt of each shard.")
 
 
 def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], list[str]]:
@@ -219,8 +220,8 @@ def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], li
         file = root / path
         if not file.exists():
             if path in used:  # a shard read goldens there: this is not the project the shards ran
-                problems.append(f"{file} does not exist, but the shards checked goldens in it: run merge in the "
-                                "project's root (where pytest ran), or give it with --root DIR")
+                problems.append(f"{file} does not exist, but the shards checked goldens in it: run merge in "
+                                "the project's root (where pytest ran), or give it with --root DIR")
             continue
         try:
             keys = store.read(file).keys()
@@ -248,7 +249,7 @@ class MergePlan:
 
     def document(self) -> dict[str, Any]:
         audits = [audit for shard in self.shards for audit in shard.audits]
-        return report.run_report(self.checks, audits, run=self.run)
+        return documents.run_report(self.checks, audits, run=self.run)
 
 
 def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = None,
@@ -264,7 +265,8 @@ def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = N
     partial = partial_reasons(shards, covered)
     relative = None
     if candidates_out is not None:
-        relative = Path(os.path.relpath(candidates_out, json_report.parent) if json_report else candidates_out)
+        relative = Path(os.path.relpath(candidates_out, json_report.parent) if json_report
+                        else candidates_out)
     run = merged_run(shards, partial, relative.as_posix() if relative is not None else None)
     problems += golden_files(shards)[1]
     merged, found = merge_candidates(shards)
@@ -274,84 +276,3 @@ def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = N
         unused, found = unused_goldens(root, run)
         problems += found
     return MergePlan(shards, covered, run, merged, unused, problems)
-
-
-@dataclass
-class Written:
-    lines: list[str] = field(default_factory=list)  # "wrote …" and "pruned …", for the user
-    pruned: list[str] = field(default_factory=list)
-
-
-def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports: Sequence[Path],
-          prune: bool, display: Callable[[Path], str] = str) -> Written:
-    """Write a plan without problems: the candidate tree, the reports and, under ``prune``, the
-    removal of unused goldens. Every file is written atomically."""
-    assert not merge.problems, "write() takes a plan without problems"
-    out = Written()
-    if candidates_out is not None:
-        for name, goldens in sorted(merge.candidates.items()):
-            store.write(candidates_out / name, goldens)
-            count = sum(len(variants) for variants in goldens.values())
-            out.lines.append(f"wrote {display(candidates_out / name)} ({count} candidate(s))")
-    document = merge.document()
-    markdown = report.run_report_markdown(document) + "\n" + "\n".join(coverage_markdown(merge)) + "\n"
-    for path in reports:
-        text = (report.json_text(document) if path.suffix == ".json"
-                else report.run_report_html(document) if path.suffix == ".html" else markdown)
-        store.write_text_atomic(path, text)
-        out.lines.append(f"wrote {display(path)} (report)")
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary and merge.checks:
-        with open(step_summary, "a", encoding="utf-8") as handle:
-            handle.write(markdown)
-    if prune and not merge.run.partial:
-        for golden, keys in sorted(merge.unused.items()):
-            store.remove(root / golden, keys)
-            out.pruned += [f"{display(root / golden)} [{key!r}]" for key in keys]
-    return out
-
-
-def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence[str] = (),
-                  display: Callable[[Path], str] = str) -> list[str]:
-    """What the merge found: the shards and their coverage, the checks, and unused goldens or why
-    they were not judged, naming every test that no shard ran."""
-    covered = merge.coverage
-    ran = len(covered.suite) - len(covered.not_run)
-    lines = [f"merged {len(merge.shards)} shard(s): {ran} of {len(covered.suite)} test(s) of the suite ran"]
-    by_verdict = report.run_report(merge.checks, []).get("summary", {}).get("by_verdict", {})
-    failed = sum(not check.passed for check in merge.checks)
-    lines.append(f"golden checks: {', '.join(f'{n} {v}' for v, n in by_verdict.items()) or 'none'}"
-                 + (f" ({failed} failed)" if failed else ""))
-    if covered.twice:
-        lines.append(f"ran in more than one shard ({len(covered.twice)}), their checks counted once per shard: "
-                     + ", ".join(covered.twice[:10]) + (" …" if len(covered.twice) > 10 else ""))
-    if merge.run.partial:
-        verb = "not pruned" if prune else "not judged"
-        lines.append(f"unused goldens {verb}: the shards together were partial ({'; '.join(merge.run.partial)})")
-        if covered.not_run:
-            lines.append(f"tests that no shard ran ({len(covered.not_run)}); run their shard again, or merge "
-                         "every shard's report:")
-            lines += [f"  {nodeid}" for nodeid in covered.not_run]
-        return lines
-    return lines + report.unused_summary(
-        {str(root / path): keys for path, keys in merge.unused.items()}, pruned, [], display,
-        prune=prune, prune_command="llm-golden merge ... --prune")
-
-
-def coverage_markdown(merge: MergePlan) -> list[str]:
-    """The merged Markdown report's last section: shards, coverage, unused goldens."""
-    covered = merge.coverage
-    return report.shards_markdown(len(merge.shards), len(covered.suite) - len(covered.not_run), len(covered.suite),
-                                  merge.run.partial, covered.not_run, merge.unused)
-
-
-def report_problems(reports: Sequence[Path]) -> str | None:
-    """Why the ``--report`` paths cannot be written as given (one per format)."""
-    suffixes = [path.suffix for path in reports]
-    bad = [str(path) for path in reports if path.suffix not in (".json", ".md", ".html")]
-    if bad:
-        return f"--report {bad[0]!r}: expected a path ending in .json, .md or .html"
-    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
-    if twice:
-        return f"two {twice[0]} reports; give one --report per format (.json, .md, .html)"
-    return None

@@ -28,7 +28,7 @@ from pytest_llmdeterminism.shape import MARKER
 from pytest_llmdeterminism.tolerance import parse_profile
 
 if TYPE_CHECKING:
-    from _pytest._code.code import ExceptionInfo, TerminalRepr
+    from _pytest._code.code import TerminalRepr  # the type pytest.Item.repr_failure returns; not exported
 
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.generation import Generation
@@ -64,7 +64,8 @@ class PromptSuite(pytest.Module):
                 continue
             case = _parse(self.path, number, line)
             if case["id"] in seen:
-                raise self.CollectError(f"{self.path.name}:{number}: id {case['id']!r} appears twice; ids name goldens")
+                raise self.CollectError(
+                    f"{self.path.name}:{number}: id {case['id']!r} appears twice; ids name goldens")
             seen.add(case["id"])
             yield PromptItem.from_parent(self, name=case["id"], callobj=check_prompt, case=case, line=number)
 
@@ -82,7 +83,8 @@ class PromptSuite(pytest.Module):
             rows = llm_model.settings.batch_shape.rows
             start = peers.index(item) // rows * rows
             chunk = peers[start:start + rows]
-            for peer, generated in zip(chunk, llm_model.generate([p.prompt for p in chunk], **overrides)):
+            generated_rows = llm_model.generate([p.prompt for p in chunk], **overrides)
+            for peer, generated in zip(chunk, generated_rows, strict=True):
                 self._results[peer.name] = generated
         return self._results.pop(item.name)
 
@@ -93,14 +95,17 @@ class PromptItem(pytest.Function):
         self.case = case
         self.line = line
         self.budget: int | None = case.get("max_new_tokens")
-        self.prompt: Any = case["prompt"] if "prompt" in case else case["messages"]  # a string or a conversation
+        # a string or a conversation
+        self.prompt: Any = case["prompt"] if "prompt" in case else case["messages"]
         self.add_marker(getattr(pytest.mark, MARKER)(**{k: case[k] for k in ("max_new_tokens", "tolerance")
                                                          if k in case}))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, self.line - 1, self.name
 
-    def repr_failure(self, excinfo: ExceptionInfo[BaseException]) -> str | TerminalRepr:  # type: ignore[override]
+    # The ignore below: pytest.Function's own repr_failure drops Node's `style` argument too.
+    def repr_failure(  # type: ignore[override]
+            self, excinfo: pytest.ExceptionInfo[BaseException]) -> str | TerminalRepr:
         # The plugin's own errors are complete messages; a traceback into this module adds nothing.
         if isinstance(excinfo.value, LLMDeterminismError):
             return str(excinfo.value)
@@ -115,18 +120,20 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
         raise ConfigurationError(where, line[:60], f"not valid JSON ({error})") from None
     if not isinstance(case, dict) or not isinstance(case.get("id"), str) or \
             ("prompt" in case) == ("messages" in case) or not isinstance(case.get("prompt", ""), str):
-        raise ConfigurationError(where, line[:60], 'expected an object with string "id" and either a string '
-                                 '"prompt" or chat "messages", e.g. {"id": "capital", "prompt": "The capital of '
-                                 'France is"} or {"id": "chat", "messages": [{"role": "user", "content": "Hi"}]}')
+        raise ConfigurationError(
+            where, line[:60], 'expected an object with string "id" and either a string "prompt" or chat '
+            '"messages", e.g. {"id": "capital", "prompt": "The capital of France is"} or '
+            '{"id": "chat", "messages": [{"role": "user", "content": "Hi"}]}')
     messages = case.get("messages")
     if messages is not None and not (isinstance(messages, list) and messages and all(
-            isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
-            for m in messages)):
-        raise ConfigurationError(where, messages, 'expected "messages" as a list of {"role": ..., "content": ...} '
-                                 'objects with string values')
+            isinstance(m, dict) and set(m) == {"role", "content"}
+            and all(isinstance(v, str) for v in m.values()) for m in messages)):
+        raise ConfigurationError(where, messages, 'expected "messages" as a list of '
+                                 '{"role": ..., "content": ...} objects with string values')
     unknown = set(case) - _FIELDS
     if unknown:
-        raise ConfigurationError(where, sorted(unknown), f"unknown field(s); accepted: {', '.join(sorted(_FIELDS))}")
+        raise ConfigurationError(where, sorted(unknown),
+                                 f"unknown field(s); accepted: {', '.join(sorted(_FIELDS))}")
     budget = case.get("max_new_tokens")
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
         raise ConfigurationError(where, budget, "max_new_tokens must be an integer >= 1")

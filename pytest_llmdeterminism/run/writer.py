@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
-from pytest_llmdeterminism.reporting import report
+from pytest_llmdeterminism.reporting import documents, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
-from pytest_llmdeterminism.run.options import NODE_IDS_GIVEN, Options
+from pytest_llmdeterminism.run.options import Options
 
 
 @dataclass
@@ -111,21 +112,22 @@ def _prune(out: RunOutput, files: GoldenFiles) -> None:
     out.unused = {}
 
 
-def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput, *, failed: bool) -> None:
+def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: RunOutput, *,
+                   failed: bool) -> None:
     """``--llm-report`` (JSON, Markdown or HTML), and the Markdown summary for GitHub Actions. The
     JSON report also says what the run checked (``run``), for ``llm-golden merge`` of shards."""
     if not ledger.checks and not options.reports:
         return
-    document = report.run_report(ledger.checks, ledger.audits)
-    markdown = report.run_report_markdown(document)
+    document = documents.run_report(ledger.checks, ledger.audits)
+    markdown = documents.run_report_markdown(document)
     for path in options.reports:
         if path.suffix == ".json":
             record = run_record(ledger, files, options, failed=failed, report_folder=path.parent)
-            text = report.json_text(report.run_report(ledger.checks, ledger.audits, run=record))
+            text = documents.json_text(documents.run_report(ledger.checks, ledger.audits, run=record))
         else:
-            text = report.run_report_html(document) if path.suffix == ".html" else markdown
+            text = documents.run_report_html(document) if path.suffix == ".html" else markdown
         try:
-            store.write_text_atomic(path, text)
+            atomic.write_text_atomic(path, text)
             out.written.append(f"{files.display(path)} (report)")
         except OSError as error:
             out.errors.append(f"{files.display(path)}: {error}")
@@ -161,7 +163,7 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
 
 def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:
     out = out or RunOutput(partial=ledger.why_partial())
-    return report.summary(dict(ledger.counts), out.written, out.errors, ledger.notes, out.held_back) + \
-        report.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune,
+    return terminal.summary(dict(ledger.counts), out.written, out.errors, ledger.notes, out.held_back) + \
+        terminal.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune,
                               stopped=bool(ledger.stop_reasons)) + \
-        report.audit_summary(ledger.audits)
+        terminal.audit_summary(ledger.audits)

@@ -1,0 +1,131 @@
+"""``llm-golden diff BASE CAND``: every case of two golden sets with its verdict, and the gate.
+
+Pairing, verdicts and the ``--fail-on`` gate live in :mod:`~pytest_llmdeterminism.goldens.review`;
+this module reads the arguments and prints one line per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
+from pytest_llmdeterminism.goldens.review import (
+    ABSENT,
+    FAIL_ON,
+    NEW,
+    ORDER,
+    Case,
+    aligned_folders,
+    needs_review,
+    review,
+)
+
+SUMMARY = "compare two golden sets case by case"
+HELP = """\
+Compare two golden sets case by case and list every case with its verdict.
+
+BASE and CAND are two golden files, or two folders of them: typically the project's __golden__
+and the candidates a CI run wrote with --llm-golden-artifacts (llm-candidates/__golden__).
+A candidate is compared with BASE's golden of the same device/dtype variant; where BASE has none
+(CI ran in bfloat16, BASE holds cpu/float32) with the variant the plugin's --llm-golden-fallback
+picks, and the line says so, e.g. "(vs cpu/float32)". Near ties use the tie margin of the
+candidate's dtype (float32 0.05, float16 0.25, bfloat16 0.5 in logprob).
+
+verdicts:
+  NEW            only in CAND, and BASE has no variant of that test key: nothing to compare with
+  ABSENT         only in BASE: CI wrote no candidate for it, so that check passed
+  IDENTICAL      same tokens, same logits
+  LOGIT_DRIFT    same tokens, logits differ
+  TIE_FLIP       a token changed where the golden's top two were a near tie
+  REGRESSION     a token changed where the golden was confident
+  INPUT_CHANGED  prompt, batch shape or generation config differ: outputs not compared
+
+exit status:
+  0  nothing needs review at the --fail-on level
+  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression, the default);
+     also TIE_FLIP (--fail-on=tie_flip); also LOGIT_DRIFT (--fail-on=drift). ABSENT never fails.
+  2  usage error, a path that does not exist, or a file that is not a readable golden file"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "base", type=Path, metavar="BASE",
+        help="the goldens to compare with: a golden file or a folder of them (e.g. __golden__)")
+    parser.add_argument(
+        "candidate", type=Path, metavar="CAND",
+        help="the candidates: a file or folder of the same kind (e.g. llm-candidates/__golden__)")
+    parser.add_argument("--fail-on", dest="fail_on", choices=sorted(FAIL_ON), default="regression",
+                        metavar="LEVEL",
+                        help="which cases exit 1: regression (default), tie_flip, drift; see exit status")
+
+
+def run(args: argparse.Namespace) -> int:
+    return diff(args.base, args.candidate, fail_on=args.fail_on)
+
+
+def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
+    problem = _usage_problem(base, candidate)
+    if problem:
+        print(f"llm-golden diff: {problem}", file=sys.stderr)
+        return 2
+    cases = review(base, candidate)
+    for case in cases:
+        print(_case_line(case))
+    counts = Counter(case.verdict for case in cases)
+    flagged = needs_review(cases, fail_on)
+    gate = f"{len(flagged)} case(s) need review" if flagged else "nothing needs review"
+    found = ", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens"
+    print(f"summary: {found}; {gate} (--fail-on={fail_on})")
+    if base.is_dir() and {case.verdict for case in cases} <= {NEW, ABSENT}:
+        aligned = aligned_folders(base, candidate)
+        if aligned is not None:
+            moved = "BASE" if aligned[0] != base else "CAND"
+            deeper = str(aligned[0] if moved == "BASE" else aligned[1])
+            print(f"hint: no golden file is in both folders, but they pair up when {moved} is {deeper!r}, "
+                  "a folder inside the one given: BASE and CAND must mirror each other (both a "
+                  f"{GOLDEN_FOLDER} folder, or both the folder above it). Compare with: llm-golden diff "
+                  f"{shlex.quote(str(aligned[0]))} {shlex.quote(str(aligned[1]))}")
+    return 1 if flagged else 0
+
+
+def _usage_problem(base: Path, candidate: Path) -> str | None:
+    for role, path in (("BASE", base), ("CAND", candidate)):
+        if not path.exists():
+            # A mistyped CAND must not read as "every case ABSENT, nothing to review".
+            return f"{role} {str(path)!r} does not exist. Check the path."
+    if base.is_dir() != candidate.is_dir():
+        kinds = {True: "a folder", False: "a file"}
+        return (f"BASE {str(base)!r} is {kinds[base.is_dir()]} but CAND {str(candidate)!r} is "
+                f"{kinds[candidate.is_dir()]}: give two golden files or two folders of them")
+    return None
+
+
+def _case_line(case: Case) -> str:
+    against = f" (vs {case.compared_with})" if case.compared_with else ""
+    return f"{case.verdict:<14} {case.file} [{case.key!r}][{case.variant!r}]{against}{_detail(case)}"
+
+
+def _detail(case: Case) -> str:
+    if case.verdict == NEW:
+        return "  (only in CAND: BASE has no golden of this key to compare with)"
+    comparison = case.comparison
+    if comparison is None:
+        return "  (not in CAND: no candidate, that check passed)"
+    return _comparison_detail(comparison)
+
+
+def _comparison_detail(comparison: Comparison) -> str:
+    if comparison.divergence is not None:
+        d = comparison.divergence
+        return (f"  step {d.step}: {d.expected_token} -> {d.actual_token}, "
+                f"golden margin {d.golden_margin:.3g} (tie margin {comparison.tie_margin:g})")
+    if comparison.input_changes:
+        return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
+    if comparison.verdict is Verdict.LOGIT_DRIFT:
+        return f"  max |Δlogprob| {comparison.max_logprob_delta:.3g}"
+    return ""

@@ -1,0 +1,41 @@
+"""``llm-golden show FILE``: a golden file in human form, one line per generated token."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pytest_llmdeterminism.compare import default_tie_margin
+from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.goldens import schema, store
+
+SUMMARY = "print a golden file in human form"
+_BAR = 20  # the widest margin bar, in characters
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, metavar="FILE", help="a golden file (*.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return show(args.file)
+
+
+def show(path: Path) -> int:
+    if not path.exists():
+        raise GoldenFileError(path, "does not exist", "Check the path.")
+    goldens = store.read(path)
+    for key, variants in sorted(goldens.items()):
+        for variant, entry in sorted(variants.items()):
+            gen = schema.from_entry(entry)
+            print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
+            print(f"  prompt: {gen.prompt!r}")
+            print(f"  output: {gen.text!r}")
+            tie_margin = default_tie_margin(str(gen.fingerprint.get("dtype", "float32")))
+            for step, (piece, token, margin) in enumerate(
+                    zip(gen.pieces, gen.token_ids, gen.margins, strict=False)):
+                bar = "#" * min(_BAR, int(margin * 2))
+                tie = f"  <- near tie (< {tie_margin:g})" if margin < tie_margin else ""
+                print(f"  {step:>4}  {piece!r:<16} id {token:<7} margin {margin:8.3f} {bar}{tie}")
+            print()
+    return 0

@@ -1,0 +1,121 @@
+"""What ``llm_model.generate`` accepts as input, as pure functions of the tokenizer and the shape.
+
+An input is a prompt string (tokenised with the tokenizer's special tokens), a chat conversation
+(a list of ``{"role": ..., "content": ...}`` dicts, rendered with the tokenizer's chat template and
+``add_generation_prompt=True``, tokenised once without adding special tokens again), or its token
+ids. Each becomes a :class:`ModelInput` whose ids fit the batch shape, or an error naming the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError
+from pytest_llmdeterminism.generation import PromptForm
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+Conversation = Sequence[Mapping[str, Any]]  # chat messages: {"role": ..., "content": ...}
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One input as the model runs it: the prompt as text (a conversation rendered, ids decoded),
+    its token ids, and the form the test gave it in."""
+
+    text: str
+    ids: list[int]
+    form: PromptForm
+
+
+def model_inputs(prompt: Any, token_ids: Any, *, tokenizer: Any, settings: GenerationSettings,
+                 spec: str) -> tuple[list[ModelInput], bool]:
+    """Each input of a ``generate(prompt)`` or ``generate(token_ids=...)`` call, and whether one
+    input (not a list) was given."""
+    __tracebackhide__ = True
+    if (prompt is None) == (token_ids is None):
+        raise TypeError("llm_model.generate() takes a prompt (a string, a chat conversation, or a list of "
+                        "them) or token_ids=[...], exactly one of the two")
+    if token_ids is not None:
+        single = isinstance(token_ids, (list, tuple)) and bool(token_ids) and \
+            all(isinstance(t, int) for t in token_ids)  # a bool too: from_ids() names it
+        rows = [token_ids] if single else token_ids
+        if not isinstance(rows, (list, tuple)) or not rows:
+            raise TypeError(f"llm_model.generate(token_ids=...) takes a list of token ids or a list of such "
+                            f"lists, got {token_ids!r}")
+        return [from_ids(row, tokenizer=tokenizer, settings=settings) for row in rows], single
+    if isinstance(prompt, str) or is_conversation(prompt):
+        return [encoded(prompt, tokenizer=tokenizer, settings=settings, spec=spec)], True
+    if isinstance(prompt, (list, tuple)) and prompt:
+        return [encoded(item, tokenizer=tokenizer, settings=settings, spec=spec) for item in prompt], False
+    raise TypeError(f"llm_model.generate() takes a prompt string, a chat conversation (a list of "
+                    f"{{'role': ..., 'content': ...}} dicts) or a list of them, got {prompt!r}")
+
+
+def encoded(prompt: Any, *, tokenizer: Any, settings: GenerationSettings, spec: str) -> ModelInput:
+    """A prompt string or a chat conversation, tokenised as the model runs it."""
+    __tracebackhide__ = True
+    if isinstance(prompt, str):
+        ids = checked(prompt, list(tokenizer(prompt)["input_ids"]), settings)
+        return ModelInput(prompt, ids, PromptForm.TEXT)
+    if not is_conversation(prompt):
+        raise TypeError(f"llm_model.generate() takes prompt strings or chat conversations (lists of "
+                        f"{{'role': ..., 'content': ...}} dicts), got {prompt!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigurationError("llm_model.generate(conversation)", prompt[0],
+                                 f"the tokenizer of {spec} has no chat template; pass the "
+                                 "prompt as a string, or its token ids with token_ids=[...]")
+    text = str(tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
+    # The template already wrote the special tokens it wants (a BOS, say): add none a second time.
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # An error shows the end of the rendered chat, where the user's own words are.
+    checked(text if len(text) <= 60 else f"(chat, rendered) …{text[-44:]}", ids, settings)
+    return ModelInput(text, ids, PromptForm.CHAT)
+
+
+def from_ids(row: Any, *, tokenizer: Any, settings: GenerationSettings) -> ModelInput:
+    """Token ids as given, each checked to be in the vocabulary."""
+    __tracebackhide__ = True
+    vocab = len(tokenizer)
+    if not isinstance(row, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                     and 0 <= t < vocab for t in row):
+        raise ConfigurationError("llm_model.generate(token_ids=...)", row,
+                                 f"expected a list of token ids between 0 and {vocab - 1}")
+    text = str(tokenizer.decode(list(row)))
+    return ModelInput(text, checked(text, list(row), settings), PromptForm.TOKEN_IDS)
+
+
+def checked(prompt: str, ids: list[int], settings: GenerationSettings) -> list[int]:
+    """``ids``, if they are some tokens and fit the shape; ``prompt`` is what an error shows."""
+    __tracebackhide__ = True
+    if not ids:
+        raise ConfigurationError("llm_model.generate(prompt)", prompt,
+                                 "encodes to no tokens; give the model something to continue")
+    shape = settings.batch_shape
+    if not fits(len(ids), shape):
+        fitting = shape.holding(len(ids))
+        raise PromptTooLongError(prompt, len(ids), str(shape), setting=settings.batch_shape_setting,
+                                 fitting=None if fitting is None else str(fitting))
+    return ids
+
+
+def fits(n_tokens: int, shape: BatchShape) -> bool:
+    """Whether a prompt of ``n_tokens`` runs in ``shape``. One position always stays padding: a batch
+    without any padding drops the attention mask and takes another kernel path, so a prompt of
+    exactly L tokens would change with its companions (measured: logit hashes differ alone vs
+    batched at 4x32). At one row a prompt has no companions and runs at its own length: only the
+    model's context bounds it (the engine checks prompt plus max_new_tokens against it), as in a
+    plain generate()."""
+    return shape.rows == 1 or n_tokens < shape.length
+
+
+def is_token_ids(value: Any) -> bool:
+    """Whether ``value`` is one prompt's token ids (a non-empty list of ints), not a list of them."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def is_conversation(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and "content" in m for m in value)

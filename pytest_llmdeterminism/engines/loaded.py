@@ -1,0 +1,54 @@
+"""What every engine hands the layers above: an :class:`Engine` to generate with, in a
+:class:`LoadedModel` with what fingerprints it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.spec import EngineSpec
+    from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
+    from pytest_llmdeterminism.shape import GenerationSettings
+
+
+class Engine(Protocol):
+    """What the model layer needs of an engine: greedy generation with per-step capture."""
+
+    name: str  # "transformers", "llamacpp", "openai", "vllm": the variant's prefix (none for transformers)
+    hash_definition: HashDefinition  # what its step hashes hash
+    runs_rows_alone: bool  # each prompt runs alone, so companions cannot change it: nothing to probe
+
+    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
+            keep_logits: bool) -> Chunk: ...
+
+    def eos_token_ids(self) -> list[int]: ...
+
+    def vocab_size(self) -> int: ...
+
+
+class EngineModule(Protocol):
+    """An engine's module (``llamacpp``, ``openai``, ``vllm``): it loads the spec that names it."""
+
+    def load(self, spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel: ...
+
+
+@dataclass
+class LoadedModel:
+    """A model and tokenizer ready for greedy generation, with what is needed to fingerprint them."""
+
+    spec: str
+    kind: str  # "folder" or "gguf" (transformers), or the engine's name
+    path: Path  # the weights: a folder or a .gguf file (for a server, its tokenizer)
+    model: Any  # the engine's own object: a transformers model, a llama_cpp.Llama, a client
+    tokenizer: Any  # a transformers tokenizer, or an engine's adapter with the same surface
+    dtype: str
+    device: str
+    engine: Engine
+    cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
+    cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
+    # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
+    # for transformers, whose fingerprint the fingerprint module builds itself.
+    describe: dict[str, Any] | None = None

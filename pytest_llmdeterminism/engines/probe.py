@@ -1,0 +1,90 @@
+"""The batch-invariance probe: does a prompt give the same bits at the first and the last row of a
+batch, among other companions? Everything the fixed shape promises rests on it, so it runs once per
+loaded model, shape and thread count, before the first generation that shares a batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.engines.fingerprint import fingerprint
+from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
+from pytest_llmdeterminism.generation import Generation, GreedyConfig, resolve_generation_config
+from pytest_llmdeterminism.shape import GenerationSettings
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines.loaded import LoadedModel
+
+PROBE_STEPS = 3  # tokens the batch-invariance probe generates per row
+# Runs one chunk of ``(prompt, ids)`` rows at the model's shape: a Generation per row.
+RunChunk = Callable[[list[tuple[str, list[int]]], GreedyConfig], list[Generation]]
+
+
+def verify_batch_invariance(loaded: LoadedModel, settings: GenerationSettings, prompt: str, ids: list[int],
+                            run_chunk: RunChunk) -> str:
+    """What the probe found for ``prompt`` at ``settings``' shape (a line for the run's summary),
+    probed once per loaded model, shape and thread count; a variant raises
+    :class:`BatchInvarianceProbeError` naming what restores invariance."""
+    __tracebackhide__ = True
+    import torch
+
+    key = f"{settings.batch_shape}@{torch.get_num_threads()}"  # natively, threads decide it too
+    probed = loaded.cache.setdefault("batch_invariance", {})
+    outcome = probed.get(key) or _probe(loaded, settings, prompt, ids, run_chunk)
+    if not (isinstance(outcome, BatchInvarianceProbeError) and outcome.nondeterministic):
+        probed[key] = outcome  # randomness may come from this test alone (a hook): probe again next time
+    if isinstance(outcome, BatchInvarianceProbeError):
+        raise outcome.with_traceback(None)  # one error object for many tests: no earlier test's frames
+    return str(outcome)
+
+
+def _probe(loaded: LoadedModel, settings: GenerationSettings, prompt: str, ids: list[int],
+           run_chunk: RunChunk) -> str | BatchInvarianceProbeError:
+    shape = settings.batch_shape
+    if shape.rows == 1:
+        return f"batch invariance: nothing to verify at {shape} (one row per batch)"
+    config = resolve_generation_config({}, max_new_tokens=PROBE_STEPS, eos_token_ids=[],
+                                       pad_token_id=loaded.tokenizer.pad_token_id)
+    others = companions(ids, shape.length, 2 * (shape.rows - 1), loaded.engine.vocab_size())
+    first_batch = [(prompt, ids)] + [("", c) for c in others[: shape.rows - 1]]
+    first = run_chunk(first_batch, config)[0]
+    last = run_chunk([("", c) for c in others[shape.rows - 1:]] + [(prompt, ids)], config)[-1]
+    rows = compare(first, last)
+    if rows.verdict is Verdict.IDENTICAL:
+        return f"batch invariance: verified at {shape} (row 0 vs row {shape.rows - 1}, {PROBE_STEPS} steps)"
+    repeat = compare(first, run_chunk(first_batch, config)[0])
+    differing = rows if repeat.verdict is Verdict.IDENTICAL else repeat
+    step = differing.first_hash_step if differing.first_hash_step is not None else differing.steps_compared
+    return BatchInvarianceProbeError(prompt, str(shape), step, *_advice(loaded, settings),
+                                     nondeterministic=differing is repeat)
+
+
+def _advice(loaded: LoadedModel, settings: GenerationSettings) -> tuple[str, str]:
+    """What was in force, and what restores invariance there."""
+    import torch
+
+    fingerprint_now = fingerprint(loaded)
+    device = str(fingerprint_now["device_class"])
+    in_force = (f"device {loaded.device}, {loaded.dtype}, attention "
+                f"{fingerprint_now['attention_implementation']!r}")
+    one_row = pasteable("llm_batch_shape", f"1x{settings.batch_shape.length}")
+    if device != "cpu":
+        return in_force, (f"run one prompt per batch: {one_row} (or give the model eager attention, "
+                          "attn_implementation=\"eager\" in its config)")
+    in_force += f", cpu numerics {loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
+    if loaded.cpu_numerics != "portable":
+        return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
+                          "any thread count; or one thread (OMP_NUM_THREADS=1)")
+    return in_force, (f"one thread (OMP_NUM_THREADS=1), or one prompt per batch: {one_row}; please report "
+                      "this machine (lscpu) as a bug")
+
+
+def companions(ids: list[int], length: int, count: int, vocab_size: int) -> list[list[int]]:
+    """``count`` token sequences unlike ``ids`` (other tokens, and lengths spread evenly over
+    ``1 .. length - 1``), so the rows beside the probed prompt carry other inputs and other padding."""
+    sequences = []
+    for index in range(count):
+        size = 1 + (index + 1) * max(length - 2, 0) // (count + 1)
+        sequences.append([(ids[j % len(ids)] + 7 * (index + 1) + j) % vocab_size for j in range(size)])
+    return sequences

@@ -1,0 +1,259 @@
+"""HTTP for a server the plugin does not trust: JSON over ``http.client`` to one origin, with no
+redirect followed and no proxy, one deadline per request from connecting to the last byte (the
+socket's timeout re-armed before each send and read), and a size limit enforced while reading.
+
+Each failure is one :class:`EngineError` that names the server, the request and what to check; the
+API key is shown as ``***`` wherever a message quotes the server. What goes into a request and
+what an answer means is ``completions.py``'s business.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+
+from pytest_llmdeterminism.engines.completions import SHOWN_CHARS, ServerVersion
+from pytest_llmdeterminism.engines.spec import without_credentials
+from pytest_llmdeterminism.errors import ConfigurationError, EngineError
+
+if TYPE_CHECKING:
+    import socket
+
+VERSION_DEADLINE = 10.0  # seconds for the optional GET /version, within the spec's timeout
+VERSION_MAX_BYTES = 64 * 1024
+ERROR_BODY_BYTES = 64 * 1024  # of a 4xx/5xx answer, read for its message
+_T = TypeVar("_T")
+
+
+def check_url(spec: str, target: str) -> None:
+    """Refuse a server URL that is not plain ``http(s)://HOST[:PORT]/PATH``."""
+    __tracebackhide__ = True
+    from urllib.parse import urlsplit
+
+    expected = "expected openai:http://HOST:PORT/v1#tokenizer=PATH (and &model=NAME if it serves several)"
+    problem = None
+    if not target.startswith(("http://", "https://")):
+        problem = "is not an http:// or https:// URL"
+    else:
+        try:
+            parts = urlsplit(target)
+            parts.port  # noqa: B018 - parsed here, where a bad port can be named
+        except ValueError as error:
+            problem = f"is not a valid URL ({error})"
+        else:
+            problem = None if parts.hostname else "names no host"
+    if problem is not None:
+        raise ConfigurationError("llm_model", spec, f"{target!r} {problem}; {expected}")
+
+class Client:
+    """JSON over HTTP with ``http.client``: one origin, no redirects, no proxy, one deadline and one
+    size limit per request. The first transport failure is kept: every later request fails at once
+    with the same message instead of waiting for a deadline each."""
+
+    def __init__(self, spec: str, url: str, *, timeout: float, max_bytes: int, api_key: str | None) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self.spec, self.timeout, self.max_bytes, self._api_key = spec, timeout, max_bytes, api_key
+        self.base = f"{parts.scheme}://{parts.netloc}{parts.path}".rstrip("/")  # what messages show
+        self._https, self._host, self._port = parts.scheme == "https", parts.hostname or "", parts.port
+        self._path = parts.path.rstrip("/")
+        self._query = f"?{parts.query}" if parts.query else ""
+        self.down: EngineError | None = None
+
+    def get(self, path: str, into: type[_T]) -> _T:
+        return self._request("GET", path, None, into)
+
+    def post(self, path: str, body: dict[str, Any], into: type[_T]) -> _T:
+        return self._request("POST", path, body, into)
+
+    def request_line(self, method: str, path: str) -> str:
+        return f"{method} {self._path}/{path}"
+
+    def redact(self, text: str) -> str:
+        """``text`` with the API key, as sent and as JSON escapes it, shown as ``***``."""
+        if self._api_key:
+            for form in {self._api_key, json.dumps(self._api_key)[1:-1]}:
+                text = text.replace(form, "***")
+        return text
+
+    def version(self) -> str | None:
+        """The server's own version where it offers one (vLLM: ``GET /version``, beside ``/v1``); no key
+        is sent, and any failure means "none"."""
+        import http.client
+
+        root = self._path.removesuffix("/v1")
+        try:
+            status, _, payload = self._exchange("GET", f"{root}/version", None,
+                                                {"Accept": "application/json"}, request="GET /version",
+                                                seconds=min(self.timeout, VERSION_DEADLINE),
+                                                max_bytes=VERSION_MAX_BYTES)
+            version = msgspec.json.decode(payload, type=ServerVersion).version if status == 200 else ""
+        except (OSError, ValueError, EngineError, http.client.HTTPException):
+            return None
+        return self.redact(version) or None
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None, into: type[_T]) -> _T:
+        __tracebackhide__ = True
+        import http.client  # here, not at module level: pytest loads the plugin on every run
+
+        if self.down is not None:
+            raise self.down.with_traceback(None)
+        request = self.request_line(method, path)
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            status, location, payload = self._exchange(method, f"{self._path}/{path}{self._query}", data,
+                                                       headers, request=request, seconds=self.timeout,
+                                                       max_bytes=self.max_bytes)
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            self.down = EngineError(self.spec, f"the server at {self.base} did not answer {request} "
+                                    f"{self._transport_problem(error)}; every later test that uses it fails "
+                                    "with this message")
+            raise self.down.with_traceback(None) from None
+        answered = f"the server at {self.base} answered {request} with"
+        if 300 <= status < 400:
+            shown = self.redact(without_credentials(location or "nowhere"))[:SHOWN_CHARS]
+            raise EngineError(self.spec, f"{answered} HTTP {status}, a redirect to {shown!r}. Redirects "
+                              "are not followed (the request and its API key go to the spec's URL only): put "
+                              "the final URL in the spec")
+        if not 200 <= status < 300:
+            detail = self.redact(payload.decode(errors="replace"))[:SHOWN_CHARS]
+            hint = " (an OpenAI-compatible API lives under /v1: does the URL end in /v1?)"
+            hint = hint if status == 404 else ""
+            raise HTTPStatusError(self.spec, status, f"{answered} HTTP {status}{hint}: {detail!r}")
+        try:
+            return msgspec.json.decode(payload, type=into)
+        except msgspec.MsgspecError as error:
+            logprobs = (" with the completions API's per-token logprobs (llama-cpp-python: logits_all, the "
+                        "default)" if path == "completions" else "")
+            raise EngineError(self.spec, f"{answered} {self._decode_problem(payload, error)}. Is it an "
+                              f"OpenAI-compatible server{logprobs}, at this URL?") from None
+
+    def _exchange(self, method: str, target: str, data: bytes | None, headers: dict[str, str], *,
+                  request: str, seconds: float, max_bytes: int) -> tuple[int, str | None, bytes]:
+        """One request on a fresh connection: ``(status, Location, body)``, the body read within
+        ``max_bytes`` (a 4xx/5xx body is cut at ERROR_BODY_BYTES) and all of it within ``seconds``."""
+        __tracebackhide__ = True
+        import http.client
+
+        deadline = time.monotonic() + seconds
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        connection = kind(self._host, self._port, timeout=seconds)
+        raw: socket.socket | None = None
+        try:
+            connection.connect()
+            raw = connection.sock
+            # Every later send and read waits only until the deadline, however the server trickles.
+            connection.sock = _DeadlineSocket(raw, deadline)
+            connection.request(method, target, body=data, headers=headers)
+            response = connection.getresponse()
+            if 300 <= response.status < 400:
+                return response.status, response.getheader("Location"), b""
+            success = 200 <= response.status < 300
+            declared = response.length  # None where chunked or not given
+            if success and declared is not None and declared > max_bytes:
+                raise self._too_large(request, declared, max_bytes)
+            chunks, total = [], 0
+            while chunk := response.read(64 * 1024):
+                total += len(chunk)
+                chunks.append(chunk)
+                if not success and total >= ERROR_BODY_BYTES:
+                    break
+                if total > max_bytes:
+                    raise self._too_large(request, None, max_bytes)
+            if success and declared is not None and total < declared:
+                raise http.client.IncompleteRead(b"", declared - total)
+            return response.status, None, b"".join(chunks)
+        finally:
+            connection.close()
+            if raw is not None:
+                raw.close()
+
+    def _too_large(self, request: str, declared: int | None, max_bytes: int) -> EngineError:
+        size = "a body" if declared is None else f"a body of {declared / 1e6:,.1f} MB"
+        return EngineError(self.spec, f"the server at {self.base} answered {request} with {size} "
+                           f"above the {max_bytes / 1e6:g} MB limit (#max_response_mb=); refused without "
+                           "reading it all. A completion is a few KB: check the URL, and raise the limit "
+                           "only for a server that really sends more")
+
+    def _transport_problem(self, error: BaseException) -> str:
+        detail = self.redact(str(error))[:SHOWN_CHARS]
+        if isinstance(error, TimeoutError):
+            return (f"within its {self.timeout:g} s deadline (#timeout=, the whole request from connecting "
+                    "to the last byte). Is it overloaded or stuck? If it is only slow, raise the deadline, "
+                    "e.g. #timeout=600")
+        if isinstance(error, OSError):
+            return f"({type(error).__name__}: {detail}). Is it running, at this URL? If it was, check its log"
+        kind = type(error).__name__
+        shown = detail if detail.startswith(kind) else f"{kind}: {detail!r}"
+        return f"with valid HTTP ({shown}). Is it an HTTP server, at this URL? Check its log"
+
+    def _decode_problem(self, payload: bytes, error: msgspec.MsgspecError) -> str:
+        """What is wrong with a 2xx body: msgspec names the field of a wrong type; for malformed JSON,
+        the bytes around where decoding stopped."""
+        if isinstance(error, msgspec.ValidationError):
+            return f"an answer of the wrong shape ({error})"
+        offset = re.search(r"\(byte (\d+)\)", str(error))
+        if offset is None:
+            return f"malformed JSON ({error})"
+        at = int(offset[1])
+        excerpt = self.redact(payload[max(at - 40, 0):at + 40].decode(errors="replace"))
+        why = "; JSON has no NaN or Infinity" if "NaN" in excerpt or "Infinity" in excerpt else ""
+        return f"malformed JSON ({error}, near {excerpt!r}{why})"
+
+
+class _DeadlineSocket:
+    """The connection's socket as ``http.client`` uses it (``sendall``, ``makefile``, ``close``):
+    before each send and each read, the socket's timeout is set to what is left of the deadline.
+    The socket itself is closed by the request once the response is read."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        self._sock.settimeout(left)
+
+    def sendall(self, data: bytes) -> None:
+        self.arm()
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer: Any) -> int:
+        self.arm()
+        return self._sock.recv_into(buffer)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def close(self) -> None:
+        pass  # http.client closes it as soon as the headers say "close"; the body is still to read
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, sock: _DeadlineSocket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
+
+
+class HTTPStatusError(EngineError):
+    def __init__(self, spec: str, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(spec, message)
+

@@ -1,0 +1,241 @@
+"""The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
+confident), nondeterministic across attempts, and ``assert a == b`` on two generations. Built from
+data; nothing here prints or raises."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
+from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
+from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.reporting.records import Outcome
+
+Decode = Callable[[int], str]
+CONTEXT_TOKENS = 4
+
+
+def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
+    others = (f" (this test has goldens for {', '.join(map(repr, other_variants))}; compare with one of "
+              "them via --llm-golden-fallback)") if other_variants else ""
+    return (
+        f"no golden recorded for {key!r} in {location}{others}.\n"
+        f"Record it with: {accept_command(nodeid)}"
+    )
+
+
+def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
+             expected: Generation, actual: Generation, decode: Decode, *, profile: str,
+             across: str = "") -> str:
+    """A failure message of bounded length: verdict, where and how confident, what changed, the fix."""
+    lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode)} — fails under {profile!r}"]
+    if across:
+        lines.append(f"  {across}")
+    if comparison.verdict is Verdict.INPUT_CHANGED:
+        lines.append("  the input changed, so outputs were not compared (recorded -> now):")
+        for field, old, new in comparison.input_changes:
+            lines += _input_change(field, old, new, expected, actual)
+        if all(field != "prompt_token_ids" for field, _, _ in comparison.input_changes):
+            label = "prompt" + form_label(expected.prompt_form, actual.prompt_form)
+            lines.append(f"    {label}: unchanged, {short(expected.prompt, 80)} "
+                         f"({len(expected.prompt_token_ids)} ids, the same)")
+    elif comparison.divergence is not None:
+        d = comparison.divergence
+        lines.append(f"  context:  {_context(actual, d.step, decode)}")
+        lines.append(f"  expected: {_continuation(expected, d.step, decode)}")
+        lines.append(f"  got:      {_continuation(actual, d.step, decode)}")
+        lines.append(f"  expected top-{len(d.expected_top)} at step {d.step}: {_top(d.expected_top, decode)}")
+        lines.append(f"  got      top-{len(d.actual_top)} at step {d.step}: {_top(d.actual_top, decode)}")
+        lines.append(_drift_line(comparison))
+    elif comparison.verdict is Verdict.LOGIT_DRIFT:
+        lines.append(f"  all {comparison.steps_compared} tokens match: {short(expected.text, 80)}")
+    budget = budget_note(comparison)
+    if budget:
+        lines.append(f"  {budget}")
+    lines += _fingerprint_changes(expected, actual)
+    lines.append(f"  golden: {location}")
+    if nodeid is not None:
+        lines.append(f"Accept with: {accept_command(nodeid)}")
+    return "\n".join(lines)
+
+
+def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Generation,
+                     after: Generation, decode: Decode, *, attempts: tuple[int, int],
+                     earlier_outcome: Outcome) -> str:
+    """Two attempts of one test in one process (a rerun) generated different outputs for ``key``."""
+    first, now = attempts
+    lines = [(f"golden check {key!r} is NONDETERMINISTIC: attempt {now} of this test generated other output "
+              f"than attempt {first} in the same process ({_how_attempts_differ(between, decode)}); "
+              "a rerun never passes a golden check"),
+             f"  attempt {first}'s check was {earlier_outcome}; the same input must give the same output "
+             "every time"]
+    if between.verdict is Verdict.INPUT_CHANGED:
+        for field, old, new in between.input_changes:
+            lines += _input_change(field, old, new, before, after)
+    elif between.divergence is not None:
+        step = between.divergence.step
+        lines.append(f"  context:    {_context(after, step, decode)}")
+        lines.append(f"  attempt {first}: {_continuation(before, step, decode)}")
+        lines.append(f"  attempt {now}: {_continuation(after, step, decode)}")
+    lines.append(f"  golden: {location}")
+    lines.append(f"Find what varies with: pytest {nodeid} --llm-audit")
+    return "\n".join(lines)
+
+
+def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:
+    """The summary's line for a golden check whose output changed between attempts of its test."""
+    return (f"NONDETERMINISTIC: {nodeid} generated other output for {key!r} on attempt {attempts[1]} than on "
+            f"attempt {attempts[0]} (rerun in the same process); it fails, whatever a rerun gives")
+
+
+def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
+    if between.verdict is Verdict.INPUT_CHANGED:
+        return "its input changed: " + ", ".join(field for field, _, _ in between.input_changes)
+    d = between.divergence
+    if d is not None:
+        return (f"tokens differ from step {d.step}: {_token(d.expected_token, decode)}, "
+                f"then {_token(d.actual_token, decode)}")
+    return f"same tokens, logits differ from step {between.first_hash_step}"
+
+
+def _headline(comparison: Comparison, decode: Decode) -> str:
+    verdict = comparison.verdict.value
+    d = comparison.divergence
+    if comparison.verdict is Verdict.INPUT_CHANGED:
+        return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
+    if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
+        return (f"{verdict} — same tokens; the step hashes are not comparable "
+                f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "
+                f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
+    if comparison.verdict is Verdict.LOGIT_DRIFT:
+        return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ "
+                f"(max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})")
+    assert d is not None
+    margins = f"golden margin {d.golden_margin:.3g}"
+    if d.golden_margin >= comparison.tie_margin:
+        confidence = f"{margins} >= tie margin {comparison.tie_margin:g}: not a near tie"
+    elif comparison.verdict is Verdict.TIE_FLIP:
+        confidence = f"{margins} < tie margin {comparison.tie_margin:g}: near tie"
+    else:
+        confidence = (f"{margins} < tie margin {comparison.tie_margin:g}, "
+                      "but the new token was not in its top-k")
+    return (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
+            f"got {_token(d.actual_token, decode)}; {confidence}")
+
+
+def _hashes(comparison: Comparison, side: int) -> str:
+    assert comparison.hash_definitions is not None
+    name = comparison.hash_definitions[side]
+    return {"logits": "hashes raw logits", "served-topk": "hashes what a server returned",
+            "vllm-topk": "hashes what vLLM returned"}.get(name, f"hash {name!r}")
+
+
+def _drift_line(comparison: Comparison) -> str:
+    matched = comparison.steps_compared
+    total = max(comparison.total_steps, 1)
+    if comparison.hash_definitions is not None:
+        return (f"  before the divergence: {matched}/{comparison.total_steps} tokens matched "
+                f"({matched / total:.0%}); max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)} "
+                f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: not comparable)")
+    drift = ("logits identical before it" if comparison.first_hash_step is None
+             or comparison.first_hash_step >= matched else
+             f"logits differed from step {comparison.first_hash_step}, "
+             f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
+    return f"  before the divergence: {matched}/{comparison.total_steps} tokens matched " \
+           f"({matched / total:.0%}); {drift}"
+
+
+def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: Generation) -> list[str]:
+    if field == "batch_shape" and str(old).startswith("1x") and new == f"1x{len(actual.prompt_token_ids)}":
+        return [(f"    {field}: {short(old)} -> {short(new)} (at B = 1 a prompt now runs alone at its own "
+                "length, unpadded, as a plain generate() does; a golden recorded padded is re-recorded "
+                "once)")]
+    if field != "prompt_token_ids":
+        return [f"    {field}: {short(old)} -> {short(new)}"]
+    first = first_difference(old, new)
+    return [*_prompt_lines(expected, actual),
+            (f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
+             f"{_id_window(old, first)} -> {_id_window(new, first)}")]
+
+
+def _prompt_lines(expected: Generation, actual: Generation) -> list[str]:
+    """Both sides' prompt as the model saw it (a chat conversation rendered with its template)."""
+    label = "prompt" + form_label(expected.prompt_form, actual.prompt_form)
+    if expected.prompt == actual.prompt:
+        return [(f"    {label}: unchanged, {short(expected.prompt, 80)}; the same text now tokenises "
+                 "differently (a changed tokenizer or its settings)")]
+    old_text, new_text = differing_window(expected.prompt, actual.prompt)
+    return [f"    {label}: {old_text} -> {new_text}"]
+
+
+def _id_window(ids: Sequence[int], first: int) -> str:
+    start, end = id_window(len(ids), first)
+    shown = ", ".join(map(str, ids[start:end]))
+    return f"[{'…, ' if start else ''}{shown}{', …' if len(ids) > end else ''}]"
+
+
+def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None) -> Decode:
+    """Token id -> text. Generated tokens use the pieces recorded with them (the golden's own
+    text wins), other ids the current ``tokenizer`` when given, else ``<id N>``."""
+    known = {t: p for gen in (actual, expected) for t, p in zip(gen.token_ids, gen.pieces, strict=False)}
+
+    def decode(token: int) -> str:
+        if token in known:
+            return known[token]
+        if token >= TEXT_ONLY_IDS:
+            return "<a served token with no id>"
+        return str(tokenizer.decode([token])) if tokenizer is not None else f"<id {token}>"
+
+    return decode
+
+
+def assertrepr(actual: Generation, expected: Generation) -> list[str]:
+    """Lines for ``assert actual == expected`` on two Generations, as golden checks show them."""
+    from pytest_llmdeterminism.compare import compare
+
+    comparison = compare(expected, actual)
+    if comparison.verdict is Verdict.IDENTICAL:
+        return [("Generations differ only in fields outside tokens, logits and inputs "
+                 "(e.g. decoded text or pieces)")]
+    text = mismatch("left == right", "(right side)", None, comparison, expected, actual,
+                    decoder_for(expected, actual), profile="exact")
+    return ["Generation == Generation: " + text.split(": ", 1)[1].splitlines()[0],
+            *text.splitlines()[1:]]
+
+
+def _token(token: int, decode: Decode) -> str:
+    return "end of output" if token < 0 else f"{decode(token)!r} (id {token})"
+
+
+def _context(gen: Generation, step: int, decode: Decode) -> str:
+    start = max(0, step - CONTEXT_TOKENS)
+    before = [f"{decode(t)!r}" for t in gen.token_ids[start:step]]
+    return ("… " if start else "") + " ".join(before or ["(start of output)"])
+
+
+def _continuation(gen: Generation, step: int, decode: Decode) -> str:
+    shown = gen.token_ids[step:step + CONTEXT_TOKENS]
+    text = " ".join(f"{decode(t)!r}({t})" for t in shown) or "(end of output)"
+    more = " …" if len(gen.token_ids) > step + CONTEXT_TOKENS else ""
+    return f"[step {step}] {text}{more}   full text: {short(gen.text, 80)}"
+
+
+def _top(top: TopK, decode: Decode) -> str:
+    return ", ".join(f"{decode(t)!r} {lp:.3f}" for t, lp in top) or "(none: output had ended)"
+
+
+def _fingerprint_changes(expected: Generation, actual: Generation) -> list[str]:
+    from pytest_llmdeterminism.engines.fingerprint import diff
+
+    changes = diff(expected.fingerprint, actual.fingerprint)
+    if not changes:
+        return ["  environment: the same on both sides"]
+    return ["  environment changed (expected -> got):"] + [
+        f"    {field}: {short(old)} -> {short(new)}" for field, old, new in changes
+    ]
+
+

@@ -1,0 +1,50 @@
+"""Pieces of text every report shares: a value shortened to fit a line, a logprob change, the label
+of a prompt's form, and where two texts or id lists first differ."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_llmdeterminism.compare import first_token_divergence
+
+_MAX_IDS_SHOWN = 12
+
+
+def form_label(old: str, new: str) -> str:
+    """`` (chat, rendered)`` for a prompt that was a chat conversation; both forms where they differ."""
+    if old != new:
+        return f" ({old} -> {new})"
+    return {"chat": " (chat, rendered)", "token_ids": " (token ids, decoded)"}.get(old, "")
+
+
+def first_difference(old: Sequence[object], new: Sequence[object]) -> int:
+    first = first_token_divergence(old, new)
+    return min(len(old), len(new)) if first is None else first
+
+
+def differing_window(old: str, new: str, before: int = 30, after: int = 50) -> tuple[str, str]:
+    """Both texts around their first differing character (a rendered chat prompt is long; the
+    change may sit anywhere in it)."""
+    first = first_difference(old, new)
+    start = max(0, first - before)
+
+    def window(text: str) -> str:
+        end = first + after
+        return ("…" if start else "") + repr(text[start:end]) + ("…" if len(text) > end else "")
+
+    return window(old), window(new)
+
+
+def delta(value: float) -> str:
+    # Logprobs are stored to 6 decimals: a smaller change shows only in the hash.
+    return f"{value:.3g}" if value >= 1e-6 else "< 1e-6"
+
+
+def short(value: Any, limit: int = 100) -> str:
+    if isinstance(value, (list, tuple)) and len(value) > _MAX_IDS_SHOWN:
+        text = f"[{', '.join(map(str, value[:_MAX_IDS_SHOWN]))}, … ({len(value)} ids)]"
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+

@@ -1,0 +1,222 @@
+"""The run's settings as pytest holds them, read once into a frozen :class:`~.options.Options`.
+
+A command-line option overrides its ini twin. At start-up, before conftests are imported, the
+configuration file's keys are read from ``config.inipath`` (pytest has no public view of them) so
+that an ``llm_*`` key nobody declared stops the run, naming the closest real one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
+from pytest_llmdeterminism.run.options import (
+    DEFAULT_BATCH_SHAPE,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_SEED,
+    FLAGS,
+    SETTINGS,
+    Options,
+    UpdateMode,
+    parse_choice,
+    parse_device,
+    parse_integer,
+    resolve_model_spec,
+    resolve_path,
+)
+from pytest_llmdeterminism.shape import DTYPES, BatchShape
+from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
+
+if TYPE_CHECKING:
+    import pytest
+
+_PATH_FLAGS = ("--llm-model", "--llm-golden-dir", "--llm-golden-artifacts", "--llm-report")
+
+
+def _require_equals_for_paths(args: list[str]) -> None:
+    """pytest picks its rootdir and ini file from the command line's existing paths before plugin
+    options are parsed, so ``--llm-model DIR`` makes DIR look like a test path and the project's
+    ini file silently goes unread. ``--llm-model=DIR`` is unambiguous."""
+    for flag, following in itertools.pairwise(args):
+        if flag in _PATH_FLAGS and not following.startswith("-"):
+            raise ConfigurationError(
+                flag, following,
+                f"write {flag}={following} (with '='): with a space pytest reads {following!r} as a "
+                "test path when it looks for your pytest.ini / pyproject.toml, and ignores them",
+            )
+
+
+def read(config: pytest.Config) -> Options:
+    def value(ini: str) -> str | None:
+        cli = config.getoption(ini)
+        raw = cli if cli is not None else config.getini(ini)
+        return str(raw).strip() if raw not in (None, "") else None
+
+    _require_equals_for_paths([str(a) for a in config.invocation_params.args])
+    rootdir = Path(config.rootpath)
+    golden_dir = resolve_path("llm_golden_dir", value("llm_golden_dir"), config)
+    return Options(
+        model=resolve_model_spec(value("llm_model"), config),
+        golden_dir=Path(golden_dir).resolve() if golden_dir else None,
+        batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
+        dtype=parse_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
+        device=parse_device(value("llm_device") or "auto"),
+        seed=parse_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
+        max_new_tokens=parse_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
+                                     DEFAULT_MAX_NEW_TOKENS, minimum=1),
+        cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),
+        update=_update_mode_allowed(config),
+        tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
+        if value("llm_tolerance") else ToleranceSetting({}),
+        golden_fallback=bool(config.getoption("llm_golden_fallback")),
+        audit=config.getoption("llm_audit"),
+        audit_dtype=config.getoption("llm_audit_dtype"),
+        prune=bool(config.getoption("llm_golden_prune")),
+        artifacts=Path(config.invocation_params.dir, config.getoption("llm_golden_artifacts"))
+        if config.getoption("llm_golden_artifacts") else None,
+        partial=partial_run_reasons(config),
+        reports=_reports(config.getoption("llm_report"), Path(config.invocation_params.dir)),
+        rootdir=rootdir,
+        invocation_dir=Path(config.invocation_params.dir),
+        cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
+                           if config.getoption(s.ini) is not None),
+    )
+
+
+def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
+    paths = tuple(dict.fromkeys((base / path).resolve() for path in given))
+    suffixes = [path.suffix for path in paths]
+    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
+    if twice:
+        raise ConfigurationError("--llm-report", given, f"two {twice[0]} reports; give one path per format "
+                                 "(.json, .md, .html), e.g. --llm-report=llm.json --llm-report=llm.html")
+    return paths
+
+
+def check_names(config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """``llm_*`` ini keys and ``--llm-*`` options that no plugin or conftest declared stop the run
+    once, naming the closest real one (pytest alone would warn about the ini key and fail every test
+    with "no model"). Call it after conftests have loaded."""
+    known_ini = [setting.ini for setting in SETTINGS]
+    for key, raw in ini_values(config).items():
+        if key.startswith("llm_") and not _declared_ini(config, key):
+            close = difflib.get_close_matches(key, known_ini, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(known_ini)
+            raise ConfigurationError(key, raw, f"not a pytest-llmdeterminism ini setting; {hint}")
+    _, unknown = parser.parse_known_and_unknown_args(args)
+    for arg in map(str, unknown):
+        flag, _, raw = arg.partition("=")
+        if flag.startswith("--llm"):
+            raise ConfigurationError(flag, raw or NO_VALUE, f"no such option; {_closest_flag(flag)}")
+
+
+def _closest_flag(flag: str) -> str:
+    """A truncated name (pytest takes no abbreviations) or a misspelled one: the real option it means."""
+    extended = sorted((name for name in FLAGS if name.startswith(flag)), key=len)
+    if extended and (len(extended) == 1 or len(extended[0]) - len(flag) <= 3):
+        return f"did you mean {extended[0]}? (pytest does not accept abbreviated options)"
+    close = extended or difflib.get_close_matches(flag, FLAGS, n=3, cutoff=0.75)
+    if close:
+        return f"did you mean {' or '.join(close[:3])}?"
+    return "see pytest --help for the --llm-* options"
+
+
+def _declared_ini(config: pytest.Config, key: str) -> bool:
+    try:
+        config.getini(key)
+    except ValueError:  # pytest's answer for a key no plugin or conftest declared
+        return False
+    return True
+
+
+def ini_values(config: pytest.Config) -> dict[str, str]:
+    """The keys and raw values of the configuration file pytest chose (``config.inipath``), then of
+    its ``-o KEY=VALUE`` overrides: what the project wrote, whether a plugin declared it or not.
+
+    ``config.getini`` answers only for declared keys, so the file is read here with the parsers
+    pytest reads it with: ``iniconfig`` for .ini and .cfg, ``tomllib`` (``tomli`` before Python
+    3.11, a dependency of pytest there) for .toml, in the section each kind of file keeps pytest's
+    settings in.
+    """
+    values = {} if config.inipath is None else _config_file_values(Path(config.inipath))
+    # The early namespace: at start-up, before conftests, config.option is not filled in yet.
+    for override in getattr(config.known_args_namespace, "override_ini", None) or ():
+        key, equals, value = str(override).partition("=")
+        if equals:  # pytest itself refuses an override without '='
+            values[key] = value
+    return values
+
+
+def _config_file_values(path: Path) -> dict[str, str]:
+    if path.suffix == ".toml":
+        document = _toml_document(path)
+        tool = document.get("tool", {}).get("pytest", {})
+        table = {**tool.get("ini_options", {}), **{k: v for k, v in tool.items() if k != "ini_options"}}
+        if path.name != "pyproject.toml":  # pytest.toml and a -c FILE.toml keep it in [pytest]
+            table.update(document.get("pytest", {}))
+        return {str(key): str(value) for key, value in table.items()}
+    if path.suffix not in (".ini", ".cfg"):
+        return {}
+    import iniconfig
+
+    section = "tool:pytest" if path.suffix == ".cfg" else "pytest"  # setup.cfg: [tool:pytest]
+    parsed = iniconfig.IniConfig(str(path))
+    return dict(parsed[section].items()) if section in parsed else {}
+
+
+def _toml_document(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    with path.open("rb") as file:
+        return tomllib.load(file)
+
+
+def early_cpu_numerics(early_config: pytest.Config) -> str:
+    """``llm_cpu_numerics`` before conftests load (and before anything can have imported torch)."""
+    raw = getattr(early_config.known_args_namespace, "llm_cpu_numerics", None)
+    return numerics.parse_mode(raw if raw is not None else str(early_config.getini("llm_cpu_numerics")))
+
+
+NODE_IDS_GIVEN = "test ids on the command line"  # the rest of the suite was not even collected
+
+
+def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:
+    """Selections after which some goldens were simply not visited: never judge them unused then."""
+    reasons = []
+    if config.getoption("keyword", ""):
+        reasons.append("-k")
+    if config.getoption("markexpr", ""):
+        reasons.append("-m")
+    if any("::" in str(arg) for arg in config.args):
+        reasons.append(NODE_IDS_GIVEN)
+    for option, flag in (("lf", "--lf"), ("deselect", "--deselect"), ("stepwise", "--sw")):
+        if config.getoption(option, None):
+            reasons.append(flag)
+    return tuple(reasons)
+
+
+def running_in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _update_mode_allowed(config: pytest.Config) -> UpdateMode | None:
+    """Goldens are recorded where a person reviews them, not silently by a pipeline."""
+    update: UpdateMode | None = config.getoption("llm_golden_update")
+    if update and running_in_ci() and not config.getoption("llm_golden_update_in_ci"):
+        raise ConfigurationError(
+            "--llm-golden-update", update,
+            f"refused because CI={os.environ.get('CI')!r} is set: in CI goldens are checked, never "
+            "written, so a pipeline cannot approve its own changes. Record them on a development "
+            "machine and commit them, or add --llm-golden-update-in-ci to write them here anyway",
+        )
+    return update
+
+
