@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
@@ -14,17 +14,23 @@ from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedErro
 TopK = tuple[tuple[int, float], ...]
 
 
-class HashDefinition(StrEnum):
+class HashDefinition(str, Enum):  # not StrEnum: Python 3.10 has none
     """What a Generation's step hashes hash (golden files name it: ``step_hash``); the value is the
     name a golden stores."""
+
+    def __str__(self) -> str:
+        return self.value
 
     LOGITS = "logits"  # the raw logits: transformers, llama.cpp
     SERVED_TOPK = "served-topk"  # the texts and top-k logprobs an OpenAI-compatible server returned
     VLLM_TOPK = "vllm-topk"  # the ids and top-k logprobs vLLM returned
 
 
-class PromptForm(StrEnum):
+class PromptForm(str, Enum):
     """How a test gave its prompt (a golden stores the value)."""
+
+    def __str__(self) -> str:
+        return self.value
 
     TEXT = "text"
     CHAT = "chat"  # the prompt is the rendered conversation

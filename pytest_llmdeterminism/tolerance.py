@@ -52,6 +52,9 @@ class Profile:
     atol: float | None = None
     margin: float | None = None
 
+    def __post_init__(self) -> None:  # Profile("exact") is ProfileName.EXACT, so `is` checks hold
+        object.__setattr__(self, "name", ProfileName(self.name))
+
     def __str__(self) -> str:
         params = [f"{p}={getattr(self, p):g}" for p in _PARAMETERS[self.name] if getattr(self, p) is not None]
         return f"{self.name.value}({', '.join(params)})" if params else self.name.value

@@ -176,7 +176,8 @@ def _toml_document(path: Path) -> dict[str, Any]:
     else:
         import tomli as tomllib
     with path.open("rb") as file:
-        return tomllib.load(file)
+        document: dict[str, Any] = tomllib.load(file)
+    return document
 
 
 def early_cpu_numerics(early_config: pytest.Config) -> str:
