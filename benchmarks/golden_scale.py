@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.run.golden_tokens import judge
 from pytest_llmdeterminism.tolerance import Profile
 
@@ -34,7 +34,7 @@ TEMPLATE = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
 
 def entries(count: int, steps: int, seed: int) -> list[dict]:
     """``count`` distinct entries of ``steps`` steps, made from the example suite's real goldens."""
-    templates = [store.to_entry(store.from_entry(entry))
+    templates = [schema.to_entry(schema.from_entry(entry))
                  for variants in store.read(TEMPLATE).values() for entry in variants.values()]
     rng = random.Random(seed)
     made = []
@@ -61,7 +61,7 @@ def run(files: int, per_file: int, steps: int, rounds: int) -> dict[str, float]:
     ]
     profile = Profile("exact")
     # What the model would have generated: built before the clock starts, as generation is not timed.
-    actual = [{key: store.from_entry(variants["cpu/float32"]) for key, variants in updates.items()}
+    actual = [{key: schema.from_entry(variants["cpu/float32"]) for key, variants in updates.items()}
               for updates in per_file_updates]
     write_times, read_times, sizes = [], [], 0
     for _ in range(rounds):
@@ -77,7 +77,7 @@ def run(files: int, per_file: int, steps: int, rounds: int) -> dict[str, float]:
             for f in range(files):
                 goldens = store.read(folder / f"test_module_{f}.json")
                 for key, variants in goldens.items():
-                    expected = store.from_entry(variants["cpu/float32"])
+                    expected = schema.from_entry(variants["cpu/float32"])
                     verdicts.append(judge(expected, actual[f][key], profile)[0].verdict.value)
             read_times.append(time.perf_counter() - start)
             assert verdicts == ["IDENTICAL"] * (files * per_file), set(verdicts)

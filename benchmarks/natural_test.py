@@ -97,9 +97,9 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mod
     started = time.perf_counter()  # both sides' load times count importing torch and transformers
     from pytest_llmdeterminism import engines as backends
     from pytest_llmdeterminism.engines.model import LLMModel
-    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.goldens import schema, store
     from pytest_llmdeterminism.goldens.files import GoldenFiles
-    from pytest_llmdeterminism.reporting.records import TestOutcomes
+    from pytest_llmdeterminism.reporting.recorder import TestOutcomes
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -114,7 +114,7 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mod
     # Record each prompt's golden once, as --llm-golden-update would, so every timed call checks one.
     for index, prompt in enumerate(prompts):
         generation = llm.generate(prompt)
-        store.merge(path, {f"test_{index}": {generation.variant: store.to_entry(generation)}})
+        store.merge(path, {f"test_{index}": {generation.variant: schema.to_entry(generation)}})
     options = _options(folder, ToleranceSetting({}), mode)
     _answer({"load_s": load_s})
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_llmdeterminism.cli import main as llm_golden
 
-TINY = Path(__file__).resolve().parent.parent / "pytest_llmdeterminism" / "backends" / "tiny"
+TINY = Path(__file__).resolve().parent.parent / "pytest_llmdeterminism" / "engines" / "tiny"
 SUITE = '''
 import pytest
 from pytest_llmdeterminism import deterministic
