@@ -34,6 +34,7 @@ def record_and_reproduce(pytester, spec: str, variant: str) -> dict:
     return goldens
 
 
+@pytest.mark.subprocess
 def test_llamacpp_in_process_records_and_reproduces_bitwise(pytester, smollm2_gguf):
     goldens = record_and_reproduce(pytester, f"llamacpp:{smollm2_gguf}", "llamacpp:cpu/Q4_1")
     capital = goldens["test_capital"]["llamacpp:cpu/Q4_1"]
@@ -45,6 +46,7 @@ def test_llamacpp_in_process_records_and_reproduces_bitwise(pytester, smollm2_gg
     assert fingerprint["weights_hash"] and fingerprint["model"] == smollm2_gguf.name
 
 
+@pytest.mark.subprocess
 def test_openai_server_records_reproduces_and_detects_a_changed_model(pytester, smollm2_gguf, llama_server,
                                                                        tmp_path):
     server = llama_server(smollm2_gguf)
@@ -64,6 +66,7 @@ def test_openai_server_records_reproduces_and_detects_a_changed_model(pytester, 
     result.stdout.fnmatch_lines(["*server_model '*SmolLM2-135M-Instruct.Q4_1.gguf' → '*changed.gguf'*"])
 
 
+@pytest.mark.subprocess
 def test_server_killed_mid_run_gives_one_clear_error_per_test(pytester, smollm2_gguf, llama_server):
     server = llama_server(smollm2_gguf)
     pytester.makeini(f"[pytest]\nllm_model = {server.spec(smollm2_gguf)}\nllm_batch_shape = 2x32\n")
@@ -93,6 +96,7 @@ def test_3_after(llm_model):
     assert "urllib" not in output and "http.client" not in output  # one message, no library internals
 
 
+@pytest.mark.subprocess
 def test_cross_engine_table_transformers_vs_llamacpp(pytester, smollm2_gguf):
     """The differential test: goldens recorded by transformers (fp32, dequantised), the same prompts
     through llama.cpp (Q4_1) compared with them via --llm-golden-fallback, the table by llm-golden diff."""

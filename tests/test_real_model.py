@@ -6,6 +6,8 @@ and every logit hash bit for bit.
 
 import json
 
+import pytest
+
 REAL_SUITE = """
 from pytest_llmdeterminism import deterministic
 
@@ -36,6 +38,7 @@ def goldens_of(pytester):
     return json.loads((pytester.path / "__golden__" / "test_real.json").read_text())["goldens"]
 
 
+@pytest.mark.subprocess
 def test_smollm2_goldens_reproduce_bitwise_in_a_second_process(pytester, smollm2_gguf):
     pytester.makeini(f"[pytest]\nllm_model = {smollm2_gguf}\nllm_batch_shape = 2x32\n")
     pytester.makepyfile(test_real=REAL_SUITE)
