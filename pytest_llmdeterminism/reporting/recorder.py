@@ -169,6 +169,8 @@ class TestOutcomes:
             parts.append(f"Accept all of them with: {accept}")
             error = GoldenMismatchError("\n".join(parts), first.comparison,
                                         failures=tuple(failure for failure, _ in failures))
+        # Raised after the test body ends; a traceback of the failing check's frame (the public
+        # types.TracebackType constructor; pytest has no API for this) makes pytest's `>` point there.
         raise error.with_traceback(types.TracebackType(None, *site) if site else None) from None
 
     def to_json(self) -> dict[str, Any] | None:
