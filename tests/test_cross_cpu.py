@@ -7,6 +7,7 @@ negative control that shows the check can fail). Emulation is slow, so the probe
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -115,3 +116,41 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
     code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
     assert code == 0 and "golden checks: 3 IDENTICAL" in output, \
         f"under -cpu {other_vendor}:\n{output[-4000:]}"
+
+
+SPLIT_PROBE = """
+import json, torch, xxhash
+from pytest_llmdeterminism.engines import gemv, numerics
+torch.manual_seed(0)
+found = {"mkl_cbwr": numerics.effective()["mkl_cbwr"]}
+for out_features, in_features in ((576, 576), (1536, 576), (576, 1536), (8192, 576)):
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    x = torch.randn(1, in_features)
+    linear = torch.nn.functional.linear(x, weight, bias)
+    name = f"{out_features}x{in_features}"
+    found[name] = xxhash.xxh3_64_hexdigest(linear.numpy().tobytes())
+    splits = [gemv.split_linear(x, weight, bias, n) for n in (2, 4)]
+    found[name + " split equal"] = all(torch.equal(split, linear) for split in splits)
+print(json.dumps(found))
+"""
+
+
+def test_split_one_row_products_keep_linears_bits_under_other_cpus(tmp_path):
+    """The plugin splits a batch-1 decode step's products over the threads (engines/gemv.py): under
+    portable numerics that must give F.linear's bits on every CPU, as F.linear's own are."""
+    script = tmp_path / "split_probe.py"
+    script.write_text(SPLIT_PROBE)
+    env = {**_environment(), **numerics.PORTABLE_ENVIRONMENT, "OMP_NUM_THREADS": "2"}
+    runs = {cpu: subprocess.Popen([*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script)],
+                                  env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for cpu in ("", *_foreign_cpus())}
+    found = {}
+    for cpu, run in runs.items():
+        code, output = _finish(run)
+        assert code == 0, f"under -cpu {cpu or 'host'}:\n{output[-3000:]}"
+        found[cpu or "host"] = json.loads(output.splitlines()[-1])
+    host = found["host"]
+    assert host["mkl_cbwr"] == numerics.MKL_REPRODUCIBLE_BRANCH
+    for cpu, values in found.items():
+        assert all(v for k, v in values.items() if k.endswith("split equal")), (cpu, values)
+        assert values == host, f"-cpu {cpu} gives other bits than the host: {values} != {host}"

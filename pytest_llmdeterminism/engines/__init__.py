@@ -78,10 +78,13 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
         return dataclasses.replace(loaded, cpu_numerics=cpu_numerics)
     kind, path = resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
+    in_force = {}
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
-        numerics.check(cpu_numerics, pinned_late=pinned_late)
+        in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
+    engine = hf.HFEngine(model, tokenizer, device,
+                         split_one_row_products=in_force.get("mkl_cbwr") == numerics.MKL_REPRODUCIBLE_BRANCH)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
-                       device=device, engine=hf.HFEngine(model, tokenizer, device), cpu_numerics=cpu_numerics)
+                       device=device, engine=engine, cpu_numerics=cpu_numerics)
 
 
 class ModelCache:

@@ -223,8 +223,10 @@ def _in_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
         engine = loaded.engine
         assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
         model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
+        copied_engine = HFEngine(model, engine.tokenizer, engine.device,
+                                 split_one_row_products=engine.split_one_row_products)
         loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={},
-                                                engine=HFEngine(model, engine.tokenizer, engine.device))
+                                                engine=copied_engine)
     copied: LoadedModel = loaded.cache[key]
     return copied
 

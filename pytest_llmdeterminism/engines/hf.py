@@ -6,11 +6,13 @@ import json
 import os
 import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.engines.determinism import deterministic_state
+from pytest_llmdeterminism.engines.gemv import one_row_products_split
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -35,8 +37,11 @@ class HFEngine:
     hash_definition = HashDefinition.LOGITS
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
-    def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
+    def __init__(self, model: Any, tokenizer: Any, device: str, *,
+                 split_one_row_products: bool = False) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
+        # Under MKL's reproducible branch, one-row products run split over the threads (gemv.py).
+        self.split_one_row_products = split_one_row_products
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -72,7 +77,8 @@ class HFEngine:
         model.generation_config = GenerationConfig()
         try:
             with deterministic_state(settings.seed), torch.inference_mode(), \
-                    StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture:
+                    StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture, \
+                    one_row_products_split(model) if self.split_one_row_products else nullcontext():
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),

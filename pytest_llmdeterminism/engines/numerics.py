@@ -46,10 +46,12 @@ PORTABLE = "portable"
 NATIVE = "native"
 MODES = (PORTABLE, NATIVE)
 DEFAULT_MODE = PORTABLE
+# MKL's branch that portable numerics pin on x86-64: the same bits on every CPU, at a thread count.
+MKL_REPRODUCIBLE_BRANCH = "COMPATIBLE"
 # What portable numerics set before torch starts, and must then find in force, per machine.
 _PORTABLE_BY_MACHINE: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]] = {
-    "x86_64": ({"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"},
-               {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE"}),
+    "x86_64": ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "default"},
+               {"aten_capability": "DEFAULT", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH}),
     "aarch64": ({"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
                  "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"},
                 {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"}),
