@@ -18,7 +18,8 @@ prompt (300 tokens, prefill-heavy), and the prompt that stops at EOS early. Then
 whole ``pytest`` run of a small file (four tests), plain vs plugin, alternating. A spread figure
 (the larger of the two sides' median absolute deviation over the median, per prompt) says how far
 the ratio can be trusted on this machine.
-Ratios print last.
+Last, the model load alone, plain vs plugin, in fresh processes, alternating (``--load-rounds``):
+the sides' own loads are one sample each. Ratios print last.
 """
 
 from __future__ import annotations
@@ -224,6 +225,33 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
     return result
 
 
+def load_only(spec: str, plugin: bool) -> None:
+    """One load in a fresh process, nothing else: the plugin's (portable numerics) or transformers' own."""
+    if plugin:
+        from pytest_llmdeterminism.engines import numerics
+
+        numerics.pin("portable")
+    started = time.perf_counter()  # imports of torch and transformers count on both sides
+    if plugin:
+        from pytest_llmdeterminism import engines
+
+        engines.load(spec, dtype="float32", device="cpu", cpu_numerics="portable")
+    else:
+        _load_plain(spec)
+    _answer({"load_s": time.perf_counter() - started})
+
+
+def load_rounds(spec: str, rounds: int) -> dict:
+    """Model load, plain vs plugin, each in a fresh process, alternating: one load is too noisy to compare."""
+    loads: dict[str, list[float]] = {"plain": [], "plugin": []}
+    for r in range(rounds):
+        for role in (("plain", "plugin") if r % 2 == 0 else ("plugin", "plain")):
+            done = subprocess.run([sys.executable, __file__, "--side", f"load-{role}", spec, "0", "."],
+                                  check=True, capture_output=True, text=True)
+            loads[role].append(json.loads(done.stdout.splitlines()[-1])["load_s"])
+    return {"loads_s": loads, **{f"median_load_{role}_s": statistics.median(v) for role, v in loads.items()}}
+
+
 PLAIN_FILE = """
 import pytest, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -292,7 +320,9 @@ def main() -> None:
         role, spec, max_new_tokens, folder = sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
         sys.path.insert(0, str(ROOT))
         prompts = prompts_for(spec)
-        if role == "plain":
+        if role.startswith("load-"):
+            load_only(spec, plugin=role == "load-plugin")
+        elif role == "plain":
             plain_side(spec, prompts, max_new_tokens)
         else:
             folder.mkdir(parents=True, exist_ok=True)
@@ -305,6 +335,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--pytest-rounds", type=int, default=3, help="0 skips the whole-run comparison")
+    parser.add_argument("--load-rounds", type=int, default=3,
+                        help="model loads per side in fresh processes, alternating (0 skips them)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     models = args.model or ["builtin:tiny", *([str(SMOLLM2)] if SMOLLM2.is_file() else [])]
@@ -315,12 +347,17 @@ def main() -> None:
         results[spec] = per_call(spec, args.max_new_tokens, args.rounds)
         if args.pytest_rounds:
             results[spec].update(whole_runs(spec, args.max_new_tokens, args.pytest_rounds))
+        if args.load_rounds:
+            results[spec].update(load_rounds(spec, args.load_rounds))
         print(json.dumps(results[spec], indent=1), flush=True)
     print("\nthe plugin vs the plain test (batch 1, unpadded, native kernels), ratios of medians:")
     for spec, r in results.items():
         name = Path(spec).name if not spec.startswith("builtin:") else spec
         print(f"  {name} (spread ±{r['spread']:.0%}; load: plain {r['load_s']['plain']:.1f} s, plugin "
               f"{r['load_s']['plugin']:.1f} s, plugin native {r['load_s']['plugin-native']:.1f} s)")
+        if "median_load_plain_s" in r:
+            print(f"    model load, {len(r['loads_s']['plain'])} alternating fresh loads each: plain "
+                  f"{r['median_load_plain_s']:.1f} s, plugin {r['median_load_plugin_s']:.1f} s (medians)")
         for role, label in (("plugin", "defaults (portable numerics)"),
                             ("plugin-native", "llm_cpu_numerics=native")):
             whole = (f"; whole pytest run {r['ratio_whole_run']:.2f}x"
