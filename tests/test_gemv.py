@@ -47,6 +47,7 @@ def test_the_split_applies_to_large_float32_cpu_weights_over_several_threads_onl
     assert gemv.blocks_for(large, 1) == 0  # nothing to spread over
     assert gemv.blocks_for(large, 3) == 0  # 1024 output features do not split in 3 equal blocks
     assert gemv.blocks_for(large.to(torch.bfloat16), 2) == 0  # not MKL's float32 product
+    assert gemv.blocks_for(torch.zeros(256, 1024).t(), 2) == 0  # a transposed view: its blocks are not views
     assert gemv.blocks_for(torch.zeros(192, 576), 2) == 0  # below MIN_WEIGHT_ELEMENTS: dispatch costs more
 
 

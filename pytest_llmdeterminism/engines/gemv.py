@@ -30,12 +30,14 @@ MIN_WEIGHT_ELEMENTS = 1 << 18
 
 def blocks_for(weight: Any, threads: int) -> int:
     """How many blocks to split ``weight``'s output features into: 0 where the split does not apply
-    (one thread, a weight that is not float32 on the CPU, too small, or not divisible)."""
+    (one thread, a weight that is not a contiguous float32 matrix on the CPU, too small, or not
+    divisible)."""
     import torch
 
     out_features = weight.shape[0]
     if (threads < 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
-            or weight.dim() != 2 or weight.numel() < MIN_WEIGHT_ELEMENTS or out_features % threads):
+            or weight.dim() != 2 or not weight.is_contiguous() or weight.numel() < MIN_WEIGHT_ELEMENTS
+            or out_features % threads):
         return 0
     return threads
 
