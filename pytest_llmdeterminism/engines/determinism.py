@@ -129,11 +129,16 @@ def seed_all(seed: int) -> None:
     """Seed python's, numpy's and torch's (every CUDA device's) global generators."""
     import torch
 
+    _seed_host(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def _seed_host(seed: int) -> None:
+    """Python's and numpy's global generators."""
     random.seed(seed)
     numpy = _numpy()
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 def _seed_started_devices(torch: Any, seed: int) -> None:
@@ -141,10 +146,7 @@ def _seed_started_devices(torch: Any, seed: int) -> None:
     ``torch.manual_seed`` queues a seeding for every device that has not started (CUDA, XPU, MTIA,
     each with a captured stack: about 1 ms a call, a tenth of a tiny model's generation), which
     would run when that device starts, after the block has put everything back."""
-    random.seed(seed)
-    numpy = _numpy()
-    if numpy is not None:
-        numpy.random.seed(seed % 2**32)
+    _seed_host(seed)
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)

@@ -5,11 +5,11 @@ MKL runs such a one-row GEMM on one thread (measured on Intel and AMD; natively 
 2-core machine decodes on one core. Split the weight's output features into ``n`` equal blocks and
 compute them as one ``torch.bmm`` of ``n`` matrices: ATen runs the blocks of a batch on its
 threads, and every output is the same dot product over the same inputs as before, so the bits do
-not change. Measured with
-torch 2.13 (MKL 2024.2) under portable numerics, at 1, 2 and 4 threads, natively (AMD EPYC) and
-under ``qemu-x86_64 -cpu`` Haswell, Nehalem and EPYC: the split equals ``F.linear`` bit for bit, with
-and without a bias, for SmolLM2-135M's shapes and smaller ones; SmolLM2's one-row products per
-decode step took 32-40 ms as ``F.linear`` and 23 ms split in two (2-core AMD EPYC).
+not change. Measured with torch 2.13 (MKL 2024.2) under portable numerics, at 1, 2 and 4 threads,
+natively (AMD EPYC) and under ``qemu-x86_64 -cpu`` Haswell, Nehalem and EPYC: the split equals
+``F.linear`` bit for bit, with and without a bias, for SmolLM2-135M's shapes and smaller ones;
+SmolLM2's one-row products per decode step took 32-40 ms as ``F.linear`` and 23 ms split in two
+(2-core AMD EPYC).
 
 Rows > 1 (prefill, a batch of several prompts) are left to ``F.linear``: MKL already spreads them
 over its threads, and a split there gained nothing measurable. The split applies only where the
