@@ -4,17 +4,18 @@ The natural test: ``model.generate(**tokenizer(prompt, return_tensors="pt"), do_
 max_new_tokens=N)`` at batch 1, unpadded, stopping at EOS, with the CPU's native kernels (no
 ``MKL_CBWR``, no ``ATEN_CPU_CAPABILITY``), in its own process. The plugin: ``llm_model.generate`` +
 ``golden_tokens.check`` with every default (a lone prompt runs unpadded, portable CPU numerics), in its
-own process; and the plugin once more with ``llm_cpu_numerics = native``, which separates what the
-plugin itself costs from what portable numerics cost (the portable premium).
+own process; and the plugin once more with ``llm_cpu_numerics = compatible`` (the generic kernels,
+for any x86-64 CPU) and with ``native``, which separates what the plugin itself costs from what pinned
+numerics cost (the portable premium).
 
     python benchmarks/natural_test.py                         # builtin:tiny, and SmolLM2 if fetched
     python benchmarks/natural_test.py --model PATH.gguf --rounds 9 --pytest-rounds 3
 
-The three processes load their model once (timed, imports of torch and transformers included),
+The four processes load their model once (timed, imports of torch and transformers included),
 then take turns: round r runs every prompt in each process, the order rotating from round to round,
 so machine noise hits all alike. Per prompt, each side's median over the rounds; ratios to the
 plain side: the median over the prompts that run to ``max_new_tokens`` ("per call"), the long
-prompt (300 tokens, prefill-heavy), and the prompt that stops at EOS early. Then the wall time of a
+prompt (264 tokens, prefill-heavy), and the prompt that stops at EOS early. Then the wall time of a
 whole ``pytest`` run of a small file (four tests), plain vs plugin, alternating. A spread figure
 (the larger of the two sides' median absolute deviation over the median, per prompt) says how far
 the ratio can be trusted on this machine.
@@ -48,8 +49,8 @@ PROMPTS = {
                 "The weather today is", LONG_PROMPT,
                 [{"role": "user", "content": "Answer with one word, yes or no: is the sky blue?"}]],
 }
-SIDES = ("plain", "plugin", "plugin-native")
-NUMERICS_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY")
+SIDES = ("plain", "plugin", "plugin-compatible", "plugin-native")
+NUMERICS_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 
 # --- the two sides, each a long-lived process that answers commands on stdin -----------------
@@ -206,7 +207,7 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
             for side in sides.values():
                 side.round()
         for r in range(rounds):
-            for role in SIDES[r % 3:] + SIDES[:r % 3]:
+            for role in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:
                 answer = sides[role].round()
                 times[role].append(answer["times"])
                 tokens[role] = answer["tokens"]
@@ -326,8 +327,8 @@ def main() -> None:
             plain_side(spec, prompts, max_new_tokens)
         else:
             folder.mkdir(parents=True, exist_ok=True)
-            numerics_mode = "native" if role == "plugin-native" else "portable"
-            plugin_side(spec, prompts, max_new_tokens, folder, numerics_mode)
+            mode = {"plugin-native": "native", "plugin-compatible": "compatible"}.get(role, "portable")
+            plugin_side(spec, prompts, max_new_tokens, folder, mode)
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -359,6 +360,7 @@ def main() -> None:
             print(f"    model load, {len(r['loads_s']['plain'])} alternating fresh loads each: plain "
                   f"{r['median_load_plain_s']:.1f} s, plugin {r['median_load_plugin_s']:.1f} s (medians)")
         for role, label in (("plugin", "defaults (portable numerics)"),
+                            ("plugin-compatible", "llm_cpu_numerics=compatible"),
                             ("plugin-native", "llm_cpu_numerics=native")):
             whole = (f"; whole pytest run {r['ratio_whole_run']:.2f}x"
                      if role == "plugin" and "ratio_whole_run" in r else "")

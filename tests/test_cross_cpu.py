@@ -51,7 +51,7 @@ def _foreign_cpus() -> tuple[str, str]:
 
 def _environment() -> dict[str, str]:
     """This process pins portable numerics for itself; the runs below choose their own mode."""
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE_ENVIRONMENT and k != "CI"}
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_VARIABLES and k != "CI"}
     return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -77,24 +77,33 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     # Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread),
     # so the negative control runs one prompt per batch, at one thread.
     native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native", "--llm-batch-shape=1x32")
-    for args, threads in ((("--llm-golden-update",), None), ((*native, "--llm-golden-update"), 1)):
+    compatible = ("--llm-cpu-numerics=compatible", "--llm-golden-dir=compatible")
+    for args, threads in ((("--llm-golden-update",), None), ((*compatible, "--llm-golden-update"), None),
+                          ((*native, "--llm-golden-update"), 1)):
         code, output = _finish(_pytest(tmp_path, *args, threads=threads))
         assert code == 0 and "golden checks: 3 recorded" in output, output[-3000:]
 
     other_vendor, old_isa = _foreign_cpus()
     runs = {
         other_vendor: _pytest(tmp_path, cpu=other_vendor),
-        old_isa: _pytest(tmp_path, cpu=old_isa),
+        old_isa: _pytest(tmp_path, *compatible, cpu=old_isa),
+        f"portable on {old_isa}": _pytest(tmp_path, cpu=old_isa),
         f"native on {old_isa}": _pytest(tmp_path, *native, "--llm-tolerance=exact", cpu=old_isa, threads=1),
     }
     results = {name: _finish(run) for name, run in runs.items()}
 
+    # portable (AVX2 kernels) on another vendor's CPU; compatible (generic kernels) on one without AVX
     for cpu in (other_vendor, old_isa):
         code, output = results[cpu]
-        assert code == 0, f"portable goldens failed under -cpu {cpu}:\n{output[-4000:]}"
+        assert code == 0, f"pinned goldens failed under -cpu {cpu}:\n{output[-4000:]}"
         assert "golden checks: 3 IDENTICAL" in output, output[-3000:]
         assert "batch invariance: verified at 4x32" in output
         assert "compared across environments" not in output
+
+    # Portable needs AVX2: a CPU without it is refused with the settings that work there.
+    code, output = results[f"portable on {old_isa}"]
+    assert code == 1, output[-3000:]
+    assert "has no AVX2 and FMA" in output and "--llm-cpu-numerics=compatible" in output, output[-3000:]
 
     # Negative control: native kernels on an SSE4.2-only CPU give other bits than native ones here.
     code, output = results[f"native on {old_isa}"]
@@ -118,39 +127,56 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
         f"under -cpu {other_vendor}:\n{output[-4000:]}"
 
 
-SPLIT_PROBE = """
-import json, torch, xxhash
-from pytest_llmdeterminism.engines import gemv, numerics
+LINEAR_PROBE = """
+import json, sys
+from pytest_llmdeterminism.engines import linears, numerics
+numerics.pin(sys.argv[1])  # as the plugin does, before torch computes anything
+import torch, xxhash
+try:
+    found = {"in force": numerics.check(sys.argv[1])["aten_capability"]}
+except numerics.CPUNumericsError as error:
+    print(json.dumps({"refused": str(error)}))
+    raise SystemExit(0)
 torch.manual_seed(0)
-found = {"mkl_cbwr": numerics.effective()["mkl_cbwr"]}
 for out_features, in_features in ((576, 576), (1536, 576), (576, 1536), (8192, 576)):
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
-    x = torch.randn(1, in_features)
-    linear = torch.nn.functional.linear(x, weight, bias)
     name = f"{out_features}x{in_features}"
-    found[name] = xxhash.xxh3_64_hexdigest(linear.numpy().tobytes())
-    splits = [gemv.split_linear(x, weight, bias, n) for n in (2, 4)]
-    found[name + " split equal"] = all(torch.equal(split, linear) for split in splits)
+    for rows in (1, 7, 64):
+        x = torch.randn(rows, in_features)
+        if sys.argv[1] == "portable":
+            y = linears.onednn_linear(x, weight, bias)
+        else:
+            y = torch.nn.functional.linear(x, weight, bias)
+            found[f"{name} split equal"] = rows > 1 or all(
+                torch.equal(linears.split_linear(x, weight, bias, n), y) for n in (2, 4))
+        found[f"{name} x{rows}"] = xxhash.xxh3_64_hexdigest(y.numpy().tobytes())
 print(json.dumps(found))
 """
 
 
-def test_split_one_row_products_keep_linears_bits_under_other_cpus(tmp_path):
-    """The plugin splits a batch-1 decode step's products over the threads (engines/gemv.py): under
-    portable numerics that must give F.linear's bits on every CPU, as F.linear's own are."""
-    script = tmp_path / "split_probe.py"
-    script.write_text(SPLIT_PROBE)
-    env = {**_environment(), **numerics.PORTABLE_ENVIRONMENT, "OMP_NUM_THREADS": "2"}
-    runs = {cpu: subprocess.Popen([*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script)],
-                                  env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for cpu in ("", *_foreign_cpus())}
+def test_linears_keep_their_bits_under_other_cpus(tmp_path):
+    """Under portable numerics float32 linears run on oneDNN's AVX2 GEMM, under compatible on MKL's
+    generic path with one-row products split over the threads (engines/linears.py): each must give
+    the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2."""
+    script = tmp_path / "linear_probe.py"
+    script.write_text(LINEAR_PROBE)
+    other_vendor, old_isa = _foreign_cpus()
+    runs = {}
+    for mode, cpus in (("portable", ("", other_vendor, old_isa)), ("compatible", ("", old_isa))):
+        env = {**_environment(), "OMP_NUM_THREADS": "2"}
+        for cpu in cpus:
+            command = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script), mode]
+            runs[mode, cpu or "host"] = subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.STDOUT)
     found = {}
-    for cpu, run in runs.items():
+    for (mode, cpu), run in runs.items():
         code, output = _finish(run)
-        assert code == 0, f"under -cpu {cpu or 'host'}:\n{output[-3000:]}"
-        found[cpu or "host"] = json.loads(output.splitlines()[-1])
-    host = found["host"]
-    assert host["mkl_cbwr"] == numerics.MKL_REPRODUCIBLE_BRANCH
-    for cpu, values in found.items():
-        assert all(v for k, v in values.items() if k.endswith("split equal")), (cpu, values)
-        assert values == host, f"-cpu {cpu} gives other bits than the host: {values} != {host}"
+        assert code == 0, f"{mode} under -cpu {cpu}:\n{output[-3000:]}"
+        found[mode, cpu] = json.loads(output.splitlines()[-1])
+    assert "has no AVX2 and FMA" in found.pop(("portable", old_isa))["refused"]
+    assert found["portable", "host"]["in force"] == "AVX2"
+    assert found["compatible", "host"]["in force"] == "DEFAULT"
+    for (mode, cpu), values in found.items():
+        assert all(v for k, v in values.items() if k.endswith("split equal")), (mode, cpu, values)
+        host = found[mode, "host"]
+        assert values == host, f"{mode} under -cpu {cpu} gives other bits than the host: {values} != {host}"

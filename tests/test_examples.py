@@ -62,3 +62,31 @@ def test_goldens_recorded_natively_by_0_1_0_on_intel_still_pass_across_environme
     assert "6 passed" in across.stdout
     exact = run("--llm-tolerance=exact")
     assert exact.returncode == 1 and "LOGIT_DRIFT (failed)" in exact.stdout, exact.stdout[-3000:]
+
+
+def test_goldens_recorded_as_portable_before_its_avx2_kernels_pass_and_say_how_to_compare_exactly(tmp_path):
+    """The example goldens as recorded before portable numerics moved to AVX2 kernels (ATen's AVX2
+    kernels, oneDNN's AVX2 GEMM): another environment under today's portable, judged by near-tie
+    tolerance with the setting that compares them exactly, and IDENTICAL under compatible."""
+    for name in ("conftest.py", "pytest.ini", "test_tiny_model.py"):
+        shutil.copy(ROOT / "examples" / name, tmp_path / name)
+    (tmp_path / "__golden__").mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "test_tiny_model.portable-generic-0.2.json",
+                tmp_path / "__golden__" / "test_tiny_model.json")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                               *args], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+                              env=env)
+
+    across = run()
+    assert across.returncode == 0, across.stdout[-3000:]
+    assert ("compared across environments: cpu_numerics 'compatible' → 'portable', cpu_capability "
+            "'DEFAULT' → 'AVX2'") in across.stdout, across.stdout[-3000:]
+    assert "compare exactly again with --llm-cpu-numerics=compatible" in across.stdout
+    assert "IDENTICAL" not in across.stdout  # never silently exact
+    compatible = run("--llm-cpu-numerics=compatible")
+    assert compatible.returncode == 0, compatible.stdout[-3000:]
+    assert "golden checks: 9 IDENTICAL" in compatible.stdout
+    assert "compared across environments" not in compatible.stdout

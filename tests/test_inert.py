@@ -13,7 +13,7 @@ from pytest_llmdeterminism import engines as backends
 from pytest_llmdeterminism.engines import ModelCache, numerics
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 
-PINNED = (*numerics.PORTABLE_ENVIRONMENT, "CUBLAS_WORKSPACE_CONFIG", "HF_HUB_OFFLINE")
+PINNED = (*numerics.PINNED_VARIABLES, "CUBLAS_WORKSPACE_CONFIG", "HF_HUB_OFFLINE")
 
 # What a torch test can see of the process: the environment, which modules the conftest found
 # loaded, the CPU kernels ATen picked, the deterministic flags.
@@ -61,8 +61,8 @@ def test_a_configured_project_is_pinned_before_its_conftest_imports_torch(pytest
     for name in PINNED:
         monkeypatch.delenv(name, raising=False)
     pytester.makeini("[pytest]\nllm_model = builtin:tiny\n")
-    pytester.makeconftest("import os\nSEEN = {k: os.environ.get(k) for k in "
-                          "('MKL_CBWR', 'ATEN_CPU_CAPABILITY', 'CUBLAS_WORKSPACE_CONFIG')}\n")
+    pytester.makeconftest("import os\nSEEN = {k: os.environ.get(k) for k in ('MKL_CBWR', "
+                          "'ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'CUBLAS_WORKSPACE_CONFIG')}\n")
     pytester.makepyfile("""
         import conftest
 
@@ -71,8 +71,9 @@ def test_a_configured_project_is_pinned_before_its_conftest_imports_torch(pytest
         """)
     result = pytester.runpytest_subprocess("-s")
     assert result.ret == pytest.ExitCode.OK
-    result.stdout.fnmatch_lines(["llm: model=builtin:tiny *", ("*PINNED ATEN_CPU_CAPABILITY=default "
-                                 "CUBLAS_WORKSPACE_CONFIG=:4096:8 MKL_CBWR=COMPATIBLE")])
+    result.stdout.fnmatch_lines(["llm: model=builtin:tiny *", (
+        "*PINNED ATEN_CPU_CAPABILITY=avx2 CUBLAS_WORKSPACE_CONFIG=:4096:8 MKL_CBWR=COMPATIBLE "
+        "ONEDNN_MAX_CPU_ISA=AVX2")])
 
 
 @pytest.mark.parametrize(("ini_keys", "args", "configured"), [
@@ -109,12 +110,12 @@ def test_the_first_model_load_pins_what_nobody_pinned_and_the_run_restores_every
                        environment=environment)
     assert cache.get().device == "cuda:0"
     assert seen == {"dtype": "float32", "device": "auto", "cpu_numerics": "portable", "pinned_late": True,
-                    "mkl": "COMPATIBLE", "aten": "default"}
+                    "mkl": "COMPATIBLE", "aten": "avx2"}
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     environment.restore()
     assert {name: os.environ.get(name) for name in PINNED} == {
-        "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": None, "CUBLAS_WORKSPACE_CONFIG": None,
-        "HF_HUB_OFFLINE": None}
+        "MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": None, "ONEDNN_MAX_CPU_ISA": None,
+        "CUBLAS_WORKSPACE_CONFIG": None, "HF_HUB_OFFLINE": None}
 
 
 def test_a_model_load_after_an_early_pin_is_not_late(monkeypatch):

@@ -19,13 +19,13 @@ from .conftest import usage_error
 
 PORTABLE_CPU = {"device_class": "cpu", "machine": "x86_64", "dtype": "float32", "torch": "2.13.0",
                 "transformers": "5.24.0", "attention_implementation": "sdpa", "cpu_numerics": "portable",
-                "device_name": "AMD EPYC", "cpu_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE",
+                "device_name": "AMD EPYC", "cpu_capability": "AVX2", "mkl_cbwr": "COMPATIBLE",
                 "torch_threads": 2}
 
 
 def test_this_test_run_is_itself_pinned_to_portable_numerics():
     found = numerics.effective()
-    assert found["aten_capability"] == "DEFAULT"
+    assert found["aten_capability"] == ("AVX2" if platform.machine() == "x86_64" else "DEFAULT")
     assert found["mkl_cbwr"] in ("COMPATIBLE", None)  # None: a torch without MKL
     assert found["blas"] == "mkl" if found["mkl_cbwr"] else found["blas_coretype"] in ("ARMV8", None)
     pinned = {name: os.environ[name] for name in numerics.PORTABLE_ENVIRONMENT}
@@ -61,7 +61,7 @@ def test_native_goldens_depend_on_cpu_and_threads_gpu_goldens_on_device_and_driv
 
 
 PORTABLE_ARM64 = {**PORTABLE_CPU, "machine": "aarch64", "torch": "2.9.1", "device_name": "aarch64",
-                  "mkl_cbwr": None, "blas": "openblas", "blas_coretype": "ARMV8"}
+                  "cpu_capability": "DEFAULT", "mkl_cbwr": None, "blas": "openblas", "blas_coretype": "ARMV8"}
 
 
 def test_arm64_portable_goldens_ignore_the_core_type_native_ones_do_not():
@@ -78,7 +78,26 @@ def test_arm64_portable_goldens_ignore_the_core_type_native_ones_do_not():
 def test_x86_and_arm64_portable_goldens_differ_by_machine_torch_and_blas():
     x86 = {**PORTABLE_CPU, "blas": "mkl", "blas_coretype": None}
     assert numerics_changes(x86, PORTABLE_ARM64) == [
-        ("machine", "x86_64", "aarch64"), ("torch", "2.13.0", "2.9.1"), ("blas", "mkl", "openblas")]
+        ("machine", "x86_64", "aarch64"), ("torch", "2.13.0", "2.9.1"), ("cpu_capability", "AVX2", "DEFAULT"),
+        ("blas", "mkl", "openblas")]
+
+
+def test_goldens_recorded_as_portable_before_its_avx2_kernels_are_compatible_ones():
+    """Before portable moved to ATen's AVX2 kernels and oneDNN's AVX2 GEMM, it pinned the generic
+    kernels compatible pins now: such a golden compares exactly under compatible, and under today's
+    portable it is another environment, named by the fields that changed."""
+    before = {**PORTABLE_CPU, "cpu_capability": "DEFAULT"}
+    compatible = {**before, "cpu_numerics": "compatible", "device_name": "Intel Xeon"}
+    assert numerics_changes(before, compatible) == []
+    assert numerics_changes(compatible, before) == []
+    assert numerics_changes(before, PORTABLE_CPU) == [("cpu_numerics", "compatible", "portable"),
+                                                      ("cpu_capability", "DEFAULT", "AVX2")]
+    # a portable run on a CPU without AVX2 is refused at load; were it recorded, it would not count as pinned
+    assert [c[0] for c in numerics_changes({**PORTABLE_CPU, "cpu_capability": "DEFAULT", "mkl_cbwr": "OFF"},
+                                           {**PORTABLE_CPU, "device_name": "Intel Xeon"})] == [
+        "device_name", "cpu_capability", "mkl_cbwr"]
+    # arm64 has one pinned profile under both names
+    assert numerics_changes(PORTABLE_ARM64, {**PORTABLE_ARM64, "cpu_numerics": "compatible"}) == []
 
 
 def test_goldens_recorded_before_the_blas_fields_still_match_an_mkl_torch():
@@ -117,29 +136,33 @@ def test_header_names_the_numerics_and_goldens_record_them(suite):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "llm: model=builtin:tiny shape=4x32 dtype=float32 device=auto seed=0 *",
-        "llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=default; "
+        "llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; "
         f"{platform.machine()})*",
         "batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)",
     ])
     path = suite.path / "__golden__" / "test_header_names_the_numerics_and_goldens_record_them.json"
     golden = json.loads(path.read_text())["goldens"]["test_one"]["cpu/float32"]["fingerprint"]
-    assert golden["cpu_numerics"] == "portable" and golden["cpu_capability"] == "DEFAULT"
+    assert golden["cpu_numerics"] == "portable" and golden["cpu_capability"] == "AVX2"
 
 
 def test_plugin_restores_the_environment_it_pinned(pytester, monkeypatch):
-    for name in numerics.PORTABLE_ENVIRONMENT:
+    for name in numerics.PINNED_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AVX2")
     pytester.makeini("[pytest]\nllm_batch_shape = 2x16\n")  # configured: pinned before conftests
     pytester.makepyfile("""
         import os
 
-        def test_pinned():
+        def test_pinned(request):
             assert os.environ["MKL_CBWR"] == "COMPATIBLE"
-            assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
+            mode = request.config.getoption("llm_cpu_numerics") or "portable"
+            assert os.environ["ATEN_CPU_CAPABILITY"] == {"portable": "avx2", "compatible": "default"}[mode]
+            assert os.environ.get("ONEDNN_MAX_CPU_ISA") == {"portable": "AVX2", "compatible": None}[mode]
         """)
     pytester.runpytest().assert_outcomes(passed=1)
-    assert os.environ["MKL_CBWR"] == "AVX2" and "ATEN_CPU_CAPABILITY" not in os.environ
+    pytester.runpytest("--llm-cpu-numerics=compatible").assert_outcomes(passed=1)
+    assert os.environ["MKL_CBWR"] == "AVX2"
+    assert "ATEN_CPU_CAPABILITY" not in os.environ and "ONEDNN_MAX_CPU_ISA" not in os.environ
     pytester.runpytest("--llm-cpu-numerics=native").assert_outcomes(failed=1)  # native pins nothing
 
 
@@ -163,7 +186,7 @@ def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(p
         def test_one(llm_model, golden_tokens):
             golden_tokens.check(llm_model.generate("The sky is"))
         """)
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE_ENVIRONMENT and k != "CI"}
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_VARIABLES and k != "CI"}
 
     def run(*args):
         return subprocess.run([sys.executable, "-c", STARTED_EARLY, "-p", "no:cacheprovider", *args],
@@ -173,7 +196,8 @@ def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(p
     refused = run("--llm-golden-update")
     assert refused.returncode == 1, refused.stdout[-2000:]
     assert "llm_cpu_numerics = 'portable' is not in force:" in refused.stdout
-    assert "MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default python -m pytest" in refused.stdout
+    pinned = " ".join(f"{k}={v}" for k, v in numerics.PORTABLE_ENVIRONMENT.items())
+    assert f"{pinned} python -m pytest" in refused.stdout
     assert "--llm-cpu-numerics=native (pytest.ini: llm_cpu_numerics = native; " in refused.stdout
     assert not (pytester.path / "__golden__").exists()
     native = run("--llm-golden-update", "--llm-cpu-numerics=native")

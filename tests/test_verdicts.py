@@ -279,7 +279,7 @@ def test_default_tolerance_follows_the_environment_and_a_regression_fails_in_bot
     across.stdout.fnmatch_lines([
         "golden checks: 1 LOGIT_DRIFT",
         ("compared across environments: *cpu_numerics 'native' → 'portable'*cpu_capability 'AVX512' → "
-         "'DEFAULT'*tolerance near_tie(margin=0.05, atol=0.001) by default; to compare exactly again*"),
+         "'AVX2'*tolerance near_tie(margin=0.05, atol=0.001) by default; to compare exactly again*"),
     ])
     regression = recorded.runpytest(f"--llm-model={broken}")
     regression.assert_outcomes(failed=1)
@@ -355,3 +355,10 @@ def test_the_cross_environment_hint_fits_the_field_that_changed():
                             "--llm-tolerance=exact")
     explicit = hint([("cpu_capability", "AVX512", "DEFAULT")], explicit=True)
     assert explicit.endswith("tolerance near_tie(margin=0.05, atol=0.001) as set")
+    # a golden of the generic kernels (recorded as portable before its AVX2 kernels): the setting that
+    # compares it exactly again, pasteable
+    profile = hint([("cpu_numerics", "compatible", "portable"), ("cpu_capability", "DEFAULT", "AVX2")])
+    assert ("compare exactly again with --llm-cpu-numerics=compatible (pytest.ini: llm_cpu_numerics = "
+            "compatible; pyproject.toml: llm_cpu_numerics = \"compatible\"), or re-record with "
+            "--llm-golden-update --llm-tolerance=exact") in profile
+    assert "compare exactly again with" not in hint([("cpu_numerics", "native", "portable")])

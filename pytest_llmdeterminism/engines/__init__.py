@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_llmdeterminism.engines import hf, llamacpp, numerics, openai, vllm
+from pytest_llmdeterminism.engines import hf, linears, llamacpp, numerics, openai, vllm
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
@@ -81,8 +81,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     in_force = {}
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
-    engine = hf.HFEngine(model, tokenizer, device,
-                         split_one_row_products=in_force.get("mkl_cbwr") == numerics.MKL_REPRODUCIBLE_BRANCH)
+    engine = hf.HFEngine(model, tokenizer, device, linears=linears.kernels_for(cpu_numerics, in_force))
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics)
 

@@ -224,7 +224,7 @@ def _in_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
         assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
         model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
         copied_engine = HFEngine(model, engine.tokenizer, engine.device,
-                                 split_one_row_products=engine.split_one_row_products)
+                                 linears=engine.linears)
         loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={},
                                                 engine=copied_engine)
     copied: LoadedModel = loaded.cache[key]

@@ -43,7 +43,9 @@ _NUMERICS_COMMON = ("device_class", "machine", "dtype", "torch", "transformers",
 _NUMERICS_BY_KIND = {
     # MKL's COMPATIBLE branch is bit-identical across thread counts 1, 2, 4, 8 and 16 but not 3 or 6
     # (measured), and Intel documents it for a fixed thread count only: threads stay a field.
-    "cpu-portable": ("cpu_numerics", "blas", "torch_threads"),
+    # cpu_numerics and cpu_capability name the pinned profile: portable's AVX2 kernels or the
+    # compatible (and older portable) generic ones.
+    "cpu-portable": ("cpu_numerics", "cpu_capability", "blas", "torch_threads"),
     # native kernels depend on the SIMD level, MKL's branch (picked by CPU and vendor), OpenBLAS's
     # core type (picked by CPU: arm64 Neoverse vs generic ARMv8 kernels differ) and threads
     "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "blas", "blas_coretype",
@@ -66,7 +68,7 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
     Pure. A field the golden did not record (it predates the field) counts as changed, except the
     BLAS of a golden that recorded MKL's branch: that torch used MKL, which has no core type.
     """
-    recorded, current = _with_legacy_blas(recorded), _with_legacy_blas(current)
+    recorded, current = _profile(_with_legacy_blas(recorded)), _profile(_with_legacy_blas(current))
     engines = {side.get("engine", "transformers") for side in (recorded, current)}
     if engines != {"transformers"}:
         fields = _NUMERICS_BY_ENGINE.get(str(current.get("engine")), ("engine",))
@@ -82,10 +84,26 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
 
 
 def _ran_portable(fingerprint: Mapping[str, Any]) -> bool:
-    """Portable asked for and its BLAS pinned: MKL's COMPATIBLE branch (x86-64), OpenBLAS's generic
-    ARMV8 kernels (arm64)."""
-    return (fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")) == ("portable", "DEFAULT") \
-        and (fingerprint.get("mkl_cbwr") == "COMPATIBLE" or fingerprint.get("blas_coretype") == "ARMV8")
+    """A pinned mode asked for and in force: ATen's AVX2 kernels under portable or its generic ones
+    under compatible, with MKL's COMPATIBLE branch (x86-64), or OpenBLAS's generic ARMV8 kernels (arm64)."""
+    mode, capability = fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")
+    if fingerprint.get("blas_coretype") == "ARMV8":
+        return mode == "portable" and capability == "DEFAULT"
+    return fingerprint.get("mkl_cbwr") == "COMPATIBLE" and (mode, capability) in (
+        ("portable", "AVX2"), ("compatible", "DEFAULT"))
+
+
+def _profile(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Names the pinned kernels, not the word the ini file used: goldens recorded as ``portable``
+    before it moved to AVX2 kernels ran the generic ones, which ``compatible`` pins now; on arm64
+    both modes pin the same kernels."""
+    mode, capability = fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")
+    if fingerprint.get("blas_coretype") == "ARMV8" and mode == "compatible":
+        return {**fingerprint, "cpu_numerics": "portable"}
+    if (fingerprint.get("mkl_cbwr") == "COMPATIBLE" and (mode, capability) == ("portable", "DEFAULT")
+            and fingerprint.get("machine", "x86_64") == "x86_64"):
+        return {**fingerprint, "cpu_numerics": "compatible"}
+    return fingerprint
 
 
 def _with_legacy_blas(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -6,13 +6,12 @@ import json
 import os
 import re
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.engines.determinism import deterministic_state
-from pytest_llmdeterminism.engines.gemv import one_row_products_split
+from pytest_llmdeterminism.engines.linears import LinearKernels, routed
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -38,10 +37,10 @@ class HFEngine:
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
     def __init__(self, model: Any, tokenizer: Any, device: str, *,
-                 split_one_row_products: bool = False) -> None:
+                 linears: LinearKernels = LinearKernels.LINEAR) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
-        # Under MKL's reproducible branch, one-row products run split over the threads (gemv.py).
-        self.split_one_row_products = split_one_row_products
+        # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py).
+        self.linears = linears
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -78,7 +77,7 @@ class HFEngine:
         try:
             with deterministic_state(settings.seed), torch.inference_mode(), \
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture, \
-                    one_row_products_split(model) if self.split_one_row_products else nullcontext():
+                    routed(model, self.linears):
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),

@@ -8,13 +8,20 @@ Measured with torch 2.13 (MKL 2024.2) on the tiny model and SmolLM2-135M, fp32 a
   SDPA decode made rows of one batch differ from each other.
 - ``ATEN_CPU_CAPABILITY=default`` plus ``MKL_CBWR=COMPATIBLE`` gives one hash on all of them, at
   1, 2 and 4 threads, and restores row invariance. Neither variable alone does. (Large GEMMs still
-  differ at 3 or 6 threads: the thread count stays part of a golden's numerics.)
+  differ at 3 or 6 threads: the thread count stays part of a golden's numerics.) That is
+  ``compatible``: any x86-64 CPU, at the generic kernels' cost (prefill about twice native).
   ``MKL_CBWR=AVX2`` is ignored by MKL on AMD (it falls back to AUTO), so it is not portable:
   re-measured on an Intel host (``benchmarks/mkl_branches.py``), AVX2 agreed with an emulated
-  Haswell and differed on an emulated EPYC for every ``linear`` shape; no cheaper pin kept the bits.
-  oneDNN's ISA cap (``ONEDNN_MAX_CPU_ISA``) changed no hash, fp32 or bf16, so it is not pinned.
+  Haswell and differed on an emulated EPYC for every ``linear`` shape.
+- oneDNN honours its ISA cap on every vendor. ``portable`` sets ``ATEN_CPU_CAPABILITY=avx2`` and
+  ``ONEDNN_MAX_CPU_ISA=AVX2``, keeps ``MKL_CBWR=COMPATIBLE`` for what still calls MKL, and runs the
+  model's float32 linears on oneDNN (``linears.py``): one hash natively on an AMD EPYC with AVX-512
+  and under emulated Haswell, EPYC and Skylake-Client, at 1 and 2 threads, for a SmolLM2-shaped
+  model's prefill and decode logits. It needs AVX2 and FMA; ATen would take ``avx2`` without asking
+  the CPU, so ``pin`` asks first and pins ATen's generic kernels where they are missing, and
+  ``check`` refuses the run there with the settings that work.
 
-Both variables are read lazily, at torch's first CPU kernel and MKL's first call, so the plugin
+The variables are read lazily, at torch's first CPU kernel, MKL's and oneDNN's first call, so the plugin
 sets them in its earliest hook when the project configures it, otherwise at the first model load
 (``environment.py``), and then *checks* what is in force when the model loads: a run that torch
 started too early is refused, never recorded as portable.
@@ -43,21 +50,36 @@ from typing import Any
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError, pasteable
 
 PORTABLE = "portable"
+COMPATIBLE = "compatible"
 NATIVE = "native"
-MODES = (PORTABLE, NATIVE)
+MODES = (PORTABLE, COMPATIBLE, NATIVE)
 DEFAULT_MODE = PORTABLE
-# MKL's branch that portable numerics pin on x86-64: the same bits on every CPU, at a thread count.
+# MKL's branch that portable and compatible numerics pin on x86-64: the same bits on every CPU.
 MKL_REPRODUCIBLE_BRANCH = "COMPATIBLE"
-# What portable numerics set before torch starts, and must then find in force, per machine.
-_PORTABLE_BY_MACHINE: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]] = {
-    "x86_64": ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "default"},
-               {"aten_capability": "DEFAULT", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH}),
-    "aarch64": ({"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
-                 "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"},
-                {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"}),
+# oneDNN's instruction set cap under portable numerics on x86-64 (linears.py sends float32 GEMMs there).
+ONEDNN_ISA = "AVX2"
+# What each pinned mode sets before torch starts, and must then find in force, per machine.
+_X86_COMPATIBLE = ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "default"},
+                   {"aten_capability": "DEFAULT", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH})
+_X86_PORTABLE = ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "avx2",
+                  "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA},
+                 {"aten_capability": "AVX2", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH})
+_ARM64 = ({"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
+           "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"},
+          {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"})
+_PINNED_BY_MACHINE: Mapping[str, Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]] = {
+    "x86_64": {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE},
+    # arm64 has one profile: OpenBLAS's generic kernels are already the same bits on every arm64 CPU.
+    "aarch64": {PORTABLE: _ARM64, COMPATIBLE: _ARM64},
 }
-PORTABLE_ENVIRONMENT, _PORTABLE_EFFECTIVE = _PORTABLE_BY_MACHINE.get(platform.machine(),
-                                                                      _PORTABLE_BY_MACHINE["x86_64"])
+_PINNED = _PINNED_BY_MACHINE.get(platform.machine(), _PINNED_BY_MACHINE["x86_64"])
+ENVIRONMENTS: Mapping[str, Mapping[str, str]] = {mode: pinned[0] for mode, pinned in _PINNED.items()}
+_EFFECTIVE: Mapping[str, Mapping[str, str]] = {mode: pinned[1] for mode, pinned in _PINNED.items()}
+PORTABLE_ENVIRONMENT = ENVIRONMENTS[PORTABLE]
+# Every variable some mode pins (tests and benchmarks start children without them).
+PINNED_VARIABLES = tuple(sorted({name for environment in ENVIRONMENTS.values() for name in environment}))
+# Portable numerics on x86-64 need ATen's AVX2 kernels and oneDNN's AVX2 GEMMs: x86-64-v3.
+_NEEDS_AVX2 = platform.machine() in ("x86_64", "AMD64")
 
 # MKL's branch codes (mkl_cbwr.h); the STRICT flag is bit 16.
 _MKL_BRANCHES = {0: "UNSET", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
@@ -70,18 +92,25 @@ class CPUNumericsError(LLMDeterminismError):
     """The CPU numerics in force are not the ones the run asked for."""
 
     def __init__(self, mode: str, effective: Mapping[str, Any], wrong: Mapping[str, Any], *,
-                 pinned_late: bool = False) -> None:
+                 pinned_late: bool = False, without_avx2: bool = False) -> None:
         self.mode = mode
         self.effective = dict(effective)
         self.pinned_late = pinned_late
-        found = ", ".join(f"{name} is {value!r} (portable needs {_PORTABLE_EFFECTIVE[name]!r})"
+        found = ", ".join(f"{name} is {value!r} ({mode} needs {_EFFECTIVE[mode][name]!r})"
                           for name, value in wrong.items())
-        environment = " ".join(f"{k}={v}" for k, v in PORTABLE_ENVIRONMENT.items())
-        if pinned_late:
+        environment = " ".join(f"{k}={v}" for k, v in ENVIRONMENTS[mode].items())
+        if without_avx2:
+            why = (f"This CPU ({cpu_name()}) has no AVX2 and FMA, which portable numerics use on x86-64 "
+                   "(x86-64-v3: Intel CPUs since Haswell, 2013; AMD since Excavator, 2015), so this run "
+                   "would not give the bits portable goldens hold. Choose "
+                   f"{pasteable('llm_cpu_numerics', COMPATIBLE)} (the same bits on any x86-64 CPU, "
+                   "prefill about twice as slow; goldens of its own) or "
+                   f"{pasteable('llm_cpu_numerics', NATIVE)}.")
+        elif pinned_late:
             why = ("torch ran CPU kernels before the first model load, where pytest-llmdeterminism pinned "
                    "them: this project does not configure the plugin in its ini file or command line, so "
                    "nothing was pinned before conftests ran, and this run would record machine-specific "
-                   "goldens as portable. Set llm_model in the ini file (pytest.ini: llm_model = "
+                   f"goldens as {mode}. Set llm_model in the ini file (pytest.ini: llm_model = "
                    "builtin:tiny; pyproject.toml: llm_model = \"builtin:tiny\", with your model) so the "
                    "plugin pins them before conftests load, or start pytest with the variables set: "
                    f"`{environment} python -m pytest ...`, or choose "
@@ -89,7 +118,7 @@ class CPUNumericsError(LLMDeterminismError):
         else:
             why = ("torch ran CPU kernels before pytest-llmdeterminism could pin them (a plugin, conftest "
                    "or script imported and used torch first), so this run would record machine-specific "
-                   "goldens as portable. Start pytest with the variables set: "
+                   f"goldens as {mode}. Start pytest with the variables set: "
                    f"`{environment} python -m pytest ...`, or choose "
                    f"{pasteable('llm_cpu_numerics', NATIVE)} to accept machine-specific numerics.")
         super().__init__(f"llm_cpu_numerics = {mode!r} is not in force: {found}. {why}")
@@ -99,17 +128,29 @@ def parse_mode(raw: str | None, *, setting: str = "llm_cpu_numerics") -> str:
     mode = (raw or DEFAULT_MODE).strip()
     if mode not in MODES:
         raise ConfigurationError(setting, raw, f"expected {PORTABLE!r} (the default: the same bits on any "
-                                 f"x86-64 CPU, or any arm64 CPU, at a thread count) or {NATIVE!r} (the CPU's "
-                                 "fastest kernels)")
+                                 f"x86-64 CPU with AVX2, or any arm64 CPU, at a thread count), "
+                                 f"{COMPATIBLE!r} (the same bits on any x86-64 CPU, AVX2 or not; slower) or "
+                                 f"{NATIVE!r} (the CPU's fastest kernels)")
     return mode
+
+
+def pinned(mode: str) -> bool:
+    """Whether ``mode`` pins kernels whose bits travel between CPUs (portable or compatible)."""
+    return mode in _EFFECTIVE
 
 
 def pin(mode: str) -> dict[str, str | None]:
     """Set the environment for ``mode`` before torch starts; returns the values it replaced."""
-    if mode != PORTABLE:
+    if not pinned(mode):
         return {}
-    replaced = {name: os.environ.get(name) for name in PORTABLE_ENVIRONMENT}
-    os.environ.update(PORTABLE_ENVIRONMENT)
+    replaced = {name: os.environ.get(name) for name in ENVIRONMENTS[mode]}
+    os.environ.update(ENVIRONMENTS[mode])
+    if mode == PORTABLE and _NEEDS_AVX2 and not _has_avx2():
+        # ATen takes ATEN_CPU_CAPABILITY=avx2 without asking the CPU: its AVX2 kernels would die of an
+        # illegal instruction. ATen's generic kernels run instead, and the load refuses the run with
+        # the settings that work here (check). Importing torch picks no kernels: they are picked at
+        # the first computation (measured under qemu-x86_64 -cpu Nehalem).
+        os.environ["ATEN_CPU_CAPABILITY"] = "default"
     return replaced
 
 
@@ -131,23 +172,31 @@ def effective() -> dict[str, Any]:
 
 
 def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
-    """The effective numerics, or :class:`CPUNumericsError` when ``portable`` is not in force
+    """The effective numerics, or :class:`CPUNumericsError` when a pinned mode is not in force
     (``pinned_late``: the plugin set the variables at the first load, not before conftests)."""
     __tracebackhide__ = True
     found = effective()
-    if mode == PORTABLE:
-        wrong = {name: found[name] for name, wanted in _PORTABLE_EFFECTIVE.items()
+    if pinned(mode):
+        wrong = {name: found[name] for name, wanted in _EFFECTIVE[mode].items()
                  if found[name] is not None and found[name] != wanted}
         if wrong:
-            raise CPUNumericsError(mode, found, wrong, pinned_late=pinned_late)
+            without_avx2 = mode == PORTABLE and _NEEDS_AVX2 and not _has_avx2()
+            raise CPUNumericsError(mode, found, wrong, pinned_late=pinned_late, without_avx2=without_avx2)
     return found
+
+
+def _has_avx2() -> bool:
+    """AVX2 and FMA, as torch tells them apart (its AVX2 kernels need both)."""
+    import torch
+
+    return bool(torch.cpu._is_avx2_supported())
 
 
 def describe(mode: str) -> str:
     """One line for the pytest header."""
-    if mode == PORTABLE:
-        pinned = ", ".join(f"{k}={v}" for k, v in PORTABLE_ENVIRONMENT.items())
-        return f"cpu numerics: portable ({pinned}; {platform.machine()})"
+    if pinned(mode):
+        variables = ", ".join(f"{k}={v}" for k, v in ENVIRONMENTS[mode].items())
+        return f"cpu numerics: {mode} ({variables}; {platform.machine()})"
     return f"cpu numerics: native (machine-specific kernels; {platform.machine()})"
 
 

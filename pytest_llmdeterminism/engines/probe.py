@@ -73,7 +73,7 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings) -> tuple[str, str
         return in_force, (f"run one prompt per batch: {one_row} (or give the model eager attention, "
                           "attn_implementation=\"eager\" in its config)")
     in_force += f", cpu numerics {loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
-    if loaded.cpu_numerics != "portable":
+    if loaded.cpu_numerics not in ("portable", "compatible"):
         return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
                           "any thread count; or one thread (OMP_NUM_THREADS=1)")
     return in_force, (f"one thread (OMP_NUM_THREADS=1), or one prompt per batch: {one_row}; please report "

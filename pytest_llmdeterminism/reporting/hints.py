@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.errors import pasteable
 from pytest_llmdeterminism.reporting.text import delta
 
 
@@ -46,6 +47,12 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
                 "--llm-golden-fallback is given)")
     if explicit:
         return line
+    profiles = {name: (old, new) for name, old, new in changes}.get("cpu_numerics")
+    if profiles is not None and set(profiles) == {"portable", "compatible"}:
+        return (f"{line}; the golden ran CPU numerics {profiles[0]!r} (goldens recorded as 'portable' before "
+                "it moved to AVX2 kernels ran what 'compatible' pins now): compare exactly again with "
+                f"{pasteable('llm_cpu_numerics', profiles[0])}, or re-record with --llm-golden-update "
+                "--llm-tolerance=exact")
     if versions:
         return (f"{line}; after an upgrade ({', '.join(versions)}) keep the goldens and let the tolerance "
                 "judge the drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact "

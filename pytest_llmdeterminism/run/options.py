@@ -41,7 +41,7 @@ class Options:
     device: str
     seed: int
     max_new_tokens: int
-    cpu_numerics: str  # numerics.PORTABLE or numerics.NATIVE
+    cpu_numerics: str  # numerics.MODES: portable, compatible, native
     update: UpdateMode | None
     tolerance: ToleranceSetting
     golden_fallback: bool
@@ -88,7 +88,8 @@ SETTINGS = (
              str(DEFAULT_MAX_NEW_TOKENS)),
     _Setting("llm_cpu_numerics", "--llm-cpu-numerics",
              "portable (default): CPU kernels that give the same bits on every CPU of one architecture "
-             "(x86-64 or arm64) at a given thread count; "
+             "(x86-64 with AVX2, or arm64) at a given thread count; compatible: the same on any x86-64 "
+             "CPU, AVX2 or not, prefill about twice as slow; "
              "native: the CPU's fastest kernels, goldens specific to the CPU model and thread count",
              numerics.DEFAULT_MODE),
 )

@@ -1,0 +1,126 @@
+"""How ``nn.Linear`` layers run under pinned CPU numerics: the bulk of a model's arithmetic.
+
+**Portable (x86-64-v3): oneDNN's AVX2 GEMM.** Under ``MKL_CBWR=COMPATIBLE`` MKL runs its generic
+code path, about twice as slow as native on a prefill (SmolLM2-135M, 128 tokens), and MKL's own
+AVX2 branch is not portable (it is ignored on AMD, see ``numerics.py``). oneDNN's instruction-set
+cap is honoured on every vendor: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a float32 linear through
+``torch.ops.mkldnn._linear_pointwise`` gave the same bits natively on an AMD EPYC with AVX-512, and
+under ``qemu-x86_64 -cpu`` Haswell, EPYC and Skylake-Client, at 1 and 2 threads, for SmolLM2's
+shapes, 1 to 300 rows; a row's bits did not depend on its companions at a fixed number of rows, and
+identical rows gave identical bits. It needs AVX2 and FMA: on an older CPU oneDNN falls back to SSE4.1
+and other bits, so portable numerics refuse such a CPU (``numerics.check``).
+
+**One row: split over the threads.** A decode step at batch 1 multiplies one row by each weight
+matrix. Under ``MKL_CBWR=COMPATIBLE`` MKL runs such a one-row GEMM on one thread (measured on Intel
+and AMD; natively too on AMD), so a 2-core machine decodes on one core. Split the weight's output
+features into ``n`` equal blocks and compute them as one ``torch.bmm`` of ``n`` matrices: ATen runs
+the blocks of a batch on its threads, and every output is the same dot product over the same inputs
+as before, so the bits do not change. Measured with torch 2.13 (MKL 2024.2) under the compatible
+pin, at 1, 2 and 4 threads, natively (AMD EPYC) and under ``qemu-x86_64 -cpu`` Haswell, Nehalem and
+EPYC: the split equals ``F.linear`` bit for bit, with and without a bias, for SmolLM2-135M's shapes
+and smaller ones; SmolLM2's one-row products per decode step took 32-40 ms as ``F.linear`` and 23 ms
+split in two (2-core AMD EPYC). Compatible numerics split one-row products and leave the rest to
+``F.linear``.
+
+Native numerics keep ``F.linear``: native goldens keep the kernels they were recorded with.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+
+class LinearKernels(str, enum.Enum):
+    """Where a float32 ``nn.Linear`` on the CPU runs (a str enum: it is shown in reports)."""
+
+    LINEAR = "F.linear"  # torch's own dispatch: native numerics, GPUs, other dtypes
+    SPLIT_ONE_ROW = "one-row split"  # compatible: MKL's generic path, one-row products over the threads
+    ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN's GEMM capped at AVX2
+
+
+def kernels_for(mode: str, in_force: Mapping[str, Any]) -> LinearKernels:
+    """The kernels a model loaded under CPU numerics ``mode`` runs, given the numerics in force."""
+    from pytest_llmdeterminism.engines import numerics
+
+    if in_force.get("mkl_cbwr") != numerics.MKL_REPRODUCIBLE_BRANCH:
+        return LinearKernels.LINEAR  # native, or a torch without MKL (arm64: OpenBLAS's kernels)
+    return LinearKernels.ONEDNN_AVX2 if mode == numerics.PORTABLE else LinearKernels.SPLIT_ONE_ROW
+
+
+def onednn_linear(x: Any, weight: Any, bias: Any) -> Any:
+    """``F.linear`` through oneDNN's matmul (``ONEDNN_MAX_CPU_ISA`` decides its kernels)."""
+    import torch
+
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+# Below about a megabyte of weights a bmm's dispatch costs more than the second thread saves
+# (SmolLM2's 192x576 key projection: 0.017 ms as F.linear, 0.024 ms split).
+MIN_WEIGHT_ELEMENTS = 1 << 18
+
+
+def blocks_for(weight: Any, threads: int) -> int:
+    """How many blocks to split ``weight``'s output features into: 0 where the split does not apply
+    (one thread, a weight that is not a contiguous float32 matrix on the CPU, too small, or not
+    divisible)."""
+    import torch
+
+    out_features = weight.shape[0]
+    if (threads < 2 or weight.dtype != torch.float32 or weight.device.type != "cpu"
+            or weight.dim() != 2 or not weight.is_contiguous() or weight.numel() < MIN_WEIGHT_ELEMENTS
+            or out_features % threads):
+        return 0
+    return threads
+
+
+def split_linear(x: Any, weight: Any, bias: Any, blocks: int) -> Any:
+    """``F.linear(x, weight, bias)`` for a single row ``x``, its output features computed as
+    ``blocks`` matrices of one ``torch.bmm``. Same bits (see the module's note)."""
+    import torch
+
+    out_features, in_features = weight.shape
+    stacked = weight.view(blocks, out_features // blocks, in_features).transpose(1, 2)
+    row = x.reshape(1, 1, in_features).expand(blocks, 1, in_features)
+    y = torch.bmm(row, stacked).reshape(*x.shape[:-1], out_features)
+    return y if bias is None else y + bias
+
+
+@contextmanager
+def routed(model: Any, kernels: LinearKernels) -> Iterator[int]:
+    """Within the block, the model's float32 ``nn.Linear`` layers on the CPU run on ``kernels``; their
+    own ``forward`` is put back afterwards. Yields how many layers were routed."""
+    import torch
+
+    threads = torch.get_num_threads()
+    routed = []
+    if kernels is not LinearKernels.LINEAR:
+        for module in model.modules():
+            if (type(module) is torch.nn.Linear and "forward" not in vars(module)
+                    and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"):
+                module.forward = _forward(module, kernels, blocks_for(module.weight, threads))  # type: ignore[method-assign]
+                routed.append(module)
+    try:
+        yield len(routed)
+    finally:
+        for module in routed:
+            del module.forward
+
+
+def _forward(module: Any, kernels: LinearKernels, blocks: int) -> Any:
+    import torch
+
+    linear = torch.nn.functional.linear
+
+    def forward(x: Any) -> Any:
+        if x.dtype != torch.float32:
+            return linear(x, module.weight, module.bias)
+        if blocks and x.numel() == x.shape[-1] and kernels is LinearKernels.SPLIT_ONE_ROW:
+            return split_linear(x, module.weight, module.bias, blocks)
+        if kernels is LinearKernels.ONEDNN_AVX2:
+            return onednn_linear(x, module.weight, module.bias)
+        return linear(x, module.weight, module.bias)
+
+    return forward

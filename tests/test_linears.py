@@ -1,0 +1,150 @@
+"""How linears run under pinned numerics (engines/linears.py): one-row products split over the
+threads give the bits of ``F.linear``; oneDNN's capped GEMM keeps rows independent of their batch.
+
+The suite pins portable numerics for itself (pyproject.toml), so these run under MKL's reproducible
+branch with oneDNN capped at AVX2. tests/test_cross_cpu.py checks the same bits under emulated CPUs.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from pytest_llmdeterminism import engines
+from pytest_llmdeterminism.engines import BUILTIN_MODELS, linears, numerics
+from pytest_llmdeterminism.engines.linears import LinearKernels
+from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+F = torch.nn.functional
+# SmolLM2-135M's projections (query/output, gate/up, down, the LM head, cut to 8192 rows) and a
+# layer just at the size where the split starts.
+SHAPES = [(576, 576), (1536, 576), (576, 1536), (8192, 576), (512, 512)]
+
+
+@pytest.fixture(autouse=True)
+def _portable_numerics_in_force():
+    found = numerics.effective()
+    if (found["mkl_cbwr"], found["aten_capability"]) != (numerics.MKL_REPRODUCIBLE_BRANCH, "AVX2"):
+        pytest.fail("the suite pins portable numerics for itself (pyproject.toml); in force: MKL's branch "
+                    f"{found['mkl_cbwr']!r}, ATen's kernels {found['aten_capability']!r}")
+
+
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+@pytest.mark.parametrize("blocks", [2, 4])
+def test_a_split_one_row_product_has_the_bits_of_linear(out_features, in_features, blocks):
+    generator = torch.Generator().manual_seed(out_features + in_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    for shape in ((1, in_features), (1, 1, in_features), (in_features,)):
+        x = torch.randn(shape, generator=generator)
+        assert torch.equal(linears.split_linear(x, weight, None, blocks), F.linear(x, weight)), shape
+        assert torch.equal(linears.split_linear(x, weight, bias, blocks), F.linear(x, weight, bias)), shape
+
+
+def test_the_split_applies_to_large_float32_cpu_weights_over_several_threads_only():
+    large = torch.zeros(1024, 256)
+    assert linears.blocks_for(large, 2) == 2 and linears.blocks_for(large, 4) == 4
+    assert linears.blocks_for(large, 1) == 0  # nothing to spread over
+    assert linears.blocks_for(large, 3) == 0  # 1024 output features do not split in 3 equal blocks
+    assert linears.blocks_for(large.to(torch.bfloat16), 2) == 0  # not MKL's float32 product
+    assert linears.blocks_for(torch.zeros(256, 1024).t(), 2) == 0  # a transposed view: blocks are not views
+    assert linears.blocks_for(torch.zeros(192, 576), 2) == 0  # below MIN_WEIGHT_ELEMENTS: dispatch costs more
+
+
+def test_layers_get_their_own_forward_back_and_several_rows_are_left_to_linear():
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 64))
+    rows, row = torch.randn(5, 512), torch.randn(1, 512)
+    with torch.inference_mode():
+        expected_rows, expected_row = model(rows), model(row)
+        with linears.routed(model, LinearKernels.SPLIT_ONE_ROW) as routed:
+            assert routed == 2
+            assert torch.equal(model(rows), expected_rows)
+            assert torch.equal(model(row), expected_row)
+    assert all("forward" not in vars(module) for module in model.modules())
+
+
+def test_only_pinned_numerics_route_linears_and_only_float32_ones_on_the_cpu():
+    compatible_branch = {"mkl_cbwr": numerics.MKL_REPRODUCIBLE_BRANCH}
+    assert linears.kernels_for("portable", compatible_branch) is LinearKernels.ONEDNN_AVX2
+    assert linears.kernels_for("compatible", compatible_branch) is LinearKernels.SPLIT_ONE_ROW
+    assert linears.kernels_for("native", {"mkl_cbwr": "OFF"}) is LinearKernels.LINEAR
+    assert linears.kernels_for("portable", {"mkl_cbwr": None}) is LinearKernels.LINEAR  # arm64: OpenBLAS
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64).to(torch.bfloat16))
+    with linears.routed(model, LinearKernels.ONEDNN_AVX2) as routed:
+        assert routed == 1 and "forward" in vars(model[0]) and "forward" not in vars(model[1])
+    with linears.routed(model, LinearKernels.LINEAR) as routed:
+        assert routed == 0
+
+
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_onednn_rows_do_not_depend_on_their_companions(out_features, in_features):
+    """Portable numerics run the fixed batch shape through oneDNN: a prompt's bits must not depend on
+    the rows beside it, and identical rows must give identical bits."""
+    generator = torch.Generator().manual_seed(out_features * in_features)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
+    bias = torch.randn(out_features, generator=generator)
+    row = torch.randn(in_features, generator=generator)
+    for rows in (2, 4, 7, 128):
+        same = linears.onednn_linear(row.expand(rows, in_features).contiguous(), weight, bias)
+        assert (same == same[0]).all(), rows
+        mixed = torch.randn(rows, in_features, generator=generator)
+        mixed[rows // 2] = row
+        assert torch.equal(linears.onednn_linear(mixed, weight, bias)[rows // 2], same[0]), rows
+        assert torch.equal(linears.onednn_linear(mixed.view(1, rows, in_features), weight, bias)[0],
+                           linears.onednn_linear(mixed, weight, bias)), rows
+    # close to F.linear: other kernels, the same product
+    x = torch.randn(3, in_features, generator=generator)
+    torch.testing.assert_close(linears.onednn_linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """The tiny model's tokenizer on a wider random Llama (hidden 1024): layers the split applies to."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("wide")
+    tiny = BUILTIN_MODELS["tiny"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tiny / name, folder / name)
+    config = AutoConfig.from_pretrained(tiny, local_files_only=True)
+    config.update({"hidden_size": 1024, "intermediate_size": 2048, "num_attention_heads": 16,
+                   "num_key_value_heads": 4, "head_dim": 64, "num_hidden_layers": 2,
+                   "tie_word_embeddings": False})
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_bits(wide_model, monkeypatch):
+    loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable")
+    assert loaded.engine.linears is LinearKernels.ONEDNN_AVX2
+    calls: dict[str, int] = {"onednn": 0, "split": 0}
+
+    def counted(name, function):
+        def call(*args):
+            calls[name] += 1
+            return function(*args)
+        return call
+
+    monkeypatch.setattr(linears, "onednn_linear", counted("onednn", linears.onednn_linear))
+    monkeypatch.setattr(linears, "split_linear", counted("split", linears.split_linear))
+    llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("1x128"), 6, 0))
+    prompts = ["Once upon a time", "The capital of France is"]
+    llm.generate(prompts)
+    assert calls["onednn"] and not calls["split"], calls
+    # compatible numerics' route (MKL's reproducible branch is in force here too): the one-row split
+    # has the bits of F.linear on the whole model
+    results = {}
+    for kernels in (LinearKernels.SPLIT_ONE_ROW, LinearKernels.LINEAR):
+        loaded.engine.linears = kernels
+        calls.update(onednn=0, split=0)
+        results[kernels] = llm.generate(prompts)
+        assert not calls["onednn"]
+        splits = kernels is LinearKernels.SPLIT_ONE_ROW and torch.get_num_threads() >= 2
+        assert bool(calls["split"]) == splits
+    split, plain = results[LinearKernels.SPLIT_ONE_ROW], results[LinearKernels.LINEAR]
+    for a, b in zip(split, plain, strict=True):
+        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
