@@ -79,6 +79,20 @@ def test_only_pinned_numerics_route_linears_and_only_float32_ones_on_the_cpu():
         assert routed == 0
 
 
+def test_portable_leaves_small_products_to_mkl_and_sends_large_ones_to_onednn(monkeypatch):
+    """oneDNN's fixed cost per call outweighs small products; which kernel runs depends on the shape
+    alone (rows x in x out features), so it is the same on every CPU."""
+    calls = []
+    monkeypatch.setattr(linears, "onednn_linear",
+                        lambda x, w, b: calls.append(tuple(x.shape)) or F.linear(x, w, b))
+    model = torch.nn.Sequential(torch.nn.Linear(576, 576))
+    with torch.inference_mode(), linears.routed(model, LinearKernels.ONEDNN_AVX2):
+        model(torch.randn(1, 1, 576))  # 331,776 multiply-adds: MKL's reproducible branch
+        model(torch.randn(1, 2, 576))  # 663,552: oneDNN
+    assert 576 * 576 < linears.ONEDNN_MIN_PRODUCT <= 2 * 576 * 576
+    assert calls == [(1, 2, 576)]
+
+
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
 def test_onednn_rows_do_not_depend_on_their_companions(out_features, in_features):
     """Portable numerics run the fixed batch shape through oneDNN: a prompt's bits must not depend on

@@ -7,8 +7,9 @@ cap is honoured on every vendor: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a float32 line
 ``torch.ops.mkldnn._linear_pointwise`` gave the same bits natively on an AMD EPYC with AVX-512, and
 under ``qemu-x86_64 -cpu`` Haswell, EPYC and Skylake-Client, at 1 and 2 threads, for SmolLM2's
 shapes, 1 to 300 rows; a row's bits did not depend on its companions at a fixed number of rows, and
-identical rows gave identical bits. It needs AVX2 and FMA: on an older CPU oneDNN falls back to SSE4.1
-and other bits, so portable numerics refuse such a CPU (``numerics.check``).
+identical rows gave identical bits. Products below ``ONEDNN_MIN_PRODUCT`` multiply-adds stay on MKL's
+reproducible branch, which is faster there and portable too. It needs AVX2 and FMA: on an older CPU
+oneDNN falls back to SSE4.1 and other bits, so portable numerics refuse such a CPU (``numerics.check``).
 
 **One row: split over the threads.** A decode step at batch 1 multiplies one row by each weight
 matrix. Under ``MKL_CBWR=COMPATIBLE`` MKL runs such a one-row GEMM on one thread (measured on Intel
@@ -56,6 +57,13 @@ def onednn_linear(x: Any, weight: Any, bias: Any) -> Any:
 
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
+
+# oneDNN costs ~30 us a call before it multiplies anything: a product of fewer multiply-adds (rows x
+# in x out features) runs faster on MKL's reproducible branch, whose bits travel too. Measured on a
+# 2-core AMD EPYC, 2 threads: 576x576 at one row 48 us on MKL, 64 us on oneDNN; 1024x512 at one row
+# 76 vs 66 us; 192x576 at 16 rows 132 vs 92 us; 576x576 at 128 rows 2100 vs 748 us. The choice
+# depends on the shape alone, so it is the same on every CPU and for every row of a batch.
+ONEDNN_MIN_PRODUCT = 1 << 19
 
 # Below about a megabyte of weights a bmm's dispatch costs more than the second thread saves
 # (SmolLM2's 192x576 key projection: 0.017 ms as F.linear, 0.024 ms split).
@@ -113,13 +121,14 @@ def _forward(module: Any, kernels: LinearKernels, blocks: int) -> Any:
     import torch
 
     linear = torch.nn.functional.linear
+    out_features = module.weight.shape[0]
 
     def forward(x: Any) -> Any:
         if x.dtype != torch.float32:
             return linear(x, module.weight, module.bias)
         if blocks and x.numel() == x.shape[-1] and kernels is LinearKernels.SPLIT_ONE_ROW:
             return split_linear(x, module.weight, module.bias, blocks)
-        if kernels is LinearKernels.ONEDNN_AVX2:
+        if kernels is LinearKernels.ONEDNN_AVX2 and x.numel() * out_features >= ONEDNN_MIN_PRODUCT:
             return onednn_linear(x, module.weight, module.bias)
         return linear(x, module.weight, module.bias)
 
