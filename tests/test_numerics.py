@@ -283,3 +283,43 @@ def test_tokenizer_without_pad_and_eos_tokens_gets_a_safe_pad(tmp_path):
     assert loaded.tokenizer.eos_token_id is None and loaded.tokenizer.pad_token_id == 0
     result = _llm(loaded).generate(["The sky is", "Count: one,"])
     assert [len(r.token_ids) for r in result] == [3, 3] and {r.finish_reason for r in result} == {"length"}
+
+
+MACHINE_PROBE = """
+import json, platform, sys
+platform.machine = lambda: sys.argv[1]
+from pytest_llmdeterminism.engines import numerics
+numerics.pin("portable")
+found = {"environment": dict(numerics.PORTABLE_ENVIRONMENT), "torch imported": "torch" in sys.modules}
+import torch
+torch.ones(4, 4) @ torch.ones(4, 4)
+found["in force"] = numerics.check("portable")["aten_capability"]
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("machine", ["arm64", "ppc64le"])
+def test_machines_other_than_x86_64_get_generic_aten_kernels_not_the_avx2_pin(machine):
+    """macOS on Apple silicon reports arm64, other Linux machines their own name: ATen's AVX2 level
+    does not exist there, so portable must pin its generic kernels and pass its own check."""
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_VARIABLES}
+    out = subprocess.run([sys.executable, "-c", MACHINE_PROBE, machine], capture_output=True, text=True,
+                         check=False, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found["environment"]["ATEN_CPU_CAPABILITY"] == "default"
+    assert "ONEDNN_MAX_CPU_ISA" not in found["environment"]
+    assert found["in force"] == "DEFAULT"
+    assert not found["torch imported"]
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="CPUID is asked on x86-64 only")
+def test_avx2_and_fma_are_asked_of_the_cpu_without_importing_torch():
+    code = ("import sys; from pytest_llmdeterminism.engines import numerics; "
+            "print(numerics._cpuid_avx2_fma(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import torch
+
+    capabilities = torch.backends.cpu.get_cpu_capability()  # the suite runs pinned at AVX2
+    assert out.stdout.split() == [str(capabilities == "AVX2"), "False"]

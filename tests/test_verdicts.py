@@ -362,3 +362,6 @@ def test_the_cross_environment_hint_fits_the_field_that_changed():
             "compatible; pyproject.toml: llm_cpu_numerics = \"compatible\"), or re-record with "
             "--llm-golden-update --llm-tolerance=exact") in profile
     assert "compare exactly again with" not in hint([("cpu_numerics", "native", "portable")])
+    # with a library upgrade too, compatible would not compare exactly: the upgrade's hint
+    both = hint([("torch", "2.12.0", "2.13.0"), ("cpu_numerics", "compatible", "portable")])
+    assert "compare exactly again with" not in both and "after an upgrade (torch)" in both

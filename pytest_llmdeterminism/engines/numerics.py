@@ -67,12 +67,15 @@ _X86_PORTABLE = ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "a
 _ARM64 = ({"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
            "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"},
           {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"})
+# Elsewhere (macOS on Apple silicon, ppc64le, ...) ATen's generic kernels; the BLAS is not pinned there.
+_GENERIC = ({"ATEN_CPU_CAPABILITY": "default"}, {"aten_capability": "DEFAULT"})
+_X86 = {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE}
+# arm64 has one profile: OpenBLAS's generic kernels are already the same bits on every arm64 CPU.
+_ARM = {PORTABLE: _ARM64, COMPATIBLE: _ARM64}
 _PINNED_BY_MACHINE: Mapping[str, Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]] = {
-    "x86_64": {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE},
-    # arm64 has one profile: OpenBLAS's generic kernels are already the same bits on every arm64 CPU.
-    "aarch64": {PORTABLE: _ARM64, COMPATIBLE: _ARM64},
+    "x86_64": _X86, "AMD64": _X86, "aarch64": _ARM, "arm64": _ARM,
 }
-_PINNED = _PINNED_BY_MACHINE.get(platform.machine(), _PINNED_BY_MACHINE["x86_64"])
+_PINNED = _PINNED_BY_MACHINE.get(platform.machine(), {PORTABLE: _GENERIC, COMPATIBLE: _GENERIC})
 ENVIRONMENTS: Mapping[str, Mapping[str, str]] = {mode: pinned[0] for mode, pinned in _PINNED.items()}
 _EFFECTIVE: Mapping[str, Mapping[str, str]] = {mode: pinned[1] for mode, pinned in _PINNED.items()}
 PORTABLE_ENVIRONMENT = ENVIRONMENTS[PORTABLE]
@@ -186,10 +189,59 @@ def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
 
 
 def _has_avx2() -> bool:
-    """AVX2 and FMA, as torch tells them apart (its AVX2 kernels need both)."""
-    import torch
+    """AVX2 and FMA with the OS saving their registers (what ATen's AVX2 kernels need), asked of the
+    CPU itself without importing torch (the plugin pins before conftests, in runs that may never
+    load a model). ``/proc/cpuinfo`` is the fallback: under qemu-user it shows the host's CPU."""
+    found = _cpuid_avx2_fma()
+    if found is not None:
+        return found
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:
+        return True  # nothing to ask: ATen's own dispatch decides, and check() reads what it chose
+    return "avx2" in flags and "fma" in flags
 
-    return bool(torch.cpu._is_avx2_supported())
+
+# x86-64 machine code, no arguments, the answer in eax (the same in the System V and Windows ABIs;
+# rbx, which CPUID overwrites, is saved): CPUID leaf 0 (eax: the highest leaf), leaf 1 (ecx: FMA
+# bit 12, OSXSAVE bit 27, AVX bit 28), leaf 7 subleaf 0 (ebx: AVX2 bit 5), and XGETBV 0 (eax: the
+# OS saves SSE and AVX state, bits 1 and 2).
+_CPUID_LEAF_0 = bytes.fromhex("53b80000000031c90fa25bc3")
+_CPUID_LEAF_1_ECX = bytes.fromhex("53b80100000031c90fa289c85bc3")
+_CPUID_LEAF_7_EBX = bytes.fromhex("53b80700000031c90fa289d85bc3")
+_XGETBV_0 = bytes.fromhex("31c90f01d0c3")
+
+
+def _cpuid_avx2_fma() -> bool | None:
+    """None where machine code cannot be run from here (not x86-64, Windows, or no executable memory)."""
+    if not _NEEDS_AVX2 or sys.platform == "win32":
+        return None
+    import mmap
+
+    try:
+        memory = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError, AttributeError):
+        return None
+    with memory:
+        def run(code: bytes) -> int:
+            memory.seek(0)
+            memory.write(code)
+            address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+            try:
+                return int(ctypes.CFUNCTYPE(ctypes.c_uint32)(address)())
+            finally:
+                del address
+
+        try:
+            if run(_CPUID_LEAF_0) < 7:
+                return False
+            leaf1 = run(_CPUID_LEAF_1_ECX)
+            if not (leaf1 >> 12 & 1 and leaf1 >> 27 & 1 and leaf1 >> 28 & 1):
+                return False
+            return bool(run(_CPUID_LEAF_7_EBX) >> 5 & 1) and run(_XGETBV_0) & 0b110 == 0b110
+        except (OSError, ValueError, TypeError):
+            return None
 
 
 def describe(mode: str) -> str:

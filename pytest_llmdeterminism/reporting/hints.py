@@ -48,7 +48,8 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
     if explicit:
         return line
     profiles = {name: (old, new) for name, old, new in changes}.get("cpu_numerics")
-    if profiles is not None and set(profiles) == {"portable", "compatible"}:
+    if profiles is not None and set(profiles) == {"portable", "compatible"} \
+            and set(names) <= {"cpu_numerics", "cpu_capability"}:
         return (f"{line}; the golden ran CPU numerics {profiles[0]!r} (goldens recorded as 'portable' before "
                 "it moved to AVX2 kernels ran what 'compatible' pins now): compare exactly again with "
                 f"{pasteable('llm_cpu_numerics', profiles[0])}, or re-record with --llm-golden-update "
