@@ -39,20 +39,27 @@ def test_negative_control_is_caught():
     assert GOLDEN.read_bytes() == before
 
 
-def test_goldens_recorded_natively_by_0_1_0_on_intel_still_pass_across_environments(tmp_path):
-    """Goldens from before portable numerics (Intel AVX512, native kernels) are another environment:
-    judged by near-tie tolerance, never silently exact, and re-recordable on demand."""
+def example_project(tmp_path, golden, *pytest_args):
+    """The example suite in ``tmp_path`` with ``tests/data/<golden>`` as its golden file; returns a
+    function that runs pytest there (outside CI, so goldens may be judged across environments)."""
     for name in ("conftest.py", "pytest.ini", "test_tiny_model.py"):
         shutil.copy(ROOT / "examples" / name, tmp_path / name)
     (tmp_path / "__golden__").mkdir()
-    shutil.copy(ROOT / "tests" / "data" / "test_tiny_model.intel-avx512-native-0.1.0.json",
-                tmp_path / "__golden__" / "test_tiny_model.json")
+    shutil.copy(ROOT / "tests" / "data" / golden, tmp_path / "__golden__" / "test_tiny_model.json")
     env = {k: v for k, v in os.environ.items() if k != "CI"}
 
-    def run(*args):  # the chat example came after 0.1.0: that file has no golden for it
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                               "-k", "not test_chat", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600, check=False, env=env)
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args, *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False, env=env)
+
+    return run
+
+
+def test_goldens_recorded_natively_by_0_1_0_on_intel_still_pass_across_environments(tmp_path):
+    """Goldens from before portable numerics (Intel AVX512, native kernels) are another environment:
+    judged by near-tie tolerance, never silently exact, and re-recordable on demand."""
+    # the chat example came after 0.1.0: that file has no golden for it
+    run = example_project(tmp_path, "test_tiny_model.intel-avx512-native-0.1.0.json", "-k", "not test_chat")
 
     across = run()
     assert across.returncode == 0, across.stdout[-3000:]
@@ -68,17 +75,7 @@ def test_goldens_recorded_as_portable_before_its_avx2_kernels_pass_and_say_how_t
     """The example goldens as recorded before portable numerics moved to AVX2 kernels (ATen's AVX2
     kernels, oneDNN's AVX2 GEMM): another environment under today's portable, judged by near-tie
     tolerance with the setting that compares them exactly, and IDENTICAL under compatible."""
-    for name in ("conftest.py", "pytest.ini", "test_tiny_model.py"):
-        shutil.copy(ROOT / "examples" / name, tmp_path / name)
-    (tmp_path / "__golden__").mkdir()
-    shutil.copy(ROOT / "tests" / "data" / "test_tiny_model.portable-generic-0.2.json",
-                tmp_path / "__golden__" / "test_tiny_model.json")
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
-
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
-                               *args], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                              env=env)
+    run = example_project(tmp_path, "test_tiny_model.portable-generic-0.2.json", "-p", "no:randomly")
 
     across = run()
     assert across.returncode == 0, across.stdout[-3000:]

@@ -100,8 +100,7 @@ def _profile(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
     mode, capability = fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")
     if fingerprint.get("blas_coretype") == "ARMV8" and mode == "compatible":
         return {**fingerprint, "cpu_numerics": "portable"}
-    if (fingerprint.get("mkl_cbwr") == "COMPATIBLE" and (mode, capability) == ("portable", "DEFAULT")
-            and fingerprint.get("machine", "x86_64") == "x86_64"):
+    if fingerprint.get("mkl_cbwr") == "COMPATIBLE" and (mode, capability) == ("portable", "DEFAULT"):
         return {**fingerprint, "cpu_numerics": "compatible"}
     return fingerprint
 

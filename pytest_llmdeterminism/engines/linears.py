@@ -33,6 +33,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from pytest_llmdeterminism.engines import numerics
+
 
 class LinearKernels(str, enum.Enum):
     """Where a float32 ``nn.Linear`` on the CPU runs (a str enum: it is shown in reports)."""
@@ -44,8 +46,6 @@ class LinearKernels(str, enum.Enum):
 
 def kernels_for(mode: str, in_force: Mapping[str, Any]) -> LinearKernels:
     """The kernels a model loaded under CPU numerics ``mode`` runs, given the numerics in force."""
-    from pytest_llmdeterminism.engines import numerics
-
     if in_force.get("mkl_cbwr") != numerics.MKL_REPRODUCIBLE_BRANCH:
         return LinearKernels.LINEAR  # native, or a torch without MKL (arm64: OpenBLAS's kernels)
     return LinearKernels.ONEDNN_AVX2 if mode == numerics.PORTABLE else LinearKernels.SPLIT_ONE_ROW

@@ -82,7 +82,7 @@ PORTABLE_ENVIRONMENT = ENVIRONMENTS[PORTABLE]
 # Every variable some mode pins (tests and benchmarks start children without them).
 PINNED_VARIABLES = tuple(sorted({name for environment in ENVIRONMENTS.values() for name in environment}))
 # Portable numerics on x86-64 need ATen's AVX2 kernels and oneDNN's AVX2 GEMMs: x86-64-v3.
-_NEEDS_AVX2 = platform.machine() in ("x86_64", "AMD64")
+_NEEDS_AVX2 = _PINNED is _X86
 
 # MKL's branch codes (mkl_cbwr.h); the STRICT flag is bit 16.
 _MKL_BRANCHES = {0: "UNSET", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
@@ -148,7 +148,7 @@ def pin(mode: str) -> dict[str, str | None]:
         return {}
     replaced = {name: os.environ.get(name) for name in ENVIRONMENTS[mode]}
     os.environ.update(ENVIRONMENTS[mode])
-    if mode == PORTABLE and _NEEDS_AVX2 and not _has_avx2():
+    if _missing_avx2(mode):
         # ATen takes ATEN_CPU_CAPABILITY=avx2 without asking the CPU: its AVX2 kernels would die of an
         # illegal instruction. ATen's generic kernels run instead, and the load refuses the run with
         # the settings that work here (check). Importing torch picks no kernels: they are picked at
@@ -183,9 +183,14 @@ def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
         wrong = {name: found[name] for name, wanted in _EFFECTIVE[mode].items()
                  if found[name] is not None and found[name] != wanted}
         if wrong:
-            without_avx2 = mode == PORTABLE and _NEEDS_AVX2 and not _has_avx2()
-            raise CPUNumericsError(mode, found, wrong, pinned_late=pinned_late, without_avx2=without_avx2)
+            raise CPUNumericsError(mode, found, wrong, pinned_late=pinned_late,
+                                   without_avx2=_missing_avx2(mode))
     return found
+
+
+def _missing_avx2(mode: str) -> bool:
+    """``mode`` needs AVX2 and FMA here (portable on x86-64) and the CPU lacks them."""
+    return mode == PORTABLE and _NEEDS_AVX2 and not _has_avx2()
 
 
 def _has_avx2() -> bool:
@@ -228,10 +233,7 @@ def _cpuid_avx2_fma() -> bool | None:
             memory.seek(0)
             memory.write(code)
             address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
-            try:
-                return int(ctypes.CFUNCTYPE(ctypes.c_uint32)(address)())
-            finally:
-                del address
+            return int(ctypes.CFUNCTYPE(ctypes.c_uint32)(address)())
 
         try:
             if run(_CPUID_LEAF_0) < 7:
