@@ -1,14 +1,22 @@
 """pytest-llmdeterminism: trustworthy LLM output regression tests.
 
 Importing this package is cheap: torch and transformers load only when a test asks for a model.
+Every type a user annotates or matches on, and every error the plugin raises, is importable from
+here; every error derives from :class:`LLMDeterminismError`.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 import pytest
 
-from pytest_llmdeterminism.compare import GoldenMismatchError
+from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
 from pytest_llmdeterminism.engines.audit import AuditReport, NondeterminismError, audit
+from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.engines.numerics import CPUNumericsError
+from pytest_llmdeterminism.engines.server_client import HTTPStatusError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
     ConfigurationError,
@@ -21,22 +29,38 @@ from pytest_llmdeterminism.errors import (
     SamplingRefusedError,
 )
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.run.golden_tokens import assert_tokens_match
+from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match
+from pytest_llmdeterminism.run.shards import ShardError
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.cli.fetch import FetchError
+    from pytest_llmdeterminism.cli.perturb import PerturbError
+    from pytest_llmdeterminism.strategies import BatchInvarianceError
 
 __all__ = [
     "AuditReport",
+    "BatchInvarianceError",
     "BatchInvarianceProbeError",
+    "CPUNumericsError",
+    "Comparison",
     "ConfigurationError",
     "EngineError",
+    "FetchError",
     "Generation",
     "GoldenFileError",
     "GoldenMismatchError",
+    "GoldenTokens",
+    "HTTPStatusError",
     "LLMDeterminismError",
+    "LLMModel",
     "ModelLoadError",
     "NonFiniteLogitsError",
     "NondeterminismError",
+    "PerturbError",
     "PromptTooLongError",
     "SamplingRefusedError",
+    "ShardError",
+    "Verdict",
     "assert_tokens_match",
     "audit",
     "deterministic",
@@ -44,12 +68,36 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Failures name errors by their public home (`pytest_llmdeterminism.GoldenMismatchError`), not by
-# the module that happens to define them.
-for _error in (BatchInvarianceProbeError, ConfigurationError, EngineError, GoldenFileError,
-               GoldenMismatchError, LLMDeterminismError, ModelLoadError, NonFiniteLogitsError,
-               NondeterminismError, PromptTooLongError, SamplingRefusedError):
-    _error.__module__ = __name__
+# Public names whose modules import what a pytest run never needs (hypothesis; the llm-golden
+# command's modules): each loads on first use, so loading the plugin stays free.
+_LAZY = {
+    "BatchInvarianceError": "pytest_llmdeterminism.strategies",
+    "FetchError": "pytest_llmdeterminism.cli.fetch",
+    "PerturbError": "pytest_llmdeterminism.cli.perturb",
+}
+
+# Failures and fixture values name their types by their public home
+# (`pytest_llmdeterminism.GoldenMismatchError`), not by the module that happens to define them. The
+# data classes (Comparison, Generation, AuditReport) keep theirs: their annotations resolve there.
+for _public in (BatchInvarianceProbeError, CPUNumericsError, ConfigurationError, EngineError,
+                GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError, LLMDeterminismError,
+                LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError, PromptTooLongError,
+                SamplingRefusedError, ShardError, Verdict):
+    _public.__module__ = __name__
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    value.__module__ = __name__
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 #: The ``deterministic`` marker, the same object as ``pytest.mark.deterministic``. Use it bare
 #: (``@deterministic``) or with ``seed``, ``max_new_tokens``, ``batch_shape`` and ``tolerance``.

@@ -18,6 +18,8 @@ DEFAULT_TIE_MARGIN = {"float32": 0.05, "float16": 0.25, "bfloat16": 0.5}
 
 
 class Verdict(enum.Enum):
+    """What one golden check found; the tolerance profile decides whether it passes."""
+
     MISSING = "MISSING"  # no golden to compare with: the check (run.golden_tokens) says so, not compare()
     INPUT_CHANGED = "INPUT_CHANGED"
     IDENTICAL = "IDENTICAL"
@@ -43,6 +45,8 @@ class Divergence:
 
 @dataclass(frozen=True)
 class Comparison:
+    """A golden compared with a generation: the verdict, and the evidence it was decided on."""
+
     verdict: Verdict
     input_changes: tuple[tuple[str, Any, Any], ...] = ()
     divergence: Divergence | None = None

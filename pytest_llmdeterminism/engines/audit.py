@@ -79,6 +79,9 @@ class AuditRow:
 
 @dataclass(frozen=True)
 class AuditReport:
+    """What :func:`audit` found for one prompt: a row per source of change, and how many distinct
+    results ``repeats`` identical calls gave (more than one is nondeterministic)."""
+
     prompt: str
     batch_shape: str
     rows: tuple[AuditRow, ...]

@@ -253,6 +253,8 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class HTTPStatusError(EngineError):
+    """A server answered a request with an HTTP error status (kept in ``status``)."""
+
     def __init__(self, spec: str, status: int, message: str) -> None:
         self.status = status
         super().__init__(spec, message)

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import candidate_files
@@ -54,7 +54,7 @@ class Shard:
         return None if self.run.candidates is None else self.report.parent / self.run.candidates
 
 
-class ShardError(Exception):
+class ShardError(LLMDeterminismError):
     """A report that cannot be merged; the message says what and how to fix it."""
 
 
