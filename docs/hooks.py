@@ -1,6 +1,16 @@
-"""mkdocs hooks: the reference pages are rendered from the code at build time, so they cannot drift.
+"""The reference pages' generated blocks: rendered from the code, committed, and kept current.
 
-A page asks for a generated block with a marker line, replaced before Markdown is rendered:
+A page holds a generated block between two marker lines; what lies between them is written by this
+file, never by hand::
+
+    <!-- generated: options -->
+    ...
+    <!-- end of generated: options -->
+
+``python docs/hooks.py --write`` rewrites every block in ``docs/`` from the code, so a reader on
+GitHub sees the full reference; ``--check`` lists the pages whose blocks differ (exit 1), as
+``tests/test_docs.py`` does. As an mkdocs hook it renders the blocks again at build time, so the site
+always documents the code it was built from. The blocks:
 
 - ``<!-- generated: options -->``: every ``--llm-*`` option and ini setting, read from a real
   ``pytest.Parser`` that the plugin's ``run.options.register`` filled;
@@ -16,19 +26,24 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import enum
 import importlib
 import importlib.util
 import inspect
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 PACKAGE = ROOT / "pytest_llmdeterminism"
 MARKER = re.compile(r"^<!-- generated: (\w+) -->$", re.MULTILINE)
+BLOCK = re.compile(r"^(<!-- generated: (\w+) -->\n).*?^(<!-- end of generated: \2 -->)$",
+                   re.MULTILINE | re.DOTALL)
+REGENERATE = "python docs/hooks.py --write"
 
 
 def on_startup(**_: Any) -> None:
@@ -37,7 +52,41 @@ def on_startup(**_: Any) -> None:
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    return MARKER.sub(lambda match: _render(match.group(1)), markdown)
+    return fill(markdown)
+
+
+def fill(markdown: str) -> str:
+    """``markdown`` with every generated block rendered afresh from the code."""
+    return BLOCK.sub(lambda match: f"{match.group(1)}\n{_render(match.group(2))}\n\n{match.group(3)}",
+                     markdown)
+
+
+def stale_pages(docs: Path = DOCS) -> dict[Path, str]:
+    """Each page whose generated blocks differ from the code, with its text as it should read."""
+    stale = {}
+    for page in sorted(docs.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if BLOCK.search(text) and fill(text) != text:
+            stale[page] = fill(text)
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python docs/hooks.py", description=(__doc__ or "").split("\n")[0])
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="rewrite every stale page's generated blocks")
+    action.add_argument("--check", action="store_true", help="list stale pages; exit 1 if there are any")
+    args = parser.parse_args(argv)
+    on_startup()
+    stale = stale_pages()
+    for page, text in stale.items():
+        if args.write:
+            page.write_text(text, encoding="utf-8")
+        print(f"{'rewrote' if args.write else 'stale:'} {page.relative_to(ROOT)}")
+    if args.check and stale:
+        print(f"the generated reference differs from the code; regenerate it with: {REGENERATE}")
+        return 1
+    return 0
 
 
 def _render(name: str) -> str:
@@ -218,8 +267,21 @@ def api() -> str:
             doc = ("The `deterministic` marker: the same object as `pytest.mark.deterministic`. Bare, or "
                    "with `seed`, `max_new_tokens`, `batch_shape`, `tolerance`.")
         else:
-            kind = "exception" if isinstance(value, type) and issubclass(value, BaseException) else (
-                "class" if isinstance(value, type) else "function")
-            doc = _summary(inspect.getdoc(value))
+            kind = _kind(value)
+            # A class's own docstring: one it inherits describes its base, not it.
+            doc = _summary(inspect.cleandoc(vars(value).get("__doc__") or "") if isinstance(value, type)
+                           else inspect.getdoc(value))
         rows.append(f"| `{name}` | {kind} | {doc} |")
     return "\n".join(rows)
+
+
+def _kind(value: object) -> str:
+    if not isinstance(value, type):
+        return "function"
+    if issubclass(value, BaseException):
+        return "exception"
+    return "enum" if issubclass(value, enum.Enum) else "class"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
