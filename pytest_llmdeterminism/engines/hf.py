@@ -220,15 +220,19 @@ def _ensure_pad_token(tokenizer: Any) -> None:
             else tokenizer.convert_ids_to_tokens(0)
 
 
+# What the [gguf] extra installs (pyproject.toml), as the hint for a missing one names it.
+GGUF_REQUIREMENTS = {"gguf": ">=0.10", "accelerate": ">=1.0"}
+
+
 def _require_gguf_support(spec: str) -> None:
     import importlib.util
 
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
-        raise ModelLoadError(
-            spec, f"loading .gguf files needs {' and '.join(missing)}: "
-            "pip install 'pytest-llmdeterminism[gguf]'",
-        )
+        # The packages themselves, not the [gguf] extra: a plugin installed from a path or a wheel
+        # is not on the index under its name. The versions are the extra's (pyproject.toml).
+        wanted = " ".join(f"'{name}{GGUF_REQUIREMENTS[name]}'" for name in missing)
+        raise ModelLoadError(spec, f"loading .gguf files needs {' and '.join(missing)}: pip install {wanted}")
 
 
 def _silence_gguf_progress_bar() -> Callable[[], None] | None:
