@@ -66,8 +66,9 @@ def stale_pages(docs: Path = DOCS) -> dict[Path, str]:
     stale = {}
     for page in sorted(docs.rglob("*.md")):
         text = page.read_text(encoding="utf-8")
-        if BLOCK.search(text) and fill(text) != text:
-            stale[page] = fill(text)
+        filled = fill(text)
+        if filled != text:
+            stale[page] = filled
     return stale
 
 
@@ -83,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.write:
             page.write_text(text, encoding="utf-8")
         print(f"{'rewrote' if args.write else 'stale:'} {page.relative_to(ROOT)}")
-    if args.check and stale:
+    if not stale:
+        print("the generated reference matches the code")
+    elif args.check:
         print(f"the generated reference differs from the code; regenerate it with: {REGENERATE}")
         return 1
     return 0

@@ -85,12 +85,14 @@ def test_every_generated_block_a_page_asks_for_exists_and_is_closed(hooks):
         hooks._render("nope")
 
 
-def test_the_committed_reference_pages_are_what_the_code_generates(hooks):
+def test_the_committed_reference_pages_are_what_the_code_generates(hooks, capsys):
     """A reader on GitHub sees whole pages, not stubs: regenerated in memory, they must not change."""
     stale = hooks.stale_pages()
     assert not stale, (f"{', '.join(str(page.relative_to(ROOT)) for page in stale)} differ from the "
                        f"code; regenerate them with: {hooks.REGENERATE}")
     assert hooks.REGENERATE in (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    assert hooks.main(["--check"]) == 0
+    assert capsys.readouterr().out == "the generated reference matches the code\n"
 
 
 def test_a_stale_generated_block_is_found_and_rewritten(hooks, tmp_path):
@@ -134,6 +136,8 @@ def test_the_verdicts_page_lists_every_verdict_in_the_order_the_code_decides_the
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     listed = readme.split("Every check ends in one verdict", 1)[1].split("decided in that order", 1)[0]
     assert re.findall(r"`([A-Z_]+)`", listed) == decided
+    home = (DOCS / "index.md").read_text(encoding="utf-8").split("**Verdicts, not diffs.**", 1)[1]
+    assert set(re.findall(r"`([A-Z_]+)`", home.split(" See", 1)[0])) == set(decided)
 
 
 def _first_block(text: str, language: str) -> str:
@@ -149,7 +153,8 @@ def test_the_header_a_page_shows_is_the_one_its_own_config_prints(pytester, page
     pytester.makepyfile(test_capital=_first_block(text, "python"))
     result = pytester.runpytest("--collect-only", "-p", "no:randomly")
     assert result.ret == pytest.ExitCode.OK
-    assert [line for line in result.outlines if line.startswith("llm: model=")] == [shown]
+    printed = [line for line in result.outlines if line.startswith("llm: model=")]
+    assert printed == [shown], f"{page} shows {shown!r}; its own config prints {printed}: update the page"
 
 
 # --- one install instruction -------------------------------------------------------------------------
