@@ -116,7 +116,9 @@ def test_the_golden_records_the_commit_and_a_moved_branch_shows_in_the_diff(pyte
     in_hub_cache(hub_cache, REPO, OLD)
     pytester.makeini(f"[pytest]\nllm_model = {REPO}\nllm_batch_shape = 1x32\n")
     pytester.makepyfile(test_capital=TEST_CAPITAL)
-    pytester.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    recorded = pytester.runpytest("--llm-golden-update")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines([f"llm: loaded Org/Tiny (commit {OLD[:12]} in the Hugging Face cache) *"])
     golden = (pytester.path / "__golden__" / "test_capital.json").read_text()
     assert f'"model_commit": "{OLD}"' in golden or f'"model_commit":"{OLD}"' in golden
     pytester.runpytest().assert_outcomes(passed=1)

@@ -57,8 +57,8 @@ def test_no_model_configured_names_the_setting(pytester):
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("HuggingFaceTB/SmolLM2-135M", "*cannot load llm_model*no local folder or .gguf file is named*Hugging Face "
-                                   "cache*never downloads*`hf download HuggingFaceTB/SmolLM2-135M`*"),
+    ("HuggingFaceTB/SmolLM2-135M", "*cannot load llm_model*no local folder or .gguf file is named*Hugging "
+                                   "Face cache*never downloads*`hf download HuggingFaceTB/SmolLM2-135M`*"),
     ("models/SmolLM2", "*cannot load llm_model*no local folder*never downloads*"),
     ("llamacpp:", "*llm_model = 'llamacpp:': names no model after the engine prefix*"),
 ])

@@ -142,7 +142,11 @@ class ModelCache:
         except Exception as error:  # noqa: BLE001 - any failure, reported once, never retried
             loaded = ModelLoadError(spec, f"{type(error).__name__}: {error}")
         took = f"{time.perf_counter() - started:.1f} s"
-        self._announce(f"llm: could not load {spec} ({took}); the first test that uses it shows why, "
-                       "the others fail in one line" if isinstance(loaded, LLMDeterminismError) else
-                       f"llm: loaded {spec} in {took} on {loaded.device}")
+        if isinstance(loaded, LLMDeterminismError):
+            self._announce(f"llm: could not load {spec} ({took}); the first test that uses it shows why, "
+                           "the others fail in one line")
+        else:
+            commit = loaded.hub_commit
+            commit = f" (commit {commit[:12]} in the Hugging Face cache)" if commit else ""
+            self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}")
         return loaded
