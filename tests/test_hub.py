@@ -143,3 +143,21 @@ def test_a_local_folder_named_like_a_hub_id_wins(pytester, hub_cache, tmp_path, 
     result.stdout.fnmatch_lines([f"llm: model={local} shape=*"])
     monkeypatch.chdir(pytester.path)
     assert hub_id(REPO) is None
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("variable", "searched"), [("HF_HUB_CACHE", "{folder}' (from HF_HUB_CACHE)"),
+                                                    ("HF_HOME", "{folder}/hub' (HF_HOME/hub)")])
+def test_a_fresh_process_searches_the_cache_the_environment_names(pytester, monkeypatch, variable, searched):
+    """What a user's shell does: the variable is set before pytest (and huggingface_hub) start."""
+    for name in ("HF_HUB_CACHE", "HF_HOME", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    folder = pytester.mkdir("elsewhere")
+    monkeypatch.setenv(variable, str(folder))
+    pytester.makeini("[pytest]\nllm_model = Org/Missing@v2\n")
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"E*Searched '{searched.format(folder=folder)}. The plugin never "
+                                 "downloads; put the model in that cache once with "
+                                 "`hf download Org/Missing --revision v2`*"])
