@@ -129,6 +129,43 @@ def perturbed_tiny_copy(dest: Path, *, scale: float, seed: int = 0) -> Path:
     return dest
 
 
+def in_hub_cache(cache: Path, repo: str, commit: str, *, source: Path = BUILTIN_MODELS["tiny"],
+                 refs: tuple[str, ...] = ("main",)) -> Path:
+    """``source``'s files laid out as ``hf download`` leaves a snapshot in huggingface_hub's cache:
+    content-named blobs, ``snapshots/<commit>/`` of links to them, ``refs/<name>`` holding the commit."""
+    import hashlib
+
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = cache / repo_folder_name(repo_id=repo, repo_type="model")
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (folder / "blobs").mkdir(exist_ok=True)
+    for file in sorted(source.iterdir()):
+        data = file.read_bytes()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    for ref in refs:
+        (folder / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face hub cache for this test: ``HF_HUB_CACHE`` for the runs it starts in a
+    child process, and huggingface_hub's constant for this one (the library reads the variable once,
+    when it is imported, and this process imported it long ago)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
 def boosted_token_copy(dest: Path, token_id: int, factor: float) -> Path:
     """A copy of the tiny checkpoint whose (tied) embedding row for ``token_id`` is scaled.
 

@@ -22,7 +22,7 @@ PACKAGES = {
     "core": [["errors"], ["shape", "generation"], ["compare"], ["tolerance"]],
     "engines": [["engines.numerics", "engines.determinism"],
                 ["engines.capture", "engines.environment", "engines.spec", "engines.linears"],
-                ["engines.hf", "engines.loaded", "engines.completions", "engines.inputs"],
+                ["engines.hf", "engines.hub", "engines.loaded", "engines.completions", "engines.inputs"],
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],
                 ["engines"],
                 ["engines.fingerprint"], ["engines.probe"], ["engines.model"], ["engines.audit"]],

@@ -57,10 +57,12 @@ def test_no_model_configured_names_the_setting(pytester):
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("HuggingFaceTB/SmolLM2-135M", "*cannot load llm_model*no such folder or .gguf file*never downloads*"),
+    ("HuggingFaceTB/SmolLM2-135M", "*cannot load llm_model*no local folder or .gguf file is named*Hugging "
+                                   "Face cache*never downloads*`hf download HuggingFaceTB/SmolLM2-135M`*"),
+    ("models/SmolLM2", "*cannot load llm_model*no local folder*never downloads*"),
     ("llamacpp:", "*llm_model = 'llamacpp:': names no model after the engine prefix*"),
 ])
-def test_missing_model_path_says_nothing_is_downloaded(pytester, spec, message):
+def test_missing_model_path_says_nothing_is_downloaded(pytester, hub_cache, spec, message):
     pytester.makeini(f"[pytest]\nllm_model = {spec}\n")
     pytester.makepyfile("def test_x(llm_model): pass")
     result = pytester.runpytest()

@@ -12,6 +12,8 @@ import pytest
 from pytest_llmdeterminism.engines import resolve
 from pytest_llmdeterminism.errors import ModelLoadError, pasteable
 
+from .conftest import in_hub_cache
+
 README = Path(__file__).parent.parent / "README.md"
 DOCS = sorted((Path(__file__).parent.parent / "docs").rglob("*.md"))
 LOADS_THE_MODEL = """
@@ -48,7 +50,9 @@ def test_the_readme_has_config_blocks_of_both_kinds():
 @pytest.mark.parametrize(("path", "language", "text"), DOC_BLOCKS,
                          ids=[f"{path.stem}-{language}-{n}"
                               for n, (path, language, _) in enumerate(DOC_BLOCKS)])
-def test_each_readme_and_docs_config_block_loads_as_written(pytester, path, language, text):
+def test_each_readme_and_docs_config_block_loads_as_written(pytester, hub_cache, path, language, text):
+    for repo in re.findall(r'^llm_model = "?([\w.-]+/[\w.-]+)"?$', text, re.MULTILINE):
+        in_hub_cache(hub_cache, repo, "0" * 40)  # a hub id the page names, cached as `hf download` would
     write_config(pytester, language, text)
     pytester.makepyfile(LOADS_THE_MODEL if "llm_model" in text else "def test_configured(): pass")
     result = pytester.runpytest("-p", "no:cacheprovider")

@@ -2,8 +2,9 @@
 
 The spec chooses the engine:
 
-- a local folder (safetensors) or ``.gguf`` file, or ``builtin:tiny``: transformers in the test
-  process (``hf.py``), the default;
+- a local folder (safetensors) or ``.gguf`` file, ``builtin:tiny``, or a hub id ``ORG/NAME[@REVISION]``
+  found in the local Hugging Face cache (``hub.py``; a local path of the same spelling wins):
+  transformers in the test process (``hf.py``), the default;
 - ``llamacpp:PATH.gguf``: llama.cpp in the test process (``llamacpp.py``);
 - ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``openai.py``);
 - ``vllm:MODEL``: vLLM's offline engine (``vllm.py``, needs a GPU).
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_llmdeterminism.engines import hf, linears, llamacpp, numerics, openai, vllm
+from pytest_llmdeterminism.engines import hf, hub, linears, llamacpp, numerics, openai, vllm
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
@@ -30,6 +31,7 @@ from pytest_llmdeterminism.engines.spec import (
     EngineSpec,
     engine_of,
     how_to_get,
+    hub_id,
 )
 from pytest_llmdeterminism.errors import (
     NO_VALUE,
@@ -76,19 +78,23 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
         parsed = EngineSpec.parse(spec)
         loaded = ENGINES[parsed.engine].load(parsed, dtype=dtype, device=device)
         return dataclasses.replace(loaded, cpu_numerics=cpu_numerics)
-    kind, path = resolve(spec)
+    named = hub_id(spec)
+    snapshot = hub.find(spec, named) if named is not None else None
+    kind, path = ("folder", snapshot.folder) if snapshot is not None else resolve(spec)
     model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
     in_force = {}
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
     engine = hf.HFEngine(model, tokenizer, device, linears=linears.kernels_for(cpu_numerics, in_force))
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
-                       device=device, engine=engine, cpu_numerics=cpu_numerics)
+                       device=device, engine=engine, cpu_numerics=cpu_numerics,
+                       hub_commit=snapshot.commit if snapshot is not None else None)
 
 
 class ModelCache:
-    """One load per model, dtype and device in this process. A failed load is kept too, so every
-    test that needs the model fails with the same error, without loading again. The load pins the
+    """One load per model, dtype and device in this process. A failed load is kept too, without
+    loading again: the first test that needs the model fails with the whole reason, every later one
+    with one line that points at that test (one error to read, not one per test). The load pins the
     environment if the run did not (see ``environment.py``), and every variable it sets is put
     back at the end of the run."""
 
@@ -99,33 +105,48 @@ class ModelCache:
         self._spec = spec
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
         self._loaded: LoadedModel | LLMDeterminismError | None = None
+        self._failed_first: str | None = None  # the test that was shown why the load failed
         self._announce = announce or (lambda line: None)  # a line for the terminal while loading
 
-    def get(self) -> LoadedModel:
+    def get(self, for_test: str | None = None) -> LoadedModel:
+        """The loaded model; ``for_test``: the node id of the test asking (named in later errors)."""
         __tracebackhide__ = True
         if self._spec is None:
             raise ConfigurationError(
                 "llm_model", NO_VALUE,
-                "no model configured. Set it to a local folder, a .gguf file or builtin:tiny: "
-                f"{pasteable('llm_model', 'builtin:tiny')}",
+                "no model configured. Set it to a local folder, a .gguf file, a hub id ORG/NAME in the "
+                f"local Hugging Face cache, or builtin:tiny: {pasteable('llm_model', 'builtin:tiny')}",
             )
-        if self._loaded is None:
-            how = "" if engine_of(self._spec) else f" ({self._how['dtype']}, device {self._how['device']})"
-            self._announce(f"llm: loading {self._spec}{how} ...")
-            started = time.perf_counter()
-            try:
-                with self._environment.recording():
-                    self._environment.pin(early=False)
-                    self._loaded = load(self._spec, **self._how, pinned_late=not self._environment.early)
-            except LLMDeterminismError as error:
-                self._loaded = error
-            except Exception as error:  # noqa: BLE001 - any failure, reported once per test, never retried
-                self._loaded = ModelLoadError(self._spec, f"{type(error).__name__}: {error}")
-            took = f"{time.perf_counter() - started:.1f} s"
-            self._announce(f"llm: could not load {self._spec} ({took}); every test that uses it fails with "
-                           "the reason" if isinstance(self._loaded, LLMDeterminismError) else
-                           f"llm: loaded {self._spec} in {took} on {self._loaded.device}")
-        if isinstance(self._loaded, LLMDeterminismError):
-            # One error object for many tests: no earlier test's frames.
-            raise self._loaded.with_traceback(None)
-        return self._loaded
+        loaded = self._loaded = self._loaded or self._load(self._spec)
+        if isinstance(loaded, LLMDeterminismError):
+            if self._failed_first is None or self._failed_first == for_test:
+                self._failed_first = for_test or ""
+                # One error object for many tests: no earlier test's frames.
+                raise loaded.with_traceback(None)
+            first = f"the error of {self._failed_first}" if self._failed_first else "the first error"
+            raise ModelLoadError(self._spec, f"see {first} for why (shown once, at the first test that "
+                                 "needed the model)") from None
+        return loaded
+
+    def _load(self, spec: str) -> LoadedModel | LLMDeterminismError:
+        how = "" if engine_of(spec) else f" ({self._how['dtype']}, device {self._how['device']})"
+        self._announce(f"llm: loading {spec}{how} ...")
+        started = time.perf_counter()
+        loaded: LoadedModel | LLMDeterminismError
+        try:
+            with self._environment.recording():
+                self._environment.pin(early=False)
+                loaded = load(spec, **self._how, pinned_late=not self._environment.early)
+        except LLMDeterminismError as error:
+            loaded = error
+        except Exception as error:  # noqa: BLE001 - any failure, reported once, never retried
+            loaded = ModelLoadError(spec, f"{type(error).__name__}: {error}")
+        took = f"{time.perf_counter() - started:.1f} s"
+        if isinstance(loaded, LLMDeterminismError):
+            self._announce(f"llm: could not load {spec} ({took}); the first test that uses it shows why, "
+                           "the others fail in one line")
+        else:
+            commit = loaded.hub_commit
+            commit = f" (commit {commit[:12]} in the Hugging Face cache)" if commit else ""
+            self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}")
+        return loaded

@@ -153,11 +153,23 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "dtype": loaded.dtype,
         "attention_implementation": getattr(model.config, "_attn_implementation", None),
-        "model": loaded.spec if loaded.spec.startswith("builtin:") else loaded.path.name,
+        "model": _model_name(loaded),
+        # a hub id's commit (its branch or tag can move): only hub models carry the field
+        **({"model_commit": loaded.hub_commit} if loaded.hub_commit else {}),
         "weights_hash": _weights_hash(loaded),
         "tokenizer_hash": _tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
     }
+
+
+def _model_name(loaded: LoadedModel) -> str:
+    """``builtin:tiny``, a hub id's ``ORG/NAME`` (its folder is named by commit), or the folder's name."""
+    from pytest_llmdeterminism.engines.spec import HubId
+
+    if loaded.spec.startswith("builtin:"):
+        return loaded.spec
+    named = HubId.parse(loaded.spec) if loaded.hub_commit else None
+    return named.repo if named is not None else loaded.path.name
 
 
 def _static_engine(loaded: LoadedModel) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class LoadedModel:
     device: str
     engine: Engine
     cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
+    hub_commit: str | None = None  # a hub id's commit, as resolved in the local Hugging Face cache
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
     # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
     # for transformers, whose fingerprint the fingerprint module builds itself.

@@ -1,14 +1,17 @@
 """The ``llm_model`` spec, parsed once: which engine, what it loads, and its ``#key=value`` options.
 
-``builtin:tiny``, a folder or a ``.gguf`` file run on transformers; ``ENGINE:TARGET#key=value&...``
+``builtin:tiny``, a folder or a ``.gguf`` file run on transformers, or a Hugging Face hub id
+(``ORG/NAME[@REVISION]``, read from the local cache: ``hub.py``); ``ENGINE:TARGET#key=value&...``
 names another engine (``llamacpp``, ``openai``, ``vllm``). Nothing here imports torch or an engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pytest_llmdeterminism.errors import ConfigurationError, pasteable
@@ -19,6 +22,12 @@ ENGINE_PREFIXES = ("llamacpp", "openai", "vllm")  # llm_model = "ENGINE:..." (en
 FETCHABLE_FILES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2"}
 
 _Options = TypeVar("_Options")
+
+# huggingface_hub's rule for a repo id (letters, digits, '-', '_', '.'; each part starting and
+# ending with a letter or digit; no '--' or '..'; at most 96 characters), with the ORG/ part
+# required: a bare NAME reads as a folder. REVISION: a branch, a tag or a commit (or its prefix).
+_HUB_PART = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"
+_HUB_ID = re.compile(rf"(?P<repo>{_HUB_PART}/{_HUB_PART})(?:@(?P<revision>[\w.-]+(?:/[\w.-]+)*))?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,37 @@ class EngineSpec:
     def given(self, key: str) -> str:
         """The text an option was given as (for a message about its value)."""
         return dict(self.params)[key]
+
+
+@dataclass(frozen=True)
+class HubId:
+    """``ORG/NAME`` or ``ORG/NAME@REVISION``: a model in the local Hugging Face cache."""
+
+    repo: str
+    revision: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HubId | None:
+        """The hub id ``text`` is spelt as, None when it cannot be one (pure: nothing is looked up)."""
+        match = _HUB_ID.fullmatch(text)
+        if match is None:
+            return None
+        repo = match["repo"]
+        if "--" in repo or ".." in repo or len(repo) > 96 or repo.endswith(".gguf"):
+            return None
+        return cls(repo, match["revision"])
+
+    def __str__(self) -> str:
+        return self.repo if self.revision is None else f"{self.repo}@{self.revision}"
+
+
+def hub_id(spec: str) -> HubId | None:
+    """The hub id ``spec`` names, None for any other spec. A local folder or file keeps precedence:
+    a spec that exists on disk (relative to the working folder) is a path, however it is spelt."""
+    if engine_of(spec) is not None or spec.startswith(BUILTIN_PREFIX):
+        return None
+    parsed = HubId.parse(spec)
+    return None if parsed is None or Path(spec).exists() else parsed
 
 
 def engine_of(spec: str) -> str | None:

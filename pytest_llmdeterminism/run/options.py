@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_llmdeterminism.engines import numerics
-from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX, refuse_credentials, with_local_paths
+from pytest_llmdeterminism.engines.spec import (
+    BUILTIN_PREFIX,
+    HubId,
+    engine_of,
+    refuse_credentials,
+    with_local_paths,
+)
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.shape import DTYPES, BatchShape
 from pytest_llmdeterminism.tolerance import ToleranceSetting
@@ -66,7 +72,9 @@ class _Setting:
 
 SETTINGS = (
     _Setting("llm_model", "--llm-model",
-             "model under test: a local transformers folder, a .gguf file, or builtin:tiny", None),
+             "model under test: a local transformers folder, a .gguf file, builtin:tiny, or a hub id "
+             "ORG/NAME[@REVISION] read offline from the local Hugging Face cache (HF_HUB_CACHE / HF_HOME; "
+             "a local folder of the same name wins)", None),
     _Setting("llm_golden_dir", "--llm-golden-dir",
              "folder for golden files (default: a __golden__ folder beside each test file)", None),
     _Setting("llm_batch_shape", "--llm-batch-shape",
@@ -189,11 +197,16 @@ def register(parser: pytest.Parser) -> None:
 
 def resolve_model_spec(spec: str | None, config: pytest.Config) -> str | None:
     """The spec with its local paths made absolute: the model path, or an engine's model file and
-    (for a server) its tokenizer, after the engine prefix."""
+    (for a server) its tokenizer, after the engine prefix. A hub id (``ORG/NAME[@REVISION]``) is kept
+    as written unless a folder or file of that name exists where a path would be looked for: the
+    local path wins."""
     if spec is None or spec.startswith(BUILTIN_PREFIX):
         return spec
     refuse_credentials(spec)
-    return with_local_paths(spec, lambda path: resolve_path("llm_model", path, config) or path)
+    local = with_local_paths(spec, lambda path: resolve_path("llm_model", path, config) or path)
+    if engine_of(spec) is None and HubId.parse(spec) is not None and not Path(local).exists():
+        return spec
+    return local
 
 
 def resolve_path(name: str, raw: str | None, config: pytest.Config) -> str | None:

@@ -80,7 +80,8 @@ class LLMSession:
         audit = self.options.audit
         hook = after_generate_hook(audit, self.options.audit_dtype, outcomes.audited) \
             if audit is not None and resolved.deterministic else None
-        return LLMModel(self.models.get(), resolved.generation, after_generate=hook, note=outcomes.note)
+        return LLMModel(self.models.get(item.nodeid), resolved.generation, after_generate=hook,
+                        note=outcomes.note)
 
     def golden_tokens(self, item: pytest.Item) -> GoldenTokens:
         """The ``golden_tokens`` fixture's object for ``item``."""
@@ -89,7 +90,7 @@ class LLMSession:
 
         resolved = self.settings(item)
         return GoldenTokens(self.files, self.outcomes(item), self.options, nodeid=item.nodeid,
-                            test_path=item.path, tokenizer=lambda: self.models.get().tokenizer,
+                            test_path=item.path, tokenizer=lambda: self.models.get(item.nodeid).tokenizer,
                             rerun=resolved.rerun, tolerance=resolved.tolerance)
 
     def finish(self, session: pytest.Session, exitstatus: int) -> bool:

@@ -1,0 +1,163 @@
+"""Hub ids (``ORG/NAME[@REVISION]``) read offline from the local Hugging Face cache."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from pytest_llmdeterminism.engines import BUILTIN_MODELS, hub, load
+from pytest_llmdeterminism.engines.fingerprint import fingerprint
+from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.engines.spec import HubId, hub_id
+from pytest_llmdeterminism.errors import ModelLoadError
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+from .conftest import in_hub_cache, perturbed_tiny_copy
+
+REPO = "Org/Tiny"
+OLD = "0123456789abcdef0123456789abcdef01234567"
+NEW = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", HubId("HuggingFaceTB/SmolLM2-135M-Instruct")),
+    ("Org/Tiny@v1.0", HubId(REPO, "v1.0")),
+    ("Org/Tiny@refs/pr/1", HubId(REPO, "refs/pr/1")),
+    (f"Org/Tiny@{OLD[:7]}", HubId(REPO, OLD[:7])),
+    ("models/model.gguf", None),  # a missing GGUF file is a path, not a repo
+    ("./Org/Tiny", None),
+    ("/Org/Tiny", None),
+    ("Org/Tiny/extra", None),
+    ("tiny", None),  # a bare NAME reads as a folder
+    ("Org--x/Tiny", None),
+    ("Org/Tiny@", None),
+    ("llamacpp:Org/Tiny", None),
+])
+def test_a_hub_id_is_org_slash_name_with_an_optional_revision(text, parsed):
+    assert HubId.parse(text) == parsed
+
+
+def test_a_cached_hub_id_generates_like_its_files_and_its_fingerprint_names_the_commit(hub_cache, tiny):
+    snapshot = in_hub_cache(hub_cache, REPO, OLD)
+    loaded = load(REPO, dtype="float32", device="cpu")
+    assert (loaded.path, loaded.hub_commit) == (snapshot, OLD)
+    settings = GenerationSettings(BatchShape(1, 16), 6, 0)
+    prompt = "Q: What is the capital of Japan? A:"
+    expected = LLMModel(tiny, settings).generate(prompt).token_ids
+    assert LLMModel(loaded, settings).generate(prompt).token_ids == expected
+    found = fingerprint(loaded)
+    assert (found["model"], found["model_commit"]) == (REPO, OLD)
+    assert found["weights_hash"] == fingerprint(tiny)["weights_hash"]
+    assert "model_commit" not in fingerprint(tiny)
+
+
+@pytest.mark.parametrize(("revision", "commit"), [
+    (None, NEW), ("main", NEW), ("v1", OLD), (OLD, OLD), (OLD[:7], OLD), (NEW[:4], NEW),
+])
+def test_a_revision_is_a_branch_a_tag_a_commit_or_its_prefix(hub_cache, revision, commit):
+    in_hub_cache(hub_cache, REPO, OLD, refs=("v1",))
+    in_hub_cache(hub_cache, REPO, NEW, refs=("main",))
+    asked = HubId(REPO, revision)
+    found = hub.find(str(asked), asked)
+    assert (found.commit, found.folder) == (commit, hub_cache / "models--Org--Tiny" / "snapshots" / commit)
+
+
+def test_a_revision_not_in_the_cache_lists_what_is_cached_and_the_download(hub_cache):
+    in_hub_cache(hub_cache, REPO, OLD, refs=("main", "v1"))
+    with pytest.raises(ModelLoadError) as refused:
+        hub.find("Org/Tiny@v9", HubId(REPO, "v9"))
+    assert str(refused.value) == (
+        "cannot load llm_model 'Org/Tiny@v9': the Hugging Face cache holds Org/Tiny, but not revision 'v9' "
+        f"(cached: main, v1 {OLD[:12]}). Searched {str(hub_cache)!r} (from HF_HUB_CACHE). The plugin never "
+        "downloads; put the model in that cache once with `hf download Org/Tiny --revision v9`, or set "
+        "llm_model to a local folder")
+
+
+def test_an_ambiguous_commit_prefix_asks_for_more_of_it(hub_cache):
+    in_hub_cache(hub_cache, REPO, OLD)
+    in_hub_cache(hub_cache, REPO, OLD[:6] + NEW[6:], refs=())
+    with pytest.raises(ModelLoadError, match=r"the commit prefix '012345' matches 2 cached commits of "
+                                             r"Org/Tiny \(0123456789ab, 012345987654\); give more"):
+        hub.find("Org/Tiny@012345", HubId(REPO, "012345"))
+
+
+def test_a_missing_hub_id_is_explained_once_per_run(pytester, hub_cache):
+    pytester.makeini("[pytest]\nllm_model = Org/Missing\n")
+    pytester.makepyfile(test_three="def test_a(llm_model): pass\n"
+                                   "def test_b(llm_model): pass\n"
+                                   "def test_c(llm_model): pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines([
+        "llm: model=Org/Missing shape=*",
+        "E*cannot load llm_model 'Org/Missing': no local folder or .gguf file is named 'Org/Missing', and "
+        f"the Hugging Face cache holds no Org/Missing. Searched '{hub_cache}' (from HF_HUB_CACHE). The "
+        "plugin never downloads; put the model in that cache once with `hf download Org/Missing`, or set "
+        "llm_model to a local folder",
+        "E*cannot load llm_model 'Org/Missing': see the error of test_three.py::test_a for why (shown once, "
+        "at the first test that needed the model)",
+        "E*cannot load llm_model 'Org/Missing': see the error of test_three.py::test_a for why*",
+    ])
+    assert result.stdout.str().count("hf download Org/Missing") == 1
+    assert "During handling" not in result.stdout.str()  # huggingface_hub's own error is not shown
+
+
+TEST_CAPITAL = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=6)
+def test_capital(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Q: What is the capital of Japan? A:"))
+"""
+
+
+def test_the_golden_records_the_commit_and_a_moved_branch_shows_in_the_diff(pytester, hub_cache, tmp_path):
+    in_hub_cache(hub_cache, REPO, OLD)
+    pytester.makeini(f"[pytest]\nllm_model = {REPO}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_capital=TEST_CAPITAL)
+    recorded = pytester.runpytest("--llm-golden-update")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines([f"llm: loaded Org/Tiny (commit {OLD[:12]} in the Hugging Face cache) *"])
+    golden = (pytester.path / "__golden__" / "test_capital.json").read_text()
+    assert f'"model_commit": "{OLD}"' in golden or f'"model_commit":"{OLD}"' in golden
+    pytester.runpytest().assert_outcomes(passed=1)
+
+    in_hub_cache(hub_cache, REPO, NEW, source=perturbed_tiny_copy(tmp_path / "changed", scale=0.5))
+    moved = pytester.runpytest()
+    moved.assert_outcomes(failed=1)
+    moved.stdout.fnmatch_lines(["E*environment changed (expected -> got):",
+                                f"E*model_commit: '{OLD[:12]}*' -> '{NEW[:12]}*'"])
+
+
+def test_a_local_folder_named_like_a_hub_id_wins(pytester, hub_cache, tmp_path, monkeypatch):
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text("{}")
+    in_hub_cache(hub_cache, REPO, OLD, source=no_weights)  # would fail to load: no safetensors
+    local = shutil.copytree(BUILTIN_MODELS["tiny"], pytester.path / "Org" / "Tiny")
+    pytester.makeini(f"[pytest]\nllm_model = {REPO}\n")
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"llm: model={local} shape=*"])
+    monkeypatch.chdir(pytester.path)
+    assert hub_id(REPO) is None
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("variable", "searched"), [("HF_HUB_CACHE", "{folder}' (from HF_HUB_CACHE)"),
+                                                    ("HF_HOME", "{folder}/hub' (HF_HOME/hub)")])
+def test_a_fresh_process_searches_the_cache_the_environment_names(pytester, monkeypatch, variable, searched):
+    """What a user's shell does: the variable is set before pytest (and huggingface_hub) start."""
+    for name in ("HF_HUB_CACHE", "HF_HOME", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    folder = pytester.mkdir("elsewhere")
+    monkeypatch.setenv(variable, str(folder))
+    pytester.makeini("[pytest]\nllm_model = Org/Missing@v2\n")
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"E*Searched '{searched.format(folder=folder)}. The plugin never "
+                                 "downloads; put the model in that cache once with "
+                                 "`hf download Org/Missing --revision v2`*"])
