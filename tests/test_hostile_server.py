@@ -8,6 +8,7 @@ tokens are the built-in tiny model's, whose tokenizer the spec names.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -138,6 +139,76 @@ def test_a_key_the_server_echoes_in_an_error_is_masked(serve, pieces, monkeypatc
     message = str(raised.value)
     assert "answered GET /v1/models with HTTP 500" in message and "invalid header Bearer ***" in message
     assert KEY not in message
+
+
+ENCODED_ECHOES = {
+    "upper-cased": lambda header: header.upper(),
+    "base64 of the header": lambda header: base64.b64encode(header.encode()).decode(),
+    "base64 URL-safe of user:KEY": lambda header: base64.urlsafe_b64encode(f"user:{KEY}".encode()).decode(),
+    "hex": lambda header: header.encode().hex(),
+    "halves on two lines": lambda header: f"{header[:20]}\n{header[20:]}",
+    "split by punctuation": lambda header: "-".join(header[i:i + 3] for i in range(0, len(header), 3)),
+}
+
+
+@pytest.mark.parametrize("encoding", list(ENCODED_ECHOES))
+def test_a_key_the_server_echoes_encoded_is_masked(serve, pieces, monkeypatch, encoding):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    encode = ENCODED_ECHOES[encoding]
+
+    def echo(request: Request, connection: Connection) -> None:
+        connection.respond(401, f"rejected: {encode(request.headers['authorization'])} (id 42)")
+
+    server = serve(routes(pieces, **{"/v1/models": echo}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, api_key_env=KEY_ENV))
+    message = str(raised.value)
+    assert "answered GET /v1/models with HTTP 401: 'rejected: " in message and "***" in message
+    detail = message.partition("HTTP 401: ")[2]
+    assert detail.endswith(" (id 42)'") and encode(f"Bearer {KEY}") not in detail
+    for piece in ("hostile", "0123456", "789abcdef"):
+        assert piece not in detail.lower()
+
+
+def test_no_frame_on_the_request_path_holds_the_key_as_text(serve, pieces, monkeypatch):
+    """``pytest -l`` prints every local of every frame of a failure: none may be the key, the header
+    or a dict holding it. Every line run in the plugin and in ``http.client`` is watched, through a
+    whole load, a generation and a failing request; bytes on their way to the socket aside."""
+    import http.client
+    import sys
+    from pathlib import Path
+
+    import pytest_llmdeterminism
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    failing = {"/v1/completions": _answer(500, {"error": "overloaded"})}
+    good, bad = serve(routes(pieces)), serve(routes(pieces, **failing))
+    package = Path(pytest_llmdeterminism.__file__).parent
+    watched, box = (str(package), http.client.__file__), str(package / "engines" / "secret.py")
+    seen: set[str] = set()
+
+    def watch_line(frame, event, arg):
+        for name, value in frame.f_locals.items():
+            if not isinstance(value, (bytes, bytearray, memoryview)) and KEY in repr(value):
+                seen.add(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}: {name}")
+        return watch_line
+
+    def watch(frame, event, arg):
+        where = frame.f_code.co_filename
+        if where.startswith(watched) and where != box:  # the Secret's own frames hold the key
+            return watch_line
+        return None
+
+    before = sys.gettrace()
+    sys.settrace(watch)
+    try:
+        generate(spec(good, api_key_env=KEY_ENV))
+        with pytest.raises(EngineError, match="answered POST /v1/completions with HTTP 500"):
+            generate(spec(bad, api_key_env=KEY_ENV))
+    finally:
+        sys.settrace(before)
+    assert [r.headers["authorization"] for r in good.requests if "models" in r.path] == [f"Bearer {KEY}"]
+    assert sorted(seen) == []
 
 
 @pytest.mark.parametrize("password", ["hunter2-secret", "hunter2/secret?x"])
@@ -360,3 +431,19 @@ def test_a_run_with_credentials_in_the_server_url_stops_at_start_without_printin
     output = result.stdout.str() + result.stderr.str()
     assert "hunter2" not in output and "the URL holds credentials (USER:PASSWORD@)" in output
     assert server.requests == []
+
+
+@pytest.mark.parametrize("where", ["/v1/models", "/v1/completions"])
+def test_a_failing_request_shows_no_key_in_any_frame_of_a_full_trace_with_locals(pytester, serve, pieces,
+                                                                               monkeypatch, where):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    server = serve(routes(pieces, **{where: _answer(500, {"error": "overloaded"})}))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server, api_key_env=KEY_ENV)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest("--full-trace", "-l", "--junitxml=junit.xml", "-p", "no:randomly")
+    output = result.stdout.str() + result.stderr.str()
+    xml = (pytester.path / "junit.xml").read_text()
+    assert result.ret != pytest.ExitCode.OK
+    assert f"answered {'GET' if where.endswith('models') else 'POST'} {where} with HTTP 500" in output
+    assert KEY not in output and KEY not in xml
+
