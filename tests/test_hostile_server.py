@@ -447,3 +447,30 @@ def test_a_failing_request_shows_no_key_in_any_frame_of_a_full_trace_with_locals
     assert f"answered {'GET' if where.endswith('models') else 'POST'} {where} with HTTP 500" in output
     assert KEY not in output and KEY not in xml
 
+
+def _deep_field(kind: str, deep: int = 100_000) -> str:
+    return {"array": "[" * deep + "]" * deep, "object": '{"a":' * deep + "1" + "}" * deep}[kind]
+
+
+@pytest.mark.parametrize("kind", ["array", "object"])
+@pytest.mark.parametrize("where", ["/v1/models", "/v1/completions"])
+def test_json_nested_too_deep_in_an_unknown_field_is_one_engine_error(serve, pieces, where, kind):
+    def deep(request: Request, connection: Connection) -> None:
+        good = json.dumps(MODELS if where.endswith("models") else honest(request.json(), pieces))
+        connection.respond(200, good[:-1] + f', "extra": {_deep_field(kind)}}}')
+
+    server = serve(routes(pieces, **{where: deep}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server))
+    message = str(raised.value)
+    method = "GET" if where.endswith("models") else "POST"
+    assert f"the server at {server.url} answered {method} {where} with JSON nested too deep to decode " \
+           "(maximum recursion depth exceeded" in message
+    assert "Is it an OpenAI-compatible server" in message and "\n" not in message
+
+
+def test_a_version_nested_too_deep_means_no_version(serve, pieces):
+    deep = _answer(200, f'{{"version": "9", "extra": {_deep_field("array", 30_000)}}}'.encode())  # < 64 KB
+    server = serve(routes(pieces, **{"/version": deep}))
+    loaded, result = generate(spec(server))
+    assert loaded.describe["server_version"] is None and result.text == "The cat sat on"

@@ -38,7 +38,8 @@ and checked against the request before anything is recorded: one choice; as many
 tokens, and no more tokens than ``max_tokens`` (llama-cpp-python may add up to 3 that finish a
 character it cut); 1 to ``logprobs + 1`` candidates per step; finite logprobs at most 0;
 ``token_id:N`` ids inside the tokenizer's vocabulary; a ``text`` that its tokens spell. Any
-failure is one :class:`EngineError` naming the server and the request.
+failure, JSON nested too deep to decode included, is one :class:`EngineError` naming the server
+and the request.
 """
 
 from __future__ import annotations

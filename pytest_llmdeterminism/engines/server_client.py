@@ -2,8 +2,8 @@
 redirect followed and no proxy, one deadline per request from connecting to the last byte (the
 socket's timeout re-armed before each send and read), and a size limit enforced while reading.
 
-Each failure is one :class:`EngineError` that names the server, the request and what to check; the
-API key is a :class:`~secret.Secret`, shown as
+Each failure is one :class:`EngineError` that names the server, the request and what to check, a
+malformed or undecodable answer included; the API key is a :class:`~secret.Secret`, shown as
 ``***`` in every frame's locals and wherever a message quotes the server, and written only into
 the request's ``Authorization`` header. What goes into a request and what an answer means is
 ``completions.py``'s business.
@@ -95,7 +95,7 @@ class Client:
                                                 seconds=min(self.timeout, VERSION_DEADLINE),
                                                 max_bytes=VERSION_MAX_BYTES)
             version = msgspec.json.decode(payload, type=ServerVersion).version if status == 200 else ""
-        except (OSError, ValueError, EngineError, http.client.HTTPException):
+        except (OSError, ValueError, RecursionError, MemoryError, EngineError, http.client.HTTPException):
             return None
         return self.redact(version) or None
 
@@ -132,7 +132,7 @@ class Client:
             raise HTTPStatusError(self.spec, status, f"{answered} HTTP {status}{hint}: {detail!r}")
         try:
             return msgspec.json.decode(payload, type=into)
-        except msgspec.MsgspecError as error:
+        except (ValueError, RecursionError, MemoryError) as error:  # msgspec's errors are ValueErrors
             logprobs = (" with the completions API's per-token logprobs (llama-cpp-python: logits_all, the "
                         "default)" if path == "completions" else "")
             raise EngineError(self.spec, f"{answered} {self._decode_problem(payload, error)}. Is it an "
@@ -205,11 +205,20 @@ class Client:
         shown = detail if detail.startswith(kind) else f"{kind}: {detail!r}"
         return f"with valid HTTP ({shown}). Is it an HTTP server, at this URL? Check its log"
 
-    def _decode_problem(self, payload: bytes, error: msgspec.MsgspecError) -> str:
+    def _decode_problem(self, payload: bytes, error: Exception) -> str:
         """What is wrong with a 2xx body: msgspec names the field of a wrong type; for malformed JSON,
-        the bytes around where decoding stopped."""
+        the bytes around where decoding stopped; JSON nested too deep or too big to decode, as such."""
         if isinstance(error, msgspec.ValidationError):
             return f"an answer of the wrong shape ({error})"
+        if isinstance(error, RecursionError):
+            return (f"JSON nested too deep to decode ({error}; an answer of the API is a few levels "
+                    "deep)")
+        if isinstance(error, MemoryError):
+            return (f"JSON of {len(payload) / 1e6:,.1f} MB that did not fit in memory once decoded (a "
+                    "completion is a few KB; #max_response_mb= caps a body: lower it)")
+        if not isinstance(error, msgspec.DecodeError):
+            detail = self.redact(str(error))[:SHOWN_CHARS]
+            return f"JSON that could not be decoded ({type(error).__name__}: {detail})"
         offset = re.search(r"\(byte (\d+)\)", str(error))
         if offset is None:
             return f"malformed JSON ({error})"
