@@ -9,6 +9,7 @@ tokens are the built-in tiny model's, whose tokenizer the spec names.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import time
 
@@ -16,6 +17,7 @@ import pytest
 
 from pytest_llmdeterminism import ConfigurationError, EngineError
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.generation import LOGPROB_FLOOR
 
 from .fake_openai_server import Connection, FakeServer, Request
 
@@ -291,6 +293,53 @@ BROKEN_HTTP = {
 }
 
 
+def _chunks_of_one_byte(request: Request, connection: Connection) -> None:
+    connection.send(CHUNKED)
+    for byte in json.dumps(MODELS).encode():
+        connection.send(b"1\r\n" + bytes([byte]) + b"\r\n")
+    connection.send(b"0\r\n\r\n")
+
+
+def _framed(*lengths: int, after: bytes = b""):
+    body = json.dumps(MODELS).encode()
+    header = "".join(f"Content-Length: {n or len(body)}\r\n" for n in lengths).encode()
+    return _raw(b"HTTP/1.1 200 OK\r\n" + header + b"\r\n" + body + after)
+
+
+# Tricks a client must survive, as they behave now: the body as its framing says, or one EngineError.
+HTTP_TRICKS = {
+    "one-byte chunks": (_chunks_of_one_byte, None),
+    "data after Content-Length": (_framed(0, after=b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100_000), None),
+    "two Content-Lengths, the true one first": (_framed(0, 5), None),
+    "two Content-Lengths, a short one first": (_framed(5, 0), "malformed JSON (Input data was truncated)"),
+    "a gzip bomb": (_answer(200, gzip.compress(b"[" * 10_000_000)), "malformed JSON (JSON is malformed: "
+                    "invalid character (byte 0)"),  # sent with Accept-Encoding: identity, never inflated
+}
+
+
+@pytest.mark.parametrize("case", list(HTTP_TRICKS))
+def test_http_tricks_give_the_framed_body_or_one_engine_error(serve, pieces, case):
+    answer, says = HTTP_TRICKS[case]
+    server = serve(routes(pieces, **{"/v1/models": answer}))
+    if says is None:
+        _, result = generate(spec(server, timeout=10))
+        assert result.text == "The cat sat on"
+    else:
+        with pytest.raises(EngineError) as raised:
+            generate(spec(server, timeout=10))
+        assert f"the server at {server.url} answered GET /v1/models with {says}" in str(raised.value)
+    assert server.requests[0].headers["accept-encoding"] == "identity"
+
+
+def test_a_429_with_retry_after_fails_at_once_without_waiting(serve, pieces):
+    server = serve(routes(pieces, **{"/v1/models": lambda r, c: c.respond(429, "slow down",
+                                                                         {"Retry-After": "3600"})}))
+    started = time.monotonic()
+    with pytest.raises(EngineError, match=r"answered GET /v1/models with HTTP 429: 'slow down'"):
+        generate(spec(server, timeout=60))
+    assert time.monotonic() - started < 10 and len(server.requests) == 1
+
+
 @pytest.mark.parametrize("case", list(BROKEN_HTTP))
 def test_broken_http_is_one_engine_error_naming_the_server_and_the_request(serve, case):
     answer, says = BROKEN_HTTP[case]
@@ -365,6 +414,12 @@ LIES = {
                                        "('The cat sat on')")),
     "a prompt count of the wrong type": (_set("completion.usage", {"prompt_tokens": "3"}),
                                          "Expected `int | null`, got `str` - at `$.usage.prompt_tokens`"),
+    "a logprob of 1e308": (_set("logprobs.top_logprobs", lambda v: [{**t, " zebra": 1e308} for t in v]),
+                           "choices[0].logprobs.top_logprobs[0][' zebra']: 1e+308 is no log-probability"),
+    "10k top logprobs": (_set("logprobs.top_logprobs",
+                              lambda v: [{**t, **{f"w{i}": -5.0 for i in range(10_000)}} for t in v]),
+                         "choices[0].logprobs.top_logprobs[0]: 10002 candidates, where the request asked "
+                         "for logprobs=5"),
 }
 
 
@@ -377,6 +432,13 @@ def test_a_completion_that_cannot_be_right_is_refused_naming_the_field(serve, pi
     message = str(raised.value)
     assert f"the server at {server.url}" in message and "POST /v1/completions" in message
     assert says in message and "\n" not in message
+
+
+def test_a_logprob_of_minus_1e308_is_recorded_at_the_floor(serve, pieces):
+    lie = _set("logprobs.top_logprobs", lambda v: [{**t, " zebra": -1e308} for t in v])
+    _, result = generate(spec(serve(routes(pieces, lie))))
+    assert result.text == "The cat sat on" and result.top_logprobs[0][1][1] == LOGPROB_FLOOR
+    assert result.margins[0] == pytest.approx(-LOGPROB_FLOOR - 0.1)
 
 
 def test_a_number_beyond_a_double_is_named_by_its_field(serve, pieces):
