@@ -213,6 +213,16 @@ def test_no_frame_on_the_request_path_holds_the_key_as_text(serve, pieces, monke
     assert sorted(seen) == []
 
 
+def test_a_key_no_header_can_carry_is_refused_at_load_without_printing_it(serve, pieces, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "sk-two words-0123456789")
+    server = serve(routes(pieces))
+    with pytest.raises(ConfigurationError) as raised:
+        load(spec(server, api_key_env=KEY_ENV), dtype="float32", device="cpu")
+    assert f"the key in ${KEY_ENV} holds a space, a line break or a non-ASCII character, which no HTTP " \
+           "header can carry; set it to the key alone" in str(raised.value)
+    assert "words" not in str(raised.value) and server.requests == []
+
+
 @pytest.mark.parametrize("password", ["hunter2-secret", "hunter2/secret?x"])
 def test_credentials_in_the_url_are_refused_without_printing_them(serve, pieces, password):
     server = serve(routes(pieces))

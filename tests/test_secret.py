@@ -77,6 +77,10 @@ def test_text_without_the_key_is_unchanged(text):
     assert Secret(KEY).mask(text) == text
 
 
+def test_a_key_shorter_than_a_run_is_masked_only_as_it_is():
+    assert Secret("EMPTY").mask("EMPTY: the prompt is empty") == "***: the prompt is empty"
+
+
 def test_a_secret_prints_as_three_stars_and_its_header_bytes_too():
     secret = Secret(KEY)
     shown = [repr(secret), str(secret), f"{secret}", repr({"Authorization": secret}), repr([secret])]

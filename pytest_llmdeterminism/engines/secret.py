@@ -7,7 +7,7 @@ the terminal and in JUnit XML). The key leaves it only as the bytes of an ``Auth
 or URL-escaped, hex, base64 (standard or URL-safe, padded or not, alone or inside a longer value
 such as ``Bearer KEY`` or ``user:KEY``), and split by spaces, line breaks or punctuation. Any run
 of :data:`RUN` letters and digits of one of those forms counts as the key, so half a key is
-masked too.
+masked too. A key with fewer than :data:`RUN` letters and digits is masked only as it is.
 """
 
 from __future__ import annotations
@@ -52,9 +52,12 @@ class Secret:
         if not self._value:
             return text
         raw = self._value.encode(errors="surrogatepass")
+        # A key shorter than a run ("EMPTY", as vLLM users write) is masked only as it is: in any case,
+        # it would hide words of the message.
+        short = len(_letters_and_digits(self._value)) < RUN
         for form in sorted({self._value, json.dumps(self._value)[1:-1], quote(raw, safe="")}, key=len,
                            reverse=True):
-            text = re.sub(re.escape(form), MASK, text, flags=re.IGNORECASE)
+            text = re.sub(re.escape(form), MASK, text, flags=0 if short else re.IGNORECASE)
         if self._runs is None:
             forms = [_letters_and_digits(form) for form in (self._value, quote(raw, safe=""), raw.hex(),
                                                             *_base64_cores(raw))]
