@@ -59,8 +59,8 @@ class Secret:
                            reverse=True):
             text = re.sub(re.escape(form), MASK, text, flags=0 if short else re.IGNORECASE)
         if self._runs is None:
-            forms = [_letters_and_digits(form) for form in (self._value, quote(raw, safe=""), raw.hex(),
-                                                            *_base64_cores(raw))]
+            encoded = () if short else (self._value, quote(raw, safe=""), raw.hex(), *_base64_cores(raw))
+            forms = [_letters_and_digits(form) for form in encoded]
             self._runs = frozenset(form[i:i + RUN] for form in forms for i in range(len(form) - RUN + 1))
         return _mask_runs(text, self._runs)
 
