@@ -8,6 +8,8 @@ tokens are the built-in tiny model's, whose tokenizer the spec names.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import time
 
@@ -15,6 +17,7 @@ import pytest
 
 from pytest_llmdeterminism import ConfigurationError, EngineError
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.generation import LOGPROB_FLOOR
 
 from .fake_openai_server import Connection, FakeServer, Request
 
@@ -140,6 +143,86 @@ def test_a_key_the_server_echoes_in_an_error_is_masked(serve, pieces, monkeypatc
     assert KEY not in message
 
 
+ENCODED_ECHOES = {
+    "upper-cased": lambda header: header.upper(),
+    "base64 of the header": lambda header: base64.b64encode(header.encode()).decode(),
+    "base64 URL-safe of user:KEY": lambda header: base64.urlsafe_b64encode(f"user:{KEY}".encode()).decode(),
+    "hex": lambda header: header.encode().hex(),
+    "halves on two lines": lambda header: f"{header[:20]}\n{header[20:]}",
+    "split by punctuation": lambda header: "-".join(header[i:i + 3] for i in range(0, len(header), 3)),
+}
+
+
+@pytest.mark.parametrize("encoding", list(ENCODED_ECHOES))
+def test_a_key_the_server_echoes_encoded_is_masked(serve, pieces, monkeypatch, encoding):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    encode = ENCODED_ECHOES[encoding]
+
+    def echo(request: Request, connection: Connection) -> None:
+        connection.respond(401, f"rejected: {encode(request.headers['authorization'])} (id 42)")
+
+    server = serve(routes(pieces, **{"/v1/models": echo}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, api_key_env=KEY_ENV))
+    message = str(raised.value)
+    assert "answered GET /v1/models with HTTP 401: 'rejected: " in message and "***" in message
+    detail = message.partition("HTTP 401: ")[2]
+    assert detail.endswith(" (id 42)'") and encode(f"Bearer {KEY}") not in detail
+    for piece in ("hostile", "0123456", "789abcdef"):
+        assert piece not in detail.lower()
+
+
+def test_no_frame_on_the_request_path_holds_the_key_as_text(serve, pieces, monkeypatch):
+    """``pytest -l`` prints every local of every frame of a failure: none may be the key, the header
+    or a dict holding it. Every line run in the plugin and in ``http.client`` is watched, through a
+    whole load, a generation and a failing request; bytes on their way to the socket aside."""
+    import http.client
+    import sys
+    from pathlib import Path
+
+    import pytest_llmdeterminism
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    failing = {"/v1/completions": _answer(500, {"error": "overloaded"})}
+    good, bad = serve(routes(pieces)), serve(routes(pieces, **failing))
+    package = Path(pytest_llmdeterminism.__file__).parent
+    watched, box = (str(package), http.client.__file__), str(package / "engines" / "secret.py")
+    seen: set[str] = set()
+
+    def watch_line(frame, event, arg):
+        for name, value in frame.f_locals.items():
+            if not isinstance(value, (bytes, bytearray, memoryview)) and KEY in repr(value):
+                seen.add(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}: {name}")
+        return watch_line
+
+    def watch(frame, event, arg):
+        where = frame.f_code.co_filename
+        if where.startswith(watched) and where != box:  # the Secret's own frames hold the key
+            return watch_line
+        return None
+
+    before = sys.gettrace()
+    sys.settrace(watch)
+    try:
+        generate(spec(good, api_key_env=KEY_ENV))
+        with pytest.raises(EngineError, match="answered POST /v1/completions with HTTP 500"):
+            generate(spec(bad, api_key_env=KEY_ENV))
+    finally:
+        sys.settrace(before)
+    assert [r.headers["authorization"] for r in good.requests if "models" in r.path] == [f"Bearer {KEY}"]
+    assert sorted(seen) == []
+
+
+def test_a_key_no_header_can_carry_is_refused_at_load_without_printing_it(serve, pieces, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "sk-two words-0123456789")
+    server = serve(routes(pieces))
+    with pytest.raises(ConfigurationError) as raised:
+        load(spec(server, api_key_env=KEY_ENV), dtype="float32", device="cpu")
+    assert f"the key in ${KEY_ENV} holds a space, a line break or a non-ASCII character, which no HTTP " \
+           "header can carry; set it to the key alone" in str(raised.value)
+    assert "words" not in str(raised.value) and server.requests == []
+
+
 @pytest.mark.parametrize("password", ["hunter2-secret", "hunter2/secret?x"])
 def test_credentials_in_the_url_are_refused_without_printing_them(serve, pieces, password):
     server = serve(routes(pieces))
@@ -220,6 +303,53 @@ BROKEN_HTTP = {
 }
 
 
+def _chunks_of_one_byte(request: Request, connection: Connection) -> None:
+    connection.send(CHUNKED)
+    for byte in json.dumps(MODELS).encode():
+        connection.send(b"1\r\n" + bytes([byte]) + b"\r\n")
+    connection.send(b"0\r\n\r\n")
+
+
+def _framed(*lengths: int, after: bytes = b""):
+    body = json.dumps(MODELS).encode()
+    header = "".join(f"Content-Length: {n or len(body)}\r\n" for n in lengths).encode()
+    return _raw(b"HTTP/1.1 200 OK\r\n" + header + b"\r\n" + body + after)
+
+
+# Tricks a client must survive, as they behave now: the body as its framing says, or one EngineError.
+HTTP_TRICKS = {
+    "one-byte chunks": (_chunks_of_one_byte, None),
+    "data after Content-Length": (_framed(0, after=b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100_000), None),
+    "two Content-Lengths, the true one first": (_framed(0, 5), None),
+    "two Content-Lengths, a short one first": (_framed(5, 0), "malformed JSON (Input data was truncated)"),
+    "a gzip bomb": (_answer(200, gzip.compress(b"[" * 10_000_000)), "malformed JSON (JSON is malformed: "
+                    "invalid character (byte 0)"),  # sent with Accept-Encoding: identity, never inflated
+}
+
+
+@pytest.mark.parametrize("case", list(HTTP_TRICKS))
+def test_http_tricks_give_the_framed_body_or_one_engine_error(serve, pieces, case):
+    answer, says = HTTP_TRICKS[case]
+    server = serve(routes(pieces, **{"/v1/models": answer}))
+    if says is None:
+        _, result = generate(spec(server, timeout=10))
+        assert result.text == "The cat sat on"
+    else:
+        with pytest.raises(EngineError) as raised:
+            generate(spec(server, timeout=10))
+        assert f"the server at {server.url} answered GET /v1/models with {says}" in str(raised.value)
+    assert server.requests[0].headers["accept-encoding"] == "identity"
+
+
+def test_a_429_with_retry_after_fails_at_once_without_waiting(serve, pieces):
+    server = serve(routes(pieces, **{"/v1/models": lambda r, c: c.respond(429, "slow down",
+                                                                         {"Retry-After": "3600"})}))
+    started = time.monotonic()
+    with pytest.raises(EngineError, match=r"answered GET /v1/models with HTTP 429: 'slow down'"):
+        generate(spec(server, timeout=60))
+    assert time.monotonic() - started < 10 and len(server.requests) == 1
+
+
 @pytest.mark.parametrize("case", list(BROKEN_HTTP))
 def test_broken_http_is_one_engine_error_naming_the_server_and_the_request(serve, case):
     answer, says = BROKEN_HTTP[case]
@@ -294,6 +424,12 @@ LIES = {
                                        "('The cat sat on')")),
     "a prompt count of the wrong type": (_set("completion.usage", {"prompt_tokens": "3"}),
                                          "Expected `int | null`, got `str` - at `$.usage.prompt_tokens`"),
+    "a logprob of 1e308": (_set("logprobs.top_logprobs", lambda v: [{**t, " zebra": 1e308} for t in v]),
+                           "choices[0].logprobs.top_logprobs[0][' zebra']: 1e+308 is no log-probability"),
+    "10k top logprobs": (_set("logprobs.top_logprobs",
+                              lambda v: [{**t, **{f"w{i}": -5.0 for i in range(10_000)}} for t in v]),
+                         "choices[0].logprobs.top_logprobs[0]: 10002 candidates, where the request asked "
+                         "for logprobs=5"),
 }
 
 
@@ -306,6 +442,13 @@ def test_a_completion_that_cannot_be_right_is_refused_naming_the_field(serve, pi
     message = str(raised.value)
     assert f"the server at {server.url}" in message and "POST /v1/completions" in message
     assert says in message and "\n" not in message
+
+
+def test_a_logprob_of_minus_1e308_is_recorded_at_the_floor(serve, pieces):
+    lie = _set("logprobs.top_logprobs", lambda v: [{**t, " zebra": -1e308} for t in v])
+    _, result = generate(spec(serve(routes(pieces, lie))))
+    assert result.text == "The cat sat on" and result.top_logprobs[0][1][1] == LOGPROB_FLOOR
+    assert result.margins[0] == pytest.approx(-LOGPROB_FLOOR - 0.1)
 
 
 def test_a_number_beyond_a_double_is_named_by_its_field(serve, pieces):
@@ -360,3 +503,46 @@ def test_a_run_with_credentials_in_the_server_url_stops_at_start_without_printin
     output = result.stdout.str() + result.stderr.str()
     assert "hunter2" not in output and "the URL holds credentials (USER:PASSWORD@)" in output
     assert server.requests == []
+
+
+@pytest.mark.parametrize("where", ["/v1/models", "/v1/completions"])
+def test_a_failing_request_shows_no_key_in_any_frame_of_a_full_trace_with_locals(pytester, serve, pieces,
+                                                                               monkeypatch, where):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    server = serve(routes(pieces, **{where: _answer(500, {"error": "overloaded"})}))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server, api_key_env=KEY_ENV)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest("--full-trace", "-l", "--junitxml=junit.xml", "-p", "no:randomly")
+    output = result.stdout.str() + result.stderr.str()
+    xml = (pytester.path / "junit.xml").read_text()
+    assert result.ret != pytest.ExitCode.OK
+    assert f"answered {'GET' if where.endswith('models') else 'POST'} {where} with HTTP 500" in output
+    assert KEY not in output and KEY not in xml
+
+
+def _deep_field(kind: str, deep: int = 100_000) -> str:
+    return {"array": "[" * deep + "]" * deep, "object": '{"a":' * deep + "1" + "}" * deep}[kind]
+
+
+@pytest.mark.parametrize("kind", ["array", "object"])
+@pytest.mark.parametrize("where", ["/v1/models", "/v1/completions"])
+def test_json_nested_too_deep_in_an_unknown_field_is_one_engine_error(serve, pieces, where, kind):
+    def deep(request: Request, connection: Connection) -> None:
+        good = json.dumps(MODELS if where.endswith("models") else honest(request.json(), pieces))
+        connection.respond(200, good[:-1] + f', "extra": {_deep_field(kind)}}}')
+
+    server = serve(routes(pieces, **{where: deep}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server))
+    message = str(raised.value)
+    method = "GET" if where.endswith("models") else "POST"
+    assert f"the server at {server.url} answered {method} {where} with JSON nested too deep to decode " \
+           "(maximum recursion depth exceeded" in message
+    assert "Is it an OpenAI-compatible server" in message and "\n" not in message
+
+
+def test_a_version_nested_too_deep_means_no_version(serve, pieces):
+    deep = _answer(200, f'{{"version": "9", "extra": {_deep_field("array", 30_000)}}}'.encode())  # < 64 KB
+    server = serve(routes(pieces, **{"/version": deep}))
+    loaded, result = generate(spec(server))
+    assert loaded.describe["server_version"] is None and result.text == "The cat sat on"

@@ -28,15 +28,18 @@ the default; ``#reset_prefix=0`` turns it off), so every prompt is evaluated who
 The server is an untrusted peer. Each request goes to the spec's URL only: no redirect is
 followed (a 3xx fails naming its ``Location``) and no proxy is used, so the API key (read from the
 environment variable ``api_key_env=`` names; a URL with ``USER:PASSWORD@`` is refused) reaches that
-origin alone, and it is shown as ``***`` wherever a message quotes the server. Each request has
-one total deadline, from connecting to the last byte (``timeout=``, 120 s by default; the DNS
-lookup and the TLS handshake aside), and a size limit (``max_response_mb=``, 16 MB by default),
-both enforced while reading. Every answer is decoded into typed structures and checked against
-the request before anything is recorded: one choice; as many top-k lists as tokens, and no more
-tokens than ``max_tokens`` (llama-cpp-python may add up to 3 that finish a character it cut);
-1 to ``logprobs + 1`` candidates per step; finite logprobs at most 0; ``token_id:N`` ids inside the
-tokenizer's vocabulary; a ``text`` that its tokens spell. Any failure is one :class:`EngineError`
-naming the server and the request.
+origin alone. The key is a :class:`~secret.Secret`: ``***`` in every frame's locals (``pytest -l``)
+and wherever a message quotes the server, in any encoding :meth:`~secret.Secret.mask` recognises
+(verbatim or in another case, JSON- or URL-escaped, hex, base64, split by punctuation or lines).
+Each request has one total deadline, from connecting to the last byte (``timeout=``, 120 s by
+default; the DNS lookup and the TLS handshake aside), and a size limit (``max_response_mb=``,
+16 MB by default), both enforced while reading. Every answer is decoded into typed structures
+and checked against the request before anything is recorded: one choice; as many top-k lists as
+tokens, and no more tokens than ``max_tokens`` (llama-cpp-python may add up to 3 that finish a
+character it cut); 1 to ``logprobs + 1`` candidates per step; finite logprobs at most 0;
+``token_id:N`` ids inside the tokenizer's vocabulary; a ``text`` that its tokens spell. Any
+failure, JSON nested too deep to decode included, is one :class:`EngineError` naming the server
+and the request.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from pytest_llmdeterminism.engines.completions import (
 )
 from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.loaded import LoadedModel
+from pytest_llmdeterminism.engines.secret import Secret
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
@@ -106,14 +110,14 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
         raise ModelLoadError(spec.text, f"no such tokenizer folder or .gguf file: {knobs.tokenizer!r}")
     api_key = None
     if knobs.api_key_env is not None:
-        api_key = os.environ.get(knobs.api_key_env)
+        api_key = Secret(os.environ.get(knobs.api_key_env, ""))  # never a plain string in this frame
         if not api_key:
             raise ConfigurationError("llm_model", spec.text, f"api_key_env={knobs.api_key_env} names an "
                                      "environment variable that is not set")
-        if not (api_key.isascii() and api_key.isprintable()) or any(c.isspace() for c in api_key):
-            raise ConfigurationError("llm_model", spec.text, f"the key in ${knobs.api_key_env} holds a "
-                                     "space, a line break or a non-ASCII character, which no HTTP header can "
-                                     "carry; set it to the key alone")
+        problem = api_key.problem()
+        if problem is not None:
+            raise ConfigurationError("llm_model", spec.text, f"the key in ${knobs.api_key_env} {problem}, "
+                                     "which no HTTP header can carry; set it to the key alone")
     client = Client(spec.text, spec.target, timeout=knobs.timeout, max_bytes=int(knobs.max_response_mb * 1e6),
                     api_key=api_key)
     served = [client.redact(m.id) for m in client.get("models", ModelList).data]

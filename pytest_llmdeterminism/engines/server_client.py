@@ -2,9 +2,11 @@
 redirect followed and no proxy, one deadline per request from connecting to the last byte (the
 socket's timeout re-armed before each send and read), and a size limit enforced while reading.
 
-Each failure is one :class:`EngineError` that names the server, the request and what to check; the
-API key is shown as ``***`` wherever a message quotes the server. What goes into a request and
-what an answer means is ``completions.py``'s business.
+Each failure is one :class:`EngineError` that names the server, the request and what to check, a
+malformed or undecodable answer included; the API key is a :class:`~secret.Secret`, shown as
+``***`` in every frame's locals and wherever a message quotes the server, and written only into
+the request's ``Authorization`` header. What goes into a request and what an answer means is
+``completions.py``'s business.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from pytest_llmdeterminism.engines.completions import SHOWN_CHARS, ServerVersion
+from pytest_llmdeterminism.engines.secret import Secret
 from pytest_llmdeterminism.engines.spec import without_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError
 
@@ -55,7 +58,8 @@ class Client:
     size limit per request. The first transport failure is kept: every later request fails at once
     with the same message instead of waiting for a deadline each."""
 
-    def __init__(self, spec: str, url: str, *, timeout: float, max_bytes: int, api_key: str | None) -> None:
+    def __init__(self, spec: str, url: str, *, timeout: float, max_bytes: int,
+                 api_key: Secret | None) -> None:
         from urllib.parse import urlsplit
 
         parts = urlsplit(url)
@@ -76,11 +80,8 @@ class Client:
         return f"{method} {self._path}/{path}"
 
     def redact(self, text: str) -> str:
-        """``text`` with the API key, as sent and as JSON escapes it, shown as ``***``."""
-        if self._api_key:
-            for form in {self._api_key, json.dumps(self._api_key)[1:-1]}:
-                text = text.replace(form, "***")
-        return text
+        """``text`` with the API key shown as ``***``, in any form :meth:`Secret.mask` recognises."""
+        return text if self._api_key is None else self._api_key.mask(text)
 
     def version(self) -> str | None:
         """The server's own version where it offers one (vLLM: ``GET /version``, beside ``/v1``); no key
@@ -90,11 +91,11 @@ class Client:
         root = self._path.removesuffix("/v1")
         try:
             status, _, payload = self._exchange("GET", f"{root}/version", None,
-                                                {"Accept": "application/json"}, request="GET /version",
+                                                {"Accept": "application/json"}, None, request="GET /version",
                                                 seconds=min(self.timeout, VERSION_DEADLINE),
                                                 max_bytes=VERSION_MAX_BYTES)
             version = msgspec.json.decode(payload, type=ServerVersion).version if status == 200 else ""
-        except (OSError, ValueError, EngineError, http.client.HTTPException):
+        except (OSError, ValueError, RecursionError, MemoryError, EngineError, http.client.HTTPException):
             return None
         return self.redact(version) or None
 
@@ -105,16 +106,14 @@ class Client:
         if self.down is not None:
             raise self.down.with_traceback(None)
         request = self.request_line(method, path)
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers |= {"Content-Type": "application/json", "Content-Length": str(len(data))}
         try:
             status, location, payload = self._exchange(method, f"{self._path}/{path}{self._query}", data,
-                                                       headers, request=request, seconds=self.timeout,
-                                                       max_bytes=self.max_bytes)
+                                                       headers, self._api_key, request=request,
+                                                       seconds=self.timeout, max_bytes=self.max_bytes)
         except (OSError, ValueError, http.client.HTTPException) as error:
             self.down = EngineError(self.spec, f"the server at {self.base} did not answer {request} "
                                     f"{self._transport_problem(error)}; every later test that uses it fails "
@@ -133,16 +132,19 @@ class Client:
             raise HTTPStatusError(self.spec, status, f"{answered} HTTP {status}{hint}: {detail!r}")
         try:
             return msgspec.json.decode(payload, type=into)
-        except msgspec.MsgspecError as error:
+        except (ValueError, RecursionError, MemoryError) as error:  # msgspec's errors are ValueErrors
             logprobs = (" with the completions API's per-token logprobs (llama-cpp-python: logits_all, the "
                         "default)" if path == "completions" else "")
             raise EngineError(self.spec, f"{answered} {self._decode_problem(payload, error)}. Is it an "
                               f"OpenAI-compatible server{logprobs}, at this URL?") from None
 
-    def _exchange(self, method: str, target: str, data: bytes | None, headers: dict[str, str], *,
-                  request: str, seconds: float, max_bytes: int) -> tuple[int, str | None, bytes]:
+    def _exchange(self, method: str, target: str, data: bytes | None, headers: dict[str, str],
+                  api_key: Secret | None, *, request: str, seconds: float,
+                  max_bytes: int) -> tuple[int, str | None, bytes]:
         """One request on a fresh connection: ``(status, Location, body)``, the body read within
-        ``max_bytes`` (a 4xx/5xx body is cut at ERROR_BODY_BYTES) and all of it within ``seconds``."""
+        ``max_bytes`` (a 4xx/5xx body is cut at ERROR_BODY_BYTES) and all of it within ``seconds``.
+        ``api_key`` goes into the ``Authorization`` header as bytes that print as ``***``, so the
+        key is never a plain string in a frame (``pytest -l`` prints every frame's locals)."""
         __tracebackhide__ = True
         import http.client
 
@@ -155,7 +157,12 @@ class Client:
             raw = connection.sock
             # Every later send and read waits only until the deadline, however the server trickles.
             connection.sock = _DeadlineSocket(raw, deadline)
-            connection.request(method, target, body=data, headers=headers)
+            connection.putrequest(method, target)
+            for name, value in headers.items():
+                connection.putheader(name, value)
+            if api_key:
+                connection.putheader("Authorization", api_key.authorization())
+            connection.endheaders(data)
             response = connection.getresponse()
             if 300 <= response.status < 400:
                 return response.status, response.getheader("Location"), b""
@@ -198,11 +205,20 @@ class Client:
         shown = detail if detail.startswith(kind) else f"{kind}: {detail!r}"
         return f"with valid HTTP ({shown}). Is it an HTTP server, at this URL? Check its log"
 
-    def _decode_problem(self, payload: bytes, error: msgspec.MsgspecError) -> str:
+    def _decode_problem(self, payload: bytes, error: Exception) -> str:
         """What is wrong with a 2xx body: msgspec names the field of a wrong type; for malformed JSON,
-        the bytes around where decoding stopped."""
+        the bytes around where decoding stopped; JSON nested too deep or too big to decode, as such."""
         if isinstance(error, msgspec.ValidationError):
             return f"an answer of the wrong shape ({error})"
+        if isinstance(error, RecursionError):
+            return (f"JSON nested too deep to decode ({error}; an answer of the API is a few levels "
+                    "deep)")
+        if isinstance(error, MemoryError):
+            return (f"JSON of {len(payload) / 1e6:,.1f} MB that did not fit in memory once decoded (a "
+                    "completion is a few KB; #max_response_mb= caps a body: lower it)")
+        if not isinstance(error, msgspec.DecodeError):
+            detail = self.redact(str(error))[:SHOWN_CHARS]
+            return f"JSON that could not be decoded ({type(error).__name__}: {detail})"
         offset = re.search(r"\(byte (\d+)\)", str(error))
         if offset is None:
             return f"malformed JSON ({error})"
