@@ -46,6 +46,12 @@ class GoldenFiles:
         relative = os.path.relpath(path, self._invocation_dir)
         return path.as_posix() if relative.startswith("..") else relative
 
+    def describe_location(self) -> str:
+        """Where this project keeps golden files, in words."""
+        if self._golden_dir is None:
+            return f"beside each test module in {GOLDEN_FOLDER}/, as no llm_golden_dir is set"
+        return f"under llm_golden_dir = {self.portable(self._golden_dir)}"
+
     def link_out(self, path: Path) -> str | None:
         """Why a golden file may not be written or pruned at ``path``: a symbolic link on the way
         leads out of the places goldens live (the rootdir, and llm_golden_dir where it lies outside
