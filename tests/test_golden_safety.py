@@ -437,3 +437,19 @@ def test_an_update_still_writes_through_a_link_that_stays_inside_the_root(suite)
     (suite.path / "__golden__").symlink_to(suite.path / "goldens")
     suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert "test_capital" in store.read(suite.path / "goldens" / "test_m.json")
+
+
+def test_prune_refuses_a_golden_folder_that_links_out_of_the_root(suite, tmp_path):
+    second = '\n@deterministic(max_new_tokens=2)\ndef test_gone(llm_model, golden_tokens):\n' \
+             '    golden_tokens.check(llm_model.generate("Hello"))\n'
+    suite.makepyfile(test_m=_ONE_CHECK + second)
+    suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    suite.makepyfile(test_m=_ONE_CHECK)  # test_gone's golden is now unused
+    outside = tmp_path / "outside"
+    (suite.path / "__golden__").rename(outside)
+    (suite.path / "__golden__").symlink_to(outside)
+    result = suite.runpytest("--llm-golden-prune", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    assert sorted(store.read(outside / "test_m.json")) == ["test_capital", "test_gone"]
+    result.stdout.fnmatch_lines([f"NOT written: __golden__/test_m.json: not pruned: {suite.path}/__golden__ "
+                                 "is a symbolic link: * Replace the link with a real folder, or remove it."])
