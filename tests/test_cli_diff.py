@@ -120,7 +120,7 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
         assert f"llm-golden {command}" in top.stdout
     diff = llm_golden("diff", "--help", cwd=suite.path)
     assert diff.returncode == 0 and "``" not in diff.stdout
-    assert diff.stdout.startswith("usage: llm-golden diff [-h] [--fail-on LEVEL] BASE CAND")
+    assert diff.stdout.startswith("usage: llm-golden diff [-h] [--fail-on LEVEL] BASE [CAND]")
     assert "  BASE  " in diff.stdout and "  CAND  " in diff.stdout
     assert "(vs cpu/float32)" in diff.stdout
     for verdict in ("NEW", "ABSENT", "IDENTICAL", "LOGIT_DRIFT", "TIE_FLIP", "REGRESSION", "INPUT_CHANGED"):

@@ -34,8 +34,8 @@ PACKAGES = {
     "run": [["run", "run.options", "run.ledger"], ["run.configuration"],
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
-    "cli": [["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"], ["cli"],
-            ["cli.__main__"]],
+    "cli": [["cli.project"], ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"],
+            ["cli"], ["cli.__main__"]],
     "top": [["strategies", "plugin"], ["__init__"]],
 }
 LAYERS = [line for block in PACKAGES.values() for line in block]

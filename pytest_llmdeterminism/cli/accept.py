@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import plan_accept
@@ -20,28 +21,43 @@ Merge the candidate goldens that a run with --llm-golden-artifacts=DIR wrote int
 golden files, one variant at a time. DIR mirrors the root: DIR/tests/__golden__/test_x.json is
 merged into ROOT/tests/__golden__/test_x.json, and nothing else is written.
 
+The project is found as pytest finds it: the nearest pytest.toml, pytest.ini, pyproject.toml
+([tool.pytest.ini_options]), tox.ini ([pytest]) or setup.cfg ([tool:pytest]) from --root, or from
+here upwards; its folder is the root and its llm_golden_dir where goldens are kept. The first line
+of output names the file used. --root and --golden-dir, given, win over it.
+
 A candidate folder is usually an artifact from CI, so it is checked before anything is written:
 every *.json file in it must be a golden file directly in a __golden__ folder (or under
---golden-dir D, for goldens kept under llm_golden_dir = D); it holds no symbolic link; no target
-resolves to outside the root; every candidate and every golden file it merges into must be valid.
-Any problem: each is named, and no file is written.
+llm_golden_dir = D, or --golden-dir D); it holds no symbolic link; no target resolves to outside the
+root; every candidate and every golden file it merges into must be valid. Any problem: each is
+named, and no file is written.
 
 exit status: 0 accepted; 2 a usage error or any problem above (nothing was written)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", type=Path, metavar="DIR", help="the folder --llm-golden-artifacts wrote")
-    parser.add_argument("--root", type=Path, default=Path("."), help="project root (pytest's rootdir)")
+    parser.add_argument("--root", type=Path, metavar="ROOT",
+                        help="project root (pytest's rootdir); default: the folder of the project's "
+                             "pytest configuration file, found from here upwards")
     parser.add_argument("--golden-dir", dest="golden_dir", type=Path, metavar="D",
-                        help="also accept the files under D/ (relative to the root), as llm_golden_dir = D")
+                        help="also accept the files under D/ (relative to the root), as llm_golden_dir = D; "
+                             "default: the configuration file's llm_golden_dir")
 
 
 def run(args: argparse.Namespace) -> int:
     return accept(args.dir, args.root, args.golden_dir)
 
 
-def accept(folder: Path, root: Path, golden_dir: Path | None) -> int:
-    problem = _usage_problem(folder, root, golden_dir)
+def accept(folder: Path, root: Path | None, golden_dir: Path | None) -> int:
+    try:
+        settled = project.settle(root, golden_dir)
+    except project.ProjectConfigError as error:
+        print(f"llm-golden accept: {error}", file=sys.stderr)
+        return 2
+    print(f"configuration: {settled.line}")
+    root, golden_dir = settled.root, settled.golden_dir
+    problem = _usage_problem(folder, root, golden_dir, from_config=settled.from_config)
     if problem:
         print(f"llm-golden accept: {problem}", file=sys.stderr)
         return 2
@@ -70,11 +86,15 @@ def accept(folder: Path, root: Path, golden_dir: Path | None) -> int:
     return 0
 
 
-def _usage_problem(folder: Path, root: Path, golden_dir: Path | None) -> str | None:
+def _usage_problem(folder: Path, root: Path, golden_dir: Path | None, *, from_config: bool) -> str | None:
     for role, path in (("DIR", folder), ("--root", root)):
         if not path.is_dir():
             return f"{role} {str(path)!r} is not a folder. Check the path."
     leaves_root = golden_dir is not None and (golden_dir.is_absolute() or ".." in golden_dir.parts)
+    if leaves_root and from_config:
+        return (f"llm_golden_dir {str(golden_dir)!r} of the configuration is not inside the root "
+                f"{str(root)!r}, and accept writes only inside the root. Run accept in the project (or give "
+                "--root), or copy these goldens by hand.")
     if leaves_root or golden_dir == Path():  # "." would accept every file of DIR
         return (f"--golden-dir {str(golden_dir)!r} must be a folder inside the root, relative to it, "
                 "as llm_golden_dir names it (e.g. goldens)")

@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
@@ -23,6 +24,7 @@ from pytest_llmdeterminism.goldens.review import (
     aligned_folders,
     needs_review,
     review,
+    review_candidates,
 )
 
 SUMMARY = "compare two golden sets case by case"
@@ -31,6 +33,11 @@ Compare two golden sets case by case and list every case with its verdict.
 
 BASE and CAND are two golden files, or two folders of them: typically the project's __golden__
 and the candidates a CI run wrote with --llm-golden-artifacts (llm-candidates/__golden__).
+With CAND alone, CAND is the whole --llm-golden-artifacts folder and BASE the project: the project
+is found as pytest finds it (its configuration file, from here upwards; the first line of output
+names it), and each golden file of CAND (in a __golden__ folder, or under llm_golden_dir) is
+compared with the same path under the project's root, the file `llm-golden accept CAND` would
+merge it into.
 A candidate is compared with BASE's golden of the same device/dtype variant; where BASE has none
 (CI ran in bfloat16, BASE holds cpu/float32) with the variant the plugin's --llm-golden-fallback
 picks, and the line says so, e.g. "(vs cpu/float32)". Near ties use the tie margin of the
@@ -55,9 +62,10 @@ exit status:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "base", type=Path, metavar="BASE",
-        help="the goldens to compare with: a golden file or a folder of them (e.g. __golden__)")
+        help="the goldens to compare with: a golden file or a folder of them (e.g. __golden__); alone, "
+             "the --llm-golden-artifacts folder, compared with the project's goldens")
     parser.add_argument(
-        "candidate", type=Path, metavar="CAND",
+        "candidate", type=Path, metavar="CAND", nargs="?",
         help="the candidates: a file or folder of the same kind (e.g. llm-candidates/__golden__)")
     parser.add_argument("--fail-on", dest="fail_on", choices=sorted(FAIL_ON), default="regression",
                         metavar="LEVEL",
@@ -65,7 +73,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.candidate is None:
+        return diff_project(args.base, fail_on=args.fail_on)
     return diff(args.base, args.candidate, fail_on=args.fail_on)
+
+
+def diff_project(candidates: Path, *, fail_on: str) -> int:
+    """CAND alone: the candidates folder against the goldens of the project found from here."""
+    try:
+        settled = project.settle(None, None)
+    except project.ProjectConfigError as error:
+        print(f"llm-golden diff: {error}", file=sys.stderr)
+        return 2
+    print(f"configuration: {settled.line}")
+    if not candidates.is_dir():
+        print(f"llm-golden diff: CAND {str(candidates)!r} is not a folder: alone, CAND is the folder "
+              "--llm-golden-artifacts wrote. Check the path, or give BASE and CAND.", file=sys.stderr)
+        return 2
+    golden_dir = settled.golden_dir
+    golden_dir = None if golden_dir is None or golden_dir.is_absolute() else golden_dir  # in the root only
+    cases, problems, others = review_candidates(candidates, settled.root, golden_dir=golden_dir)
+    for problem in problems:
+        print(f"llm-golden diff: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    for name in others:
+        print(f"llm-golden diff: not compared: {candidates / name} is in no {GOLDEN_FOLDER} folder"
+              f"{f' and not under {golden_dir}/' if golden_dir else ''}, so it is no golden file of this "
+              "project (accept would refuse it)", file=sys.stderr)
+    return _print_cases(cases, fail_on)
 
 
 def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
@@ -74,13 +110,7 @@ def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
         print(f"llm-golden diff: {problem}", file=sys.stderr)
         return 2
     cases = review(base, candidate)
-    for case in cases:
-        print(_case_line(case))
-    counts = Counter(case.verdict for case in cases)
-    flagged = needs_review(cases, fail_on)
-    gate = f"{len(flagged)} case(s) need review" if flagged else "nothing needs review"
-    found = ", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens"
-    print(f"summary: {found}; {gate} (--fail-on={fail_on})")
+    flagged = _print_cases(cases, fail_on)
     if base.is_dir() and {case.verdict for case in cases} <= {NEW, ABSENT}:
         aligned = aligned_folders(base, candidate)
         if aligned is not None:
@@ -90,6 +120,18 @@ def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
                   "a folder inside the one given: BASE and CAND must mirror each other (both a "
                   f"{GOLDEN_FOLDER} folder, or both the folder above it). Compare with: llm-golden diff "
                   f"{shlex.quote(str(aligned[0]))} {shlex.quote(str(aligned[1]))}")
+    return flagged
+
+
+def _print_cases(cases: list[Case], fail_on: str) -> int:
+    """One line per case, then the summary; the exit status of the --fail-on gate."""
+    for case in cases:
+        print(_case_line(case))
+    counts = Counter(case.verdict for case in cases)
+    flagged = needs_review(cases, fail_on)
+    gate = f"{len(flagged)} case(s) need review" if flagged else "nothing needs review"
+    found = ", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens"
+    print(f"summary: {found}; {gate} (--fail-on={fail_on})")
     return 1 if flagged else 0
 
 

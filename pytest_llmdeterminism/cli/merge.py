@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.errors import GoldenFileError
 
 SUMMARY = "one review from the JSON reports and candidates of a suite's shards"
@@ -29,9 +30,18 @@ one report of every shard's checks. Unused goldens are judged, against the golde
 collected, deselected ones included), none stopped early and every test passed; otherwise the
 summary says why and names every test no shard ran. --prune then deletes the unused goldens.
 
-Everything is read and checked before anything is written: a report that is not one, an unsafe
-candidates folder, or a conflict (two shards wrote one candidate golden differently) is named
-and nothing is written. Every file is written atomically.
+The project is found as `llm-golden accept` finds it (its pytest configuration file, from --root
+or from here upwards; the first line of output names it): its folder is the root, and its
+llm_golden_dir says where each test module's golden file is. --root and --golden-dir, given, win.
+
+A report is CI artifact input, untrusted like candidates; everything is read and checked before
+anything is written or pruned. A report is refused, unread, when it is not a regular file (a FIFO,
+a device) or is over 256 MiB. Each test module it names must be one of its own suite's, inside
+the root, and its golden file the one the configuration gives that module (beside it in
+__golden__/, or under llm_golden_dir), with no symbolic link leading out of the root; its
+candidates folder must lie inside the report's own folder. Any of these, a report that is not one,
+an unsafe candidates folder, or a conflict (two shards wrote one candidate golden differently) is
+named and nothing is written. Every file is written atomically.
 
 exit status: 0 a complete run, every test passed; 1 merged, but some test failed or the shards
 did not cover the suite (no unused goldens judged); 2 a usage error or any problem above
@@ -45,21 +55,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write every shard's candidates into DIR (a new or empty folder)")
     parser.add_argument("--report", type=Path, action="append", default=[], metavar="PATH",
                         help="write the merged report: .json, .md or .html; repeat for several")
-    parser.add_argument("--root", type=Path, default=Path("."),
-                        help="project root (pytest's rootdir), where the golden files are")
+    parser.add_argument("--root", type=Path, metavar="ROOT",
+                        help="project root (pytest's rootdir), where the golden files are; default: the "
+                             "folder of the project's pytest configuration file, found from here upwards")
+    parser.add_argument("--golden-dir", dest="golden_dir", type=Path, metavar="D",
+                        help="the shards ran with llm_golden_dir = D (relative to the root); default: the "
+                             "configuration file's llm_golden_dir")
     parser.add_argument("--prune", action="store_true",
                         help="delete the unused goldens, after shards that ran the whole suite, all passing")
 
 
 def run(args: argparse.Namespace) -> int:
     return merge(args.reports, root=args.root, candidates=args.candidates, reports=args.report,
-                 prune=args.prune)
+                 prune=args.prune, golden_dir=args.golden_dir)
 
 
-def merge(report_paths: list[Path], *, root: Path, candidates: Path | None, reports: list[Path],
-          prune: bool) -> int:
+def merge(report_paths: list[Path], *, root: Path | None, candidates: Path | None, reports: list[Path],
+          prune: bool, golden_dir: Path | None = None) -> int:
     from pytest_llmdeterminism.run import merge_writer, shards
 
+    try:
+        settled = project.settle(root, golden_dir)
+    except project.ProjectConfigError as error:
+        print(f"llm-golden merge: {error}", file=sys.stderr)
+        return 2
+    print(f"configuration: {settled.line}")
+    root = settled.root
     problem = merge_writer.report_problems(reports)
     if problem is None and not root.is_dir():
         problem = f"--root {str(root)!r} is not a folder. Check the path."
@@ -71,7 +92,8 @@ def merge(report_paths: list[Path], *, root: Path, candidates: Path | None, repo
         print(f"llm-golden merge: {problem}", file=sys.stderr)
         return 2
     json_report = next((path for path in reports if path.suffix == ".json"), None)
-    planned = shards.plan(report_paths, root, candidates_out=candidates, json_report=json_report)
+    planned = shards.plan(report_paths, root, candidates_out=candidates, json_report=json_report,
+                          golden_dir=settled.golden_dir)
     if planned.problems:
         for problem in planned.problems:
             print(f"llm-golden merge: {problem}", file=sys.stderr)

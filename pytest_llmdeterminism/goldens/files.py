@@ -46,12 +46,54 @@ class GoldenFiles:
         relative = os.path.relpath(path, self._invocation_dir)
         return path.as_posix() if relative.startswith("..") else relative
 
+    def describe_location(self) -> str:
+        """Where this project keeps golden files, in words."""
+        if self._golden_dir is None:
+            return f"beside each test module in {GOLDEN_FOLDER}/, as no llm_golden_dir is set"
+        return f"under llm_golden_dir = {self.portable(self._golden_dir)}"
+
+    def link_out(self, path: Path) -> str | None:
+        """Why a golden file may not be written or pruned at ``path``: a symbolic link on the way
+        leads out of the places goldens live (the rootdir, and llm_golden_dir where it lies outside
+        it). None when it stays inside."""
+        homes = [self._rootdir]
+        if self._golden_dir is not None and not _inside(self._golden_dir, self._rootdir):
+            homes.append(self._golden_dir)  # configured to live elsewhere: that folder is theirs too
+        return link_out(path, homes)
+
     def read(self, path: Path) -> schema.Goldens:
         """The goldens in ``path`` (empty when it does not exist); a bad file raises GoldenFileError."""
         __tracebackhide__ = True
         if path not in self._read:
             self._read[path] = store.read(path)
         return self._read[path]
+
+
+def link_out(path: Path, homes: Iterable[Path]) -> str | None:
+    """Why writing ``path`` would leave ``homes``: a symbolic link on the way (the file, or a folder
+    such as ``__golden__``) resolves to outside every one of them; None when it stays inside."""
+    homes = [Path(os.path.abspath(home)) for home in homes]
+    real = Path(os.path.realpath(path))
+    if any(_inside(real, Path(os.path.realpath(home))) for home in homes):
+        return None
+    link = _first_link(Path(os.path.abspath(path)), homes)
+    kind = "folder" if link != Path(os.path.abspath(path)) else "file"
+    return (f"{link} is a symbolic link: {path} resolves to {real}, outside {' and '.join(map(str, homes))}, "
+            "and goldens are written only inside it (a link in a checkout could aim them at any file). "
+            f"Replace the link with a real {kind}, or remove it.")
+
+
+def _first_link(path: Path, homes: list[Path]) -> Path:
+    """The first symbolic link on ``path``'s way below the home it lies in (from the top otherwise)."""
+    home = next((home for home in homes if _inside(path, home)), None)
+    for step in [*reversed(path.parents), path]:
+        if (home is None or _inside(step, home)) and step.is_symlink():
+            return step
+    return path
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
 
 
 def fallback_variant(wanted: str, variants: Iterable[str]) -> str | None:

@@ -75,6 +75,20 @@ def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -
     return sorted(cases, key=lambda case: (case.key, case.variant))
 
 
+def review_candidates(candidates: Path, root: Path, *,
+                      golden_dir: Path | None = None) -> tuple[list[Case], list[str], list[Path]]:
+    """Every case of a candidates folder as ``--llm-golden-artifacts`` wrote it (mirroring the root)
+    against the project's goldens: each golden file of it (in a ``__golden__`` folder, or under the
+    relative ``golden_dir``) paired with the same path under ``root``, as accept would merge it.
+    Also what keeps the folder from being trusted (links), and the files that are no golden file."""
+    names, problems = candidate_files(candidates)
+    cases: list[Case] = []
+    for name in names:
+        if _is_golden_path(name, golden_dir):
+            cases += review_goldens(name.as_posix(), store.read(root / name), store.read(candidates / name))
+    return cases, problems, [name for name in names if not _is_golden_path(name, golden_dir)]
+
+
 def needs_review(cases: Iterable[Case], fail_on: str) -> list[Case]:
     """The cases that make ``llm-golden diff --fail-on=LEVEL`` exit 1."""
     return [case for case in cases if case.verdict in FAIL_ON[fail_on]]
@@ -135,7 +149,7 @@ def plan_accept(candidates: Path, root: Path, *,
     names, problems = candidate_files(candidates)
     refused = {name for name in names if not _is_golden_path(name, golden_dir)}
     if refused:
-        also = f" or under --golden-dir {golden_dir}" if golden_dir else ""
+        also = f" or under the golden dir {golden_dir.as_posix()}/" if golden_dir else ""
         listed = ", ".join(str(candidates / name) for name in sorted(refused))
         example = f"tests/{GOLDEN_FOLDER}/test_x.json"
         problems.append(

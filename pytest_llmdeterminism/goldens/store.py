@@ -18,29 +18,62 @@ from pytest_llmdeterminism.goldens.schema import Entry, Goldens, to_struct
 def read(path: Path) -> Goldens:
     """The goldens in ``path`` ({} when it does not exist). Raises :class:`GoldenFileError`.
 
-    Only a regular file is read (a symlink to one is followed): a FIFO would block, a device such as
-    ``/dev/zero`` would never end. It is opened without blocking and checked on the open descriptor,
-    so it cannot be swapped for something else in between.
+    Only a regular file is read (see :func:`read_regular_file`).
     """
     __tracebackhide__ = True
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        data = read_regular_file(path)
     except FileNotFoundError:
         return {}
-    except OSError as error:
-        raise GoldenFileError(path, f"cannot be read ({error.strerror})", "Check its permissions.") from None
+    except UnreadableFileError as error:
+        raise GoldenFileError(path, error.reason, error.fix) from None
+    return parse(path, data)
+
+
+class UnreadableFileError(Exception):
+    """A file that :func:`read_regular_file` refused: ``reason`` says why, ``fix`` what to give instead."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"{reason}. {fix}")
+        self.reason, self.fix = reason, fix
+
+
+def read_regular_file(path: Path, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of ``path``, a regular file (a symlink to one is followed) of at most ``max_bytes``;
+    :class:`UnreadableFileError` otherwise, and ``FileNotFoundError`` when there is none.
+
+    A FIFO would block, a device such as ``/dev/zero`` would never end, and an oversized file would
+    be read whole before its first error: all are refused before a byte is read. The file is opened
+    without blocking and checked on the open descriptor, so it cannot be swapped for something else
+    in between.
+    """
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise GoldenFileError(path, f"is not a regular file ({_kind(mode)})",
-                                  "Give the path of a golden file (*.json).")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise
     except OSError as error:
-        raise GoldenFileError(path, f"cannot be read ({error.strerror})", "Check its permissions.") from None
+        raise UnreadableFileError(f"cannot be read ({error.strerror})", "Check its permissions.") from None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise UnreadableFileError(f"is not a regular file ({_kind(status.st_mode)})",
+                                      "Give the path of a golden file (*.json).")
+        _check_size(status.st_size, max_bytes)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(-1 if max_bytes is None else max_bytes + 1)
+        _check_size(len(data), max_bytes)  # it grew since: still never more than the limit in memory
+        return data
+    except OSError as error:
+        raise UnreadableFileError(f"cannot be read ({error.strerror})", "Check its permissions.") from None
     finally:
         os.close(fd)
-    return parse(path, data)
+
+
+def _check_size(size: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise UnreadableFileError(f"has {size:,} bytes, more than the limit of {max_bytes:,} bytes "
+                                  f"({max_bytes / 2**20:g} MiB)",
+                                  "Give the file this tool wrote.")
 
 
 def _kind(mode: int) -> str:

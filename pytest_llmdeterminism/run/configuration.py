@@ -144,7 +144,7 @@ def ini_values(config: pytest.Config) -> dict[str, str]:
     3.11, a dependency of pytest there) for .toml, in the section each kind of file keeps pytest's
     settings in.
     """
-    values = {} if config.inipath is None else _config_file_values(Path(config.inipath))
+    values = {} if config.inipath is None else config_file_values(Path(config.inipath)) or {}
     # The early namespace: at start-up, before conftests, config.option is not filled in yet.
     for override in getattr(config.known_args_namespace, "override_ini", None) or ():
         key, equals, value = str(override).partition("=")
@@ -153,21 +153,31 @@ def ini_values(config: pytest.Config) -> dict[str, str]:
     return values
 
 
-def _config_file_values(path: Path) -> dict[str, str]:
+def config_file_values(path: Path) -> dict[str, str] | None:
+    """The pytest settings in configuration file ``path``, or None when it holds none that pytest
+    would use it for: a ``pyproject.toml`` without ``[tool.pytest…]``, a ``tox.ini`` without
+    ``[pytest]``, a ``setup.cfg`` without ``[tool:pytest]`` (``pytest.ini`` and ``pytest.toml``
+    always count, as for pytest)."""
+    dedicated = path.name in ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml")
     if path.suffix == ".toml":
         document = _toml_document(path)
-        tool = document.get("tool", {}).get("pytest", {})
+        tool = document.get("tool", {}).get("pytest")
+        if tool is None and path.name == "pyproject.toml":
+            return None
+        tool = tool or {}
         table = {**tool.get("ini_options", {}), **{k: v for k, v in tool.items() if k != "ini_options"}}
         if path.name != "pyproject.toml":  # pytest.toml and a -c FILE.toml keep it in [pytest]
             table.update(document.get("pytest", {}))
         return {str(key): str(value) for key, value in table.items()}
     if path.suffix not in (".ini", ".cfg"):
-        return {}
+        return None
     import iniconfig
 
     section = "tool:pytest" if path.suffix == ".cfg" else "pytest"  # setup.cfg: [tool:pytest]
     parsed = iniconfig.IniConfig(str(path))
-    return dict(parsed[section].items()) if section in parsed else {}
+    if section not in parsed:
+        return {} if dedicated else None
+    return dict(parsed[section].items())
 
 
 def _toml_document(path: Path) -> dict[str, Any]:

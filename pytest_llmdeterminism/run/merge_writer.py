@@ -69,7 +69,10 @@ def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence
     if merge.run.partial:
         verb = "not pruned" if prune else "not judged"
         reasons = "; ".join(merge.run.partial)
-        lines.append(f"unused goldens {verb}: the shards together were partial ({reasons})")
+        if merge.complete:  # every test ran, so only failures are left to say
+            lines.append(f"unused goldens {verb}: the shards together ran the whole suite, but {reasons}")
+        else:
+            lines.append(f"unused goldens {verb}: the shards together were partial ({reasons})")
         if covered.not_run:
             lines.append(f"tests that no shard ran ({len(covered.not_run)}); run their shard again, or merge "
                          "every shard's report:")

@@ -14,19 +14,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.goldens import schema, store
-from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, GoldenFiles
 from pytest_llmdeterminism.goldens.review import candidate_files
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 from pytest_llmdeterminism.run.writer import unused_keys
 
+MAX_REPORT_BYTES = 256 * 1024 * 1024  # a report is artifact input: refused unread above this
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
 MergedCandidates = dict[str, schema.Goldens]  # candidate file (relative to the candidates folder) -> goldens
 
@@ -63,9 +64,11 @@ def read_shard(path: Path) -> Shard:
     rerun = ("Give the .json file that `pytest --llm-report=PATH.json` wrote in the shard, with this "
              "version of pytest-llmdeterminism.")
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ShardError(f"{path} cannot be read ({error.strerror or error}). {rerun}") from None
+        data = store.read_regular_file(path, max_bytes=MAX_REPORT_BYTES)
+    except FileNotFoundError:
+        raise ShardError(f"{path} does not exist. {rerun}") from None
+    except store.UnreadableFileError as error:  # a FIFO would block, a huge file fill the memory
+        raise ShardError(f"{path} {error.reason}. {rerun}") from None
     try:
         document = msgspec.json.decode(data, type=_ReportDocument)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
@@ -79,6 +82,66 @@ def read_shard(path: Path) -> Shard:
                          f"cannot say what the shard covered. {rerun}")
     audits = [(str(audit.pop("test", "")), audit) for audit in document.audits]
     return Shard(path, document.checks, audits, document.run)
+
+
+_UNTRUSTED = ("A shard report is CI artifact input, so merge follows none of its paths blindly: give the "
+              "reports that `pytest --llm-report` wrote for this project, and merge them in its root with "
+              "its llm_golden_dir (or --golden-dir D)")
+
+
+def trust_problems(shard: Shard, files: GoldenFiles) -> list[str]:
+    """Every path of a shard's report that reaches outside what the report may name: each of its
+    modules' golden file must be the one the project's configuration gives that module (under the
+    root, no link leading out), and its candidates folder must lie inside the report's own folder."""
+    own_modules = {nodeid.partition("::")[0] for nodeid in shard.run.suite if "::" in nodeid}
+    problems = []
+    for module, path in sorted(shard.run.golden_files.items()):
+        problem = _golden_file_problem(module, path, own_modules, files)
+        if problem:
+            problems.append(f"{shard.report}: 'golden_files' maps {module!r} to {path!r}, {problem}. "
+                            f"{_UNTRUSTED}.")
+    problem = _candidates_problem(shard)
+    if problem:
+        problems.append(f"{shard.report}: 'candidates' is {shard.run.candidates!r}, {problem}. Keep each "
+                        "shard's --llm-golden-artifacts folder inside the folder of its --llm-report, e.g. "
+                        "--llm-report=shard1/report.json --llm-golden-artifacts=shard1/candidates.")
+    return problems
+
+
+def _golden_file_problem(module: str, path: str, own_modules: set[str], files: GoldenFiles) -> str | None:
+    if not _plain_relative(module):
+        return "but a test module is a path inside the root, relative to it, without '..'"
+    if module not in own_modules:
+        return ("but no test of that module is in the report's own suite: a report names only the golden "
+                "files of its own modules")
+    expected = files.portable(files.path_for_nodeid(module))
+    if path != expected:
+        return (f"but the project keeps {module}'s goldens in {expected!r} ({files.describe_location()}); "
+                "merge reads and prunes only that file")
+    link = files.link_out(files.path_for_nodeid(module))
+    return None if link is None else f"and {link.rstrip('.')}"
+
+
+def _candidates_problem(shard: Shard) -> str | None:
+    given = shard.run.candidates
+    if given is None:
+        return None
+    if not _plain_relative(given):
+        return (f"not a folder inside the report's own folder {str(shard.report.parent)!r}: merge reads a "
+                "shard's candidates only from beside its report (one artifact per shard)")
+    folder = shard.report.parent / given
+    real, home = os.path.realpath(folder), os.path.realpath(shard.report.parent)
+    if os.path.commonpath([real, home]) != home:
+        return (f"and {folder} resolves to {real}, outside the report's own folder {home} (a symbolic link "
+                "leads out): merge follows no link out of a shard's artifact")
+    return None
+
+
+def _plain_relative(name: str) -> bool:
+    """A path relative to its folder that cannot climb out of it by its words alone."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    climbs = path.is_absolute() or bool(PureWindowsPath(name).drive) or ".." in path.parts
+    return bool(name) and not climbs
 
 
 @dataclass(frozen=True)
@@ -244,6 +307,12 @@ class MergePlan:
     problems: list[str] = field(default_factory=list)  # any: nothing is written
 
     @property
+    def complete(self) -> bool:
+        """Whether the shards together ran every test of the suite to its end (passing or not)."""
+        return (not self.coverage.not_run and not self.run.stopped and self.run.suite_collected
+                and bool(self.shards))
+
+    @property
     def checks(self) -> list[CheckRecord]:
         return [check for shard in self.shards for check in shard.checks]
 
@@ -253,14 +322,25 @@ class MergePlan:
 
 
 def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = None,
-         json_report: Path | None = None) -> MergePlan:
-    """Read and check every shard; merge candidates; judge unused goldens when the shards are complete."""
+         json_report: Path | None = None, golden_dir: Path | None = None) -> MergePlan:
+    """Read and check every shard; merge candidates; judge unused goldens when the shards are complete.
+
+    ``golden_dir`` is the project's llm_golden_dir (absolute, or relative to ``root``): a report's
+    golden files must be where it puts them, or beside their modules when it is None.
+    """
+    root = Path(os.path.abspath(root))
+    files = GoldenFiles(None if golden_dir is None else root / golden_dir, root, Path.cwd())
     shards, problems = [], []
     for path in reports:
         try:
             shards.append(read_shard(path))
         except ShardError as error:
             problems.append(str(error))
+    untrusted = [problem for shard in shards for problem in trust_problems(shard, files)]
+    if untrusted:  # nothing else of theirs is read: their paths may lead anywhere
+        problems += untrusted
+        covered = coverage([shard.run for shard in shards])
+        return MergePlan(shards, covered, merged_run(shards, [], None), {}, {}, problems)
     covered = coverage([shard.run for shard in shards])
     partial = partial_reasons(shards, covered)
     relative = None

@@ -32,7 +32,8 @@ class RunOutput:
 def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool) -> RunOutput:
     out = RunOutput()
     recorded, out.held_back = ledger.goldens_to_write()
-    _merge(recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out)
+    _merge(recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out,
+           refuse=files.link_out)
     if options.artifacts is not None:
         # At the golden file's path relative to the rootdir, for review and `llm-golden accept`.
         folder = options.artifacts
@@ -48,9 +49,14 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
 
 
 def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describe: Callable[[int], str],
-           files: GoldenFiles, out: RunOutput) -> None:
+           files: GoldenFiles, out: RunOutput, *,
+           refuse: Callable[[Path], str | None] = lambda path: None) -> None:
     for path, updates in sorted(updates_by_file.items()):
         destination = target(Path(path))
+        refused = refuse(destination)
+        if refused:
+            out.errors.append(f"{files.display(destination)}: {refused}")
+            continue
         try:
             store.merge(destination, updates)
         except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
@@ -103,6 +109,10 @@ def unused_keys(keys: Iterable[str], tests: Mapping[str, str], used: set[str]) -
 
 def _prune(out: RunOutput, files: GoldenFiles) -> None:
     for path, keys in sorted(out.unused.items()):
+        refused = files.link_out(Path(path))
+        if refused:
+            out.errors.append(f"{files.display(Path(path))}: not pruned: {refused}")
+            continue
         try:
             store.remove(Path(path), keys)
         except (GoldenFileError, OSError) as error:
