@@ -29,12 +29,14 @@ from pytest_llmdeterminism.errors import (
     SamplingRefusedError,
 )
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match
 from pytest_llmdeterminism.run.shards import ShardError
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.cli.fetch import FetchError
     from pytest_llmdeterminism.cli.perturb import PerturbError
+    from pytest_llmdeterminism.cli.project import ProjectConfigError
     from pytest_llmdeterminism.strategies import BatchInvarianceError
 
 __all__ = [
@@ -57,9 +59,11 @@ __all__ = [
     "NonFiniteLogitsError",
     "NondeterminismError",
     "PerturbError",
+    "ProjectConfigError",
     "PromptTooLongError",
     "SamplingRefusedError",
     "ShardError",
+    "UnreadableFileError",
     "Verdict",
     "assert_tokens_match",
     "audit",
@@ -74,6 +78,7 @@ _LAZY = {
     "BatchInvarianceError": "pytest_llmdeterminism.strategies",
     "FetchError": "pytest_llmdeterminism.cli.fetch",
     "PerturbError": "pytest_llmdeterminism.cli.perturb",
+    "ProjectConfigError": "pytest_llmdeterminism.cli.project",
 }
 
 # Failures and fixture values name their types by their public home
@@ -82,7 +87,7 @@ _LAZY = {
 for _public in (BatchInvarianceProbeError, CPUNumericsError, ConfigurationError, EngineError,
                 GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError, LLMDeterminismError,
                 LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError, PromptTooLongError,
-                SamplingRefusedError, ShardError, Verdict):
+                SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
     _public.__module__ = __name__
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import iniconfig
 
+from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.run.configuration import config_file_values
 
 # pytest's order: in each folder, from the start upwards, the first of these that holds pytest settings.
@@ -33,7 +34,7 @@ class Settled:
     line: str
 
 
-class ProjectConfigError(Exception):
+class ProjectConfigError(LLMDeterminismError):
     """The configuration file pytest would read cannot be read; the message says which and why."""
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.goldens.atomic import folder_lock, write_text_atomic
 from pytest_llmdeterminism.goldens.codec import dumps, parse
 from pytest_llmdeterminism.goldens.schema import Entry, Goldens, to_struct
@@ -30,7 +30,7 @@ def read(path: Path) -> Goldens:
     return parse(path, data)
 
 
-class UnreadableFileError(Exception):
+class UnreadableFileError(LLMDeterminismError):
     """A file that :func:`read_regular_file` refused: ``reason`` says why, ``fix`` what to give instead."""
 
     def __init__(self, reason: str, fix: str) -> None:
