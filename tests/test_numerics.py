@@ -346,7 +346,8 @@ def test_cpu_features_are_read_without_executable_memory(monkeypatch):
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="portable needs AVX2 on x86-64 only")
 @pytest.mark.parametrize("features", [{"AVX": True, "AVX2": False, "FMA3": True},
-                                      {"AVX": True, "AVX2": True, "FMA3": False}, {}])
+                                      {"AVX": True, "AVX2": True, "FMA3": False},
+                                      {"AVX": False, "AVX2": True, "FMA3": True}, {}])
 def test_a_cpu_without_avx2_and_fma_gets_generic_kernels_and_the_settings_that_work(monkeypatch, features):
     monkeypatch.setattr(numerics, "_cpu_features", lambda: features)  # a CPU of another generation
     for name in numerics.PINNED_VARIABLES:

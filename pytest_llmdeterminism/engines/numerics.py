@@ -201,7 +201,7 @@ def _has_avx2() -> bool:
     may never load a model). ``/proc/cpuinfo`` is the fallback without numpy."""
     features = _cpu_features()
     if features is not None:
-        return bool(features.get("AVX2") and features.get("FMA3"))
+        return all(features.get(name) for name in ("AVX", "AVX2", "FMA3"))  # AVX: the OS saves its state
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])

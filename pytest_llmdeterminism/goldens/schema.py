@@ -50,6 +50,8 @@ VOCABULARY_IDS = 1 << 31  # every engine's vocabulary ids are int32
 _TEXT_ONLY_END = TEXT_ONLY_IDS + (1 << 32)
 VocabularyId = Annotated[int, msgspec.Meta(ge=0, lt=VOCABULARY_IDS)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=_TEXT_ONLY_END)]  # the gap between is semantic_problem's
+_TOKEN_IDS = ("a token id (a vocabulary's are below 2**31, a served token's text-only id is 2**40 plus "
+              "a 32-bit hash)")
 Logprob = Annotated[float, msgspec.Meta(ge=LOGPROB_FLOOR, le=0.0)]
 Margin = Annotated[float, msgspec.Meta(ge=0.0, le=-LOGPROB_FLOOR)]
 LogitHash = Annotated[str, msgspec.Meta(min_length=16, max_length=16)]  # xxh3-64, hex
@@ -187,11 +189,6 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
             if isinstance(number, float) and not math.isfinite(number):
                 return f"{section} field {name!r} is {number!r}, not a finite number"
     return None
-
-
-
-_TOKEN_IDS = ("a token id (a vocabulary's are below 2**31, a served token's text-only id is 2**40 plus "
-              "a 32-bit hash)")
 
 
 def _token_id_problem(index: int, step: Step) -> str | None:
