@@ -100,10 +100,13 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
     """A prompt has more tokens than the fixed batch shape's length L."""
 
     def __init__(self, prompt: str, n_tokens: int, batch_shape: str, *,
-                 setting: str = "llm_batch_shape", fitting: str | None = None) -> None:
-        """``fitting``: the smallest shape the plugin accepts that holds the prompt (None: none does)."""
+                 setting: str = "llm_batch_shape", fitting: str | None = None,
+                 at_least: bool = False) -> None:
+        """``fitting``: the smallest shape the plugin accepts that holds the prompt (None: none does);
+        ``at_least``: ``n_tokens`` is a lower bound, the prompt was refused before it was tokenised."""
         self.prompt = prompt
         self.n_tokens = n_tokens
+        self.at_least = at_least
         self.batch_shape = batch_shape
         length = batch_shape.partition("x")[2]
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
@@ -115,7 +118,8 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
             fix = (f"raise L, e.g. {example}. Changing the shape changes the numerics, so re-record "
                    "goldens afterwards")
         super().__init__(
-            f"prompt {shown!r} has {n_tokens} tokens but {setting.replace('=...', '')} {batch_shape!r} "
+            f"prompt {shown!r} has {'at least ' * at_least}{n_tokens} tokens but "
+            f"{setting.replace('=...', '')} {batch_shape!r} "
             f"allows {int(length) - 1} (one position always stays padding). Every generation runs at "
             f"one fixed shape BxL; {fix}."
         )

@@ -103,7 +103,7 @@ def test_a_duplicate_hidden_by_a_missing_field_is_still_found(tmp_path):
     no_piece = text.replace('"piece":"a",', "", 1).replace('"token":10,', '"token":10,"token":11,', 1)
     _rejected(_write(tmp_path, no_piece, "b.json"),
               "missing required field `piece`|has the key 'token' twice")
-    logit_hash = json.dumps(json.loads(_VALID)["logit_hash"])
+    logit_hash = json.dumps(codec.LEGACY_LOGIT_HASH)
     header_only = f'{{"logit_hash": {logit_hash}, "schema": 2, "schema": 1}}'
     _rejected(_write(tmp_path, header_only, "c.json"), "has the key 'schema' twice")
 
@@ -119,7 +119,7 @@ def test_json_inside_prompts_keeps_the_fast_duplicate_proof(tmp_path):
     entry = {**schema.to_entry(generation), "prompt": 'Reply in JSON: {"a": 1, "b": [2]}'}
     data = codec.dumps({"test_x": {"cpu/float32": entry}}).encode()
     goldens = codec.parse(tmp_path / "x.json", data)
-    assert codec._no_duplicate_keys(data, goldens)
+    assert codec._no_duplicate_keys(data, goldens, header_keys=1)
     assert goldens["test_x"]["cpu/float32"].prompt == entry["prompt"]
 
 
@@ -134,7 +134,45 @@ def test_a_symlinked_golden_is_updated_through_its_link(tmp_path):
 
 def test_a_string_schema_says_it_is_a_string(tmp_path):
     document = {**_valid_document(), "schema": "1"}
-    _rejected(_write(tmp_path, document), r"schema version '1' \(a str, not an integer\)")
+    _rejected(_write(tmp_path, document), r"schema version '1' \(a str\), which no pytest-llm")
+
+
+_TEXT_ONLY = 2**40  # generation.TEXT_ONLY_IDS: a served token that is no vocabulary entry
+
+
+@pytest.mark.parametrize("token", [10**400, 2**64 + 1, 2**40 + 2**32, 2**31, 2**40 - 1, -1, True])
+@pytest.mark.parametrize("field", ["token", "top", "prompt_token_ids"])
+def test_a_token_id_no_engine_produces_is_a_golden_file_error_not_a_verdict(tmp_path, token, field):
+    """Read as a golden, such an id would be reported as a REGRESSION: the file is malformed instead."""
+    document = _valid_document()
+    entry = document["goldens"]["test_x"]["cpu/float32"]
+    if field == "token":
+        entry["steps"][1]["token"], where = token, r"steps\[1\]\.token"
+    elif field == "top":
+        entry["steps"][1]["top"][1][0], where = token, r"steps\[1\]\.top\[1\](\[0\])?"
+    else:
+        entry["prompt_token_ids"][0], where = token, r"prompt_token_ids\[0\]"
+    _rejected(_write(tmp_path, document),
+              r"has a malformed golden: \['test_x'\]\['cpu/float32'\] " + where + ": Expected ")
+
+
+def test_a_served_tokens_text_only_ids_are_token_ids(tmp_path):
+    document = _valid_document()
+    step = document["goldens"]["test_x"]["cpu/float32"]["steps"][0]
+    step["token"] = step["top"][0][0] = _TEXT_ONLY + 2**32 - 1
+    step["top"][1][0] = _TEXT_ONLY
+    assert store.read(_write(tmp_path, document))["test_x"]["cpu/float32"].steps[0].token == 2**40 + 2**32 - 1
+
+
+@pytest.mark.parametrize(("mark", "named", "fix"), [
+    (b"\xef\xbb\xbf", r"starts with a UTF-8 byte-order mark \(EF BB BF\), which JSON does not allow",
+     "save it without BOM"),
+    (b"\xff\xfe", r"starts with a UTF-16 byte-order mark \(FF FE\): it is UTF-16", "save it as UTF-8"),
+])
+def test_a_byte_order_mark_is_named_with_the_fix(tmp_path, mark, named, fix):
+    path = tmp_path / "test_m.json"
+    path.write_bytes(mark + _VALID)
+    assert _rejected(path, named).args[0].count(fix) == 1
 
 
 # -- fuzzing the loader --------------------------------------------------------------------------
@@ -215,9 +253,12 @@ def test_fuzz_typed_field_mutations(tmp_path, path, value):
 
 
 @_FUZZ
-@given(goldens=_json, schema=st.sampled_from([1, "1", 1.0, None, 2]))
-def test_fuzz_arbitrary_goldens_sections(tmp_path, goldens, schema):
-    document = {"schema": schema, "logit_hash": json.loads(_VALID)["logit_hash"], "goldens": goldens}
+@given(goldens=_json, schema=st.sampled_from([1, "1", 1.0, None, 2, codec.FORMAT,
+                                              "pytest-llmdeterminism/golden/3"]),
+       logit_hash=st.booleans())
+def test_fuzz_arbitrary_goldens_sections(tmp_path, goldens, schema, logit_hash):
+    document = {"schema": schema, "goldens": goldens,
+                **({"logit_hash": codec.LEGACY_LOGIT_HASH} if logit_hash else {})}
     _survives(tmp_path, json.dumps(document).encode())
 
 
@@ -361,7 +402,7 @@ def test_reports_are_strict_json_and_inert_markdown():
 _BAD_GOLDENS = {
     "nan": _VALID.decode().replace('"margin":2.4', '"margin":NaN', 1),
     "duplicate": _VALID.decode().replace('    "test_x": {', '    "test_x": {},\n    "test_x": {', 1),
-    "string schema": _VALID.decode().replace('"schema": 1', '"schema": "1"'),
+    "string schema": _VALID.decode().replace(f'"schema": "{codec.FORMAT}"', '"schema": "2"'),
 }
 
 

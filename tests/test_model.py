@@ -1,6 +1,7 @@
 """Greedy fixed-shape generation on the real tiny model (in process, no pytest plugin layer)."""
 
 import random
+import re
 
 import pytest
 import torch
@@ -298,3 +299,94 @@ def test_a_lone_prompt_longer_than_l_runs_at_its_own_length_up_to_the_models_con
     too_long = long_prompt * 4
     with pytest.raises(ConfigurationError, match=r"beyond the model's context of 512.*shorten the prompt"):
         make_llm("1x16", max_new_tokens=4).generate(too_long)
+
+
+@pytest.mark.parametrize(("conversation", "problem"), [
+    ([{"role": "wizard", "content": "Cast a spell"}],
+     "llm_model.generate(conversation[0]['role']) = 'wizard': unknown role; expected one of 'system', "
+     "'user', 'assistant', 'tool'"),
+    ([{"role": "system", "content": "Be brief"}, {"role": "user", "content": None}],
+     "llm_model.generate(conversation[1]['content']) = None: expected the message's text as a string, got "
+     "NoneType"),
+    ([{"role": "user", "content": ["part"]}], "conversation[0]['content']) = ['part']: expected the"),
+])
+def test_a_chat_message_of_an_unknown_role_or_without_text_is_refused_before_rendering(make_llm, conversation,
+                                                                                       problem):
+    llm = make_llm()
+    with pytest.raises(ConfigurationError) as info:
+        llm.generate(conversation)
+    assert problem in str(info.value)
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        llm.generate(["The sky is", conversation])  # one of a list, before any of them runs
+
+
+class _CountingTokenizer:
+    """The tokenizer, counting the texts it is asked to tokenise."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("as_chat", [False, True])
+def test_a_prompt_too_long_for_any_tokenisation_is_refused_before_it_is_tokenised(tiny, as_chat):
+    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.shape import GenerationSettings
+
+    tokenizer = _CountingTokenizer(tiny.tokenizer)
+    huge = "word " * 2_000_000  # 10 MB: seconds and gigabytes to tokenise, only to be refused
+    prompt = [{"role": "user", "content": huge}] if as_chat else huge
+    with pytest.raises(PromptTooLongError) as info:
+        inputs.encoded(prompt, tokenizer=tokenizer, settings=GenerationSettings(BatchShape(2, 64), 2, 0),
+                       spec="builtin:tiny")
+    assert tokenizer.calls == 0
+    assert info.value.at_least and info.value.n_tokens >= 1_000_000
+    message = str(info.value)
+    assert "has at least " in message and "tokens but llm_batch_shape '2x64' allows 63 (one" in message
+
+
+def test_the_length_bound_never_refuses_a_prompt_that_fits(make_llm, tiny):
+    """The densest text there is: the longest vocabulary entry, over and over, fits in as many tokens."""
+    from pytest_llmdeterminism.engines import inputs
+
+    vocabulary = tiny.tokenizer.get_vocab()
+    longest = max(vocabulary, key=len)
+    per_token = inputs.characters_per_token(tiny.tokenizer)
+    assert per_token == len(longest)
+    densest = tiny.tokenizer.decode([vocabulary[longest]] * 14)
+    assert len(densest) == 14 * per_token
+    assert len(make_llm("2x16").encode(densest)) == 15  # with the BOS: the most 2x16 allows
+    with pytest.raises(PromptTooLongError) as info:
+        make_llm("2x16").encode(densest + densest[:per_token])
+    assert not info.value.at_least and info.value.n_tokens == 16  # counted, not refused by the bound
+
+
+@given(text=st.text(min_size=1, max_size=200))
+def test_the_length_bound_is_a_true_lower_bound_on_the_tokens(tiny, text):
+    from pytest_llmdeterminism.engines import inputs
+
+    ids = tiny.tokenizer(text)["input_ids"]
+    assert len(ids) * inputs.characters_per_token(tiny.tokenizer) >= len(text)
+
+
+def test_a_tokenizer_that_may_drop_characters_gets_no_length_bound():
+    """Whitespace splitting drops spaces: 100,002 characters are 2 tokens there, and must run."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.shape import GenerationSettings
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    assert inputs.characters_per_token(tokenizer) is None
+    given = inputs.encoded("a" + " " * 100_000 + "b", tokenizer=tokenizer,
+                           settings=GenerationSettings(BatchShape(2, 8), 2, 0), spec="x")
+    assert given.ids == [0, 1]

@@ -314,12 +314,64 @@ def test_machines_other_than_x86_64_get_generic_aten_kernels_not_the_avx2_pin(ma
     assert not found["torch imported"]
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="CPUID is asked on x86-64 only")
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="AVX2 is asked on x86-64 only")
 def test_avx2_and_fma_are_asked_of_the_cpu_without_importing_torch():
     code = ("import sys; from pytest_llmdeterminism.engines import numerics; "
-            "print(numerics._cpuid_avx2_fma(), 'torch' in sys.modules)")
+            "print(numerics._has_avx2(), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     import torch
 
     capabilities = torch.backends.cpu.get_cpu_capability()  # the suite runs pinned at AVX2
     assert out.stdout.split() == [str(capabilities == "AVX2"), "False"]
+
+
+def test_cpu_features_are_read_without_executable_memory(monkeypatch):
+    """Hosts that forbid writable+executable memory (SELinux deny_execmem) refuse such a mapping:
+    the CPU's features come from numpy's table, which reads CPUID in C."""
+    import mmap
+
+    import torch
+
+    requested = []
+
+    def refused(*args, **kwargs):
+        requested.append(kwargs.get("prot"))
+        raise PermissionError(13, "Permission denied (deny_execmem)")
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    assert numerics._has_avx2() == (torch.backends.cpu.get_cpu_capability() == "AVX2" or
+                                    platform.machine() != "x86_64")
+    assert requested == []
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="portable needs AVX2 on x86-64 only")
+@pytest.mark.parametrize("features", [{"AVX": True, "AVX2": False, "FMA3": True},
+                                      {"AVX": True, "AVX2": True, "FMA3": False},
+                                      {"AVX": False, "AVX2": True, "FMA3": True}, {}])
+def test_a_cpu_without_avx2_and_fma_gets_generic_kernels_and_the_settings_that_work(monkeypatch, features):
+    monkeypatch.setattr(numerics, "_cpu_features", lambda: features)  # a CPU of another generation
+    for name in numerics.PINNED_VARIABLES:
+        monkeypatch.setenv(name, "before")
+    replaced = numerics.pin("portable")
+    try:
+        assert os.environ["ATEN_CPU_CAPABILITY"] == "default"  # ATen's AVX2 kernels would not run here
+    finally:
+        numerics.unpin(replaced)
+    in_force = {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE", "blas": "mkl", "blas_coretype": None}
+    monkeypatch.setattr(numerics, "effective", lambda: in_force)
+    with pytest.raises(numerics.CPUNumericsError) as info:
+        numerics.check("portable")
+    message = str(info.value)
+    assert "has no AVX2 and FMA, which portable numerics use on x86-64" in message
+    assert "--llm-cpu-numerics=compatible" in message
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="portable needs AVX2 on x86-64 only")
+def test_a_cpu_with_avx2_and_fma_keeps_the_avx2_pin(monkeypatch):
+    monkeypatch.setattr(numerics, "_cpu_features", lambda: {"AVX": True, "AVX2": True, "FMA3": True})
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "before")
+    replaced = numerics.pin("portable")
+    try:
+        assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    finally:
+        numerics.unpin(replaced)

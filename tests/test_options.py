@@ -3,7 +3,8 @@ import re
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.run.options import FLAGS, SETTINGS
+from pytest_llmdeterminism.run.markers import validate_marker_kwargs
+from pytest_llmdeterminism.run.options import FLAGS, MAX_SEED, SETTINGS
 from pytest_llmdeterminism.shape import BatchShape
 
 from .conftest import usage_error
@@ -27,12 +28,51 @@ def test_batch_shape_rejects(text):
         ("llm_batch_shape = 4by64", "llm_batch_shape = '4by64': expected 'BxL'*for example '4x64'"),
         ("llm_dtype = fp32", "llm_dtype = 'fp32': expected one of float32, bfloat16, float16*"),
         ("llm_device = gpu", "llm_device = 'gpu': expected auto, cpu, mps, cuda or cuda:N*"),
-        ("llm_seed = abc", "llm_seed = 'abc': expected an integer >= 0*"),
+        ("llm_seed = abc", "llm_seed = 'abc': expected an integer from 0 to 2**63 - 1*"),
+        (f"llm_seed = {2**80}", f"llm_seed = '{2**80}': expected an integer from 0 to 2**63 - 1 "
+                                "(9223372036854775807: the largest seed torch, numpy and OpenAI-compatible "
+                                "servers all take), e.g. '0'"),
+        ("llm_seed = -1", "llm_seed = '-1': expected an integer from 0 to 2**63 - 1*"),
         ("llm_max_new_tokens = 0", "llm_max_new_tokens = '0': expected an integer >= 1*"),
     ],
 )
 def test_bad_ini_value_is_a_usage_error(pytester, ini, expected):
     usage_error(pytester, ini).stderr.fnmatch_lines([f"ERROR: {expected}"])
+
+
+def test_a_seed_beyond_what_torch_takes_is_refused_before_any_test_runs(pytester):
+    result = usage_error(pytester, "llm_batch_shape = 4x64", f"--llm-seed={2**64}")
+    result.stderr.fnmatch_lines([f"ERROR: llm_seed = '{2**64}': expected an integer from 0 to 2**63 - 1 *"])
+    assert "Overflow" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize("seed", [2**80, 2**63, -1])
+def test_a_marker_seed_beyond_what_torch_takes_names_the_range(seed):
+    with pytest.raises(ConfigurationError, match=re.escape(
+            f"@deterministic(seed=...) = '{seed}': expected an integer from 0 to 2**63 - 1 (")):
+        validate_marker_kwargs({"seed": seed}, "test_m.py::test_x")
+    assert validate_marker_kwargs({"seed": 2**63 - 1}, "test_m.py::test_x") == {"seed": 2**63 - 1}
+
+
+def test_the_largest_seed_accepted_is_one_torch_takes():
+    import torch
+
+    torch.Generator().manual_seed(MAX_SEED)  # raises "Overflow when unpacking long long" past 2**64 - 1
+
+
+def test_a_marker_seed_too_large_fails_its_test_with_the_range_not_torchs_overflow(suite):
+    suite.makepyfile(f"""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(seed={2**80})
+        def test_x(llm_model):
+            llm_model.generate("The sky is")
+        """)
+    result = suite.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*@deterministic(seed=...) = '{2**80}': expected an integer from 0 to "
+                                 "2**63 - 1*"])
+    assert "Overflow" not in result.stdout.str()
 
 
 def test_cli_overrides_ini_and_is_validated(pytester):

@@ -1,12 +1,17 @@
 """Golden files: round trips, stable formatting, atomic writes, and loud failures on bad files."""
 
+import dataclasses
+import difflib
 import json
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.generation import HashDefinition
 from pytest_llmdeterminism.goldens import codec, schema, store
 
 from .strategies_for_tests import generations
@@ -59,14 +64,16 @@ def test_corrupt_file_error_names_the_file_and_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize(("content", "problem"), [
-    ('{"schema": 99, "goldens": {}}', "schema version 99; this pytest-llmdeterminism reads version 1"),
+    ('{"schema": 99, "goldens": {}}', "has schema version 99, which no pytest-llmdeterminism wrote; this "
+     "pytest-llmdeterminism reads \"schema\": 'pytest-llmdeterminism/golden/2' and, from older files, "
+     "\"schema\": 1"),
     ('{"goldens": {}}', "no 'schema' field"),
     ("[1, 2]", "no 'schema' field"),
 ])
 def test_unknown_schema_is_named(tmp_path, content, problem):
     path = tmp_path / "test_m.json"
     path.write_text(content)
-    with pytest.raises(GoldenFileError, match=problem):
+    with pytest.raises(GoldenFileError, match=re.escape(problem)):
         store.read(path)
 
 
@@ -74,6 +81,82 @@ def test_changed_hash_definition_is_a_schema_error(tmp_path):
     path = tmp_path / "test_m.json"
     path.write_text(json.dumps({"schema": 1, "logit_hash": "md5 of something else", "goldens": {}}))
     with pytest.raises(GoldenFileError, match="hashes logits as 'md5 of something else'"):
+        store.read(path)
+
+
+def test_a_golden_file_names_its_format_by_a_versioned_id_not_a_sentence(tmp_path):
+    from .strategies_for_tests import sample_generation
+
+    text = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation())}})
+    document = json.loads(text)
+    assert set(document) == {"goldens", "schema"} and document["schema"] == "pytest-llmdeterminism/golden/2"
+    assert text.endswith('  "schema": "pytest-llmdeterminism/golden/2"\n}\n')
+    path = tmp_path / "test_m.json"
+    path.write_text(text)
+    assert list(store.read(path)) == ["test_x"]
+
+
+@pytest.mark.parametrize("engine", ["served-topk", "vllm-topk"])
+def test_a_server_golden_says_what_its_own_hashes_hash(engine):
+    """Format 1's header named the logits for the whole file, false for an entry of a server."""
+    from .strategies_for_tests import sample_generation
+
+    generation = dataclasses.replace(sample_generation(), hash_definition=HashDefinition(engine))
+    document = json.loads(codec.dumps({"test_x": {"cpu/float32": schema.to_entry(generation)}}))
+    assert "logit_hash" not in document
+    assert document["goldens"]["test_x"]["cpu/float32"]["step_hash"] == engine
+
+
+@pytest.mark.parametrize("name", ["examples/__golden__/test_tiny_model.json",
+                                  "tests/data/test_tiny_model.intel-avx512-native-0.1.0.json",
+                                  "tests/data/test_tiny_model.portable-generic-0.2.json"])
+def test_format_1_goldens_still_read_and_are_rewritten_in_format_2_only_when_written(tmp_path, name):
+    committed = Path(__file__).parents[1] / name
+    legacy = committed.read_text()
+    assert '  "schema": 1\n' in legacy and '"logit_hash": ' in legacy
+    goldens = store.read(committed)
+    assert goldens and committed.read_text() == legacy  # read as they are, never rewritten on reading
+    copy = tmp_path / "test_m.json"
+    copy.write_text(legacy)
+    store.merge(copy, {})
+    assert store.read(copy) == goldens
+    assert json.loads(copy.read_text())["schema"] == "pytest-llmdeterminism/golden/2"
+
+
+def test_rewriting_a_format_1_golden_changes_only_its_header(tmp_path):
+    """No churn: a format-1 file keeps its entries' lines when it is next written."""
+    legacy = (Path(__file__).parents[1] / "examples/__golden__/test_tiny_model.json").read_text()
+    copy = tmp_path / "test_m.json"
+    copy.write_text(legacy)
+    store.merge(copy, {})
+    changed = [line for line in difflib.ndiff(legacy.splitlines(), copy.read_text().splitlines())
+               if line[:2] in ("- ", "+ ")]
+    assert sorted(line[:2] + line[2:].split(":")[0].strip() for line in changed) == [
+        '+ "schema"', '- "logit_hash"', '- "schema"']
+
+
+@pytest.mark.parametrize(("schema_value", "problem"), [
+    ("pytest-llmdeterminism/golden/3",
+     "is in golden format 3 ('pytest-llmdeterminism/golden/3'), newer than this pytest-llmdeterminism "
+     "reads (format 2, 'pytest-llmdeterminism/golden/2', and older). The file was left untouched. A newer "
+     "pytest-llmdeterminism wrote it: upgrade (pip install -U pytest-llmdeterminism)."),
+    ("pytest-llmdeterminism/golden/12", "is in golden format 12"),
+    ("pytest-llmdeterminism/report", "has schema version 'pytest-llmdeterminism/report' (a str), which no"),
+])
+def test_a_golden_of_a_newer_format_names_the_version_and_the_upgrade(tmp_path, schema_value, problem):
+    path = tmp_path / "test_m.json"
+    path.write_text(json.dumps({"goldens": {"test_x": {"cpu/float32": {"future": "field"}}},
+                                "schema": schema_value}))
+    with pytest.raises(GoldenFileError, match=re.escape(problem)):
+        store.read(path)
+
+
+def test_format_2_has_no_logit_hash_sentence(tmp_path):
+    path = tmp_path / "test_m.json"
+    path.write_text(json.dumps({"goldens": {}, "logit_hash": codec.LEGACY_LOGIT_HASH,
+                                "schema": "pytest-llmdeterminism/golden/2"}))
+    with pytest.raises(GoldenFileError, match="has a 'logit_hash' field, which format "
+                                              "'pytest-llmdeterminism/golden/2' does not have"):
         store.read(path)
 
 

@@ -8,6 +8,8 @@ ids. Each becomes a :class:`ModelInput` whose ids fit the batch shape, or an err
 
 from __future__ import annotations
 
+import json
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,7 @@ from pytest_llmdeterminism.generation import PromptForm
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 Conversation = Sequence[Mapping[str, Any]]  # chat messages: {"role": ..., "content": ...}
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -57,21 +60,142 @@ def encoded(prompt: Any, *, tokenizer: Any, settings: GenerationSettings, spec: 
     """A prompt string or a chat conversation, tokenised as the model runs it."""
     __tracebackhide__ = True
     if isinstance(prompt, str):
+        refuse_unfitting_length(prompt, prompt, tokenizer=tokenizer, settings=settings)
         ids = checked(prompt, list(tokenizer(prompt)["input_ids"]), settings)
         return ModelInput(prompt, ids, PromptForm.TEXT)
     if not is_conversation(prompt):
         raise TypeError(f"llm_model.generate() takes prompt strings or chat conversations (lists of "
                         f"{{'role': ..., 'content': ...}} dicts), got {prompt!r}")
+    check_messages(prompt)
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigurationError("llm_model.generate(conversation)", prompt[0],
                                  f"the tokenizer of {spec} has no chat template; pass the "
                                  "prompt as a string, or its token ids with token_ids=[...]")
     text = str(tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
+    # An error shows the end of the rendered chat, where the user's own words are.
+    shown = text if len(text) <= 60 else f"(chat, rendered) …{text[-44:]}"
+    refuse_unfitting_length(text, shown, tokenizer=tokenizer, settings=settings)
     # The template already wrote the special tokens it wants (a BOS, say): add none a second time.
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    # An error shows the end of the rendered chat, where the user's own words are.
-    checked(text if len(text) <= 60 else f"(chat, rendered) …{text[-44:]}", ids, settings)
+    checked(shown, ids, settings)
     return ModelInput(text, ids, PromptForm.CHAT)
+
+
+def check_messages(conversation: Conversation) -> None:
+    """Each message has a role every chat template knows and text content: anything else would be
+    rendered however the template happens to treat it, and recorded as if it were meant."""
+    __tracebackhide__ = True
+    shape = "a chat message is {'role': 'system' | 'user' | 'assistant' | 'tool', 'content': '...'}"
+    for index, message in enumerate(conversation):
+        role, content = message["role"], message["content"]
+        if role not in CHAT_ROLES:
+            raise ConfigurationError(f"llm_model.generate(conversation[{index}]['role'])", role,
+                                     f"unknown role; expected one of {', '.join(map(repr, CHAT_ROLES))} "
+                                     f"({shape})")
+        if not isinstance(content, str):
+            raise ConfigurationError(f"llm_model.generate(conversation[{index}]['content'])", content,
+                                     f"expected the message's text as a string, got {type(content).__name__} "
+                                     f"({shape})")
+
+
+def refuse_unfitting_length(text: str, shown: str, *, tokenizer: Any, settings: GenerationSettings) -> None:
+    """:class:`PromptTooLongError` for a text too long to fit the shape whatever its tokens, before it
+    is tokenised (a 10 MB prompt takes seconds and gigabytes to tokenise, only to be refused)."""
+    __tracebackhide__ = True
+    shape = settings.batch_shape
+    if shape.rows == 1:
+        return  # one row runs at the prompt's own length: only the model's context bounds it (the engine)
+    per_token = characters_per_token(tokenizer)
+    if per_token is None:
+        return
+    at_least = -(-len(text) // per_token)
+    if not fits(at_least, shape):
+        fitting = shape.holding(at_least)
+        raise PromptTooLongError(shown, at_least, str(shape), setting=settings.batch_shape_setting,
+                                 fitting=None if fitting is None else str(fitting), at_least=True)
+
+
+_CHARACTERS_PER_TOKEN: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+
+
+def characters_per_token(tokenizer: Any) -> int | None:
+    """The most characters of a text that one token of ``tokenizer`` stands for, or None where no
+    bound is safe (then the text is tokenised before its length is judged)."""
+    try:
+        return _CHARACTERS_PER_TOKEN[tokenizer]
+    except KeyError:
+        bound = _characters_per_token(tokenizer)
+        _CHARACTERS_PER_TOKEN[tokenizer] = bound
+        return bound
+    except TypeError:  # not weakly referenceable
+        return _characters_per_token(tokenizer)
+
+
+# Normalizers that never drop characters, with how many input characters one output character may
+# stand for: NFC and NFKC compose (a Hangul syllable of three jamo, a letter with two marks).
+_KEEPING_NORMALIZERS = {"Prepend": 1, "Lowercase": 1, "ByteLevel": 1, "NFD": 1, "NFKD": 1,
+                        "NFC": 4, "NFKC": 4}
+_KEEPING_PRE_TOKENIZERS = ("ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "UnicodeScripts")
+
+
+def _characters_per_token(tokenizer: Any) -> int | None:
+    """From a transformers fast tokenizer whose every step keeps every character (byte-level BPE,
+    SentencePiece BPE with byte fallback): a token covers at most its longest vocabulary entry's
+    characters (a byte-level entry has one character per byte). Tokenizers that may drop characters
+    (whitespace splitting, fused unknowns, stripping special tokens, regex replacements, WordPiece's
+    one [UNK] for a long word, Unigram) get no bound: a long text can be few tokens there."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        factor = _normalizer_factor(backend.normalizer)
+        stripping = any(getattr(t, "lstrip", False) or getattr(t, "rstrip", False)
+                        for t in getattr(tokenizer, "added_tokens_decoder", {}).values())
+        if factor is None or stripping or not _keeps_characters(backend.pre_tokenizer) \
+                or not _keeps_unknowns(backend.model):
+            return None
+        return factor * max(map(len, tokenizer.get_vocab()))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _state(component: Any) -> dict[str, Any] | None:
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _normalizer_factor(normalizer: Any) -> int | None:
+    state = _state(normalizer)
+    if state is None:
+        return 1
+    parts = state["normalizers"] if state["type"] == "Sequence" else [state]
+    factor = 1
+    for part in parts:
+        kind = part["type"]
+        if kind == "Replace":  # one character for another text, e.g. " " -> "▁" (SentencePiece)
+            pattern = part["pattern"].get("String")
+            if pattern is None or len(pattern) != 1 or not part["content"]:
+                return None
+        elif kind in _KEEPING_NORMALIZERS:
+            factor = max(factor, _KEEPING_NORMALIZERS[kind])
+        else:
+            return None
+    return factor
+
+
+def _keeps_characters(pre_tokenizer: Any) -> bool:
+    state = _state(pre_tokenizer)
+    if state is None:
+        return True
+    parts = state["pretokenizers"] if state["type"] == "Sequence" else [state]
+    return all(part["type"] in _KEEPING_PRE_TOKENIZERS and part.get("behavior") != "Removed"
+               for part in parts)
+
+
+def _keeps_unknowns(model: Any) -> bool:
+    """Unknown characters are not fused into one token: byte fallback, or one unknown each."""
+    if type(model).__name__ != "BPE":
+        return False
+    return bool(model.byte_fallback or not model.fuse_unk or model.unk_token is None)
 
 
 def from_ids(row: Any, *, tokenizer: Any, settings: GenerationSettings) -> ModelInput:

@@ -40,6 +40,7 @@ and at 1, 2 and 4 threads; ``ATEN_CPU_CAPABILITY=default`` keeps ATen off its SV
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import platform
 import re
@@ -194,12 +195,13 @@ def _missing_avx2(mode: str) -> bool:
 
 
 def _has_avx2() -> bool:
-    """AVX2 and FMA with the OS saving their registers (what ATen's AVX2 kernels need), asked of the
-    CPU itself without importing torch (the plugin pins before conftests, in runs that may never
-    load a model). ``/proc/cpuinfo`` is the fallback: under qemu-user it shows the host's CPU."""
-    found = _cpuid_avx2_fma()
-    if found is not None:
-        return found
+    """AVX2 and FMA with the OS saving their registers (what ATen's AVX2 kernels need), as numpy's
+    CPU feature table says (numpy asks CPUID and XGETBV in C at import, also under qemu-user, without
+    executable memory; torch need not be imported: the plugin pins before conftests, in runs that
+    may never load a model). ``/proc/cpuinfo`` is the fallback without numpy."""
+    features = _cpu_features()
+    if features is not None:
+        return all(features.get(name) for name in ("AVX", "AVX2", "FMA3"))  # AVX: the OS saves its state
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
@@ -208,42 +210,16 @@ def _has_avx2() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
-# x86-64 machine code, no arguments, the answer in eax (the same in the System V and Windows ABIs;
-# rbx, which CPUID overwrites, is saved): CPUID leaf 0 (eax: the highest leaf), leaf 1 (ecx: FMA
-# bit 12, OSXSAVE bit 27, AVX bit 28), leaf 7 subleaf 0 (ebx: AVX2 bit 5), and XGETBV 0 (eax: the
-# OS saves SSE and AVX state, bits 1 and 2).
-_CPUID_LEAF_0 = bytes.fromhex("53b80000000031c90fa25bc3")
-_CPUID_LEAF_1_ECX = bytes.fromhex("53b80100000031c90fa289c85bc3")
-_CPUID_LEAF_7_EBX = bytes.fromhex("53b80700000031c90fa289d85bc3")
-_XGETBV_0 = bytes.fromhex("31c90f01d0c3")
-
-
-def _cpuid_avx2_fma() -> bool | None:
-    """None where machine code cannot be run from here (not x86-64, Windows, or no executable memory)."""
-    if not _NEEDS_AVX2 or sys.platform == "win32":
-        return None
-    import mmap
-
-    try:
-        memory = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    except (OSError, ValueError, AttributeError):
-        return None
-    with memory:
-        def run(code: bytes) -> int:
-            memory.seek(0)
-            memory.write(code)
-            address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
-            return int(ctypes.CFUNCTYPE(ctypes.c_uint32)(address)())
-
+def _cpu_features() -> Mapping[str, bool] | None:
+    """numpy's table of the CPU's features (``AVX2``, ``FMA3``, ...; an AVX feature counts only where
+    the OS saves the AVX registers), or None without numpy. Tests replace this function to fake a CPU."""
+    for name in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1
         try:
-            if run(_CPUID_LEAF_0) < 7:
-                return False
-            leaf1 = run(_CPUID_LEAF_1_ECX)
-            if not (leaf1 >> 12 & 1 and leaf1 >> 27 & 1 and leaf1 >> 28 & 1):
-                return False
-            return bool(run(_CPUID_LEAF_7_EBX) >> 5 & 1) and run(_XGETBV_0) & 0b110 == 0b110
-        except (OSError, ValueError, TypeError):
-            return None
+            features = importlib.import_module(name).__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return {str(feature): bool(present) for feature, present in features.items()}
+    return None
 
 
 def describe(mode: str) -> str:

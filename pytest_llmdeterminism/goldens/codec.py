@@ -14,9 +14,10 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.generation import LOGIT_HASH_DEFINITION
 from pytest_llmdeterminism.goldens.schema import (
-    SCHEMA_VERSION,
+    FORMAT,
+    FORMAT_VERSION,
+    LEGACY_FORMAT,
     Entry,
     Goldens,
     Step,
@@ -24,20 +25,34 @@ from pytest_llmdeterminism.goldens.schema import (
     validation_message,
 )
 
+# Format 1's header named the hashed bytes in a sentence, for the whole file. Frozen here, word for
+# word: the format-1 goldens already committed must keep reading, whatever the docs say today.
+LEGACY_LOGIT_HASH = (
+    "xxh3_64 hex digest of the model forward's output logits at the last position of each row, "
+    "before any logits processor, cast to float32, as little-endian bytes"
+)
+_FORMAT_ID = re.compile(r"pytest-llmdeterminism/golden/([0-9]{1,9})")
+_NOT_GIVEN: Any = msgspec.UNSET  # a header field absent from the file, told apart from a null one
+
 
 class _Document(msgspec.Struct, forbid_unknown_fields=True):
-    schema: Any = None  # checked by _check_header, which names a missing or newer schema
-    logit_hash: Any = None
+    schema: Any = _NOT_GIVEN  # checked by _check_header, which names a missing, older or newer format
+    logit_hash: Any = _NOT_GIVEN  # format 1 only
     goldens: dict[str, dict[str, Entry]] = msgspec.field(default_factory=dict)
 
 
 class _Header(msgspec.Struct):
-    schema: Any = None
-    logit_hash: Any = None
+    schema: Any = _NOT_GIVEN
+    logit_hash: Any = _NOT_GIVEN
 
 
 _DOCUMENT = msgspec.json.Decoder(_Document)
 _HEADER = msgspec.json.Decoder(_Header)
+# An editor's or a shell's encoding, named: JSON has no byte-order mark (msgspec says "invalid
+# character (byte 0)"). UTF-16 is what Windows PowerShell 5's `>` writes.
+_BYTE_ORDER_MARKS = ((b"\xef\xbb\xbf", "a UTF-8 byte-order mark (EF BB BF)", "save it without BOM"),
+                     (b"\xff\xfe", "a UTF-16 byte-order mark (FF FE): it is UTF-16", "save it as UTF-8"),
+                     (b"\xfe\xff", "a UTF-16 byte-order mark (FE FF): it is UTF-16", "save it as UTF-8"))
 
 
 def _restore_fix(path: Path) -> str:
@@ -52,19 +67,23 @@ def _rerecord_fix(path: Path) -> str:
 def parse(path: Path, data: bytes) -> Goldens:
     """Decode and validate one golden file's bytes; ``path`` names it in errors."""
     __tracebackhide__ = True
+    for mark, what, fix in _BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            raise GoldenFileError(path, f"starts with {what}, which JSON does not allow",
+                                  f"In your editor, {fix} (plain UTF-8). Or: " + _restore_fix(path))
     try:
         document = _DOCUMENT.decode(data)
     except msgspec.ValidationError as error:
         header = _header(data)
-        if header is not None:  # a file of another schema is named as such, not as malformed
-            _check_header(path, header)
+        if header is not None:  # a file of another format is named as such, not as malformed
+            _check_header(path, *header)
         raise GoldenFileError(path, f"has a malformed golden: {_locate(data, error)}",
                               _restore_fix(path)) from None
     except msgspec.DecodeError as error:
         raise GoldenFileError(path, f"is not valid JSON ({error})", _restore_fix(path)) from None
     except RecursionError:
         raise GoldenFileError(path, "nests JSON too deeply to be a golden", _restore_fix(path)) from None
-    _check_header(path, {"schema": document.schema, "logit_hash": document.logit_hash})
+    _check_header(path, document.schema, document.logit_hash)
     goldens = document.goldens
     for key, variants in goldens.items():
         for variant, entry in variants.items():
@@ -72,7 +91,7 @@ def parse(path: Path, data: bytes) -> Goldens:
             if problem:
                 raise GoldenFileError(path, f"has a malformed golden: [{key!r}][{variant!r}] {problem}",
                                       _restore_fix(path))
-    if not _no_duplicate_keys(data, goldens):
+    if not _no_duplicate_keys(data, goldens, header_keys=1 + (document.logit_hash is not _NOT_GIVEN)):
         duplicate = _duplicate_key(data)
         if duplicate:
             twice = f"has the key {duplicate!r} twice in one object (only one would count)"
@@ -83,21 +102,23 @@ def parse(path: Path, data: bytes) -> Goldens:
 _KEY_WITH_SPACE = re.compile(rb'"\s+:')
 
 
-def _no_duplicate_keys(data: bytes, goldens: Goldens) -> bool:
+def _no_duplicate_keys(data: bytes, goldens: Goldens, *, header_keys: int) -> bool:
     """A fast proof that no object in ``data`` repeats a key (False: take the exact, slow check).
 
     Inside a JSON string a quote is always escaped, so ``":`` not preceded by a backslash occurs
-    once per key (a key ending in an escaped backslash takes the exact path). Every field of the
-    schema is required, so the decoder kept exactly as many keys as the types say: when the two
-    counts agree, no key was dropped as a duplicate.
+    once per key (a key ending in an escaped backslash takes the exact path). Every key counted below
+    was kept by the decoder (a required field, or an optional one with a value only the file can have
+    given), so when the two counts agree, no key was dropped as a duplicate. ``header_keys``: the
+    header fields present (``schema``, and format 1's ``logit_hash``).
     """
     if _KEY_WITH_SPACE.search(data) or b'\\\\":' in data or b'"goldens":' not in data:
         return False  # a key ending in an escaped backslash, or no goldens key: let the exact check decide
-    kept = 3 + len(goldens)  # schema, logit_hash, goldens (all required to get here); the test keys
+    kept = header_keys + 1 + len(goldens)  # the header, goldens (required to get here), the test keys
     for variants in goldens.values():
         kept += len(variants)
         for entry in variants.values():
             kept += 8 + _keys(entry.fingerprint) + len(entry.generation_config) + 5 * len(entry.steps)
+            kept += (entry.prompt_form != "text") + (entry.step_hash != "logits")  # not the defaults: given
     # ``":`` preceded by a backslash is an escaped quote inside a string (JSON in a prompt), not a key.
     return data.count(b'":') - data.count(b'\\":') == kept
 
@@ -108,36 +129,47 @@ def _keys(value: Any) -> int:
     return len(value) + sum(_keys(v) for v in value.values() if isinstance(v, dict))
 
 
-def _header(data: bytes) -> dict[str, Any] | None:
-    """The schema fields alone, or None when even they cannot be read (too deep to skip)."""
+def _header(data: bytes) -> tuple[Any, Any] | None:
+    """The header fields alone, or None when even they cannot be read (too deep to skip)."""
     try:
         header = _HEADER.decode(data)
     except msgspec.ValidationError:  # not an object at all
-        return {}
+        return _NOT_GIVEN, _NOT_GIVEN
     except (msgspec.DecodeError, RecursionError):
         return None
-    return {"schema": header.schema, "logit_hash": header.logit_hash}
+    return header.schema, header.logit_hash
 
 
-def _check_header(path: Path, header: dict[str, Any]) -> None:
+def _check_header(path: Path, schema: Any, logit_hash: Any) -> None:
+    """The file is in a format this version reads: ``FORMAT``, or format 1 with its own sentence."""
     __tracebackhide__ = True
-    if header.get("schema") is None:
+    reads = f'this pytest-llmdeterminism reads "schema": {FORMAT!r} and, from older files, "schema": 1'
+    upgrade = "If a newer pytest-llmdeterminism wrote it, upgrade (pip install -U pytest-llmdeterminism). "
+    if schema is _NOT_GIVEN or schema is None:
         raise GoldenFileError(path, "has no 'schema' field: it is not a pytest-llmdeterminism golden",
                               _restore_fix(path))
-    schema = header["schema"]
-    if type(schema) is not int or schema != SCHEMA_VERSION:
-        kind = "" if type(schema) is int else f" (a {type(schema).__name__}, not an integer)"
+    if type(schema) is int and schema == LEGACY_FORMAT:
+        if logit_hash is _NOT_GIVEN:
+            raise GoldenFileError(path, "has \"schema\": 1 without its 'logit_hash' field",
+                                  _restore_fix(path))
+        if logit_hash != LEGACY_LOGIT_HASH:
+            raise GoldenFileError(path, f"hashes logits as {logit_hash!r}, not as {LEGACY_LOGIT_HASH!r}",
+                                  _rerecord_fix(path))
+        return
+    version = _FORMAT_ID.fullmatch(schema) if isinstance(schema, str) else None
+    if version is not None and int(version[1]) > FORMAT_VERSION:
         raise GoldenFileError(
-            path,
-            f"has schema version {schema!r}{kind}; this pytest-llmdeterminism reads version {SCHEMA_VERSION}",
-            "If a newer pytest-llmdeterminism wrote it, upgrade (pip install -U pytest-llmdeterminism). "
-            + _rerecord_fix(path),
-        )
-    if header.get("logit_hash") != LOGIT_HASH_DEFINITION:
-        raise GoldenFileError(
-            path, f"hashes logits as {header.get('logit_hash')!r}, not as {LOGIT_HASH_DEFINITION!r}",
-            _rerecord_fix(path),
-        )
+            path, f"is in golden format {int(version[1])} ({schema!r}), newer than this "
+            f"pytest-llmdeterminism reads (format {FORMAT_VERSION}, {FORMAT!r}, and older)",
+            "A newer pytest-llmdeterminism wrote it: upgrade (pip install -U pytest-llmdeterminism). "
+            + _rerecord_fix(path))
+    if schema != FORMAT:
+        kind = "" if type(schema) is int else f" (a {type(schema).__name__})"
+        raise GoldenFileError(path, f"has schema version {schema!r}{kind}, which no pytest-llmdeterminism "
+                              f"wrote; {reads}", upgrade + _rerecord_fix(path))
+    if logit_hash is not _NOT_GIVEN:
+        raise GoldenFileError(path, f"has a 'logit_hash' field, which format {FORMAT!r} does not have "
+                              "(each entry's 'step_hash' says what its hashes hash)", _restore_fix(path))
 
 
 def _locate(data: bytes, error: msgspec.ValidationError) -> str:
@@ -209,7 +241,7 @@ def dumps(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str
             lines.append("    }" + comma)
     if goldens:
         lines.append("  },")
-    lines += [f'  "logit_hash": {_compact(LOGIT_HASH_DEFINITION)},', f'  "schema": {SCHEMA_VERSION}', "}"]
+    lines += [f'  "schema": {_compact(FORMAT)}', "}"]
     return "\n".join(lines) + "\n"
 
 

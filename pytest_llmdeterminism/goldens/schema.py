@@ -9,9 +9,14 @@ A golden file holds one entry per test key and variant::
           "cpu/float32": { ...entry... }  # one variant per device class and dtype
         }
       },
-      "logit_hash": "<definition of the hashed bytes>",
-      "schema": 1
+      "schema": "pytest-llmdeterminism/golden/2"
     }
+
+``schema`` is a short versioned id, never prose: rewording a docstring changes no golden. What the
+step hashes hash differs by engine, so each entry says it (``step_hash``, an id of
+:data:`~pytest_llmdeterminism.generation.HASH_DEFINITIONS`; absent means ``logits``). Files of
+format 1 (``"schema": 1`` and a ``logit_hash`` sentence naming the logits definition for the whole
+file) are still read; they are written in the current format the next time they are written.
 
 Each entry's ``steps`` list has one line per generated token, so a review diff shows exactly the
 steps that changed.
@@ -25,14 +30,28 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from pytest_llmdeterminism.generation import LOGPROB_FLOOR, Generation, HashDefinition, PromptForm
+from pytest_llmdeterminism.generation import (
+    LOGPROB_FLOOR,
+    TEXT_ONLY_IDS,
+    Generation,
+    HashDefinition,
+    PromptForm,
+)
 
-SCHEMA_VERSION = 1
+FORMAT_VERSION = 2
+FORMAT = f"pytest-llmdeterminism/golden/{FORMAT_VERSION}"  # the "schema" a golden file is written with
+LEGACY_FORMAT = 1  # "schema": 1, with a "logit_hash" sentence: read, never written
 
 # The golden schema, declared once and decoded strictly (msgspec validates while it parses, in C):
-# finite floats in the ranges capture can produce, non-negative token ids, strings where strings
-# belong. A golden that does not fit is one GoldenFileError naming the file and the place.
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
+# finite floats in the ranges capture can produce, token ids in the ranges engines produce, strings
+# where strings belong. A golden that does not fit is one GoldenFileError naming the file and the place.
+VOCABULARY_IDS = 1 << 31  # every engine's vocabulary ids are int32
+# A step's ids also include a served token's text-only id (TEXT_ONLY_IDS + an xxh32 of its text).
+_TEXT_ONLY_END = TEXT_ONLY_IDS + (1 << 32)
+VocabularyId = Annotated[int, msgspec.Meta(ge=0, lt=VOCABULARY_IDS)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=_TEXT_ONLY_END)]  # the gap between is semantic_problem's
+_TOKEN_IDS = ("a token id (a vocabulary's are below 2**31, a served token's text-only id is 2**40 plus "
+              "a 32-bit hash)")
 Logprob = Annotated[float, msgspec.Meta(ge=LOGPROB_FLOOR, le=0.0)]
 Margin = Annotated[float, msgspec.Meta(ge=0.0, le=-LOGPROB_FLOOR)]
 LogitHash = Annotated[str, msgspec.Meta(min_length=16, max_length=16)]  # xxh3-64, hex
@@ -59,13 +78,14 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     finish_reason: str
     generation_config: dict[str, Union[Scalar, list[Scalar]]]  # noqa: UP007
     prompt: str
-    prompt_token_ids: tuple[TokenId, ...]
+    prompt_token_ids: tuple[VocabularyId, ...]
     steps: list[Step]
     text: str
     fingerprint: dict[str, FingerprintValue]
     prompt_form: Literal["text", "chat", "token_ids"] = "text"  # written only when not "text"
-    # What the steps' hashes hash (generation.HASH_DEFINITIONS); written only when not "logits", the
-    # definition the header names. An unknown one is refused: its hashes could not be compared.
+    # What the steps' hashes hash (generation.HASH_DEFINITIONS); written only when not "logits" (the
+    # definition of the transformers and llama.cpp engines). An unknown one is refused: its hashes
+    # could not be compared.
     step_hash: Literal["logits", "served-topk", "vllm-topk"] = "logits"
 
 
@@ -139,6 +159,8 @@ def entry_problem(entry: Any) -> str | None:
 def validation_message(error: msgspec.ValidationError) -> str:
     """msgspec's ``... - at `$.goldens.test_x.cpu/float32.steps[3].margin` `` in the file's own terms."""
     message = str(error)
+    for limit, ids in ((_TEXT_ONLY_END, _TOKEN_IDS), (VOCABULARY_IDS, "a vocabulary id (below 2**31)")):
+        message = message.replace(f"Expected `int` <= {limit - 1}", f"Expected {ids}, got a larger number")
     text, _, where = message.partition(" - at `")
     return f"{where.rstrip('`').removeprefix('$.')}: {text}" if where else message
 
@@ -149,6 +171,11 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
     for index, step in enumerate(entry.steps):
         if not step.top:
             return f"step {index} has an empty 'top'"
+        # max() of the (id, logprob) pairs is the largest id, in C: the exact scan only past a vocabulary.
+        if step.token >= VOCABULARY_IDS or max(step.top)[0] >= VOCABULARY_IDS:
+            problem = _token_id_problem(index, step)
+            if problem:
+                return problem
     for name in _TEXT_FINGERPRINT_FIELDS:
         value = entry.fingerprint.get(name)
         if value is not None and not isinstance(value, str):
@@ -163,3 +190,12 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
                 return f"{section} field {name!r} is {number!r}, not a finite number"
     return None
 
+
+def _token_id_problem(index: int, step: Step) -> str | None:
+    """An id of ``step`` between the vocabulary and the text-only ids: no engine produces one."""
+    fields = [(f"steps[{index}].token", step.token)]
+    fields += [(f"steps[{index}].top[{rank}][0]", token) for rank, (token, _) in enumerate(step.top)]
+    for field, token in fields:
+        if VOCABULARY_IDS <= token < TEXT_ONLY_IDS:
+            return f"{field}: Expected {_TOKEN_IDS}, got {token}"
+    return None

@@ -19,7 +19,6 @@ from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.run.options import (
     DEFAULT_BATCH_SHAPE,
     DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_SEED,
     FLAGS,
     SETTINGS,
     Options,
@@ -27,6 +26,7 @@ from pytest_llmdeterminism.run.options import (
     parse_choice,
     parse_device,
     parse_integer,
+    parse_seed,
     resolve_model_spec,
     resolve_path,
 )
@@ -67,7 +67,7 @@ def read(config: pytest.Config) -> Options:
         batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
         dtype=parse_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
         device=parse_device(value("llm_device") or "auto"),
-        seed=parse_integer("llm_seed", value("llm_seed"), DEFAULT_SEED, minimum=0),
+        seed=parse_seed("llm_seed", value("llm_seed")),
         max_new_tokens=parse_integer("llm_max_new_tokens", value("llm_max_new_tokens"),
                                      DEFAULT_MAX_NEW_TOKENS, minimum=1),
         cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),

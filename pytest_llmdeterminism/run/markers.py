@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.run.options import DEFAULT_SEED, Options, parse_integer
+from pytest_llmdeterminism.run.options import Options, parse_integer, parse_seed
 from pytest_llmdeterminism.shape import MARKER, BatchShape, GenerationSettings
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
@@ -79,7 +79,7 @@ def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, 
     """Check ``@deterministic(...)`` arguments; return them parsed."""
     __tracebackhide__ = True
     parsers: dict[str, Callable[[object], object]] = {
-        "seed": lambda v: parse_integer("@deterministic(seed=...)", str(v), DEFAULT_SEED, minimum=0),
+        "seed": lambda v: parse_seed("@deterministic(seed=...)", str(v)),
         "max_new_tokens": lambda v: parse_integer("@deterministic(max_new_tokens=...)", str(v), 1, minimum=1),
         "batch_shape": lambda v: BatchShape.parse(str(v), setting="@deterministic(batch_shape=...)"),
         "tolerance": lambda v: parse_profile(str(v), setting="@deterministic(tolerance=...)"),

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_SHAPE = "1x128"
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_SEED = 0
+# The largest seed every consumer takes: torch.manual_seed (below 2**64), numpy (taken mod 2**32) and an
+# OpenAI-compatible server's int64 ``seed`` (vLLM's refuses more); checked at start-up, not in torch.
+MAX_SEED = 2**63 - 1
 UpdateMode = Literal["all", "new"]
 
 
@@ -244,3 +247,16 @@ def parse_integer(setting: str, raw: str | None, default: int, *, minimum: int) 
     if number < minimum:
         raise ConfigurationError(setting, raw, f"expected an integer >= {minimum}, e.g. '{default}'")
     return number
+
+
+def parse_seed(setting: str, raw: str | None) -> int:
+    """A seed every engine takes (``llm_seed``, ``--llm-seed``, ``@deterministic(seed=...)``)."""
+    try:
+        seed = DEFAULT_SEED if raw is None else int(raw)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigurationError(setting, raw, f"expected an integer from 0 to 2**63 - 1 ({MAX_SEED}: the "
+                                 f"largest seed torch, numpy and OpenAI-compatible servers all take), "
+                                 f"e.g. '{DEFAULT_SEED}'")
+    return seed
