@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # The pure core sits flat at the package root; ``strategies``, ``plugin`` and the root are its top.
 PACKAGES = {
     "core": [["errors"], ["shape", "generation"], ["compare"], ["tolerance"]],
-    "engines": [["engines.numerics", "engines.determinism"],
+    "engines": [["engines.numerics", "engines.determinism", "engines.threads"],
                 ["engines.capture", "engines.environment", "engines.spec", "engines.linears"],
                 ["engines.hf", "engines.loaded", "engines.completions", "engines.inputs"],
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],

@@ -128,4 +128,5 @@ class ModelCache:
         if isinstance(self._loaded, LLMDeterminismError):
             # One error object for many tests: no earlier test's frames.
             raise self._loaded.with_traceback(None)
+        self._environment.share_threads()
         return self._loaded

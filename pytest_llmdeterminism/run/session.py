@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_llmdeterminism.engines import ModelCache, numerics
+from pytest_llmdeterminism.engines import ModelCache, numerics, threads
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
@@ -41,7 +42,8 @@ class LLMSession:
     def __init__(self, options: Options, announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None) -> None:
         self.options = options
-        self.environment = environment or PinnedEnvironment(options.cpu_numerics)
+        self.environment = environment or PinnedEnvironment(options.cpu_numerics,
+                                                            threads.for_this_process(options.threads))
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
                                  cpu_numerics=options.cpu_numerics, announce=announce,
                                  environment=self.environment)
@@ -108,6 +110,8 @@ class LLMSession:
                      "exact (near_tie across environments)")
         engine = engine_of(options.model)
         where = [f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else []
+        if engine is None:
+            where.append(self.thread_choice().describe())
         pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
         return [
             (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
@@ -117,6 +121,14 @@ class LLMSession:
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
         ]
+
+    def thread_choice(self) -> threads.ThreadChoice:
+        """The thread count the tests run on: this process's, or as the xdist controller (which runs
+        no test), each worker's."""
+        if self.options.xdist_workers is None:
+            return self.environment.threads
+        return threads.choose(configured=self.options.threads, environ=os.environ,
+                              workers=self.options.xdist_workers, cores=threads.usable_cores())
 
     def summary_lines(self) -> list[str]:
         return writer.summary_lines(self.ledger, self.output, self.files, prune=self.options.prune)
