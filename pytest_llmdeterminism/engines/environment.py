@@ -59,7 +59,7 @@ class PinnedEnvironment:
 
     def __init__(self, cpu_numerics: str, threads: ThreadChoice | None = None) -> None:
         self.cpu_numerics = cpu_numerics
-        self.threads = threads or ThreadChoice(None, "torch default")
+        self.threads = threads or ThreadChoice(None, "not chosen by the plugin")
         self._torch_threads_before: int | None = None
         self.pinned = False  # numerics and cuBLAS variables set (early or at the first load)
         self.early = False  # set before conftests loaded
