@@ -110,12 +110,11 @@ class LLMSession:
                      "exact (near_tie across environments)")
         engine = engine_of(options.model)
         where = [f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else []
-        if engine is None:
-            where.append(self.thread_choice().describe())
         pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
         return [
             (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
-             f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"),
+             f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"
+             + (f" {self.thread_choice().describe()}" if engine is None else "")),
             (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
              "generation of each shape") if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
