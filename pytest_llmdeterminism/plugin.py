@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism.engines import determinism
+from pytest_llmdeterminism.engines import determinism, threads
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.reporting.terminal import one_line_crash
@@ -40,7 +40,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     # Installed is not used: only a project that configures the plugin gets its variables set
     # here, before any conftest can import torch or start CUDA (see environment.py).
     try:
-        environment = PinnedEnvironment(configuration.early_cpu_numerics(early_config))
+        environment = PinnedEnvironment(configuration.early_cpu_numerics(early_config),
+                                        threads.for_this_process(configuration.early_threads(early_config)))
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     early_config.stash[_ENVIRONMENT] = environment

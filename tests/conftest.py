@@ -68,6 +68,15 @@ def _child_pytest_runs_are_marked(request, monkeypatch, _heavy_libraries_before_
 
 
 @pytest.fixture(autouse=True)
+def _projects_run_as_plain_runs(monkeypatch):
+    """A project a test runs (in-process or as a child ``python -m pytest``) is a plain pytest run
+    whatever ``-n`` this suite runs under: an xdist worker's count in the environment would give it
+    a worker's share of the cores (engines/threads.py), and its goldens another thread count. A
+    child run with ``-n`` gets its own count from xdist."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _pytester_runs_in_written_order(request, monkeypatch):
     """pytest-randomly (in the test extra) would shuffle every project pytester runs: they keep the
     order they are written in unless a test asks for it with ``-p randomly`` (tests/test_neighbours.py).

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
     "core": [["errors"], ["shape", "generation"], ["compare"], ["tolerance"]],
-    "engines": [["engines.numerics", "engines.determinism", "engines.secret"],
+    "engines": [["engines.numerics", "engines.determinism", "engines.secret", "engines.threads"],
                 ["engines.capture", "engines.environment", "engines.spec", "engines.linears"],
                 ["engines.hf", "engines.hub", "engines.loaded", "engines.completions", "engines.inputs"],
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],

@@ -586,7 +586,8 @@ def test_the_header_says_what_is_in_force_and_the_model_load_is_announced(suite)
     """)
     verbose = suite.runpytest()
     verbose.stdout.fnmatch_lines([("llm: model=builtin:tiny shape=4x32 dtype=float32 device=auto seed=0 "
-                                   "max_new_tokens=8 tolerance=exact (near_tie across environments)"),
+                                   "max_new_tokens=8 tolerance=exact (near_tie across environments) "
+                                   "threads=torch default (* cores)"),
                                   "llm cpu numerics: portable*"])
     quiet = suite.runpytest("-q", "--llm-tolerance=tokens")
     quiet.assert_outcomes(passed=1)

@@ -126,6 +126,7 @@ class ModelCache:
             first = f"the error of {self._failed_first}" if self._failed_first else "the first error"
             raise ModelLoadError(self._spec, f"see {first} for why (shown once, at the first test that "
                                  "needed the model)") from None
+        self._environment.share_threads()
         return loaded
 
     def _load(self, spec: str) -> LoadedModel | LLMDeterminismError:

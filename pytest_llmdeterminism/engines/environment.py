@@ -15,17 +15,22 @@ known only after collection). So the plugin decides on what it can see before co
    torch actually runs with, so a torch that already computed under other kernels is refused with
    one error that says to set ``llm_model`` in the ini file, never recorded as portable.
 
+Under pytest-xdist each worker takes its share of the cores (``threads.py``): ``OMP_NUM_THREADS`` is
+set with the numerics variables, and torch's thread count when the model is used.
+
 Whatever was set, early or late, and any variable an engine's load set (vLLM's ``HF_HUB_OFFLINE``
-and its siblings), is put back at the end of the run (``pytest_unconfigure``).
+and its siblings), is put back at the end of the run (``pytest_unconfigure``), torch's thread count too.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from pytest_llmdeterminism.engines import determinism, numerics
+from pytest_llmdeterminism.engines.threads import ThreadChoice
 
 
 def configures_plugin(ini_keys: Iterable[str], args: Iterable[str]) -> bool:
@@ -50,10 +55,12 @@ def configures_plugin(ini_keys: Iterable[str], args: Iterable[str]) -> bool:
 
 
 class PinnedEnvironment:
-    """The environment variables this run set, with the values they replaced."""
+    """The environment variables this run set, with the values they replaced, and torch's thread count."""
 
-    def __init__(self, cpu_numerics: str) -> None:
+    def __init__(self, cpu_numerics: str, threads: ThreadChoice | None = None) -> None:
         self.cpu_numerics = cpu_numerics
+        self.threads = threads or ThreadChoice(None, "not chosen by the plugin")
+        self._torch_threads_before: int | None = None
         self.pinned = False  # numerics and cuBLAS variables set (early or at the first load)
         self.early = False  # set before conftests loaded
         self._replaced: dict[str, str | None] = {}
@@ -65,7 +72,23 @@ class PinnedEnvironment:
         self.pinned, self.early = True, early
         with self.recording():
             numerics.pin(self.cpu_numerics)
+            if self.threads.set_by_plugin:  # read by torch (and OpenMP) when they start
+                os.environ["OMP_NUM_THREADS"] = str(self.threads.threads)
             return determinism.ensure_cublas_workspace_config()
+
+    def share_threads(self) -> None:
+        """Set torch's thread count to the plugin's choice, if it made one. Called whenever the model
+        is handed out: torch may have started before the variable was set, and a test's deterministic
+        block puts back the count it found."""
+        torch = sys.modules.get("torch")
+        wanted = self.threads.threads
+        if torch is None or not self.threads.set_by_plugin or wanted is None:
+            return
+        current = torch.get_num_threads()
+        if current != wanted:
+            if self._torch_threads_before is None:
+                self._torch_threads_before = current
+            torch.set_num_threads(wanted)
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -85,3 +108,7 @@ class PinnedEnvironment:
     def restore(self) -> None:
         numerics.unpin(self._replaced)
         self._replaced.clear()
+        torch = sys.modules.get("torch")
+        if torch is not None and self._torch_threads_before is not None:
+            torch.set_num_threads(self._torch_threads_before)
+        self._torch_threads_before = None

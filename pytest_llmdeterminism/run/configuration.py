@@ -27,6 +27,7 @@ from pytest_llmdeterminism.run.options import (
     parse_device,
     parse_integer,
     parse_seed,
+    parse_threads,
     resolve_model_spec,
     resolve_path,
 )
@@ -86,7 +87,19 @@ def read(config: pytest.Config) -> Options:
         invocation_dir=Path(config.invocation_params.dir),
         cli_settings=tuple(f"{s.flag}={config.getoption(s.ini)}" for s in SETTINGS
                            if config.getoption(s.ini) is not None),
+        threads=parse_threads(value("llm_threads")),
+        xdist_workers=xdist_workers(config),
     )
+
+
+def xdist_workers(config: pytest.Config) -> int | None:
+    """How many pytest-xdist workers this process starts (``-n N``, ``--tx``): None without xdist
+    and in a worker."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no":
+        return None
+    specs = (str(spec).partition("*") for spec in config.getoption("tx", None) or ())
+    count = sum(int(times) if star and times.isdigit() else 1 for times, star, _ in specs)  # --tx 3*popen
+    return count or None
 
 
 def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
@@ -194,6 +207,13 @@ def early_cpu_numerics(early_config: pytest.Config) -> str:
     """``llm_cpu_numerics`` before conftests load (and before anything can have imported torch)."""
     raw = getattr(early_config.known_args_namespace, "llm_cpu_numerics", None)
     return numerics.parse_mode(raw if raw is not None else str(early_config.getini("llm_cpu_numerics")))
+
+
+def early_threads(early_config: pytest.Config) -> int | None:
+    """``llm_threads`` before conftests load."""
+    raw = getattr(early_config.known_args_namespace, "llm_threads", None)
+    raw = raw if raw is not None else str(early_config.getini("llm_threads"))
+    return parse_threads(raw.strip() or None)
 
 
 NODE_IDS_GIVEN = "test ids on the command line"  # the rest of the suite was not even collected

@@ -63,6 +63,8 @@ class Options:
     rootdir: Path
     invocation_dir: Path
     cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
+    threads: int | None = None  # llm_threads, or None for auto (engines/threads.py)
+    xdist_workers: int | None = None  # the pytest-xdist workers this process starts (the controller)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,11 @@ SETTINGS = (
              "CPU, AVX2 or not, prefill about twice as slow; "
              "native: the CPU's fastest kernels, goldens specific to the CPU model and thread count",
              numerics.DEFAULT_MODE),
+    _Setting("llm_threads", "--llm-threads",
+             "torch's CPU threads: a count, or auto (default): torch's default, and under pytest-xdist each "
+             "worker's share of the usable cores (cores // workers, at least 1); an OMP_NUM_THREADS or "
+             "MKL_NUM_THREADS you set is kept under auto",
+             "auto"),
 )
 
 
@@ -235,6 +242,16 @@ def parse_device(raw: str) -> str:
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", raw):
         raise ConfigurationError("llm_device", raw, "expected auto, cpu, mps, cuda or cuda:N, e.g. 'cpu'")
     return raw
+
+
+def parse_threads(raw: str | None) -> int | None:
+    """``llm_threads``: None for ``auto``, else a thread count."""
+    if raw is None or raw == "auto":
+        return None
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    raise ConfigurationError("llm_threads", raw, "expected auto or a number of threads >= 1, e.g. '1' (one "
+                             "thread in every process, serial or under pytest-xdist)")
 
 
 def parse_integer(setting: str, raw: str | None, default: int, *, minimum: int) -> int:

@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_llmdeterminism.engines import ModelCache, numerics
+from pytest_llmdeterminism.engines import ModelCache, numerics, threads
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
@@ -41,7 +42,8 @@ class LLMSession:
     def __init__(self, options: Options, announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None) -> None:
         self.options = options
-        self.environment = environment or PinnedEnvironment(options.cpu_numerics)
+        self.environment = environment or PinnedEnvironment(options.cpu_numerics,
+                                                            threads.for_this_process(options.threads))
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
                                  cpu_numerics=options.cpu_numerics, announce=announce,
                                  environment=self.environment)
@@ -112,12 +114,21 @@ class LLMSession:
         pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
         return [
             (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
-             f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"),
+             f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"
+             + (f" {self.thread_choice().describe()}" if engine is None else "")),
             (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
              "generation of each shape") if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
         ]
+
+    def thread_choice(self) -> threads.ThreadChoice:
+        """The thread count the tests run on: this process's, or as the xdist controller (which runs
+        no test), each worker's."""
+        if self.options.xdist_workers is None:
+            return self.environment.threads
+        return threads.choose(configured=self.options.threads, environ=os.environ,
+                              workers=self.options.xdist_workers, cores=threads.usable_cores())
 
     def summary_lines(self) -> list[str]:
         return writer.summary_lines(self.ledger, self.output, self.files, prune=self.options.prune)
