@@ -78,9 +78,11 @@ class TestOutcomes:
                 return attempt, comparison
         return None
 
-    def record(self, path: Path, key: str, generation: Generation, *, written: Written) -> None:
-        self.data.records.append(GoldenWrite.of(path, key, generation))
-        outcome = Outcome(None, passed=True, written=written)
+    def record(self, path: Path, key: str, generation: Generation, *, written: Written,
+               overwrote: Verdict | None = None) -> None:
+        """A golden to write at the end of the run; ``overwrote``: the verdict of the one it replaces."""
+        self.data.records.append(GoldenWrite.of(path, key, generation, overwrote=overwrote))
+        outcome = Outcome(overwrote, passed=True, written=written)
         self.data.outcomes.append(outcome)
         self._outputs[key] = Attempt(self.attempt, generation, outcome)
 
