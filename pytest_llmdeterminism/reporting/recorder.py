@@ -121,6 +121,8 @@ class TestOutcomes:
             name=key, variant=variant, run_variant=run_variant, verdict=verdict, passed=passed,
             profile=profile,
             prompt=shown.prompt if shown is not None else "",
+            expected_text=expected.text if expected is not None else None,
+            actual_text=actual.text if actual is not None else None,
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
             max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,

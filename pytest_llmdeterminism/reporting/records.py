@@ -65,6 +65,8 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     variant: str  # the golden variant compared with
     run_variant: str = ""  # this run's variant, when another one was compared (--llm-golden-fallback)
     prompt: str = ""  # as the model saw it (a chat conversation rendered with its template)
+    expected_text: str | None = None  # the golden's output text (None: no golden, MISSING)
+    actual_text: str | None = None  # this run's output text
     verdict: str
     passed: bool
     profile: str = ""
