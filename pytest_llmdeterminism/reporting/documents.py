@@ -29,7 +29,8 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
     ``golden_margin``, ``max_logprob_delta``, ``input_changes`` (field names),
     ``changed_fingerprint`` (field -> [recorded, now]), ``numerics_changed`` (the fields that
     decide the bits and differ: non-empty means compared across environments) and ``steps``
-    (``expected`` / ``actual``: ``[piece, token id, margin, top-1 logprob]`` per step, at most 64);
+    (``expected`` / ``actual``: ``[piece, token id, margin, top-1 logprob]`` per step, at most 64),
+    ``expected_text`` (None without a golden) and ``actual_text``;
     for INPUT_CHANGED ``inputs``
     (both sides' prompt and id window), ``first_input_difference`` and ``input_diff``; where the
     budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``.
