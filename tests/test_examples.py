@@ -1,6 +1,7 @@
 """The example suite a new user copies must pass as shipped, and its negative control must fail."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def test_negative_control_is_caught():
     assert "llm: PLANTED DEFECT on (--llm-plant-defect)" in result.stdout
     assert "REGRESSION" in result.stdout
     assert "golden mismatch" in result.stdout
-    assert "planted defect caught: all 9 golden check(s) failed, as they must" in result.stdout
+    # (a test whose own assertion on the text fails first never reaches its golden check)
+    assert re.search(r"planted defect caught: all \d+ golden check\(s\) failed, as they must", result.stdout)
     assert GOLDEN.read_bytes() == before
 
 
