@@ -97,6 +97,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return config.stash[SESSION].header_lines()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Under -q pytest prints no header at all: the run's one llm: line still says what is in force.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    quiet = reporter is not None and reporter.verbosity == -1 and not reporter.no_header  # -qq: nothing
+    if reporter is not None and quiet and not hasattr(session.config, "workerinput"):
+        for line in session.config.stash[SESSION].header_lines(quiet=True):
+            reporter.write_line(line)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     __tracebackhide__ = True

@@ -84,8 +84,9 @@ def test_a_flip_at_a_near_tie_reads_tie_flip_and_fails_only_the_tie_flip_gate(ca
     default = llm_golden("diff", "__golden__", "artifacts/__golden__", cwd=cat_flip.path)
     assert default.returncode == 0, default.stdout + default.stderr
     lines = default.stdout.splitlines()
-    assert lines[0].startswith("TIE_FLIP       test_cat.json ['test_cat']['cpu/float32']  step 0: 276 -> "
-                               "326, golden margin 0.02"), lines
+    # Tokens as the goldens store them, read without loading a model: piece(id).
+    assert lines[0].startswith("TIE_FLIP       test_cat.json ['test_cat']['cpu/float32']  "
+                               "step 0: ' s'(276) -> ' m'(326), golden margin 0.02"), lines
     assert lines[0].endswith(" (tie margin 0.05)")
     assert lines[1] == "summary: 1 TIE_FLIP; nothing needs review (--fail-on=regression)"
     for level in ("tie_flip", "drift"):
@@ -163,3 +164,28 @@ def test_folders_a_level_apart_are_named_with_the_pair_to_compare(tmp_path):
     assert fixed.returncode == 0 and "hint:" not in fixed.stdout, fixed.stdout
     too_high = llm_golden("diff", "project/tests", "cands/tests/__golden__", cwd=tmp_path)
     assert "they pair up when BASE is 'project/tests/__golden__'" in too_high.stdout
+
+
+def test_diff_shows_tokens_as_the_goldens_store_them_without_a_model(tmp_path, capsys):
+    from pytest_llmdeterminism.cli.diff import diff
+
+    document = json.loads(RECORDED.read_text())
+    base, candidate = tmp_path / "base" / "test_x.json", tmp_path / "cand" / "test_x.json"
+    base.parent.mkdir()
+    candidate.parent.mkdir()
+    base.write_text(json.dumps(document))
+    golden = document["goldens"]["test_capital"]["cpu/float32"]
+    runner_up = golden["steps"][0]["top"][1][0]
+    golden["steps"][0].update(token=runner_up, piece=" Lyon")  # a confident step, flipped
+    bare = document["goldens"]["test_near_tie_prompt"]["cpu/float32"]
+    bare["steps"][0].update(token=bare["steps"][0]["top"][1][0], piece="")  # a golden with no piece
+    candidate.write_text(json.dumps(document))
+
+    assert diff(base.parent, candidate.parent, fail_on="regression") == 1
+    lines = {line.split()[2]: line for line in capsys.readouterr().out.splitlines()[:-1]}
+    original = json.loads(RECORDED.read_text())["goldens"]["test_capital"]["cpu/float32"]["steps"][0]
+    assert f"step 0: {original['piece']!r}({original['token']}) -> ' Lyon'({runner_up})," in \
+        lines["['test_capital']['cpu/float32']"], lines
+    near = json.loads(RECORDED.read_text())["goldens"]["test_near_tie_prompt"]["cpu/float32"]["steps"][0]
+    near_line = lines["['test_near_tie_prompt']['cpu/float32']"]
+    assert f"{near['piece']!r}({near['token']}) -> {bare['steps'][0]['token']}, golden margin" in near_line

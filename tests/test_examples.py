@@ -1,6 +1,7 @@
 """The example suite a new user copies must pass as shipped, and its negative control must fail."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
 
 
-def run_examples(**env):
+def run_examples(*args, **env):
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "examples", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        [sys.executable, "-m", "pytest", "examples", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **env},
     )
 
@@ -31,18 +32,23 @@ def test_example_suite_passes_against_committed_goldens():
 
 
 def test_negative_control_is_caught():
+    """The CI page's first step, built in: no conftest of the examples' own perturbs the model."""
+    assert not (ROOT / "examples" / "conftest.py").exists()
     before = GOLDEN.read_bytes()
-    result = run_examples(LLMDET_PLANT_DEFECT="1")
+    result = run_examples("--llm-plant-defect")
     assert result.returncode == 1, result.stdout[-3000:]
+    assert "llm: PLANTED DEFECT on (--llm-plant-defect)" in result.stdout
     assert "REGRESSION" in result.stdout
     assert "golden mismatch" in result.stdout
+    # (a test whose own assertion on the text fails first never reaches its golden check)
+    assert re.search(r"planted defect caught: all \d+ golden check\(s\) failed, as they must", result.stdout)
     assert GOLDEN.read_bytes() == before
 
 
 def example_project(tmp_path, golden, *pytest_args):
     """The example suite in ``tmp_path`` with ``tests/data/<golden>`` as its golden file; returns a
     function that runs pytest there (outside CI, so goldens may be judged across environments)."""
-    for name in ("conftest.py", "pytest.ini", "test_tiny_model.py"):
+    for name in ("pytest.ini", "test_tiny_model.py"):
         shutil.copy(ROOT / "examples" / name, tmp_path / name)
     (tmp_path / "__golden__").mkdir()
     shutil.copy(ROOT / "tests" / "data" / golden, tmp_path / "__golden__" / "test_tiny_model.json")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.compare import compare
+from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, codec, schema, store
 from pytest_llmdeterminism.reporting import documents
@@ -395,6 +395,38 @@ def test_reports_are_strict_json_and_inert_markdown():
     assert "<" not in changed and ">" not in changed and "`" not in changed and "&lt;script&gt;" in changed
     html = documents.run_report_html(document)
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_markdown_shows_expected_and_got_text_inert_and_cut_around_the_change():
+    import dataclasses
+
+    generation = sample_generation()
+    entry = schema.to_entry(generation)
+    golden = schema.from_entry({**entry, "steps": entry["steps"][:1]})
+    comparison = compare(golden, generation)
+    prefix = "x" * 300  # the change sits far into the text: shown around it, not from the start
+    expected = dataclasses.replace(golden, text=prefix + " Paris.", prompt="What is the capital? |")
+    actual = dataclasses.replace(generation, text=prefix + " Lyon\n``` " + HOSTILE + " " + "y" * 500,
+                                 prompt="What is the capital? |")
+    outcomes = TestOutcomes()
+    outcomes.checked("test_capital", "cpu/float32", comparison, passed=False, expected=expected,
+                     actual=actual)
+    outcomes.checked("test_new", "cpu/float32", Comparison(Verdict.MISSING), passed=False, actual=actual)
+    document = documents.run_report(
+        [msgspec.structs.replace(check, test="t.py::t") for check in outcomes.data.checks], [])
+    lines = documents.run_report_markdown(document).splitlines()
+    section = lines[lines.index("### What the model says (expected → got)"):]
+    assert section[2] == "- `t.py::t` `test_capital`: `REGRESSION` at step 1"
+    assert section[3] == "  - prompt: `'What is the capital? |'`"
+    got = next(line for line in section if line.startswith("  - got: "))
+    # one line, in a code span whose fence is longer than any backtick run inside, so nothing inside is read
+    span = got.removeprefix("  - got: ")
+    assert span.startswith("````") and span.endswith("````") and "`" * 4 not in span[4:-4]
+    assert "x Lyon\\n``` <script>alert(1)</script> | `code`" in span  # the new line shown as \n
+    assert len(span) < 300 and span[4:-4].strip().startswith("…'x") and span[4:-4].strip().endswith("…")
+    expected_line = next(line for line in section if line.startswith("  - expected: "))
+    assert expected_line.endswith("x Paris.'`")
+    assert next(line for line in section if "no golden; got:" in line).startswith("  - no golden; got: `")
 
 
 # -- a bad golden everywhere it can be read ------------------------------------------------------

@@ -55,3 +55,25 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
     assert outcomes.other_output("k", generation) is None
     earlier, between = outcomes.other_output("k", drifted)
     assert (earlier.number, str(earlier.outcome), between.verdict) == (1, "recorded", Verdict.LOGIT_DRIFT)
+
+
+def test_counts_are_honest_about_held_back_goldens_and_updates_name_what_they_replaced(tmp_path):
+    from pytest_llmdeterminism.compare import Verdict
+    from pytest_llmdeterminism.goldens import schema
+    from pytest_llmdeterminism.reporting.terminal import summary
+
+    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
+    ledger = Ledger()
+    for nodeid, verdict, outcome in (("t.py::ok", Verdict.REGRESSION, "passed"),
+                                     ("t.py::drift", Verdict.LOGIT_DRIFT, "passed"),
+                                     ("t.py::bad", Verdict.REGRESSION, "failed")):
+        outcomes = TestOutcomes()
+        outcomes.record(tmp_path / "g.json", nodeid.split("::")[1], generation, written=Written.UPDATED,
+                        overwrote=verdict)
+        ledger.collect(outcomes.to_json(), nodeid)
+        ledger.test_finished(nodeid, "call", outcome)
+    lines = summary(ledger.outcome_counts(), ["g.json (2 goldens)"], [], overwritten=ledger.overwritten())
+    assert lines[0] == "golden checks: 1 not recorded, 2 updated (over 1 LOGIT_DRIFT, 1 REGRESSION)"
+    assert lines[2].startswith("updated 1 golden(s) over a REGRESSION or INPUT_CHANGED")
+    assert lines[3:] == ["  REGRESSION    t.py::ok ['ok']"]  # not the held-back one, not the drift

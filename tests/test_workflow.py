@@ -98,6 +98,7 @@ def test_update_then_check_then_changed_model_then_accept(project, run, tmp_path
         "E*expected: [[]step 0] ' Tokyo'(*",
         "E*got:      [[]step 0] ' Rome'(*",
         "E*expected top-5 at step 0: ' Tokyo' *",
+        "E*diverged at the first step: 0/* tokens matched",  # nothing before it to call identical
         "E*environment changed (expected -> got):",
         "E*weights_hash: '*' -> '*'",
         "E*Accept with: pytest test_suite.py::test_capital --llm-model=*/changed --llm-golden-update",
@@ -105,7 +106,12 @@ def test_update_then_check_then_changed_model_then_accept(project, run, tmp_path
     assert (project.path / GOLDEN).read_bytes() == before  # a failing check never writes
 
     accepted = run(f"--llm-model={changed_model}", "--llm-golden-update", passed=4)
-    accepted.stdout.fnmatch_lines(["golden checks: *updated*"])
+    accepted.stdout.fnmatch_lines([
+        "golden checks: 6 updated (over *REGRESSION*)",
+        "wrote __golden__/test_suite.json (6 goldens)",
+        "updated * golden(s) over a REGRESSION or INPUT_CHANGED: * review each change before you commit it:",
+        "  REGRESSION    test_suite.py::test_capital [[]'test_capital']",
+    ])
     assert (project.path / GOLDEN).read_bytes() != before
     run(f"--llm-model={changed_model}", passed=4)
     run(failed=4)  # the original model no longer matches
@@ -148,7 +154,7 @@ def test_a_test_that_fails_after_recording_keeps_no_golden_and_shows_its_checks(
     monkeypatch.setenv("FAIL_AFTER_CHECK", "1")
     held = suite.runpytest("--llm-golden-update")
     held.assert_outcomes(failed=1)
-    held.stdout.fnmatch_lines(["golden checks: 1 recorded",
+    held.stdout.fnmatch_lines(["golden checks: 1 not recorded",  # never "recorded", then "NOT recorded"
                                "NOT recorded: the goldens of 1 test(s) that recorded, then failed or "
                                "were skipped*",
                                "  test_then_asserts.py::test_then_asserts"])
@@ -591,6 +597,46 @@ def test_the_header_says_what_is_in_force_and_the_model_load_is_announced(suite)
                                   "llm cpu numerics: portable*"])
     quiet = suite.runpytest("-q", "--llm-tolerance=tokens")
     quiet.assert_outcomes(passed=1)
-    quiet.stdout.fnmatch_lines(["llm: loading builtin:tiny (float32, device auto) ...",
+    # pytest prints no header under -q: the llm: line still says what is in force
+    quiet.stdout.fnmatch_lines(["llm: model=builtin:tiny shape=4x32 * tolerance=tokens",
+                                "llm: loading builtin:tiny (float32, device auto) ...",
                                 "llm: loaded builtin:tiny in * s on cpu"])
+    assert "llm cpu numerics" not in quiet.stdout.str()  # -q: the one llm: line
     assert "tolerance=tokens" in suite.runpytest("--llm-tolerance=tokens").stdout.str()
+
+
+def test_the_planted_defect_fails_every_check_in_any_project_and_writes_nothing(project, monkeypatch):
+    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    before = (project.path / GOLDEN).read_bytes()
+    result = project.runpytest("-q", "--llm-plant-defect", "--llm-golden-artifacts=candidates")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines([
+        "llm: model=builtin:tiny *",
+        "llm: PLANTED DEFECT on (--llm-plant-defect): * every golden check must fail*",
+        "llm: PLANTED DEFECT: noise of relative size 0.5 on * weight tensors of builtin:tiny*",
+    ])
+    result.stdout.fnmatch_lines(["E*golden mismatch in 'test_capital': REGRESSION at step 0*"])
+    result.stdout.fnmatch_lines(["golden checks: * REGRESSION (failed)",
+                                 "planted defect caught: all 6 golden check(s) failed, as they must",
+                                 "--llm-golden-artifacts ignored: nothing is written under a planted defect"])
+    assert (project.path / GOLDEN).read_bytes() == before and not (project.path / "candidates").exists()
+    project.runpytest().assert_outcomes(passed=4)  # the defect lived in memory only
+
+    refused = project.runpytest("--llm-plant-defect", "--llm-golden-update")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--llm-golden-update = 'all': refused with --llm-plant-defect: * its "
+                                  "outputs must never become goldens*"])
+    monkeypatch.setenv("LLMDET_PLANT_DEFECT", "1")  # the variable a CI step can set
+    by_variable = project.runpytest("--llm-golden-update")
+    assert by_variable.ret == pytest.ExitCode.USAGE_ERROR
+    by_variable.stderr.fnmatch_lines(["*refused with LLMDET_PLANT_DEFECT=1: *; to record goldens, "
+                                      "unset LLMDET_PLANT_DEFECT"])
+    assert (project.path / GOLDEN).read_bytes() == before
+
+
+def test_the_planted_defect_refuses_an_engine_whose_weights_it_cannot_reach(suite):
+    suite.makepyfile("def test_nothing(): pass")
+    result = suite.runpytest("--llm-plant-defect", "--llm-model=openai:http://127.0.0.1:9/v1#model=m")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llm-plant-defect: llm_model 'openai:*' runs on the openai engine, but *"
+                                 "llm-golden perturb SRC DEST --scale 0.5*"])

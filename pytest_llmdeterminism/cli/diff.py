@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
@@ -158,16 +159,27 @@ def _detail(case: Case) -> str:
     comparison = case.comparison
     if comparison is None:
         return "  (not in CAND: no candidate, that check passed)"
-    return _comparison_detail(comparison)
+    return _comparison_detail(comparison, case.expected, case.actual)
 
 
-def _comparison_detail(comparison: Comparison) -> str:
+def _comparison_detail(comparison: Comparison, expected: Generation | None, actual: Generation | None) -> str:
     if comparison.divergence is not None:
         d = comparison.divergence
-        return (f"  step {d.step}: {d.expected_token} -> {d.actual_token}, "
+        return (f"  step {d.step}: {_token(expected, d.step, d.expected_token)} -> "
+                f"{_token(actual, d.step, d.actual_token)}, "
                 f"golden margin {d.golden_margin:.3g} (tie margin {comparison.tie_margin:g})")
     if comparison.input_changes:
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT:
         return f"  max |Δlogprob| {comparison.max_logprob_delta:.3g}"
     return ""
+
+
+def _token(side: Generation | None, step: int, token: int) -> str:
+    """``' Paris'(29)``: the piece each golden stores with its token (no tokenizer, no model
+    loaded); the bare id where the golden holds no piece for it."""
+    if token < 0:
+        return "end of output"
+    pieces = side.pieces if side is not None else ()
+    piece = pieces[step] if step < len(pieces) else ""
+    return f"{piece!r}({token})" if piece else str(token)

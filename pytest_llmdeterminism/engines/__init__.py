@@ -100,9 +100,10 @@ class ModelCache:
 
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
-                 environment: PinnedEnvironment | None = None) -> None:
+                 environment: PinnedEnvironment | None = None, plant_defect: bool = False) -> None:
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
+        self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
         self._loaded: LoadedModel | LLMDeterminismError | None = None
         self._failed_first: str | None = None  # the test that was shown why the load failed
@@ -138,6 +139,11 @@ class ModelCache:
             with self._environment.recording():
                 self._environment.pin(early=False)
                 loaded = load(spec, **self._how, pinned_late=not self._environment.early)
+            if self._plant_defect:
+                changed = hf.plant_defect(loaded.model)
+                self._announce(f"llm: PLANTED DEFECT: noise of relative size {hf.DEFECT_SCALE} on "
+                               f"{changed} weight tensors of {spec} (--llm-plant-defect); every "
+                               "golden check must fail")
         except LLMDeterminismError as error:
             loaded = error
         except Exception as error:  # noqa: BLE001 - any failure, reported once, never retried

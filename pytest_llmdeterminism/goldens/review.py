@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 
@@ -42,6 +43,8 @@ class Case:
     verdict: str  # a Verdict's value, NEW or ABSENT
     compared_with: str | None = None  # BASE's variant, where BASE lacks the candidate's own
     comparison: Comparison | None = None
+    expected: Generation | None = None  # BASE's golden and the candidate, where they were compared
+    actual: Generation | None = None
 
 
 def review(base: Path, candidate: Path) -> list[Case]:
@@ -70,7 +73,8 @@ def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -
             dtype = str(actual.fingerprint.get("dtype", "float32"))
             comparison = compare(expected, actual, tie_margin=default_tie_margin(dtype))
             cases.append(Case(name, key, variant, comparison.verdict.value,
-                              compared_with=None if against == variant else against, comparison=comparison))
+                              compared_with=None if against == variant else against, comparison=comparison,
+                              expected=expected, actual=actual))
         cases += [Case(name, key, variant, ABSENT) for variant in sorted(set(base_variants) - paired)]
     return sorted(cases, key=lambda case: (case.key, case.variant))
 

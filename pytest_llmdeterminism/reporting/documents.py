@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,8 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
     ``golden_margin``, ``max_logprob_delta``, ``input_changes`` (field names),
     ``changed_fingerprint`` (field -> [recorded, now]), ``numerics_changed`` (the fields that
     decide the bits and differ: non-empty means compared across environments) and ``steps``
-    (``expected`` / ``actual``: ``[piece, token id, margin, top-1 logprob]`` per step, at most 64);
+    (``expected`` / ``actual``: ``[piece, token id, margin, top-1 logprob]`` per step, at most 64),
+    ``expected_text`` (None without a golden) and ``actual_text``;
     for INPUT_CHANGED ``inputs``
     (both sides' prompt and id window), ``first_input_difference`` and ``input_diff``; where the
     budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``.
@@ -107,6 +109,17 @@ def run_report_markdown(document: dict[str, Any]) -> str:
         for c in changed_inputs:
             lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}",
                       *(f"  - {_md(line)}" for line in _input_lines(c))]
+    changed_text = [c for c in failing[:50] if c.get("actual_text") is not None]
+    changed_text += [c for c in document["checks"] if c["passed"] and c.get("actual_text") is not None
+                     and c.get("expected_text") not in (None, c["actual_text"])][:50]
+    if changed_text:
+        lines += ["", "### What the model says (expected → got)", ""]
+        for c in changed_text:
+            step = "" if c["first_divergence"] is None else f" at step {_md(c['first_divergence'])}"
+            passed = " (passed)" if c["passed"] else ""
+            verdict = _md_code(c["verdict"])
+            lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {verdict}{step}{passed}",
+                      *(f"  - {line}" for line in _text_lines(c))]
     incomplete = [c for c in document["checks"] if c.get("new_steps")]
     if incomplete:
         lines += ["", "### Goldens shorter than this run (re-record with `--llm-golden-update`)", ""]
@@ -130,6 +143,38 @@ def shards_markdown(shards: int, ran: int, suite: int, partial: Sequence[str], n
         lines += ["", *(f"- unused golden in {_md_code(path)}: {_md_code(key)}"
                         for path, keys in sorted(unused.items()) for key in keys)]
     return lines
+
+
+def _md_span(text: str) -> str:
+    """One line of text as an inert code span in Markdown (backticks, pipes and HTML are shown, not
+    read): fenced with one more backtick than its longest run, a space inside where it touches one."""
+    text = " ".join(text.splitlines())
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _text_lines(check: dict[str, Any]) -> list[str]:
+    """The prompt's end, then the golden's text and this run's around where they first differ, as
+    Python literals (a space or a new line in the output is visible) in inert code spans."""
+    prompt = check.get("prompt") or ""
+    lines = [f"prompt: {_md_span(_tail(prompt, _PROMPT_SHOWN))}"] if prompt else []
+    expected, actual = check.get("expected_text"), check["actual_text"]
+    if expected is None:
+        return [*lines, f"no golden; got: {_md_span(short(actual, _TEXT_SHOWN))}"]
+    if expected == actual:
+        return [*lines, f"same text: {_md_span(short(actual, _TEXT_SHOWN))}"]
+    old, new = differing_window(expected, actual, before=40, after=_TEXT_SHOWN)
+    return [*lines, f"expected: {_md_span(old)}", f"got: {_md_span(new)}"]
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a long text (where a prompt asks its question), as a Python literal."""
+    return repr(text) if len(text) <= limit else "…" + repr(text[-limit:])
+
+
+_PROMPT_SHOWN = 160  # characters of a prompt's end in the Markdown report
+_TEXT_SHOWN = 160  # characters of output text from where the two sides first differ
 
 
 def _input_lines(check: dict[str, Any]) -> list[str]:

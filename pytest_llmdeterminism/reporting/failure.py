@@ -137,6 +137,8 @@ def _hashes(comparison: Comparison, side: int) -> str:
 def _drift_line(comparison: Comparison) -> str:
     matched = comparison.steps_compared
     total = max(comparison.total_steps, 1)
+    if matched == 0:  # nothing came before the divergence to say anything of
+        return f"  diverged at the first step: 0/{comparison.total_steps} tokens matched"
     if comparison.hash_definitions is not None:
         return (f"  before the divergence: {matched}/{comparison.total_steps} tokens matched "
                 f"({matched / total:.0%}); max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)} "

@@ -78,9 +78,11 @@ class TestOutcomes:
                 return attempt, comparison
         return None
 
-    def record(self, path: Path, key: str, generation: Generation, *, written: Written) -> None:
-        self.data.records.append(GoldenWrite.of(path, key, generation))
-        outcome = Outcome(None, passed=True, written=written)
+    def record(self, path: Path, key: str, generation: Generation, *, written: Written,
+               overwrote: Verdict | None = None) -> None:
+        """A golden to write at the end of the run; ``overwrote``: the verdict of the one it replaces."""
+        self.data.records.append(GoldenWrite.of(path, key, generation, overwrote=overwrote))
+        outcome = Outcome(overwrote, passed=True, written=written)
         self.data.outcomes.append(outcome)
         self._outputs[key] = Attempt(self.attempt, generation, outcome)
 
@@ -119,6 +121,8 @@ class TestOutcomes:
             name=key, variant=variant, run_variant=run_variant, verdict=verdict, passed=passed,
             profile=profile,
             prompt=shown.prompt if shown is not None else "",
+            expected_text=expected.text if expected is not None else None,
+            actual_text=actual.text if actual is not None else None,
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
             max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,

@@ -29,10 +29,13 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     key: str
     variant: str
     entry: Entry
+    overwrote: str = ""  # the verdict of the golden an update replaced (a Verdict's value); "" for none
 
     @classmethod
-    def of(cls, path: Path, key: str, generation: Generation) -> GoldenWrite:
-        return cls(str(path), key, generation.variant, schema.to_struct(schema.to_entry(generation)))
+    def of(cls, path: Path, key: str, generation: Generation, *,
+           overwrote: Verdict | None = None) -> GoldenWrite:
+        return cls(str(path), key, generation.variant, schema.to_struct(schema.to_entry(generation)),
+                   overwrote.value if overwrote is not None else "")
 
 
 class InputRecord(msgspec.Struct, kw_only=True, gc=False):
@@ -62,6 +65,8 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     variant: str  # the golden variant compared with
     run_variant: str = ""  # this run's variant, when another one was compared (--llm-golden-fallback)
     prompt: str = ""  # as the model saw it (a chat conversation rendered with its template)
+    expected_text: str | None = None  # the golden's output text (None: no golden, MISSING)
+    actual_text: str | None = None  # this run's output text
     verdict: str
     passed: bool
     profile: str = ""
@@ -112,11 +117,14 @@ class Written(enum.Enum):
 
     RECORDED = "recorded"  # there was none
     UPDATED = "updated"  # it failed, flipped at a near tie or lacked steps: re-recorded
+    # Recorded or updated by a test that then failed or was skipped: held back, nothing written.
+    NOT_RECORDED = "not recorded"
 
 
 class Outcome(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """How one golden check ended, the key the run counts by: its verdict and whether it passed.
-    A golden written instead of checked has no verdict of its own: ``written`` says which write."""
+    A golden written instead of checked says which write in ``written``; an update keeps the verdict
+    of the golden it replaced, a first recording has none."""
 
     verdict: Verdict | None
     passed: bool

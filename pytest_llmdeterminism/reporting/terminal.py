@@ -7,8 +7,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmdeterminism.reporting.records import Written
+
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.reporting.records import Outcome
+    from pytest_llmdeterminism.reporting.records import CheckRecord, Outcome
+
+
+_LISTED = 20  # lines of a list in the summary before "… N more"
 
 
 def one_line_crash(longrepr: Any) -> None:
@@ -20,20 +25,58 @@ def one_line_crash(longrepr: Any) -> None:
 
 
 def summary(counts: Mapping[Outcome, int], written: Sequence[str], errors: Iterable[str],
-            notes: Sequence[str] = (), held_back: Sequence[str] = ()) -> list[str]:
-    """Terminal summary lines: checks per outcome, files written, write problems, notes."""
+            notes: Sequence[str] = (), held_back: Sequence[str] = (),
+            overwritten: Sequence[tuple[str, str, str]] = ()) -> list[str]:
+    """Terminal summary lines: checks per outcome, files written, write problems, notes.
+    ``overwritten``: (node id, key, verdict) of each golden an update wrote over a real change."""
     if not counts and not written:
         return []
-    parts = ", ".join(f"{n} {name}" for name, n in sorted((str(outcome), n) for outcome, n in counts.items()))
+    by_name: dict[str, int] = {}
+    replaced: dict[str, int] = {}  # the verdicts that updated goldens replaced
+    for outcome, n in counts.items():
+        by_name[str(outcome)] = by_name.get(str(outcome), 0) + n
+        if outcome.written is Written.UPDATED and outcome.verdict is not None:
+            replaced[outcome.verdict.value] = replaced.get(outcome.verdict.value, 0) + n
+    over = ", ".join(f"{n} {verdict}" for verdict, n in sorted(replaced.items()))
+    parts = ", ".join(f"{n} {name}" + (f" (over {over})" if name == Written.UPDATED.value and over else "")
+                      for name, n in sorted(by_name.items()))
     lines = [f"golden checks: {parts}" if parts else "golden checks: none"]
     lines += list(notes)
     lines += [f"wrote {path}" for path in written]
     lines += [f"NOT written: {problem}" for problem in errors]
+    if overwritten:
+        lines.append(f"updated {len(overwritten)} golden(s) over a REGRESSION or INPUT_CHANGED: the model "
+                     "now says (or is asked) something else there; review each change before you commit it:")
+        lines += [f"  {verdict:<13} {nodeid} [{key!r}]" for nodeid, key, verdict in overwritten]
     if held_back:
         lines.append(f"NOT recorded: the goldens of {len(held_back)} test(s) that recorded, then failed or "
                      "were skipped (a golden is kept only when its test passes); fix them, then record "
                      "again:")
         lines += [f"  {nodeid}" for nodeid in held_back]
+    return lines
+
+
+def planted_defect_summary(checks: Sequence[CheckRecord], *, ignored: Sequence[str] = ()) -> list[str]:
+    """Under ``--llm-plant-defect``: did every golden check catch the perturbed model? A check that
+    still passes (or had no golden to compare with) does not protect against a changed model."""
+    missing = [check for check in checks if check.verdict == "MISSING"]
+    passed = [check for check in checks if check.passed]
+    caught = len(checks) - len(passed) - len(missing)
+    if not checks:
+        lines = ["planted defect: no golden check ran, so nothing was tested against it"]
+    elif not passed and not missing:
+        lines = [f"planted defect caught: all {caught} golden check(s) failed, as they must"]
+    else:
+        lines = [f"planted defect caught by {caught} of {len(checks)} golden check(s); "
+                 "these did not catch it:"]
+        escaped = [f"  {check.verdict} (passed) {check.test} [{check.name!r}]: it does not protect you; "
+                   "check more new tokens or a stricter tolerance" for check in passed]
+        escaped += [f"  MISSING {check.test} [{check.name!r}]: no golden to compare with; record it first, "
+                    "without the planted defect" for check in missing]
+        more = [f"  … {len(escaped) - _LISTED} more"] if len(escaped) > _LISTED else []
+        lines += escaped[:_LISTED] + more
+    if ignored:
+        lines.append(f"{' and '.join(ignored)} ignored: nothing is written under a planted defect")
     return lines
 
 

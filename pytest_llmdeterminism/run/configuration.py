@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.run.options import (
     DEFAULT_BATCH_SHAPE,
     DEFAULT_MAX_NEW_TOKENS,
     FLAGS,
+    PLANT_DEFECT_VARIABLE,
     SETTINGS,
     Options,
     UpdateMode,
@@ -62,8 +64,9 @@ def read(config: pytest.Config) -> Options:
     _require_equals_for_paths([str(a) for a in config.invocation_params.args])
     rootdir = Path(config.rootpath)
     golden_dir = resolve_path("llm_golden_dir", value("llm_golden_dir"), config)
+    model = resolve_model_spec(value("llm_model"), config)
     return Options(
-        model=resolve_model_spec(value("llm_model"), config),
+        model=model,
         golden_dir=Path(golden_dir).resolve() if golden_dir else None,
         batch_shape=BatchShape.parse(value("llm_batch_shape") or DEFAULT_BATCH_SHAPE),
         dtype=parse_choice("llm_dtype", value("llm_dtype") or "float32", DTYPES),
@@ -73,6 +76,7 @@ def read(config: pytest.Config) -> Options:
                                      DEFAULT_MAX_NEW_TOKENS, minimum=1),
         cpu_numerics=numerics.parse_mode(value("llm_cpu_numerics")),
         update=_update_mode_allowed(config),
+        plant_defect=_plant_defect(config, model),
         tolerance=parse_setting(value("llm_tolerance") or "", setting="llm_tolerance")
         if value("llm_tolerance") else ToleranceSetting({}),
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
@@ -236,6 +240,36 @@ def partial_run_reasons(config: pytest.Config) -> tuple[str, ...]:
 
 def running_in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _plant_defect(config: pytest.Config, model: str | None) -> bool:
+    """``--llm-plant-defect`` (or ``LLMDET_PLANT_DEFECT=1``): on for a transformers model, and never
+    together with an update, which would record the planted defect's outputs as goldens."""
+    from_variable = os.environ.get(PLANT_DEFECT_VARIABLE, "").strip() == "1"
+    if not (config.getoption("llm_plant_defect") or from_variable):
+        return False
+    given = f"{PLANT_DEFECT_VARIABLE}=1" if from_variable and not config.getoption("llm_plant_defect") \
+        else "--llm-plant-defect"
+    update = config.getoption("llm_golden_update")
+    if update:
+        off = f"unset {PLANT_DEFECT_VARIABLE}" if given != "--llm-plant-defect" else "drop --llm-plant-defect"
+        raise ConfigurationError(
+            "--llm-golden-update", update,
+            f"refused with {given}: the planted defect perturbs the model on purpose, and its outputs "
+            f"must never become goldens. Run the negative control without --llm-golden-update; to record "
+            f"goldens, {off}",
+        )
+    engine = engine_of(model) if model is not None else None
+    if engine is not None:
+        raise ConfigurationError(
+            given, NO_VALUE,
+            f"llm_model {model!r} runs on the {engine} engine, but the planted defect perturbs a "
+            "transformers model's weights in memory, and this engine's weights are out of the test "
+            "process's reach. Run the negative control on a perturbed copy instead: llm-golden perturb "
+            "SRC DEST --scale 0.5 (a safetensors folder), then serve or load DEST and run without the "
+            "planted defect",
+        )
+    return True
 
 
 def _update_mode_allowed(config: pytest.Config) -> UpdateMode | None:

@@ -103,7 +103,8 @@ class GoldenTokens:
         # the model: updating re-records it, as it does every failing check.
         # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
         if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP or comparison.new_steps):
-            self._outcomes.record(self._path, key, generation, written=Written.UPDATED)
+            self._outcomes.record(self._path, key, generation, written=Written.UPDATED,
+                                  overwrote=comparison.verdict)
             return comparison
         self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
                                changed=diff(expected.fingerprint, generation.fingerprint),

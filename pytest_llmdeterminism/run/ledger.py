@@ -13,18 +13,22 @@ from typing import Any
 
 import msgspec
 
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, Outcome, TestRecords
+from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, Outcome, TestRecords, Written
 
 FileUpdates = dict[str, dict[str, dict[str, schema.Entry]]]  # file -> key -> variant -> entry
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
+# An update that replaced one of these changed what the model says (or is asked): listed for review.
+REVIEW_WHEN_OVERWRITTEN = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value})
 
 
 class Ledger:
     def __init__(self, partial: Iterable[str] = ()) -> None:
         self.recorded: dict[str, list[GoldenWrite]] = {}  # node id -> goldens its checks recorded
         self.candidates: FileUpdates = {}  # missing and failing checks' results, for artifacts
-        self.counts: Counter[Outcome] = Counter()
+        self.counts: Counter[Outcome] = Counter()  # the checks judged (see outcome_counts for all)
+        self.writes: dict[str, list[Outcome]] = {}  # node id -> its goldens recorded or updated
         self.notes: list[str] = []
         self.audits: list[tuple[str, dict[str, Any]]] = []  # (test id, AuditReport.to_json())
         self.checks: list[CheckRecord] = []  # every golden comparison, for --llm-report
@@ -42,7 +46,8 @@ class Ledger:
         records = TestRecords.from_payload(payload)
         self.recorded.setdefault(nodeid, []).extend(records.records)
         fold(self.candidates, records.candidates)
-        self.counts.update(records.outcomes)
+        self.counts.update(outcome for outcome in records.outcomes if outcome.written is None)
+        self.writes.setdefault(nodeid, []).extend(o for o in records.outcomes if o.written is not None)
         self.notes += [note for note in records.notes if note not in self.notes]
         self.audits += [(nodeid, audit) for audit in records.audits]
         self.checks += [msgspec.structs.replace(check, test=nodeid, test_duration_s=round(duration, 4))
@@ -70,6 +75,23 @@ class Ledger:
             elif rows:
                 held.append(nodeid)
         return keep, held
+
+    def outcome_counts(self) -> Counter[Outcome]:
+        """Every check per outcome; a golden recorded by a test that then failed or was skipped
+        counts as not recorded (it is held back), never as recorded or updated."""
+        counts = Counter(self.counts)
+        held_back = Outcome(None, passed=False, written=Written.NOT_RECORDED)
+        for nodeid, writes in self.writes.items():
+            kept = self.outcomes.get(nodeid, "passed") == "passed"
+            counts.update(writes if kept else [held_back] * len(writes))
+        return counts
+
+    def overwritten(self) -> list[tuple[str, str, str]]:
+        """(node id, golden key, verdict) of every golden written over a REGRESSION or INPUT_CHANGED:
+        the updates a reviewer must look at before they are committed."""
+        return [(nodeid, row.key, row.overwrote) for nodeid, rows in sorted(self.recorded.items())
+                if self.outcomes.get(nodeid, "passed") == "passed"
+                for row in rows if row.overwrote in REVIEW_WHEN_OVERWRITTEN]
 
     def deselect(self, nodeids: Iterable[str]) -> None:
         """Tests of the suite this run collected and then left out: with the collected ones, the

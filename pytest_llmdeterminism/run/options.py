@@ -39,6 +39,7 @@ DEFAULT_SEED = 0
 # OpenAI-compatible server's int64 ``seed`` (vLLM's refuses more); checked at start-up, not in torch.
 MAX_SEED = 2**63 - 1
 UpdateMode = Literal["all", "new"]
+PLANT_DEFECT_VARIABLE = "LLMDET_PLANT_DEFECT"  # =1: --llm-plant-defect, for a CI step's environment
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Options:
     cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
     threads: int | None = None  # llm_threads, or None for auto (engines/threads.py)
     xdist_workers: int | None = None  # the pytest-xdist workers this process starts (the controller)
+    plant_defect: bool = False  # --llm-plant-defect or LLMDET_PLANT_DEFECT=1: the negative control
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,13 @@ COMMAND_LINE_OPTIONS = (
         "--llm-audit-dtype", "llm_audit_dtype",
         "with --llm-audit, also re-run each generation in this dtype",
         None, {"choices": DTYPES},
+    ),
+    _CommandLineOption(
+        "--llm-plant-defect", "llm_plant_defect",
+        "negative control: perturb the loaded model's weights in memory (relative noise 0.5, seed 0), as "
+        "a bad upgrade would, so that every golden check must fail; if the run passes, the suite does not "
+        f"protect you. Also on with {PLANT_DEFECT_VARIABLE}=1. Writes no goldens, candidates or prunes",
+        False, {"action": "store_true"},
     ),
     _CommandLineOption(
         "--llm-golden-fallback", "llm_golden_fallback",

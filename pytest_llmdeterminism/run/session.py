@@ -19,8 +19,10 @@ import pytest
 
 from pytest_llmdeterminism.engines import ModelCache, numerics, threads
 from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines.hf import DEFECT_SCALE
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
+from pytest_llmdeterminism.reporting import terminal
 from pytest_llmdeterminism.reporting.recorder import TestOutcomes
 from pytest_llmdeterminism.run import markers as settings
 from pytest_llmdeterminism.run import writer
@@ -46,7 +48,7 @@ class LLMSession:
                                                             threads.for_this_process(options.threads))
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
                                  cpu_numerics=options.cpu_numerics, announce=announce,
-                                 environment=self.environment)
+                                 environment=self.environment, plant_defect=options.plant_defect)
         self.files = GoldenFiles(options.golden_dir, options.rootdir, options.invocation_dir)
         self.ledger = Ledger(options.partial)
         self.output: writer.RunOutput | None = None
@@ -102,20 +104,28 @@ class LLMSession:
         self.output = writer.finish(self.ledger, self.files, self.options, failed=session.testsfailed > 0)
         return not self.output.errors
 
-    def header_lines(self) -> list[str]:
-        """What the run is pinned to, before anything loads (``pytest_report_header``)."""
+    def header_lines(self, *, quiet: bool = False) -> list[str]:
+        """What the run is pinned to, before anything loads (``pytest_report_header``); ``quiet``
+        (``-q``, where pytest prints no header): the one ``llm:`` line, and the planted defect."""
         options = self.options
         if options.model is None:
             return []
+        defect = [f"llm: PLANTED DEFECT on (--llm-plant-defect): the model's weights get relative noise "
+                  f"{DEFECT_SCALE} in memory; every golden check must fail, and no golden, candidate or "
+                  "prune is written"] if options.plant_defect else []
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
         engine = engine_of(options.model)
         where = [f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else []
         pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
+        first = (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
+                 f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"
+                 + (f" {self.thread_choice().describe()}" if engine is None else ""))
+        if quiet:
+            return [first, *defect]
         return [
-            (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
-             f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"
-             + (f" {self.thread_choice().describe()}" if engine is None else "")),
+            first,
+            *defect,
             (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
              "generation of each shape") if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
@@ -131,7 +141,12 @@ class LLMSession:
                               workers=self.options.xdist_workers, cores=threads.usable_cores())
 
     def summary_lines(self) -> list[str]:
-        return writer.summary_lines(self.ledger, self.output, self.files, prune=self.options.prune)
+        lines = writer.summary_lines(self.ledger, self.output, self.files, prune=self.options.prune)
+        if self.options.plant_defect:
+            lines += terminal.planted_defect_summary(self.ledger.checks, ignored=[
+                flag for flag, given in (("--llm-golden-artifacts", self.options.artifacts is not None),
+                                         ("--llm-golden-prune", self.options.prune)) if given])
+        return lines
 
 
 def stop_reasons(session: pytest.Session, exitstatus: int) -> list[str]:

@@ -34,7 +34,7 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
     recorded, out.held_back = ledger.goldens_to_write()
     _merge(recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out,
            refuse=files.link_out)
-    if options.artifacts is not None:
+    if options.artifacts is not None and not options.plant_defect:  # a planted defect's outputs: never
         # At the golden file's path relative to the rootdir, for review and `llm-golden accept`.
         folder = options.artifacts
         _merge(ledger.candidates, lambda path: folder / files.under_root(path), lambda n: f"{n} candidate(s)",
@@ -42,7 +42,7 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
     out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
         out.unused = find_unused(ledger, files)
-        if options.prune:
+        if options.prune and not options.plant_defect:
             _prune(out, files)
     _write_reports(ledger, options, files, out, failed=failed)
     return out
@@ -153,7 +153,7 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
     suite = sorted(ledger.collected | ledger.deselected)
     modules = sorted({nodeid.partition("::")[0] for nodeid in suite if "::" in nodeid})
     candidates = None
-    if options.artifacts is not None:
+    if options.artifacts is not None and not options.plant_defect:  # a planted defect's outputs: never
         relative = os.path.relpath(options.artifacts, report_folder) if options.artifacts.anchor == \
             report_folder.anchor else str(options.artifacts)
         candidates = Path(relative).as_posix()
@@ -173,7 +173,8 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
 
 def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:
     out = out or RunOutput(partial=ledger.why_partial())
-    return terminal.summary(dict(ledger.counts), out.written, out.errors, ledger.notes, out.held_back) + \
+    return terminal.summary(dict(ledger.outcome_counts()), out.written, out.errors, ledger.notes,
+                            out.held_back, ledger.overwritten()) + \
         terminal.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune,
                               stopped=bool(ledger.stop_reasons)) + \
         terminal.audit_summary(ledger.audits)
