@@ -598,7 +598,7 @@ def test_the_header_says_what_is_in_force_and_the_model_load_is_announced(suite)
     quiet = suite.runpytest("-q", "--llm-tolerance=tokens")
     quiet.assert_outcomes(passed=1)
     # pytest prints no header under -q: the llm: line still says what is in force
-    quiet.stdout.fnmatch_lines(["llm: model=builtin:tiny shape=4x32 * tolerance=tokens",
+    quiet.stdout.fnmatch_lines(["llm: model=builtin:tiny shape=4x32 * tolerance=tokens threads=*",
                                 "llm: loading builtin:tiny (float32, device auto) ...",
                                 "llm: loaded builtin:tiny in * s on cpu"])
     assert "llm cpu numerics" not in quiet.stdout.str()  # -q: the one llm: line
