@@ -526,3 +526,21 @@ def test_prune_refuses_a_golden_folder_that_links_out_of_the_root(suite, tmp_pat
     assert sorted(store.read(outside / "test_m.json")) == ["test_capital", "test_gone"]
     result.stdout.fnmatch_lines([f"NOT written: __golden__/test_m.json: not pruned: {suite.path}/__golden__ "
                                  "is a symbolic link: * Replace the link with a real folder, or remove it."])
+
+
+def test_a_hostile_verdict_in_a_merged_report_is_inert_in_the_markdown():
+    """A shard report is an artifact: its verdict strings reach the pull-request comment only inside
+    code spans, in the counts table and the failing-checks table alike."""
+    generation = sample_generation()
+    comparison = compare(schema.from_entry(schema.to_entry(generation)), generation)
+    outcomes = TestOutcomes()
+    outcomes.checked("test_capital", "cpu/float32", comparison, passed=False, actual=generation)
+    document = documents.run_report(
+        [msgspec.structs.replace(check, test="t.py::t", verdict="X` " + HOSTILE)
+         for check in outcomes.data.checks], [])
+    markdown = documents.run_report_markdown(document)
+    rows = [line for line in markdown.splitlines() if "<script>" in line and line.startswith("|")]
+    assert len(rows) == 2  # the counts table and the failing-checks table
+    # one code span, no backtick or pipe of its own inside: the HTML is shown, not run, the table intact
+    span = "`X' <script>alert(1)</script> \\| 'code' ![x](http://e/x.png) <img src=x onerror=alert(1)>`"
+    assert all(f"| {span} |" in row for row in rows), rows

@@ -87,7 +87,7 @@ def run_report_markdown(document: dict[str, Any]) -> str:
              "| verdict | checks | failed |", "|---|---|---|"]
     for verdict, n in summary["by_verdict"].items():
         failed = sum(1 for c in document["checks"] if c["verdict"] == verdict and not c["passed"])
-        lines.append(f"| `{verdict}` | {n} | {failed} |")
+        lines.append(f"| {_md_code(verdict)} | {n} | {failed} |")
     failing = sorted((c for c in document["checks"] if not c["passed"]),
                      key=lambda c: -(c["golden_margin"] or 0))
     if failing:
@@ -99,8 +99,8 @@ def run_report_markdown(document: dict[str, Any]) -> str:
                                 if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
             margin = "" if c["golden_margin"] is None else f"{c['golden_margin']:.3g}"
             step = "" if c["first_divergence"] is None else str(c["first_divergence"])
-            lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | `{c['verdict']}` | {step} "
-                         f"| {margin} | {_md(changed)} |")
+            lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | {_md_code(c['verdict'])} "
+                         f"| {step} | {margin} | {_md(changed)} |")
         if len(failing) > 50:
             lines.append(f"| … {len(failing) - 50} more | | | | | |")
     changed_inputs = [c for c in failing[:50] if c.get("inputs")]
