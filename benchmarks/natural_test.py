@@ -18,7 +18,8 @@ plain side: the median over the prompts that run to ``max_new_tokens`` ("per cal
 prompt (264 tokens, prefill-heavy), and the prompt that stops at EOS early. Then the wall time of a
 whole ``pytest`` run of a small file (four tests), plain vs plugin, alternating. A spread figure
 (the larger of the two sides' median absolute deviation over the median, per prompt) says how far
-the ratio can be trusted on this machine.
+the ratio can be trusted on this machine. The same ratios of each process's CPU time follow them: on a
+machine others keep busy, wall time counts the waits for a core, CPU time the work.
 Last, the model load alone, plain vs plugin, in fresh processes, alternating (``--load-rounds``):
 the sides' own loads are one sample each. Ratios print last.
 """
@@ -148,12 +149,13 @@ def _serve(prompts: list, call) -> None:
     for command in sys.stdin:
         if command.strip() != "round":
             return
-        times, tokens = [], []
+        times, cpu, tokens = [], [], []
         for prompt in prompts:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             tokens.append(call(prompt))
             times.append(time.perf_counter() - started)
-        _answer({"times": times, "tokens": tokens})
+            cpu.append(time.process_time() - cpu_started)
+        _answer({"times": times, "cpu": cpu, "tokens": tokens})
 
 
 def _answer(payload: dict) -> None:
@@ -202,6 +204,7 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
         for role in SIDES:  # loaded one after the other: each load alone on the machine
             sides[role] = Side(role, spec, max_new_tokens, Path(tmp, role))
         times: dict[str, list[list[float]]] = {role: [] for role in SIDES}
+        cpu: dict[str, list[list[float]]] = {role: [] for role in SIDES}
         tokens: dict[str, list[int]] = {}
         for _ in range(1):  # one warm-up round each, untimed
             for side in sides.values():
@@ -210,6 +213,7 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
             for role in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:
                 answer = sides[role].round()
                 times[role].append(answer["times"])
+                cpu[role].append(answer["cpu"])
                 tokens[role] = answer["tokens"]
         for side in sides.values():
             side.close()
@@ -219,10 +223,17 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
                  for role in times for p in range(n))
     result: dict = {"load_s": {role: side.load_s for role, side in sides.items()}, "median_s": medians,
                     "tokens": tokens, "spread": spread}
+    # The process's CPU time per prompt (every thread's): on a machine others are busy on, wall time
+    # counts the waits for a core; CPU time counts the work.
+    cpu_medians = {role: [statistics.median(t[p] for t in cpu[role]) for p in range(n)] for role in cpu}
+    result["cpu_median_s"] = cpu_medians
     for role in SIDES[1:]:
         ratios = [medians[role][p] / medians["plain"][p] for p in range(n)]
+        cpu_ratios = [cpu_medians[role][p] / cpu_medians["plain"][p] for p in range(n)]
         result[role] = {"ratio_per_prompt": ratios, "per_call": statistics.median(ratios[:-2]),
-                        "long_prompt": ratios[-2], "early_eos": ratios[-1]}
+                        "long_prompt": ratios[-2], "early_eos": ratios[-1],
+                        "cpu_per_call": statistics.median(cpu_ratios[:-2]), "cpu_long_prompt": cpu_ratios[-2],
+                        "cpu_early_eos": cpu_ratios[-1]}
     return result
 
 
@@ -367,6 +378,9 @@ def main() -> None:
             print(f"    {label:30} per call {r[role]['per_call']:.2f}x, "
                   f"long prompt {r[role]['long_prompt']:.2f}x, "
                   f"early-EOS prompt {r[role]['early_eos']:.2f}x{whole}")
+            print(f"    {'':30} CPU time: per call {r[role]['cpu_per_call']:.2f}x, "
+                  f"long prompt {r[role]['cpu_long_prompt']:.2f}x, "
+                  f"early-EOS prompt {r[role]['cpu_early_eos']:.2f}x")
 
 
 if __name__ == "__main__":

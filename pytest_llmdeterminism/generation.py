@@ -137,7 +137,9 @@ class GreedyConfig:
 
     def as_dict(self) -> dict[str, Any]:
         """The config as a golden records it and transformers' ``GenerationConfig`` takes it."""
-        return {**dataclasses.asdict(self), "eos_token_id": list(self.eos_token_id)}
+        # Every field is immutable: no deep copy (dataclasses.asdict) needed, once or twice a call.
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                "eos_token_id": list(self.eos_token_id)}
 
 
 def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,

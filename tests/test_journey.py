@@ -46,7 +46,8 @@ def test_hub_id_record_upgrade_review_shards_accept(pytester, hub_cache, tmp_pat
     # Day one: the model is in the local Hugging Face cache, the ini names it by its hub id, and the
     # project keeps its goldens in a folder of its own.
     in_hub_cache(hub_cache, REPO, OLD)
-    pytester.makefile(".ini", pytest=f"[pytest]\nllm_model = {REPO}\nllm_batch_shape = 2x32\nllm_golden_dir = goldens\n")
+    pytester.makefile(".ini", pytest=f"[pytest]\nllm_model = {REPO}\nllm_batch_shape = 2x32\n"
+                                     "llm_golden_dir = goldens\n")
     pytester.makepyfile(test_chat=TESTS)
     first = pytester.runpytest("-p", "no:cacheprovider")
     first.assert_outcomes(failed=4)

@@ -390,3 +390,44 @@ def test_a_tokenizer_that_may_drop_characters_gets_no_length_bound():
     given = inputs.encoded("a" + " " * 100_000 + "b", tokenizer=tokenizer,
                            settings=GenerationSettings(BatchShape(2, 8), 2, 0), spec="x")
     assert given.ids == [0, 1]
+
+
+def test_each_step_hash_is_the_xxh3_hex_digest_of_its_raw_float32_logits_row(tiny):
+    """The stored hash definition: 16 lowercase hex digits of xxh3-64 over the little-endian float32
+    logits of the row's last position, one per row and step, rows of a batch hashed apart."""
+    import numpy as np
+    import xxhash
+
+    from pytest_llmdeterminism.engines.capture import StepCapture
+
+    encoded = tiny.tokenizer(["Hello there", "Once upon a time"], return_tensors="pt", padding=True)
+    with torch.inference_mode(), StepCapture(tiny.model, rows=2, keep_logits=True) as capture:
+        tiny.model.generate(**encoded, do_sample=False, max_new_tokens=5,
+                            logits_processor=capture.logits_processor())
+    for row, steps in enumerate(capture.rows):
+        expected = [xxhash.xxh3_64_hexdigest(np.asarray(step[row], dtype="<f4").tobytes())
+                    for step in capture.logits]
+        assert steps.hashes == expected and all(len(h) == 16 for h in expected)
+    assert capture.rows[0].hashes != capture.rows[1].hashes
+
+
+def test_only_the_capture_processes_scores_unless_a_setting_needs_a_processor(make_llm, monkeypatch):
+    """min_new_tokens=0 adds no processor of its own to every step (transformers would run a
+    MinLengthLogitsProcessor that never changes a score); a minimum above 0 still holds."""
+    from transformers.generation.utils import GenerationMixin
+
+    prepared = GenerationMixin._get_logits_processor
+    seen: list[list[str]] = []
+
+    def spy(self, *args, **kwargs):
+        processors = prepared(self, *args, **kwargs)
+        seen.append([type(p).__name__ for p in processors])
+        return processors
+
+    monkeypatch.setattr(GenerationMixin, "_get_logits_processor", spy)
+    llm = make_llm("1x32", max_new_tokens=8)
+    early = llm.generate(PROMPT)  # the tiny model stops after three tokens
+    assert seen == [["_RecordScores"]] and early.finish_reason == "eos" and len(early.token_ids) < 6
+    held = llm.generate(PROMPT, min_new_tokens=6)
+    assert "MinNewTokensLengthLogitsProcessor" in seen[-1]
+    assert len(held.token_ids) >= 6

@@ -12,7 +12,9 @@ Two taps, both reducing each step at once so that memory does not grow with
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,23 +83,30 @@ def logits_step(raw: Any, step: int, top_k: int = TOP_K) -> tuple[str, list[int]
 class StepCapture:
     """Context manager: records every step of ``model.generate`` for the first ``rows`` rows.
 
-    Pass :meth:`logits_processor` to ``generate``. Per step it keeps one hash per row and a
-    ``rows x k`` top-k; the per-row records are built once, when the block ends.
+    Pass :meth:`logits_processor` to ``generate``. Per step it keeps one hash per row (an integer)
+    and a ``rows x k`` top-k tensor; hex digests, Python lists and the per-row records are built
+    once, when the block ends.
     """
 
     def __init__(self, model: torch.nn.Module, rows: int, top_k: int = TOP_K, *,
                  keep_logits: bool = False) -> None:
+        import numpy
+        import torch
+        import xxhash
+
         self._model = model
         self._keep_logits = keep_logits
         self.logits: list[Any] = []  # per step, rows x vocab float32 (only with keep_logits, for audits)
         self._top_k = top_k
         self._n_rows = rows
-        self._hashes: list[list[str]] = []
+        self._hashes: list[list[int]] = []  # per step, per row: xxh3_64 as an integer
         self._top_values: list[torch.Tensor] = []
         self._top_ids: list[torch.Tensor] = []
         self._non_finite: tuple[int, int] | None = None
         self._handle: Any = None
         self.rows: list[RowSteps] = []
+        # Bound once: the hook and the processor run at every step of every call.
+        self._numpy, self._torch, self._digest = numpy, torch, xxhash.xxh3_64_intdigest
 
     def __enter__(self) -> StepCapture:  # noqa: PYI034
         self._handle = self._model.register_forward_hook(self._on_forward)
@@ -111,34 +120,27 @@ class StepCapture:
 
     def logits_processor(self) -> Any:
         """A transformers ``LogitsProcessorList`` whose one processor records the final scores."""
-        from transformers import LogitsProcessor, LogitsProcessorList
+        from transformers import LogitsProcessorList
 
-        capture = self
-
-        class _RecordScores(LogitsProcessor):  # type: ignore[misc]
-            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-                capture._on_scores(scores)
-                return scores
-
-        return LogitsProcessorList([_RecordScores()])
+        return LogitsProcessorList([_record_scores_class()(self._on_scores)])
 
     def _on_forward(self, module: Any, args: Any, output: Any) -> None:
-        import numpy as np
-        import torch
-        import xxhash
-
+        np = self._numpy
         logits = output.logits if hasattr(output, "logits") else output[0]
-        last = logits[: self._n_rows, -1, :].detach().to(torch.float32)
+        last = logits[: self._n_rows, -1, :].detach().to(self._torch.float32)
         raw = np.ascontiguousarray(last.cpu().numpy(), dtype="<f4")
-        if self._non_finite is None and not np.isfinite(raw).all():
-            self._non_finite = (len(self._hashes), int(np.nonzero(~np.isfinite(raw).all(axis=1))[0][0]))
-        self._hashes.append([xxhash.xxh3_64_hexdigest(row) for row in raw])
+        finite = np.isfinite(raw)
+        if self._non_finite is None and not finite.all():
+            self._non_finite = (len(self._hashes), int(np.nonzero(~finite.all(axis=1))[0][0]))
+        # Row by row over one contiguous buffer: memoryview slices copy nothing.
+        buffer, width = memoryview(raw).cast("B"), raw.shape[1] * 4
+        digest = self._digest
+        self._hashes.append([digest(buffer[row * width:(row + 1) * width]) for row in range(raw.shape[0])])
         if self._keep_logits:
             self.logits.append(raw.copy())
 
     def _on_scores(self, scores: torch.Tensor) -> None:
-        import torch
-
+        torch = self._torch
         rows = scores[: self._n_rows].to(torch.float32)
         top = torch.topk(torch.log_softmax(rows, dim=-1), k=min(self._top_k, rows.shape[-1]), dim=-1)
         self._top_values.append(top.values)
@@ -151,8 +153,7 @@ class StepCapture:
             raise NonFiniteLogitsError(step, row)
 
     def _per_row(self) -> list[RowSteps]:
-        import torch
-
+        torch = self._torch
         if not self._hashes:
             return [RowSteps() for _ in range(self._n_rows)]
         values = torch.stack(self._top_values, dim=1).cpu().tolist()  # rows x steps x k
@@ -160,8 +161,31 @@ class StepCapture:
         rows = []
         for row in range(self._n_rows):
             steps = RowSteps()
-            hashes = (h[row] for h in self._hashes)
+            # The hex digest xxhash.xxh3_64_hexdigest gives: 16 lowercase digits, zero-padded.
+            hashes = (f"{h[row]:016x}" for h in self._hashes)
             for step_hash, step_ids, step_values in zip(hashes, ids[row], values[row], strict=True):
                 steps.append(step_hash, step_ids, step_values)
             rows.append(steps)
         return rows
+
+
+@functools.cache
+def _record_scores_class() -> type:
+    """The logits processor class, made once: transformers is imported only when a model runs.
+
+    ``LogitsProcessorList`` asks ``inspect.signature`` of every processor at every step; a signature
+    stored on ``__call__`` spares it rebuilding one from the code each time."""
+    import inspect
+
+    from transformers import LogitsProcessor
+
+    class _RecordScores(LogitsProcessor):  # type: ignore[misc]
+        def __init__(self, record: Callable[[Any], None]) -> None:
+            self._record = record
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            self._record(scores)
+            return scores
+
+    _RecordScores.__call__.__signature__ = inspect.signature(_RecordScores.__call__)  # type: ignore[attr-defined]
+    return _RecordScores

@@ -6,6 +6,7 @@ leaves the process exactly as it found it and test order cannot matter.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import warnings
@@ -73,8 +74,10 @@ _FP32_PRECISION_KNOBS = (
 )
 
 
+@functools.cache
 def _precision_knobs(torch: Any) -> dict[str, Any]:
-    """name -> object holding ``fp32_precision``, for every knob this torch has."""
+    """name -> object holding ``fp32_precision``, for every knob this torch has (looked up once: every
+    generation reads them three times). Callers do not mutate the dict."""
     knobs = {}
     for path in _FP32_PRECISION_KNOBS:
         holder = torch

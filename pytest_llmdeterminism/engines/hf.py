@@ -81,7 +81,7 @@ class HFEngine:
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),
-                    generation_config=GenerationConfig(**config.as_dict()),
+                    generation_config=GenerationConfig(**_transformers_arguments(config)),
                     logits_processor=capture.logits_processor(),
                 )
                 in_force = flags()  # as they were for this call
@@ -110,6 +110,16 @@ class HFEngine:
                                  f"the {shape} shape's {length} prompt positions plus {max_new_tokens} "
                                  f"new tokens need {length + max_new_tokens} positions, beyond the model's "
                                  f"context of {context} (max_position_embeddings in its config); {fix}")
+
+
+def _transformers_arguments(config: GreedyConfig) -> dict[str, Any]:
+    """``config`` as ``GenerationConfig`` keywords. ``min_new_tokens=0`` is left out: transformers would
+    turn it into ``min_length`` = the prompt's length and run a ``MinLengthLogitsProcessor`` at every
+    step that never changes a score (the prompt is always that long): ~20 us a step, with its signature."""
+    arguments = config.as_dict()
+    if not arguments["min_new_tokens"]:
+        del arguments["min_new_tokens"]
+    return arguments
 
 
 def pick_device(spec: str, device: str) -> str:
