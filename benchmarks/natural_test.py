@@ -78,7 +78,8 @@ def plain_side(spec: str, prompts: list, max_new_tokens: int) -> None:
     import torch
 
     model, tokenizer = _load_plain(spec)
-    _answer({"load_s": time.perf_counter() - started})
+    # The plain side runs torch's native kernels: its capability is the widest this CPU gives ATen.
+    _answer({"load_s": time.perf_counter() - started, "isa": torch.backends.cpu.get_cpu_capability()})
 
     def call(prompt: object) -> int:
         if isinstance(prompt, str):
@@ -173,7 +174,8 @@ class Side:
         self.process = subprocess.Popen([sys.executable, __file__, "--side", role, spec, str(max_new_tokens),
                                          str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, env=env, cwd=ROOT)
-        self.load_s = self._read()["load_s"]
+        loaded = self._read()
+        self.load_s, self.isa = loaded["load_s"], loaded.get("isa")
 
     def round(self) -> dict:
         assert self.process.stdin is not None
@@ -222,6 +224,7 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
     spread = max(statistics.median(abs(t[p] - medians[role][p]) for t in times[role]) / medians[role][p]
                  for role in times for p in range(n))
     result: dict = {"load_s": {role: side.load_s for role, side in sides.items()}, "median_s": medians,
+                    "native_isa": sides["plain"].isa,
                     "tokens": tokens, "spread": spread}
     # The process's CPU time per prompt (every thread's): on a machine others are busy on, wall time
     # counts the waits for a core; CPU time counts the work.
@@ -327,6 +330,21 @@ def whole_runs(spec: str, max_new_tokens: int, rounds: int) -> dict:
         f"median_{role}_s": m for role, m in medians.items()}}
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor and model as ``/proc/cpuinfo`` names them (timing differs by vendor: the portable
+    kernels are tuned per vendor, and emulation cannot stand in for timing)."""
+    from pytest_llmdeterminism.engines import numerics
+
+    vendor = "unknown vendor"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")),
+                          vendor)
+    except OSError:
+        pass
+    return f"{vendor}, {numerics.cpu_name()}, {os.cpu_count()} CPUs"
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--side":
         role, spec, max_new_tokens, folder = sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
@@ -353,6 +371,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     models = args.model or ["builtin:tiny", *([str(SMOLLM2)] if SMOLLM2.is_file() else [])]
     results = {}
+    print(f"CPU: {cpu_vendor()}", flush=True)
     for spec in models:
         print(f"== {spec}: {args.rounds} alternating rounds of {len(prompts_for(spec))} prompts, "
               f"{args.max_new_tokens} new tokens", flush=True)
@@ -363,9 +382,11 @@ def main() -> None:
             results[spec].update(load_rounds(spec, args.load_rounds))
         print(json.dumps(results[spec], indent=1), flush=True)
     print("\nthe plugin vs the plain test (batch 1, unpadded, native kernels), ratios of medians:")
+    print(f"  on {cpu_vendor()}")
     for spec, r in results.items():
         name = Path(spec).name if not spec.startswith("builtin:") else spec
-        print(f"  {name} (spread ±{r['spread']:.0%}; load: plain {r['load_s']['plain']:.1f} s, plugin "
+        print(f"  {name} (native kernels: ATen {r['native_isa']}; spread ±{r['spread']:.0%}; "
+              f"load: plain {r['load_s']['plain']:.1f} s, plugin "
               f"{r['load_s']['plugin']:.1f} s, plugin native {r['load_s']['plugin-native']:.1f} s)")
         if "median_load_plain_s" in r:
             print(f"    model load, {len(r['loads_s']['plain'])} alternating fresh loads each: plain "
