@@ -235,27 +235,42 @@ def _log_min_p(min_p: float) -> float:
     return float(_EXACT.ln(decimal.Decimal(min_p)))
 
 
-def _kept(scores: np.ndarray, config: SamplingConfig) -> np.ndarray:
-    """The token ids the cut keeps, ascending, from the temperature-scaled float64 scores."""
+def _kept(scores: np.ndarray, config: SamplingConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids the cut keeps, ascending, and their scores, from the temperature-scaled
+    float64 scores (``-inf``: suppressed by a processor, never kept)."""
     import numpy as np
 
-    finite = np.isfinite(scores)
-    kept = np.flatnonzero(finite)
-    values = scores[kept]
+    if np.isfinite(scores).all():
+        kept, values = _vocabulary(scores.size), scores
+    else:
+        kept = np.flatnonzero(np.isfinite(scores))
+        values = scores[kept]
     if 0 < config.top_k < kept.size:
         kth = np.partition(values, kept.size - config.top_k)[kept.size - config.top_k]
-        kept, values = kept[values >= kth], values[values >= kth]
+        kept = kept[values >= kth]
+        values = scores[kept]
     top = values.max()
     if config.top_p < 1:
         weights = _exp_nonpositive(values - top)
         reach = config.top_p * np.cumsum(weights)[-1]  # p * the mass, summed in token-id order
-        ranked = _nucleus(values, weights, reach)
-        kept = np.sort(kept[ranked])
+        kept = np.sort(kept[_nucleus(values, weights, reach)])
         values = scores[kept]
     if config.min_p > 0:
-        keep = (values - top) >= _log_min_p(config.min_p)
-        kept = kept[keep]
-    return kept
+        kept = kept[(values - top) >= _log_min_p(config.min_p)]
+        values = scores[kept]
+    return kept, values
+
+
+_VOCABULARIES: dict[int, np.ndarray] = {}
+
+
+def _vocabulary(size: int) -> np.ndarray:
+    import numpy as np
+
+    if size not in _VOCABULARIES:
+        _VOCABULARIES[size] = np.arange(size)
+        _VOCABULARIES[size].flags.writeable = False
+    return _VOCABULARIES[size]
 
 
 def _nucleus(values: np.ndarray, weights: np.ndarray, reach: float) -> np.ndarray:
@@ -281,33 +296,64 @@ def _nucleus(values: np.ndarray, weights: np.ndarray, reach: float) -> np.ndarra
 def _checked_scores(logits: Any, temperature: float, *, step: int, row: int) -> np.ndarray:
     import numpy as np
 
+    if hasattr(logits, "detach"):  # a torch tensor, on any device and in any float dtype
+        logits = logits.detach().float().cpu().numpy()
     row_logits = np.asarray(logits, dtype=np.float32)
     if row_logits.ndim != 1 or row_logits.size == 0:
         raise ValueError(f"expected one row of logits (a 1-d float tensor), got shape {row_logits.shape}")
-    if np.isnan(row_logits).any() or np.isposinf(row_logits).any() or np.isneginf(row_logits).all():
+    if not np.isfinite(row_logits).all() and (
+            np.isnan(row_logits).any() or np.isposinf(row_logits).any() or np.isneginf(row_logits).all()):
         raise NonFiniteLogitsError(step, row)
-    return row_logits.astype(np.float64) / float(temperature)
+    scores = row_logits.astype(np.float64)
+    np.divide(scores, float(temperature), out=scores)
+    if np.isposinf(scores).any() or np.isneginf(scores).all():  # only a tiny temperature overflows
+        raise ConfigurationError("llm_model.generate(temperature=...)", temperature,
+                                 "divides these logits beyond float64's range; use a larger temperature")
+    return scores
+
+
+# Screening: a float64 log errs by a few ulps of |g| <= 37; this tolerance is orders of magnitude wider.
+def _tolerance(value: float) -> float:
+    return 1e-9 * (1.0 + abs(value))
+
+
+_SCREEN = 16  # the best-scoring tokens whose noise is computed first
 
 
 def draw(logits: Any, config: SamplingConfig, *, key: int, step: int, row: int = 0) -> Draw:
     """Draw one token from one row of raw logits (float32, vocabulary size V; -inf marks a token a
     processor suppressed). ``key`` is the row's :func:`noise_key`; ``step`` counts generated tokens
-    from 0; ``row`` only names the row in an error."""
+    from 0; ``row`` only names the row in an error.
+
+    The noise is hashed for every kept token, but turned into a float only where it can matter:
+    the second-best perturbed score among the ``_SCREEN`` best-scoring tokens sets how large ``g``
+    a token with a lower score needs, which is a threshold on its integer ``h`` (``g`` grows with
+    ``h``). The survivors' approximate perturbed scores pick the few whose noise is computed exactly.
+    """
     import numpy as np
 
     scores = _checked_scores(logits, config.temperature, step=step, row=row)
-    kept = _kept(scores, config)
+    kept, values = _kept(scores, config)
     if kept.size == 1:
         return Draw(int(kept[0]), math.inf, 1)
-    hashes = _token_hashes(key, step, kept, whole=kept.size == scores.size)
-    approx = scores[kept] - np.log(-np.log(_unit(hashes)))
-    second = np.partition(approx, approx.size - 2)[approx.size - 2]
-    # The float64 log errs by a few ulps of |g| <= 37; this tolerance is orders of magnitude wider.
-    candidates = kept[approx >= second - 1e-9 * (1.0 + abs(second))]
-    exact = sorted((-(float(scores[t]) + _exact_gumbel(u)), int(t))
-                   for t, u in zip(candidates, _unit(_token_hashes(key, step, candidates)), strict=True))
-    (best, winner), (runner_up, _) = exact[0], exact[1]
-    return Draw(winner, runner_up - best, int(kept.size))
+    hashes = _token_hashes(key, step, kept, whole=kept is _VOCABULARIES.get(scores.size))
+    pool = np.arange(kept.size)
+    if kept.size > 4 * _SCREEN:
+        ranked = np.argpartition(values, (kept.size - _SCREEN - 1, kept.size - _SCREEN))
+        best, rest_max = ranked[kept.size - _SCREEN:], float(values[ranked[kept.size - _SCREEN - 1]])
+        approx = values[best] - np.log(-np.log(_unit(hashes[best])))
+        second = float(np.partition(approx, _SCREEN - 2)[_SCREEN - 2])
+        needed = second - 2 * _tolerance(second) - rest_max  # the least g that can reach the top two
+        least_u = math.exp(-math.exp(-needed)) if needed > -3.7 else 0.0  # g >= -3.6 always
+        least = max(0, math.floor(least_u * 2.0**53) - 4)  # a few units lower: math.exp may err by an ulp
+        pool = np.union1d(best, np.flatnonzero((hashes >> np.uint64(11)) >= np.uint64(least)))
+    approx = values[pool] - np.log(-np.log(_unit(hashes[pool])))
+    second = float(np.partition(approx, approx.size - 2)[approx.size - 2])
+    candidates = pool[approx >= second - _tolerance(second)]
+    exact = sorted((-(float(values[i]) + _exact_gumbel(u)), int(kept[i]))
+                   for i, u in zip(candidates, _unit(hashes[candidates]), strict=True))
+    (best_score, winner), (runner_up, _) = exact[0], exact[1]
+    return Draw(winner, runner_up - best_score, int(kept.size))
 
 
 def draw_batch(logits: Any, configs: SamplingConfig | Sequence[SamplingConfig], *, keys: Sequence[int],
@@ -321,4 +367,6 @@ def draw_batch(logits: Any, configs: SamplingConfig | Sequence[SamplingConfig], 
         raise ValueError(f"expected logits of shape (rows, V) with one key per row; got shape "
                          f"{batch.shape} and {len(keys)} keys")
     per_row = [configs] * len(keys) if isinstance(configs, SamplingConfig) else list(configs)
+    if len(per_row) != len(keys):
+        raise ValueError(f"expected one config per row ({len(keys)}), got {len(per_row)}")
     return [draw(batch[i], per_row[i], key=keys[i], step=step, row=i) for i in range(len(keys))]
