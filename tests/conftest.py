@@ -68,12 +68,18 @@ def _child_pytest_runs_are_marked(request, monkeypatch, _heavy_libraries_before_
 
 
 @pytest.fixture(autouse=True)
-def _projects_run_as_plain_runs(monkeypatch):
+def _projects_run_as_plain_runs(request, monkeypatch):
     """A project a test runs (in-process or as a child ``python -m pytest``) is a plain pytest run
     whatever ``-n`` this suite runs under: an xdist worker's count in the environment would give it
     a worker's share of the cores (engines/threads.py), and its goldens another thread count. A
-    child run with ``-n`` gets its own count from xdist."""
+    child run with ``-n`` gets its own count from xdist. Nor does it inherit the OMP_NUM_THREADS the
+    plugin set for this suite's own worker, which it would read as the user's choice."""
+    from pytest_llmdeterminism import plugin
+
     monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    environment = request.config.stash.get(plugin._ENVIRONMENT, None)
+    if environment is not None and environment.threads.set_by_plugin:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
 
 @pytest.fixture(autouse=True)
