@@ -50,12 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def accept(folder: Path, root: Path | None, golden_dir: Path | None) -> int:
-    try:
-        settled = project.settle(root, golden_dir)
-    except project.ProjectConfigError as error:
-        print(f"llm-golden accept: {error}", file=sys.stderr)
+    settled = project.settle_for('accept', root, golden_dir)
+    if settled is None:
         return 2
-    print(f"configuration: {settled.line}")
     root, golden_dir = settled.root, settled.golden_dir
     problem = _usage_problem(folder, root, golden_dir, from_config=settled.from_config)
     if problem:

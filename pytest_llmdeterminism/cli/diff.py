@@ -81,12 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
 def diff_project(candidates: Path, *, fail_on: str) -> int:
     """CAND alone: the candidates folder against the goldens of the project found from here."""
-    try:
-        settled = project.settle(None, None)
-    except project.ProjectConfigError as error:
-        print(f"llm-golden diff: {error}", file=sys.stderr)
+    settled = project.settle_for('diff', None, None)
+    if settled is None:
         return 2
-    print(f"configuration: {settled.line}")
     if not candidates.is_dir():
         print(f"llm-golden diff: CAND {str(candidates)!r} is not a folder: alone, CAND is the folder "
               "--llm-golden-artifacts wrote. Check the path, or give BASE and CAND.", file=sys.stderr)

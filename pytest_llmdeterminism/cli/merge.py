@@ -74,12 +74,9 @@ def merge(report_paths: list[Path], *, root: Path | None, candidates: Path | Non
           prune: bool, golden_dir: Path | None = None) -> int:
     from pytest_llmdeterminism.run import merge_writer, shards
 
-    try:
-        settled = project.settle(root, golden_dir)
-    except project.ProjectConfigError as error:
-        print(f"llm-golden merge: {error}", file=sys.stderr)
+    settled = project.settle_for('merge', root, golden_dir)
+    if settled is None:
         return 2
-    print(f"configuration: {settled.line}")
     root = settled.root
     problem = merge_writer.report_problems(reports)
     if problem is None and not root.is_dir():

@@ -4,6 +4,7 @@ nearest above the folder it starts from, that file's folder (pytest's rootdir), 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +98,15 @@ def _short(path: Path) -> Path:
         return path.relative_to(Path.cwd()) if path != Path.cwd() else Path(".")
     except ValueError:
         return path
+
+
+def settle_for(command: str, root: Path | None, golden_dir: Path | None) -> Settled | None:
+    """:func:`settle` for ``llm-golden COMMAND``: the configuration line printed, or the reason it
+    cannot be read printed (the caller exits 2) and None."""
+    try:
+        settled = settle(root, golden_dir)
+    except ProjectConfigError as error:
+        print(f"llm-golden {command}: {error}", file=sys.stderr)
+        return None
+    print(f"configuration: {settled.line}")
+    return settled
