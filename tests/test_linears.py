@@ -85,12 +85,21 @@ def test_portable_leaves_small_products_to_mkl_and_sends_large_ones_to_onednn(mo
     calls = []
     monkeypatch.setattr(linears, "onednn_linear",
                         lambda x, w, b: calls.append(tuple(x.shape)) or F.linear(x, w, b))
+    splits = []
+    monkeypatch.setattr(linears, "split_linear",
+                        lambda x, w, b, blocks: splits.append(blocks) or F.linear(x, w, b))
     model = torch.nn.Sequential(torch.nn.Linear(576, 576))
-    with torch.inference_mode(), linears.routed(model, LinearKernels.ONEDNN_AVX2):
-        model(torch.randn(1, 1, 576))  # 331,776 multiply-adds: MKL's reproducible branch
-        model(torch.randn(1, 2, 576))  # 663,552: oneDNN
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode(), linears.routed(model, LinearKernels.ONEDNN_AVX2):
+            model(torch.randn(1, 1, 576))  # 331,776 multiply-adds: MKL's reproducible branch, split in two
+            model(torch.randn(1, 2, 576))  # 663,552: oneDNN
+    finally:
+        torch.set_num_threads(threads)
     assert 576 * 576 < linears.ONEDNN_MIN_PRODUCT <= 2 * 576 * 576
     assert calls == [(1, 2, 576)]
+    assert splits == [2]
 
 
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
@@ -147,8 +156,15 @@ def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_b
     monkeypatch.setattr(linears, "split_linear", counted("split", linears.split_linear))
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("1x128"), 6, 0))
     prompts = ["Once upon a time", "The capital of France is"]
-    llm.generate(prompts)
-    assert calls["onednn"] and not calls["split"], calls
+    splits = torch.get_num_threads() >= 2
+    portable = llm.generate(prompts)
+    # the key/value projections (256x1024) at one row stay on MKL's reproducible branch, split
+    assert calls["onednn"] and bool(calls["split"]) == splits, calls
+    with monkeypatch.context() as unsplit:
+        unsplit.setattr(linears, "blocks_for", lambda weight, threads: 0)
+        calls.update(onednn=0, split=0)
+        whole = llm.generate(prompts)
+        assert calls["onednn"] and not calls["split"], calls
     # compatible numerics' route (MKL's reproducible branch is in force here too): the one-row split
     # has the bits of F.linear on the whole model
     results = {}
@@ -157,8 +173,7 @@ def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_b
         calls.update(onednn=0, split=0)
         results[kernels] = llm.generate(prompts)
         assert not calls["onednn"]
-        splits = kernels is LinearKernels.SPLIT_ONE_ROW and torch.get_num_threads() >= 2
-        assert bool(calls["split"]) == splits
+        assert bool(calls["split"]) == (splits and kernels is LinearKernels.SPLIT_ONE_ROW)
     split, plain = results[LinearKernels.SPLIT_ONE_ROW], results[LinearKernels.LINEAR]
-    for a, b in zip(split, plain, strict=True):
+    for a, b in [*zip(split, plain, strict=True), *zip(portable, whole, strict=True)]:
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)

@@ -21,7 +21,15 @@ pin, at 1, 2 and 4 threads, natively (AMD EPYC) and under ``qemu-x86_64 -cpu`` H
 EPYC: the split equals ``F.linear`` bit for bit, with and without a bias, for SmolLM2-135M's shapes
 and smaller ones; SmolLM2's one-row products per decode step took 32-40 ms as ``F.linear`` and 23 ms
 split in two (2-core AMD EPYC). Compatible numerics split one-row products and leave the rest to
-``F.linear``.
+``F.linear``; portable numerics split the one-row products that stay on MKL (below
+``ONEDNN_MIN_PRODUCT``: SmolLM2's query and output projections at one row), which on an Intel Xeon with
+AVX-512 (2 threads) took 154 us as ``F.linear`` on MKL's reproducible branch and 55 us split in two
+(native MKL: 38 us), the same bits (``benchmarks/linear_kernels.py``).
+
+oneDNN's one-row kernel runs some shapes on one thread (SmolLM2's down projection, 576x1536: 373 us
+at one thread, 344 at two, on that Intel Xeon; native MKL 124 us at two). Its output features split
+in halves give the same bits, but two oneDNN calls on two Python threads, or ``torch.jit.fork``, were
+slower than one call (the threads oversubscribe the cores), so that product is left as it is.
 
 Native numerics keep ``F.linear``: native goldens keep the kernels they were recorded with.
 """
@@ -41,7 +49,7 @@ class LinearKernels(str, enum.Enum):
 
     LINEAR = "F.linear"  # torch's own dispatch: native numerics, GPUs, other dtypes
     SPLIT_ONE_ROW = "one-row split"  # compatible: MKL's generic path, one-row products over the threads
-    ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN's GEMM capped at AVX2
+    ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN capped at AVX2; smaller one-row products split
 
 
 def kernels_for(mode: str, in_force: Mapping[str, Any]) -> LinearKernels:
@@ -126,10 +134,10 @@ def _forward(module: Any, kernels: LinearKernels, blocks: int) -> Any:
     def forward(x: Any) -> Any:
         if x.dtype != torch.float32:
             return linear(x, module.weight, module.bias)
-        if blocks and x.numel() == x.shape[-1] and kernels is LinearKernels.SPLIT_ONE_ROW:
-            return split_linear(x, module.weight, module.bias, blocks)
         if kernels is LinearKernels.ONEDNN_AVX2 and x.numel() * out_features >= ONEDNN_MIN_PRODUCT:
             return onednn_linear(x, module.weight, module.bias)
+        if blocks and x.numel() == x.shape[-1]:  # one row on MKL's reproducible branch
+            return split_linear(x, module.weight, module.bias, blocks)
         return linear(x, module.weight, module.bias)
 
     return forward
