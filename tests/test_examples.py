@@ -92,7 +92,8 @@ def test_goldens_recorded_as_portable_before_its_avx2_kernels_pass_and_say_how_t
     across = run()
     assert across.returncode == 0, across.stdout[-3000:]
     # the line also names any library upgraded since the goldens were recorded (transformers, ...)
-    changed = next((line for line in across.stdout.splitlines() if "compared across environments:" in line), "")
+    changed = next((line for line in across.stdout.splitlines()
+                    if "compared across environments:" in line), "")
     assert "cpu_numerics 'compatible' → 'portable'" in changed, across.stdout[-3000:]
     assert "cpu_capability 'DEFAULT' → 'AVX2'" in changed, across.stdout[-3000:]
     assert "compare exactly again with --llm-cpu-numerics=compatible" in across.stdout

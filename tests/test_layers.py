@@ -22,6 +22,7 @@ PACKAGES = {
     "core": [["errors"], ["shape", "generation", "sampling"], ["compare"], ["tolerance"]],
     "engines": [["engines.numerics", "engines.determinism", "engines.secret", "engines.threads"],
                 ["engines.capture", "engines.environment", "engines.spec", "engines.linears"],
+                ["engines.batch_invariant"],
                 ["engines.hf", "engines.hub", "engines.loaded", "engines.completions", "engines.inputs"],
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],
                 ["engines"],

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.engines.batch_invariant import batch_invariant
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.engines.determinism import deterministic_state
 from pytest_llmdeterminism.engines.linears import LinearKernels, routed
@@ -41,6 +42,8 @@ class HFEngine:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py).
         self.linears = linears
+        # Batch-invariant kernels (batch_invariant.py): not wired into goldens yet, so off unless asked.
+        self.batch_invariant = False
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -77,7 +80,7 @@ class HFEngine:
         try:
             with deterministic_state(settings.seed), torch.inference_mode(), \
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture, \
-                    routed(model, self.linears):
+                    (batch_invariant(model) if self.batch_invariant else routed(model, self.linears)):
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),

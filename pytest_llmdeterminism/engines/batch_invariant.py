@@ -1,0 +1,149 @@
+"""Kernels under which a prompt's logits do not depend on its batch: the same bits alone or batched.
+
+Under pinned numerics a row's bits already do not depend on *what* its companions hold at a fixed
+batch shape; they still depend on the *shape*. Two things vary with it, measured with torch 2.13 and
+transformers 5.25 on the tiny model and SmolLM2-135M (portable numerics, 2-core Intel Xeon):
+
+- **Linears.** oneDNN's AVX2 GEMM gives a row the same bits at every number of rows from 2 to 300
+  (SmolLM2's shapes and the tiny model's, 1 and 2 threads), but other bits at one row; MKL's
+  reproducible branch, which portable numerics use for small products, gives other bits from 8
+  rows on. So every float32 linear runs on oneDNN, and a lone row runs as two identical rows.
+- **Attention.** Left padding moves a prompt's keys to other positions of the kernel's vectors and
+  blocks, so its sums run in another order. :func:`rowwise_attention` runs each row's attention
+  over its own keys only, as that prompt run alone and unpadded would: the same ``scaled_dot_product
+  _attention`` call on the same tensors.
+
+Norms, rotary embeddings, activations and the residual stream are per row already. With both
+(:func:`batch_invariant`), the same prompts gave the same token ids and logit hashes at ``1x32``
+(alone, unpadded), ``4x32``, ``2x48`` and ``8x64``, at 1, 2 and 4 threads, for the tiny model and
+SmolLM2 (``tests/test_batch_invariant.py``); without them every shape gave other hashes.
+
+These are not today's portable kernels (one row and small products take other kernels there), so
+goldens recorded before keep theirs; wiring the choice into goldens is separate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pytest_llmdeterminism.engines import linears
+
+# The name under which transformers' attention and mask registries know the row-wise attention.
+ATTENTION = "pytest_llmdeterminism_rowwise"
+
+
+def invariant_linear(x: Any, weight: Any, bias: Any) -> Any:
+    """``F.linear`` on oneDNN with at least two rows, so that a row's bits do not depend on how many
+    rows the call holds (a lone row is computed as two identical rows)."""
+    rows = x.numel() // x.shape[-1]
+    if rows != 1:
+        return linears.onednn_linear(x, weight, bias)
+    pair = x.reshape(1, x.shape[-1]).expand(2, x.shape[-1])
+    return linears.onednn_linear(pair, weight, bias)[:1].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def rowwise_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                      dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """transformers' attention interface: each row attends over its own keys, as if it ran alone.
+
+    With left padding a row's real keys are the last ones; the first key the mask lets the last query
+    see is where they start. The row's real queries (the last ones) attend to them causally, with the
+    same call a lone, unpadded prompt makes; padded queries get zeros (nothing reads them)."""
+    import torch
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
+                         if kwargs.get(name) is not None)
+    if unsupported or dropout:
+        raise NotImplementedError(f"batch-invariant attention does not handle {unsupported or ['dropout']}")
+    batch, heads, queries, _ = query.shape
+    keys = key.shape[2]
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    output = query.new_zeros(batch, heads, queries, value.shape[-1])
+    for row in range(batch):
+        first = 0 if attention_mask is None else _first_key(attention_mask[row, 0, -1])
+        first_query = max(0, first - (keys - queries))
+        q = query[row:row + 1, :, first_query:]
+        k, v = key[row:row + 1, :, first:], value[row:row + 1, :, first:]
+        if 1 < q.shape[2] != k.shape[2]:
+            # a prefill continuing a cache: causal alignment to the bottom right, spelled out
+            offset = k.shape[2] - q.shape[2]
+            allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(offset)
+            result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                                                      scale=scaling)
+        else:
+            result = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scaling,
+                                                                      is_causal=q.shape[2] > 1)
+        output[row:row + 1, :, first_query:] = result
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _first_key(allowed: Any) -> int:
+    """The first key position a mask row lets through (bool: True; additive float: 0)."""
+    import torch
+
+    visible = allowed if allowed.dtype == torch.bool else allowed == 0
+    return int(torch.nonzero(visible)[0])
+
+
+def register() -> str:
+    """Make :func:`rowwise_attention` known to transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, rowwise_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the boolean masks rowwise_attention reads
+    return ATTENTION
+
+
+@contextmanager
+def batch_invariant(model: Any) -> Iterator[int]:
+    """Within the block, ``model`` computes each prompt's logits independently of its batch: float32
+    linears on the CPU through :func:`invariant_linear`, attention through :func:`rowwise_attention`.
+    Everything is put back afterwards. Yields how many linear layers were routed."""
+    import torch
+
+    name = register()
+    configs = {id(config): config for config in _configs(model)}
+    attention = {key: config._attn_implementation for key, config in configs.items()}
+    layers = [module for module in model.modules()
+              if type(module) is torch.nn.Linear and "forward" not in vars(module)
+              and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"]
+    try:
+        for config in configs.values():
+            config._attn_implementation = name
+        for module in layers:
+            module.forward = _forward(module)  # type: ignore[method-assign]
+        yield len(layers)
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = attention[key]
+        for module in layers:
+            vars(module).pop("forward", None)
+
+
+def _configs(model: Any) -> list[Any]:
+    """The model's configuration objects its attention layers read the implementation from."""
+    found = [model.config]
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            found.append(config)
+    return found
+
+
+def _forward(module: Any) -> Any:
+    import torch
+
+    linear = torch.nn.functional.linear
+
+    def forward(x: Any) -> Any:
+        if x.dtype != torch.float32:
+            return linear(x, module.weight, module.bias)
+        return invariant_linear(x, module.weight, module.bias)
+
+    return forward
