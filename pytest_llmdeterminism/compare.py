@@ -118,8 +118,11 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
     changes: list[tuple[str, Any, Any]] = []
     if expected.prompt_token_ids != actual.prompt_token_ids:
         changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
-    # An engine that ran each prompt alone (llama.cpp, a server) was not touched by the batch shape.
-    alone = any(gen.fingerprint.get("rows_alone") for gen in (expected, actual))
+    # An engine that ran each prompt alone (llama.cpp, a server) was not touched by the batch shape,
+    # nor were both sides computed on the same batch-invariant kernels.
+    invariant = expected.fingerprint.get("batch_invariant")
+    alone = (any(gen.fingerprint.get("rows_alone") for gen in (expected, actual))
+             or (bool(invariant) and invariant == actual.fingerprint.get("batch_invariant")))
     if expected.batch_shape != actual.batch_shape and not alone:
         changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
     old, new = expected.generation_config, actual.generation_config

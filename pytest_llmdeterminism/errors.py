@@ -130,7 +130,7 @@ class BatchInvarianceProbeError(LLMDeterminismError):
     and companions on this machine, or (``nondeterministic``) that one batch run twice differs."""
 
     def __init__(self, prompt: str, batch_shape: str, step: int, in_force: str, fix: str, *,
-                 nondeterministic: bool = False) -> None:
+                 nondeterministic: bool = False, other_shape: str | None = None) -> None:
         self.prompt = prompt
         self.batch_shape = batch_shape
         self.step = step
@@ -142,6 +142,11 @@ class BatchInvarianceProbeError(LLMDeterminismError):
                     f"twice (first at step {step}): something in the forward pass is random "
                     "(an unseeded random source, dropout, a hook adding noise, or a nondeterministic kernel)")
             fix = "find it with --llm-audit, which repeats each generation and tables what moved it"
+        elif other_shape is not None:
+            what = (f"batch invariance fails here: {shown!r} gives different logits in row 0 of a "
+                    f"{batch_shape} batch and in a {other_shape} batch (first at step {step}), though "
+                    "batch-invariant kernels are on (llm_batch_invariant): its goldens would depend on "
+                    "the batch shape")
         else:
             what = (f"batch invariance fails here: {shown!r} gives different logits at row 0 and at row "
                     f"{rows - 1} of a {batch_shape} batch with other companions (first at step {step}), so "

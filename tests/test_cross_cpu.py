@@ -150,6 +150,24 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
             found[f"{name} x{rows} split equal"] = rows > 1 or all(
                 torch.equal(linears.split_linear(x, weight, bias, n), y) for n in (2, 4))
         found[f"{name} x{rows}"] = xxhash.xxh3_64_hexdigest(y.numpy().tobytes())
+    if sys.argv[1] == "portable":  # batch-invariant kernels: a row's bits alone and among companions
+        from pytest_llmdeterminism.engines import batch_invariant
+        row = torch.randn(1, in_features)
+        alone = batch_invariant.invariant_linear(row, weight, bias)
+        found[f"{name} invariant rows equal"] = all(
+            torch.equal(batch_invariant.invariant_linear(torch.cat([torch.randn(rows - 1, in_features), row]),
+                                                         weight, bias)[-1], alone[0]) for rows in (2, 7, 64))
+        found[f"{name} invariant"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
+if sys.argv[1] == "portable":  # row-wise attention: a left-padded row as the row alone
+    from types import SimpleNamespace
+    q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
+    mask = torch.ones(24, 24, dtype=torch.bool).tril()[None, None].repeat(3, 1, 1, 1)
+    mask[1, :, :, :10] = False
+    padded, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
+    alone, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
+                                                 v[1:2, :, 10:], None, scaling=0.25)
+    found["attention invariant rows equal"] = torch.equal(padded[1, 10:], alone[0])
+    found["attention invariant"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
 print(json.dumps(found))
 """
 
@@ -158,7 +176,9 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     """Under portable numerics float32 linears run on oneDNN's AVX2 GEMM (smaller products on MKL's
     generic path), under compatible on MKL's generic path, one-row products there split over the
     threads (engines/linears.py): each must give
-    the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2."""
+    the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
+    portable, the batch-invariant kernels too (engines/batch_invariant.py): a row's bits alone and
+    among 1, 6 and 63 random companions, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     other_vendor, old_isa = _foreign_cpus()
@@ -178,6 +198,7 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     assert found["portable", "host"]["in force"] == "AVX2"
     assert found["compatible", "host"]["in force"] == "DEFAULT"
     for (mode, cpu), values in found.items():
-        assert all(v for k, v in values.items() if k.endswith("split equal")), (mode, cpu, values)
+        equal = [v for k, v in values.items() if k.endswith(("split equal", "rows equal"))]
+        assert equal and all(equal), (mode, cpu, values)
         host = found[mode, "host"]
         assert values == host, f"{mode} under -cpu {cpu} gives other bits than the host: {values} != {host}"

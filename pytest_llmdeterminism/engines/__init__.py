@@ -17,6 +17,7 @@ reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` a
 from __future__ import annotations
 
 import dataclasses
+import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,9 +71,11 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False) -> LoadedModel:
+         pinned_late: bool = False, batch_invariant: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
-    (``pinned_late``: the plugin could set them only now, not before conftests loaded)."""
+    (``pinned_late``: the plugin could set them only now, not before conftests loaded);
+    ``batch_invariant``: on batch-invariant kernels (``batch_invariant.py``), or an error saying why not.
+    Other engines run each prompt alone (or own their kernels): the setting does not touch them."""
     __tracebackhide__ = True
     if engine_of(spec) is not None:
         parsed = EngineSpec.parse(spec)
@@ -85,10 +88,28 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     in_force = {}
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
-    engine = hf.HFEngine(model, tokenizer, device, linears=linears.kernels_for(cpu_numerics, in_force))
+    kernels = linears.kernels_for(cpu_numerics, in_force)
+    if batch_invariant:
+        kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)
+    engine = hf.HFEngine(model, tokenizer, device, linears=kernels)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,
                        hub_commit=snapshot.commit if snapshot is not None else None)
+
+
+def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, dtype: str,
+                             device: str) -> linears.LinearKernels:
+    """The batch-invariant kernels, where they exist: float32 under portable numerics on x86-64."""
+    if kernels is linears.LinearKernels.ONEDNN_AVX2 and dtype == "float32":
+        return linears.LinearKernels.BATCH_INVARIANT
+    why = (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
+           f"they are oneDNN's AVX2 GEMM, which runs float32, not {dtype}" if dtype != "float32" else
+           f"they run under portable numerics on x86-64; this run has cpu numerics {cpu_numerics!r} "
+           f"on {platform.machine()}")
+    raise ConfigurationError("llm_batch_invariant", "true",
+                             f"batch-invariant kernels are not available here: {why}. Remove the setting "
+                             "(goldens then keep the batch shape), or run float32 on an x86-64 CPU with "
+                             f"{pasteable('llm_cpu_numerics', 'portable')}")
 
 
 class ModelCache:
@@ -100,11 +121,13 @@ class ModelCache:
 
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
-                 environment: PinnedEnvironment | None = None, plant_defect: bool = False) -> None:
+                 environment: PinnedEnvironment | None = None, plant_defect: bool = False,
+                 batch_invariant: bool = False) -> None:
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
+        self._batch_invariant = batch_invariant
         self._loaded: LoadedModel | LLMDeterminismError | None = None
         self._failed_first: str | None = None  # the test that was shown why the load failed
         self._announce = announce or (lambda line: None)  # a line for the terminal while loading
@@ -138,7 +161,8 @@ class ModelCache:
         try:
             with self._environment.recording():
                 self._environment.pin(early=False)
-                loaded = load(spec, **self._how, pinned_late=not self._environment.early)
+                loaded = load(spec, **self._how, pinned_late=not self._environment.early,
+                              batch_invariant=self._batch_invariant)
             if self._plant_defect:
                 changed = hf.plant_defect(loaded.model)
                 self._announce(f"llm: PLANTED DEFECT: noise of relative size {hf.DEFECT_SCALE} on "

@@ -18,8 +18,15 @@ Norms, rotary embeddings, activations and the residual stream are per row alread
 (alone, unpadded), ``4x32``, ``2x48`` and ``8x64``, at 1, 2 and 4 threads, for the tiny model and
 SmolLM2 (``tests/test_batch_invariant.py``); without them every shape gave other hashes.
 
-These are not today's portable kernels (one row and small products take other kernels there), so
-goldens recorded before keep theirs; wiring the choice into goldens is separate.
+These are not the default portable kernels (one row and small products take other kernels there,
+faster on some shapes), so they are a setting, ``llm_batch_invariant = true``: a golden computed with
+them records ``batch_invariant`` (:data:`GENERATION`) in its fingerprint, and where the golden and the
+run both carry the same value the batch shape is informational (``compare.input_changes``). Goldens
+recorded without them keep their kernels and their shape.
+
+Not under compatible numerics: MKL's reproducible branch gives a row the same bits at 2 to 4 rows only
+(measured), and oneDNN is not capped there, so its bits would not travel between CPUs. Not on arm64
+yet: its float32 linears run on OpenBLAS, not measured for invariance.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from pytest_llmdeterminism.engines import linears
 
 # The name under which transformers' attention and mask registries know the row-wise attention.
 ATTENTION = "pytest_llmdeterminism_rowwise"
+# What a golden's fingerprint records as ``batch_invariant`` when these kernels computed it. Another
+# value (kernels that give other bits) is another environment: change it with the kernels.
+GENERATION = "cpu-onednn-avx2-rowwise-1"
 
 
 def invariant_linear(x: Any, weight: Any, bias: Any) -> Any:

@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmdeterminism.engines import batch_invariant
+from pytest_llmdeterminism.engines.linears import LinearKernels
+
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines import LoadedModel
 
@@ -45,7 +48,7 @@ _NUMERICS_BY_KIND = {
     # (measured), and Intel documents it for a fixed thread count only: threads stay a field.
     # cpu_numerics and cpu_capability name the pinned profile: portable's AVX2 kernels or the
     # compatible (and older portable) generic ones.
-    "cpu-portable": ("cpu_numerics", "cpu_capability", "blas", "torch_threads"),
+    "cpu-portable": ("cpu_numerics", "cpu_capability", "blas", "torch_threads", "batch_invariant"),
     # native kernels depend on the SIMD level, MKL's branch (picked by CPU and vendor), OpenBLAS's
     # core type (picked by CPU: arm64 Neoverse vs generic ARMv8 kernels differ) and threads
     "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "blas", "blas_coretype",
@@ -159,6 +162,9 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "weights_hash": _weights_hash(loaded),
         "tokenizer_hash": _tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
+        # only goldens computed on batch-invariant kernels carry the field (batch_invariant.py)
+        **({"batch_invariant": batch_invariant.GENERATION}
+           if getattr(loaded.engine, "linears", None) is LinearKernels.BATCH_INVARIANT else {}),
     }
 
 

@@ -42,8 +42,6 @@ class HFEngine:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py).
         self.linears = linears
-        # Batch-invariant kernels (batch_invariant.py): not wired into goldens yet, so off unless asked.
-        self.batch_invariant = False
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -80,7 +78,8 @@ class HFEngine:
         try:
             with deterministic_state(settings.seed), torch.inference_mode(), \
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture, \
-                    (batch_invariant(model) if self.batch_invariant else routed(model, self.linears)):
+                    (batch_invariant(model) if self.linears is LinearKernels.BATCH_INVARIANT
+                     else routed(model, self.linears)):
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),

@@ -50,6 +50,9 @@ class LinearKernels(str, enum.Enum):
     LINEAR = "F.linear"  # torch's own dispatch: native numerics, GPUs, other dtypes
     SPLIT_ONE_ROW = "one-row split"  # compatible: MKL's generic path, one-row products over the threads
     ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN capped at AVX2; smaller one-row products split
+    # llm_batch_invariant: every product on oneDNN AVX2 with at least two rows, attention row by row
+    # (batch_invariant.py, which the transformers engine runs instead of routed())
+    BATCH_INVARIANT = "batch-invariant"
 
 
 def kernels_for(mode: str, in_force: Mapping[str, Any]) -> LinearKernels:

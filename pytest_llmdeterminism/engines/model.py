@@ -20,7 +20,7 @@ from pytest_llmdeterminism.engines.inputs import Conversation
 from pytest_llmdeterminism.engines.probe import verify_batch_invariance
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation, GreedyConfig, PromptForm, resolve_generation_config
-from pytest_llmdeterminism.shape import GenerationSettings
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.loaded import LoadedModel
@@ -118,7 +118,7 @@ class LLMModel:
                                      "prefix")
         if self._verify and not self._loaded.engine.runs_rows_alone:
             found = verify_batch_invariance(self._loaded, self.settings, given[0].text, given[0].ids,
-                                            self._generate_chunk)
+                                            self._generate_chunk, self._other_shape())
             if self._note is not None and not self._noted:
                 self._noted = True
                 self._note(found)
@@ -133,6 +133,14 @@ class LLMModel:
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
         return results[0] if single else results
+
+    def _other_shape(self) -> tuple[BatchShape, Callable[..., list[Generation]]] | None:
+        """Under batch-invariant kernels, another shape for the probe (the prompt alone, or two rows)."""
+        if not fingerprint(self._loaded).get("batch_invariant"):
+            return None
+        shape = self.settings.batch_shape
+        other = BatchShape(1, shape.length) if shape.rows > 1 else BatchShape(2, shape.length)
+        return other, self.with_settings(batch_shape=other)._generate_chunk
 
     def encode(self, prompt: str | Conversation) -> list[int]:
         """The token ids ``generate`` runs for a prompt string or a chat conversation."""

@@ -1,17 +1,19 @@
 """The batch-invariance probe: does a prompt give the same bits at the first and the last row of a
 batch, among other companions? Everything the fixed shape promises rests on it, so it runs once per
-loaded model, shape and thread count, before the first generation that shares a batch."""
+loaded model, shape and thread count, before the first generation that shares a batch. Under
+batch-invariant kernels (``llm_batch_invariant``) goldens do not carry the shape, so the probe also
+runs the prompt in another shape: alone when the batch has several rows, else in a batch of two."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.engines.fingerprint import fingerprint
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
 from pytest_llmdeterminism.generation import Generation, GreedyConfig, resolve_generation_config
-from pytest_llmdeterminism.shape import GenerationSettings
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.loaded import LoadedModel
@@ -19,10 +21,12 @@ if TYPE_CHECKING:
 PROBE_STEPS = 3  # tokens the batch-invariance probe generates per row
 # Runs one chunk of ``(prompt, ids)`` rows at the model's shape: a Generation per row.
 RunChunk = Callable[[list[tuple[str, list[int]]], GreedyConfig], list[Generation]]
+# Another shape and what runs a chunk there: the cross-shape half of the probe.
+OtherShape = tuple[BatchShape, RunChunk]
 
 
 def verify_batch_invariance(loaded: LoadedModel, settings: GenerationSettings, prompt: str, ids: list[int],
-                            run_chunk: RunChunk) -> str:
+                            run_chunk: RunChunk, other: OtherShape | None = None) -> str:
     """What the probe found for ``prompt`` at ``settings``' shape (a line for the run's summary),
     probed once per loaded model, shape and thread count; a variant raises
     :class:`BatchInvarianceProbeError` naming what restores invariance."""
@@ -31,7 +35,7 @@ def verify_batch_invariance(loaded: LoadedModel, settings: GenerationSettings, p
 
     key = f"{settings.batch_shape}@{torch.get_num_threads()}"  # natively, threads decide it too
     probed = loaded.cache.setdefault("batch_invariance", {})
-    outcome = probed.get(key) or _probe(loaded, settings, prompt, ids, run_chunk)
+    outcome = probed.get(key) or _probe(loaded, settings, prompt, ids, run_chunk, other)
     if not (isinstance(outcome, BatchInvarianceProbeError) and outcome.nondeterministic):
         probed[key] = outcome  # randomness may come from this test alone (a hook): probe again next time
     if isinstance(outcome, BatchInvarianceProbeError):
@@ -40,24 +44,36 @@ def verify_batch_invariance(loaded: LoadedModel, settings: GenerationSettings, p
 
 
 def _probe(loaded: LoadedModel, settings: GenerationSettings, prompt: str, ids: list[int],
-           run_chunk: RunChunk) -> str | BatchInvarianceProbeError:
+           run_chunk: RunChunk, other: OtherShape | None) -> str | BatchInvarianceProbeError:
     shape = settings.batch_shape
-    if shape.rows == 1:
+    if shape.rows == 1 and other is None:
         return f"batch invariance: nothing to verify at {shape} (one row per batch)"
     config = resolve_generation_config({}, max_new_tokens=PROBE_STEPS, eos_token_ids=[],
                                        pad_token_id=loaded.tokenizer.pad_token_id)
-    others = companions(ids, shape.length, 2 * (shape.rows - 1), loaded.engine.vocab_size())
+    rows_needed = max(shape.rows, 2 if other is None else other[0].rows)
+    others = companions(ids, shape.length, 2 * (rows_needed - 1), loaded.engine.vocab_size())
     first_batch = [(prompt, ids)] + [("", c) for c in others[: shape.rows - 1]]
     first = run_chunk(first_batch, config)[0]
-    last = run_chunk([("", c) for c in others[shape.rows - 1:]] + [(prompt, ids)], config)[-1]
-    rows = compare(first, last)
-    if rows.verdict is Verdict.IDENTICAL:
-        return f"batch invariance: verified at {shape} (row 0 vs row {shape.rows - 1}, {PROBE_STEPS} steps)"
+    # (what was compared, its comparison, the other shape where it is a shape, not a row, that differed)
+    checks: list[tuple[str, Comparison, str | None]] = []
+    if shape.rows > 1:
+        last = run_chunk([("", c) for c in others[shape.rows - 1:]] + [(prompt, ids)], config)[-1]
+        checks.append((f"row 0 vs row {shape.rows - 1}", compare(first, last), None))
+    if other is not None:
+        other_shape, run_other = other
+        there = run_other([("", c) for c in others[: other_shape.rows - 1]] + [(prompt, ids)], config)[-1]
+        shown = other_shape.running(len(ids))
+        checks.append((f"and against {shown}", compare(first, there), str(shown)))
+    failed = next((check for check in checks if check[1].verdict is not Verdict.IDENTICAL), None)
+    if failed is None:
+        return (f"batch invariance: verified at {shape} ({', '.join(what for what, _, _ in checks)}, "
+                f"{PROBE_STEPS} steps)")
     repeat = compare(first, run_chunk(first_batch, config)[0])
-    differing = rows if repeat.verdict is Verdict.IDENTICAL else repeat
+    differing = failed[1] if repeat.verdict is Verdict.IDENTICAL else repeat
     step = differing.first_hash_step if differing.first_hash_step is not None else differing.steps_compared
     return BatchInvarianceProbeError(prompt, str(shape), step, *_advice(loaded, settings),
-                                     nondeterministic=differing is repeat)
+                                     nondeterministic=differing is repeat,
+                                     other_shape=failed[2] if differing is not repeat else None)
 
 
 def _advice(loaded: LoadedModel, settings: GenerationSettings) -> tuple[str, str]:

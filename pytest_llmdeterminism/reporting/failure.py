@@ -156,12 +156,23 @@ def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: 
         return [(f"    {field}: {short(old)} -> {short(new)} (at B = 1 a prompt now runs alone at its own "
                 "length, unpadded, as a plain generate() does; a golden recorded padded is re-recorded "
                 "once)")]
+    if field == "batch_shape":
+        kernels = [gen.fingerprint.get("batch_invariant") for gen in (expected, actual)]
+        if any(kernels):
+            return [(f"    {field}: {short(old)} -> {short(new)} (the shape is informational only where the "
+                     f"golden and the run both ran batch-invariant kernels: golden {_kernels(kernels[0])}, "
+                     f"this run {_kernels(kernels[1])}; llm_batch_invariant = true on both sides, or record "
+                     "again under this setting)")]
     if field != "prompt_token_ids":
         return [f"    {field}: {short(old)} -> {short(new)}"]
     first = first_difference(old, new)
     return [*_prompt_lines(expected, actual),
             (f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
              f"{_id_window(old, first)} -> {_id_window(new, first)}")]
+
+
+def _kernels(generation: Any) -> str:
+    return f"batch-invariant ({generation})" if generation else "shape-dependent"
 
 
 def _prompt_lines(expected: Generation, actual: Generation) -> list[str]:

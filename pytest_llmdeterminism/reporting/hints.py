@@ -54,6 +54,12 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
                 "it moved to AVX2 kernels ran what 'compatible' pins now): compare exactly again with "
                 f"{pasteable('llm_cpu_numerics', profiles[0])}, or re-record with --llm-golden-update "
                 "--llm-tolerance=exact")
+    kernels = {name: (old, new) for name, old, new in changes}.get("batch_invariant")
+    if kernels is not None and names == ["batch_invariant"]:
+        recorded = "true" if kernels[0] else "false"
+        return (f"{line}; the golden was computed {'with' if kernels[0] else 'without'} batch-invariant "
+                f"kernels: compare exactly again with {pasteable('llm_batch_invariant', recorded)}, or "
+                "re-record under this run's setting with --llm-golden-update --llm-tolerance=exact")
     if versions:
         return (f"{line}; after an upgrade ({', '.join(versions)}) keep the goldens and let the tolerance "
                 "judge the drift, or accept the new numbers: --llm-golden-update --llm-tolerance=exact "

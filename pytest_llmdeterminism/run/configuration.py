@@ -25,6 +25,7 @@ from pytest_llmdeterminism.run.options import (
     SETTINGS,
     Options,
     UpdateMode,
+    parse_boolean,
     parse_choice,
     parse_device,
     parse_integer,
@@ -93,6 +94,7 @@ def read(config: pytest.Config) -> Options:
                            if config.getoption(s.ini) is not None),
         threads=parse_threads(value("llm_threads")),
         xdist_workers=xdist_workers(config),
+        batch_invariant=parse_boolean("llm_batch_invariant", value("llm_batch_invariant")),
     )
 
 

@@ -67,6 +67,7 @@ class Options:
     threads: int | None = None  # llm_threads, or None for auto (engines/threads.py)
     xdist_workers: int | None = None  # the pytest-xdist workers this process starts (the controller)
     plant_defect: bool = False  # --llm-plant-defect or LLMDET_PLANT_DEFECT=1: the negative control
+    batch_invariant: bool = False  # llm_batch_invariant: kernels whose logits do not depend on the batch
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,11 @@ SETTINGS = (
              "worker's share of the usable cores (cores // workers, at least 1); an OMP_NUM_THREADS or "
              "MKL_NUM_THREADS you set is kept under auto",
              "auto"),
+    _Setting("llm_batch_invariant", "--llm-batch-invariant",
+             "true: batch-invariant CPU kernels (portable numerics, x86-64), so a prompt gives the same bits "
+             "alone or in any batch, goldens do not depend on llm_batch_shape and it becomes a speed "
+             "setting; false (default): today's kernels, the batch shape is part of every golden",
+             "false"),
 )
 
 
@@ -261,6 +267,14 @@ def parse_threads(raw: str | None) -> int | None:
         return int(raw)
     raise ConfigurationError("llm_threads", raw, "expected auto or a number of threads >= 1, e.g. '1' (one "
                              "thread in every process, serial or under pytest-xdist)")
+
+
+def parse_boolean(setting: str, raw: str | None, *, default: bool = False) -> bool:
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise ConfigurationError(setting, raw, "expected true or false, e.g. 'true'")
 
 
 def parse_integer(setting: str, raw: str | None, default: int, *, minimum: int) -> int:

@@ -48,7 +48,8 @@ class LLMSession:
                                                             threads.for_this_process(options.threads))
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
                                  cpu_numerics=options.cpu_numerics, announce=announce,
-                                 environment=self.environment, plant_defect=options.plant_defect)
+                                 environment=self.environment, plant_defect=options.plant_defect,
+                                 batch_invariant=options.batch_invariant)
         self.files = GoldenFiles(options.golden_dir, options.rootdir, options.invocation_dir)
         self.ledger = Ledger(options.partial)
         self.output: writer.RunOutput | None = None
@@ -126,8 +127,11 @@ class LLMSession:
         return [
             first,
             *defect,
-            (f"llm {numerics.describe(options.cpu_numerics)}; batch invariance is verified at the first "
-             "generation of each shape") if engine is None else
+            (f"llm {numerics.describe(options.cpu_numerics)}; " + (
+                "batch-invariant kernels: a prompt gives the same bits alone or in any batch (verified at "
+                "the first generation, against another shape); goldens do not depend on the batch shape"
+                if options.batch_invariant else
+                "batch invariance is verified at the first generation of each shape")) if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
         ]

