@@ -72,7 +72,9 @@ def _causal_padded_mask(lengths: list[int], total: int) -> torch.Tensor:
     return torch.stack(masks)[:, None]
 
 
-def test_a_padded_rows_attention_has_the_bits_of_the_row_alone():
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_a_padded_rows_attention_has_the_bits_of_the_row_alone(count, threads):
+    threads(count)
     generator = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, total = 4, 2, 16, 32
     module = torch.nn.Module()
