@@ -411,9 +411,11 @@ def test_each_step_hash_is_the_xxh3_hex_digest_of_its_raw_float32_logits_row(tin
     assert capture.rows[0].hashes != capture.rows[1].hashes
 
 
-def test_only_the_capture_processes_scores_unless_a_setting_needs_a_processor(make_llm, monkeypatch):
-    """min_new_tokens=0 adds no processor of its own to every step (transformers would run a
-    MinLengthLogitsProcessor that never changes a score); a minimum above 0 still holds."""
+def test_no_processor_runs_unless_a_setting_needs_one(make_llm, monkeypatch):
+    """The default greedy config runs no logits processor at all: transformers builds none (min_new_tokens
+    =0 is left out, or it would run a MinLengthLogitsProcessor that never changes a score), and the
+    capture takes the top-k from the raw logits, which are then the scores greedy picks from. Every
+    setting that makes transformers add a processor also brings the capture's own, placed last."""
     from transformers.generation.utils import GenerationMixin
 
     prepared = GenerationMixin._get_logits_processor
@@ -427,7 +429,25 @@ def test_only_the_capture_processes_scores_unless_a_setting_needs_a_processor(ma
     monkeypatch.setattr(GenerationMixin, "_get_logits_processor", spy)
     llm = make_llm("1x32", max_new_tokens=8)
     early = llm.generate(PROMPT)  # the tiny model stops after three tokens
-    assert seen == [["_RecordScores"]] and early.finish_reason == "eos" and len(early.token_ids) < 6
+    assert seen == [[]] and early.finish_reason == "eos" and len(early.token_ids) < 6
     held = llm.generate(PROMPT, min_new_tokens=6)
-    assert "MinNewTokensLengthLogitsProcessor" in seen[-1]
+    assert "MinNewTokensLengthLogitsProcessor" in seen[-1] and seen[-1][-1] == "_RecordScores"
     assert len(held.token_ids) >= 6
+    for setting in ({"repetition_penalty": 1.3}, {"no_repeat_ngram_size": 2}):
+        llm.generate(PROMPT, **setting)
+        assert len(seen[-1]) == 2 and seen[-1][-1] == "_RecordScores", (setting, seen[-1])
+
+
+def test_top_k_from_the_raw_logits_equals_the_processors_where_no_setting_changes_the_scores(tiny):
+    """Without processors the capture reads the top-k from the raw logits: the same numbers, bit for bit,
+    as its processor records from the scores (which transformers copies from those logits)."""
+    from pytest_llmdeterminism.engines.capture import StepCapture
+
+    encoded = tiny.tokenizer(["Hello there", "Once upon a time"], return_tensors="pt", padding=True)
+    found = []
+    for processed in (True, False):
+        with torch.inference_mode(), StepCapture(tiny.model, rows=2, processed=processed) as capture:
+            tiny.model.generate(**encoded, do_sample=False, max_new_tokens=6,
+                                logits_processor=capture.logits_processor())
+        found.append(capture.rows)
+    assert found[0] == found[1] and len(found[0][0].top) == 6

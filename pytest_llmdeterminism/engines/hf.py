@@ -77,7 +77,8 @@ class HFEngine:
         model.generation_config = GenerationConfig()
         try:
             with deterministic_state(settings.seed), torch.inference_mode(), \
-                    StepCapture(model, rows=len(rows), keep_logits=keep_logits) as capture, \
+                    StepCapture(model, rows=len(rows), keep_logits=keep_logits,
+                                processed=_has_processors(config)) as capture, \
                     (batch_invariant(model) if self.linears is LinearKernels.BATCH_INVARIANT
                      else routed(model, self.linears)):
                 output = model.generate(
@@ -122,6 +123,12 @@ def _transformers_arguments(config: GreedyConfig) -> dict[str, Any]:
     if not arguments["min_new_tokens"]:
         del arguments["min_new_tokens"]
     return arguments
+
+
+def _has_processors(config: GreedyConfig) -> bool:
+    """Whether transformers runs a logits processor for ``config`` (greedy, on a clean
+    ``GenerationConfig``): only these settings add one, so otherwise its scores are the raw logits."""
+    return bool(config.min_new_tokens or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size)
 
 
 def pick_device(spec: str, device: str) -> str:
