@@ -76,10 +76,21 @@ def _projects_run_as_plain_runs(request, monkeypatch):
     plugin set for this suite's own worker, which it would read as the user's choice."""
     from pytest_llmdeterminism import plugin
 
-    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    for name in ("PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
     environment = request.config.stash.get(plugin._ENVIRONMENT, None)
     if environment is not None and environment.threads.set_by_plugin:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        if "pytester" in request.fixturenames:
+            # An in-process run reads torch's live thread count as torch's default: give it the
+            # default of a plain run (the usable cores), and this worker its share back afterwards.
+            import torch
+
+            from pytest_llmdeterminism.engines.threads import usable_cores
+
+            before = torch.get_num_threads()
+            torch.set_num_threads(usable_cores())
+            request.addfinalizer(lambda: torch.set_num_threads(before))
 
 
 @pytest.fixture(autouse=True)
