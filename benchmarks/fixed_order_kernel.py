@@ -9,7 +9,7 @@ through ``fmaf``; arm64's NEON has the same fused multiply-add); and a row's bit
 the rows beside it or on the thread count (threads take whole panels). The script checks both,
 compares the bits with today's route, and times the kernel against the plain test's ``F.linear``
 (native kernels, its own process) and the route portable numerics take today
-(``engines/linears.py``), on SmolLM2-135M's shapes at 1, 4 and 64 rows (30 distinct weights per
+(``compute/linears.py``), on SmolLM2-135M's shapes at 1, 4 and 64 rows (30 distinct weights per
 shape, streamed from memory; 2 threads; best of 5).
 
     python benchmarks/fixed_order_kernel.py        # needs gcc with OpenMP (builds into a temp folder)
@@ -62,7 +62,7 @@ def _best_us(kernel, weights, repeats: int = 5) -> float:
 
 def measure(mode: str, folder: str) -> None:
     sys.path.insert(0, str(ROOT))
-    from pytest_llmdeterminism.engines import linears, numerics
+    from pytest_llmdeterminism.compute import linears, numerics
 
     numerics.pin(mode)
     import torch

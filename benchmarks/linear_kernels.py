@@ -7,7 +7,7 @@ time (``time.process_time``, one thread: robust to a busy machine, where a secon
 not) of one product, each over 30 distinct weights so they stream from memory as in a model:
 
 - native: ``F.linear`` with the CPU's own kernels (MKL's AVX-512 path on an AVX-512 Intel CPU);
-- portable: the kernel the plugin routes the shape to (``engines/linears.py``: oneDNN capped at AVX2
+- portable: the kernel the plugin routes the shape to (``compute/linears.py``: oneDNN capped at AVX2
   at or above ``ONEDNN_MIN_PRODUCT`` multiply-adds, else MKL's reproducible branch), and oneDNN with
   a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``), with whether it gives the bits
   of oneDNN on the plain weight (the routed kernel where the shape goes to oneDNN).
@@ -39,7 +39,7 @@ WEIGHTS = 30
 
 def measure(mode: str) -> None:
     sys.path.insert(0, str(ROOT))
-    from pytest_llmdeterminism.engines import linears, numerics
+    from pytest_llmdeterminism.compute import linears, numerics
 
     numerics.pin(mode)
     import torch

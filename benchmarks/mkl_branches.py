@@ -38,7 +38,7 @@ def probe(threads: int, timed: bool) -> dict:
     import torch
     import xxhash
 
-    from pytest_llmdeterminism.engines import numerics
+    from pytest_llmdeterminism.compute import numerics
 
     torch.manual_seed(0)
     torch.set_num_threads(threads)

@@ -95,7 +95,7 @@ def plain_side(spec: str, prompts: list, max_new_tokens: int) -> None:
 
 
 def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mode: str) -> None:
-    from pytest_llmdeterminism.engines import numerics
+    from pytest_llmdeterminism.compute import numerics
 
     numerics.pin(mode)  # what the plugin does before any conftest imports torch
     started = time.perf_counter()  # both sides' load times count importing torch and transformers
@@ -243,7 +243,7 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
 def load_only(spec: str, plugin: bool) -> None:
     """One load in a fresh process, nothing else: the plugin's (portable numerics) or transformers' own."""
     if plugin:
-        from pytest_llmdeterminism.engines import numerics
+        from pytest_llmdeterminism.compute import numerics
 
         numerics.pin("portable")
     started = time.perf_counter()  # imports of torch and transformers count on both sides
@@ -333,7 +333,7 @@ def whole_runs(spec: str, max_new_tokens: int, rounds: int) -> dict:
 def cpu_vendor() -> str:
     """The CPU's vendor and model as ``/proc/cpuinfo`` names them (timing differs by vendor: the portable
     kernels are tuned per vendor, and emulation cannot stand in for timing)."""
-    from pytest_llmdeterminism.engines import numerics
+    from pytest_llmdeterminism.compute import numerics
 
     vendor = "unknown vendor"
     try:

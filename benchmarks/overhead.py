@@ -100,7 +100,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
 
 def time_rounds(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict[str, list[float]]:
     """In this process (one numerics mode): every variant's time per round, rounds interleaved."""
-    from pytest_llmdeterminism.engines.determinism import deterministic_state
+    from pytest_llmdeterminism.compute.determinism import deterministic_state
 
     with tempfile.TemporaryDirectory() as tmp:
         plugin_run, bare_run, probe_run = build(spec, shape, max_new_tokens, Path(tmp))
@@ -146,7 +146,7 @@ def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -
 
 def _environment(mode: str) -> dict[str, str]:
     """Portable numerics must be set before torch starts; native runs without them."""
-    from pytest_llmdeterminism.engines.numerics import PORTABLE_ENVIRONMENT
+    from pytest_llmdeterminism.compute.numerics import PORTABLE_ENVIRONMENT
 
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENVIRONMENT}
     env["LLMDET_BENCH_NUMERICS"] = mode

@@ -2,7 +2,7 @@
 
 A wider random Llama than the built-in one (hidden 1024, 4 layers, vocabulary 512; built here, no
 download): the forward pass over a 128-token prompt (prefill) and 32 decode steps from its cache,
-with the model's linears routed as the plugin routes them under each mode (``engines/linears.py``).
+with the model's linears routed as the plugin routes them under each mode (``compute/linears.py``).
 Numerics are fixed when torch starts, so each mode runs in its own process; the processes alternate
 round by round, and each prints the median of its rounds.
 
@@ -26,7 +26,7 @@ MODES = ("native", "compatible", "portable")
 
 def measure(mode: str, repeats: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from pytest_llmdeterminism.engines import linears, numerics
+    from pytest_llmdeterminism.compute import linears, numerics
 
     numerics.pin(mode)  # as the plugin does, before torch computes anything
     import torch

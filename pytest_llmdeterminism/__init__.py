@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
+from pytest_llmdeterminism.compute.numerics import CPUNumericsError
 from pytest_llmdeterminism.engines.audit import AuditReport, NondeterminismError, audit
 from pytest_llmdeterminism.engines.model import LLMModel
-from pytest_llmdeterminism.engines.numerics import CPUNumericsError
 from pytest_llmdeterminism.engines.server_client import HTTPStatusError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,

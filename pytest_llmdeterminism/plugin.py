@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism.engines import determinism, threads
-from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
+from pytest_llmdeterminism.compute import determinism, threads
+from pytest_llmdeterminism.compute.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.reporting.terminal import one_line_crash
 from pytest_llmdeterminism.run import configuration, options, suites

@@ -71,7 +71,7 @@ def _child_pytest_runs_are_marked(request, monkeypatch, _heavy_libraries_before_
 def _projects_run_as_plain_runs(request, monkeypatch):
     """A project a test runs (in-process or as a child ``python -m pytest``) is a plain pytest run
     whatever ``-n`` this suite runs under: an xdist worker's count in the environment would give it
-    a worker's share of the cores (engines/threads.py), and its goldens another thread count. A
+    a worker's share of the cores (compute/threads.py), and its goldens another thread count. A
     child run with ``-n`` gets its own count from xdist. Nor does it inherit the OMP_NUM_THREADS the
     plugin set for this suite's own worker, which it would read as the user's choice."""
     from pytest_llmdeterminism import plugin
@@ -86,7 +86,7 @@ def _projects_run_as_plain_runs(request, monkeypatch):
             # default of a plain run (the usable cores), and this worker its share back afterwards.
             import torch
 
-            from pytest_llmdeterminism.engines.threads import usable_cores
+            from pytest_llmdeterminism.compute.threads import usable_cores
 
             before = torch.get_num_threads()
             torch.set_num_threads(usable_cores())

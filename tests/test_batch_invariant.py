@@ -1,4 +1,4 @@
-"""Batch-invariant kernels (engines/batch_invariant.py): a row's bits do not depend on its batch.
+"""Batch-invariant kernels (compute/batch_invariant.py): a row's bits do not depend on its batch.
 
 Per op (linears, attention) and for the whole model: the same prompt alone and unpadded, or batched
 with others at other shapes, gives the same logit hashes; the default kernels are the negative
@@ -20,8 +20,8 @@ import torch
 
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
-from pytest_llmdeterminism.engines import batch_invariant
-from pytest_llmdeterminism.engines.linears import LinearKernels
+from pytest_llmdeterminism.compute import batch_invariant
+from pytest_llmdeterminism.compute.linears import LinearKernels
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.generation import Generation

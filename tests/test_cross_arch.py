@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import pytest_llmdeterminism
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.fingerprint import cache_dir
 
 from .conftest import dequantized_copy, perturbed_tiny_copy

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = [
@@ -129,7 +129,7 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
 
 LINEAR_PROBE = """
 import json, sys
-from pytest_llmdeterminism.engines import linears, numerics
+from pytest_llmdeterminism.compute import linears, numerics
 numerics.pin(sys.argv[1])  # as the plugin does, before torch computes anything
 import torch, xxhash
 try:
@@ -151,7 +151,7 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
                 torch.equal(linears.split_linear(x, weight, bias, n), y) for n in (2, 4))
         found[f"{name} x{rows}"] = xxhash.xxh3_64_hexdigest(y.numpy().tobytes())
     if sys.argv[1] == "portable":  # batch-invariant kernels: a row's bits alone and among companions
-        from pytest_llmdeterminism.engines import batch_invariant
+        from pytest_llmdeterminism.compute import batch_invariant
         row = torch.randn(1, in_features)
         alone = batch_invariant.invariant_linear(row, weight, bias)
         found[f"{name} invariant rows equal"] = all(
@@ -175,9 +175,9 @@ print(json.dumps(found))
 def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     """Under portable numerics float32 linears run on oneDNN's AVX2 GEMM (smaller products on MKL's
     generic path), under compatible on MKL's generic path, one-row products there split over the
-    threads (engines/linears.py): each must give
+    threads (compute/linears.py): each must give
     the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
-    portable, the batch-invariant kernels too (engines/batch_invariant.py): a row's bits alone and
+    portable, the batch-invariant kernels too (compute/batch_invariant.py): a row's bits alone and
     among 1, 6 and 63 random companions, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_llmdeterminism.engines import determinism
+from pytest_llmdeterminism.compute import determinism
 
 
 def snapshot():

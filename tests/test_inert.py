@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_llmdeterminism import engines as backends
-from pytest_llmdeterminism.engines import ModelCache, numerics
-from pytest_llmdeterminism.engines.environment import PinnedEnvironment, configures_plugin
+from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute.environment import PinnedEnvironment, configures_plugin
+from pytest_llmdeterminism.engines import ModelCache
 
 PINNED = (*numerics.PINNED_VARIABLES, "CUBLAS_WORKSPACE_CONFIG", "HF_HUB_OFFLINE")
 

@@ -1,4 +1,4 @@
-"""How linears run under pinned numerics (engines/linears.py): one-row products split over the
+"""How linears run under pinned numerics (compute/linears.py): one-row products split over the
 threads give the bits of ``F.linear``; oneDNN's capped GEMM keeps rows independent of their batch.
 
 The suite pins portable numerics for itself (pyproject.toml), so these run under MKL's reproducible
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from pytest_llmdeterminism import engines
-from pytest_llmdeterminism.engines import BUILTIN_MODELS, linears, numerics
-from pytest_llmdeterminism.engines.linears import LinearKernels
+from pytest_llmdeterminism.compute import linears, numerics
+from pytest_llmdeterminism.compute.linears import LinearKernels
+from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 

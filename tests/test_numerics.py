@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from pytest_llmdeterminism import BatchInvarianceProbeError
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.fingerprint import numerics_changes
 
 from .conftest import usage_error
@@ -288,7 +288,7 @@ def test_tokenizer_without_pad_and_eos_tokens_gets_a_safe_pad(tmp_path):
 MACHINE_PROBE = """
 import json, platform, sys
 platform.machine = lambda: sys.argv[1]
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 numerics.pin("portable")
 found = {"environment": dict(numerics.PORTABLE_ENVIRONMENT), "torch imported": "torch" in sys.modules}
 import torch

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pytest_llmdeterminism.engines.threads import choose, share, usable_cores, worker_count
+from pytest_llmdeterminism.compute.threads import choose, share, usable_cores, worker_count
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.run.options import parse_threads
 

@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_llmdeterminism.engines import hf, hub, linears, llamacpp, numerics, openai, vllm
-from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.compute import linears, numerics
+from pytest_llmdeterminism.compute.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines import hf, hub, llamacpp, openai, vllm
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
 from pytest_llmdeterminism.engines.spec import (

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.engines import batch_invariant
-from pytest_llmdeterminism.engines.linears import LinearKernels
+from pytest_llmdeterminism.compute import batch_invariant
+from pytest_llmdeterminism.compute.linears import LinearKernels
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines import LoadedModel
@@ -21,7 +21,7 @@ _CHUNK = 1 << 24
 def fingerprint(loaded: LoadedModel, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What produced a generation. Cached per loaded model, except the determinism ``flags`` the
     engine had in force (by default the live torch flags)."""
-    from pytest_llmdeterminism.engines import determinism
+    from pytest_llmdeterminism.compute import determinism
 
     if "static" not in loaded.cache:
         loaded.cache["static"] = _static(loaded) if loaded.describe is None else _static_engine(loaded)
@@ -124,7 +124,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
     import torch
     import transformers
 
-    from pytest_llmdeterminism.engines import numerics
+    from pytest_llmdeterminism.compute import numerics
 
     model, tokenizer = loaded.model, loaded.tokenizer
     device = torch.device(loaded.device)

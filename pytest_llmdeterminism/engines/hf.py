@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.engines.batch_invariant import batch_invariant
+from pytest_llmdeterminism.compute.batch_invariant import batch_invariant
+from pytest_llmdeterminism.compute.determinism import deterministic_state
+from pytest_llmdeterminism.compute.linears import LinearKernels, routed
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
-from pytest_llmdeterminism.engines.determinism import deterministic_state
-from pytest_llmdeterminism.engines.linears import LinearKernels, routed
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -57,7 +57,7 @@ class HFEngine:
         import torch
         from transformers import GenerationConfig
 
-        from pytest_llmdeterminism.engines.determinism import flags
+        from pytest_llmdeterminism.compute.determinism import flags
 
         shape = settings.batch_shape.running(max(map(len, rows)))
         self._refuse_past_context(shape, config.max_new_tokens, settings)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.compute.numerics import cpu_name
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
 from pytest_llmdeterminism.engines.loaded import LoadedModel
-from pytest_llmdeterminism.engines.numerics import cpu_name
 from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refuse_beyond

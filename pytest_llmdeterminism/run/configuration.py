@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.run.options import (

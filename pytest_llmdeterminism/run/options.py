@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.spec import (
     BUILTIN_PREFIX,
     HubId,
@@ -64,7 +64,7 @@ class Options:
     rootdir: Path
     invocation_dir: Path
     cli_settings: tuple[str, ...] = ()  # the --llm-* settings given on the command line, as typed
-    threads: int | None = None  # llm_threads, or None for auto (engines/threads.py)
+    threads: int | None = None  # llm_threads, or None for auto (compute/threads.py)
     xdist_workers: int | None = None  # the pytest-xdist workers this process starts (the controller)
     plant_defect: bool = False  # --llm-plant-defect or LLMDET_PLANT_DEFECT=1: the negative control
     batch_invariant: bool = False  # llm_batch_invariant: kernels whose logits do not depend on the batch

@@ -2,7 +2,7 @@
 
 - ``models`` (:class:`~pytest_llmdeterminism.engines.ModelCache`): one model load per process;
 - ``files`` (:class:`~pytest_llmdeterminism.goldens.files.GoldenFiles`): golden paths, each file read once;
-- ``environment`` (:class:`~pytest_llmdeterminism.engines.environment.PinnedEnvironment`): the variables
+- ``environment`` (:class:`~pytest_llmdeterminism.compute.environment.PinnedEnvironment`): the variables
   the run set, restored at its end;
 - ``ledger`` (:class:`~pytest_llmdeterminism.run.ledger.Ledger`): what every test decided, taken from
   test reports (under pytest-xdist, from every worker's);
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_llmdeterminism.engines import ModelCache, numerics, threads
-from pytest_llmdeterminism.engines.environment import PinnedEnvironment
+from pytest_llmdeterminism.compute import numerics, threads
+from pytest_llmdeterminism.compute.environment import PinnedEnvironment
+from pytest_llmdeterminism.engines import ModelCache
 from pytest_llmdeterminism.engines.hf import DEFECT_SCALE
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
@@ -62,7 +63,7 @@ class LLMSession:
         """Seed a deterministic test's generators once more, just before its function runs: another
         plugin's ``pytest_runtest_call`` (pytest-randomly's reseeding) runs after this plugin's seeding."""
         if item.get_closest_marker(MARKER):
-            from pytest_llmdeterminism.engines.determinism import seed_all
+            from pytest_llmdeterminism.compute.determinism import seed_all
 
             seed_all(self.settings(item).generation.seed)
 

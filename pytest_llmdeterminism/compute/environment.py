@@ -29,8 +29,8 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from pytest_llmdeterminism.engines import determinism, numerics
-from pytest_llmdeterminism.engines.threads import ThreadChoice
+from pytest_llmdeterminism.compute import determinism, numerics
+from pytest_llmdeterminism.compute.threads import ThreadChoice
 
 
 def configures_plugin(ini_keys: Iterable[str], args: Iterable[str]) -> bool:

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pytest_llmdeterminism.engines import linears
+from pytest_llmdeterminism.compute import linears
 
 # The name under which transformers' attention and mask registries know the row-wise attention.
 ATTENTION = "pytest_llmdeterminism_rowwise"

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from pytest_llmdeterminism.engines import numerics
+from pytest_llmdeterminism.compute import numerics
 
 
 class LinearKernels(str, enum.Enum):

@@ -1,0 +1,6 @@
+"""How the process computes: the CPU numerics the plugin pins, the kernels float32 linears and
+attention run on (the batch-invariant ones among them), torch's threads, seeds and determinism
+flags, and how every change to the process is put back.
+
+The engines (``engines/``) run models on top of this; nothing here loads a model.
+"""
