@@ -316,7 +316,7 @@ def test_machines_other_than_x86_64_get_generic_aten_kernels_not_the_avx2_pin(ma
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="AVX2 is asked on x86-64 only")
 def test_avx2_and_fma_are_asked_of_the_cpu_without_importing_torch():
-    code = ("import sys; from pytest_llmdeterminism.engines import numerics; "
+    code = ("import sys; from pytest_llmdeterminism.compute import numerics; "
             "print(numerics._has_avx2(), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     import torch
