@@ -78,8 +78,8 @@ class SamplingRefusedError(LLMDeterminismError, ValueError):
         self.value = value
         super().__init__(
             f"llm_model.generate({argument}={value!r}) refused: {why}. "
-            "llm_model always decodes greedily so that goldens are reproducible; "
-            f"remove {argument!r} from the call."
+            "llm_model decodes greedily so that goldens are reproducible, unless do_sample=True asks "
+            f"for its seeded sampler; remove {argument!r} from the call."
         )
 
 

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
+from pytest_llmdeterminism.sampling import SamplingConfig
 
 TopK = tuple[tuple[int, float], ...]
 
@@ -77,10 +78,13 @@ ACCEPTED_OVERRIDES = (
 # Arguments that would make decoding random or non-greedy, and why each is refused.
 _SAMPLING_REASONS = {
     "do_sample": "sampling draws tokens at random",
-    "temperature": "a temperature only matters when sampling; even 1e-8 is sampling, not greedy",
-    "top_p": "nucleus sampling draws tokens at random",
-    "top_k": "top-k is a sampling filter; even top_k=1 runs the sampling path, which is not greedy",
-    "min_p": "min-p is a sampling filter",
+    "temperature": "a temperature only matters when sampling; even 1e-8 is sampling, not greedy. To "
+                   "sample with the plugin's seeded sampler, pass do_sample=True with it",
+    "top_p": "nucleus sampling draws tokens at random; with do_sample=True the plugin's seeded sampler "
+             "takes it",
+    "top_k": "top-k is a sampling filter; even top_k=1 runs the sampling path, which is not greedy. With "
+             "do_sample=True the plugin's seeded sampler takes it",
+    "min_p": "min-p is a sampling filter; with do_sample=True the plugin's seeded sampler takes it",
     "typical_p": "typical sampling draws tokens at random",
     "epsilon_cutoff": "epsilon sampling draws tokens at random",
     "eta_cutoff": "eta sampling draws tokens at random",
@@ -134,18 +138,44 @@ class GreedyConfig:
     eos_token_id: tuple[int, ...]  # sorted
     pad_token_id: int
     use_cache: bool = True
+    # do_sample=True: the plugin's own sampler (sampling.py) draws each token; ``seeds`` holds one
+    # seed per prompt of the call (set per chunk by the model), the config's own seed the default.
+    sampling: SamplingConfig | None = None
+    seeds: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        """The config as a golden records it and transformers' ``GenerationConfig`` takes it."""
+        """The config as a golden records it and transformers' ``GenerationConfig`` takes it (the
+        sampling settings, under ``do_sample=True`` only, are recorded; the engine never passes them
+        on: greedy decoding over the perturbed scores picks the drawn token)."""
         # Every field is immutable: no deep copy (dataclasses.asdict) needed, once or twice a call.
-        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-                "eos_token_id": list(self.eos_token_id)}
+        base = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("sampling", "seeds")}
+        sampled = {} if self.sampling is None else {"do_sample": True, **self.sampling.as_dict()}
+        return {**base, "eos_token_id": list(self.eos_token_id), **sampled}
+
+    def seed_of(self, row: int) -> int:
+        """The sampling seed of row ``row`` of the chunk this config runs."""
+        assert self.sampling is not None
+        return self.seeds[row] if self.seeds else self.sampling.seed
+
+
+# With do_sample=True these choose the plugin's sampler's settings (sampling.SamplingConfig).
+SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 
 def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,
-                              eos_token_ids: list[int], pad_token_id: int) -> GreedyConfig:
-    """The effective greedy config: defaults, then accepted overrides; sampling arguments refused."""
+                              eos_token_ids: list[int], pad_token_id: int,
+                              seed: int = 0) -> GreedyConfig:
+    """The effective config: defaults, then accepted overrides. Sampling arguments are refused unless
+    ``do_sample=True`` asks for the plugin's own sampler; then ``seed`` (the test's) is the default
+    seed, and ``seed=`` may give one per prompt (checked against the prompts by the model)."""
     __tracebackhide__ = True
+    if overrides.get("do_sample") is True:
+        return _sampled(overrides, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                        pad_token_id=pad_token_id, seed=seed)
+    if "seed" in overrides:
+        raise SamplingRefusedError("seed", overrides["seed"], "a seed only matters when sampling: pass "
+                                   "do_sample=True to sample with it")
     accepted: dict[str, Any] = {}
     for name, value in overrides.items():
         if name in _SAMPLING_REASONS:
@@ -161,6 +191,28 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     defaults = GreedyConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
                             pad_token_id=pad_token_id)
     return dataclasses.replace(defaults, **accepted)
+
+
+def _sampled(overrides: Mapping[str, Any], *, max_new_tokens: int, eos_token_ids: list[int],
+             pad_token_id: int, seed: int) -> GreedyConfig:
+    __tracebackhide__ = True
+    settings = {name: overrides[name] for name in SAMPLING_ARGUMENTS if name in overrides}
+    seeds: tuple[int, ...] = ()
+    given = settings.pop("seed", seed)
+    if isinstance(given, (list, tuple)):
+        seeds = tuple(given)
+        if not seeds:
+            raise ConfigurationError("llm_model.generate(seed=...)", given, "expected an integer, or one "
+                                     "integer per prompt")
+        for each in seeds:
+            SamplingConfig(seed=each)  # validated one by one: the error names the bad seed
+        given = seeds[0]
+    sampling = SamplingConfig(**settings, seed=given)
+    rest = {name: value for name, value in overrides.items()
+            if name not in (*SAMPLING_ARGUMENTS, "do_sample")}
+    config = resolve_generation_config(rest, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                                       pad_token_id=pad_token_id)
+    return dataclasses.replace(config, do_sample=True, sampling=sampling, seeds=seeds)
 
 
 def refuse_beyond(engine: str, config: GreedyConfig, *, keep_logits: bool = False, has_logits: bool = True,
@@ -242,10 +294,15 @@ class Generation:
     fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
     prompt_form: PromptForm = PromptForm.TEXT
     hash_definition: HashDefinition = HashDefinition.LOGITS  # what ``logit_hashes`` hash
+    # Sampled generations (``do_sample=True``): per step, the drawn token's perturbed score minus the
+    # runner-up's (how close the draw was); empty for greedy ones.
+    draw_margins: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         steps = len(self.token_ids)
         lengths = {len(self.logit_hashes), len(self.top_logprobs), len(self.margins)}
+        if self.draw_margins:
+            lengths.add(len(self.draw_margins))
         if lengths != {steps} or (self.pieces and len(self.pieces) != steps):
             raise ValueError(f"Generation has inconsistent per-step lengths: {steps} tokens, {lengths}")
 

@@ -1,8 +1,9 @@
-"""Greedy decoding is enforced: sampling arguments are refused, neutral values accepted."""
+"""Greedy decoding unless do_sample=True asks for the plugin's seeded sampler: sampling arguments
+without it are refused naming do_sample=True, neutral values accepted."""
 
 import pytest
 
-from pytest_llmdeterminism.errors import SamplingRefusedError
+from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
 from pytest_llmdeterminism.generation import resolve_generation_config
 
 
@@ -13,7 +14,6 @@ def resolve(**overrides):
 @pytest.mark.parametrize(
     ("argument", "value", "why"),
     [
-        ("do_sample", True, "sampling draws tokens at random"),
         ("temperature", 0.7, "only matters when sampling"),
         ("temperature", 1e-8, "even 1e-8 is sampling"),
         ("temperature", 1.0, "only matters when sampling"),
@@ -71,23 +71,39 @@ def test_accepted_overrides_are_recorded():
     assert config.as_dict()["eos_token_id"] == [5]  # as a golden records it
 
 
-def test_sampling_inside_a_deterministic_test_fails_at_the_users_line(suite):
+def test_sampling_without_do_sample_fails_at_the_users_line_naming_do_sample(suite):
     suite.makepyfile(
         """
         from pytest_llmdeterminism import deterministic
 
         @deterministic
         def test_sampled(llm_model):
-            llm_model.generate("The capital of France is", do_sample=True, temperature=0.7)
+            llm_model.generate("The capital of France is", temperature=0.7)
         """
     )
     result = suite.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        ">*llm_model.generate(*do_sample=True, temperature=0.7)",
-        "E*SamplingRefusedError: llm_model.generate(do_sample=True) refused: sampling draws "
-        "tokens at random*",
+        ">*llm_model.generate(*temperature=0.7)",
+        "E*SamplingRefusedError: llm_model.generate(temperature=0.7) refused: a temperature only matters "
+        "when sampling*pass do_sample=True with it*",
     ])
+
+
+def test_do_sample_true_takes_the_samplers_settings_and_records_them():
+    config = resolve(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=[3, 4])
+    assert config.as_dict()["do_sample"] is True
+    assert {k: config.as_dict()[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")} == \
+        {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "seed": 3}
+    assert config.as_dict()["sampler"].startswith("gumbel-")
+    assert [config.seed_of(0), config.seed_of(1)] == [3, 4]
+    assert "sampler" not in resolve().as_dict() and resolve().as_dict()["do_sample"] is False
+    for bad, expected in (({"temperature": 0}, "temperature=0 with do_sample=True is an error"),
+                          ({"seed": -1}, "an integer from 0"), ({"top_p": 0}, "0 < top_p <= 1")):
+        with pytest.raises(ConfigurationError, match=expected):
+            resolve(do_sample=True, **bad)
+    with pytest.raises(SamplingRefusedError, match="pass do_sample=True to sample with it"):
+        resolve(seed=3)
 
 
 @pytest.mark.parametrize(("argument", "value", "expected"), [

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # The pure core sits flat at the package root; ``strategies`` and ``plugin`` are its top, and the
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
-    "core": [["errors"], ["shape", "generation", "sampling"], ["compare"], ["tolerance"]],
+    "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
     "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
                 ["compute.environment", "compute.linears"], ["compute.batch_invariant"], ["compute"]],
     "engines": [["engines.secret"],

@@ -58,6 +58,7 @@ class Chunk:
     steps: list[RowSteps]
     flags: dict[str, Any] = field(default_factory=dict)  # determinism settings in force for the call
     logits: list[list[Any]] = field(default_factory=list)  # per row, per step: raw logits (keep_logits)
+    draw_margins: list[list[float]] = field(default_factory=list)  # per row, per step: do_sample=True only
     # Where the engine decodes and stops by itself (a server): its text, pieces and finish reasons.
     texts: list[str] | None = None
     pieces: list[list[str]] | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import re
@@ -78,21 +80,26 @@ class HFEngine:
         try:
             with deterministic_state(settings.seed), torch.inference_mode(), \
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits,
-                                processed=_has_processors(config)) as capture, \
+                                processed=_has_processors(config) or config.sampling is not None
+                                ) as capture, \
                     (batch_invariant(model) if self.linears is LinearKernels.BATCH_INVARIANT
                      else routed(model, self.linears)):
+                processors = capture.logits_processor()
+                if config.sampling is not None:  # last: the draw sees the scores the capture recorded
+                    processors.append(draw := _draw_class()(rows, config))
                 output = model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),
                     generation_config=GenerationConfig(**_transformers_arguments(config)),
-                    logits_processor=capture.logits_processor(),
+                    logits_processor=processors,
                 )
                 in_force = flags()  # as they were for this call
         finally:
             model.generation_config = checkpoint_config
         tokens = output[: len(rows), shape.length:].cpu().tolist()
         logits = [[step[row] for step in capture.logits] for row in range(len(rows))] if keep_logits else []
-        return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits)
+        return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits,
+                     draw_margins=draw.margins if config.sampling is not None else [])
 
 
     def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int,
@@ -122,7 +129,49 @@ def _transformers_arguments(config: GreedyConfig) -> dict[str, Any]:
     arguments = config.as_dict()
     if not arguments["min_new_tokens"]:
         del arguments["min_new_tokens"]
+    # The plugin's sampler draws (a logits processor): transformers decodes greedily over its scores.
+    for name in ("sampler", "temperature", "top_k", "top_p", "min_p", "seed"):
+        arguments.pop(name, None)
+    arguments["do_sample"] = False
     return arguments
+
+
+@functools.cache
+def _draw_class() -> type:
+    """The logits processor that draws each real row's token with the plugin's sampler
+    (``sampling.py``) and leaves greedy decoding nothing else to pick; filler rows stay greedy. Made
+    once: transformers is imported only when a model runs."""
+    import inspect
+
+    import torch
+    from transformers import LogitsProcessor
+
+    from pytest_llmdeterminism import sampling
+    from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR
+
+    class _Draw(LogitsProcessor):  # type: ignore[misc]
+        def __init__(self, rows: list[list[int]], config: GreedyConfig) -> None:
+            assert config.sampling is not None
+            self._configs = [dataclasses.replace(config.sampling, seed=config.seed_of(row))
+                             for row in range(len(rows))]
+            self._keys = [each.noise_key(ids) for each, ids in zip(self._configs, rows, strict=True)]
+            self._step = 0
+            self.margins: list[list[float]] = [[] for _ in rows]
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            rows = len(self._keys)
+            draws = sampling.draw_batch(scores[:rows].float().cpu().numpy(), self._configs, keys=self._keys,
+                                        step=self._step)
+            self._step += 1
+            chosen = scores.clone()
+            for row, drawn in enumerate(draws):
+                chosen[row] = -torch.inf
+                chosen[row, drawn.token_id] = 0.0
+                self.margins[row].append(round(min(drawn.margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+            return chosen
+
+    _Draw.__call__.__signature__ = inspect.signature(_Draw.__call__)  # type: ignore[attr-defined]
+    return _Draw
 
 
 def _has_processors(config: GreedyConfig) -> bool:

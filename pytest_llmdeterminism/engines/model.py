@@ -110,7 +110,10 @@ class LLMModel:
             max_new_tokens=self.settings.max_new_tokens,
             eos_token_ids=self._loaded.engine.eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
+            seed=self.settings.seed,
         )
+        if config.sampling is not None:
+            self._refuse_sampling_where_not_owned(config, len(given))
         if self._after_generate is not None and self._loaded.engine.name != "transformers":
             raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
                                      f"and dtype of the transformers backend; {self._loaded.spec} runs on "
@@ -126,13 +129,33 @@ class LLMModel:
         results: list[Generation] = []
         for start in range(0, len(given), rows):
             chunk = [(item.text, item.ids) for item in given[start:start + rows]]
-            results += self._generate_chunk(chunk, config)
+            seeds = config.seeds[start:start + rows]
+            chunk_config = dataclasses.replace(config, seeds=seeds) if seeds else config
+            results += self._generate_chunk(chunk, chunk_config)
         results = [result if item.form is PromptForm.TEXT else
                    dataclasses.replace(result, prompt_form=item.form)
                    for result, item in zip(results, given, strict=True)]
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
         return results[0] if single else results
+
+    def _refuse_sampling_where_not_owned(self, config: GreedyConfig, prompts: int) -> None:
+        """``do_sample=True`` runs the plugin's own sampler over the full logits: the transformers engine
+        only, for now; one seed or one per prompt."""
+        __tracebackhide__ = True
+        engine = self._loaded.engine.name
+        if engine != "transformers":
+            why = ("llama.cpp's own sampler is not used, and the plugin's is not wired to it yet"
+                   if engine == "llamacpp" else
+                   "the plugin cannot own the draw of a server or vLLM: their sampling is seeded by their "
+                   "own generator, which depends on the batch, the hardware and the version")
+            raise ConfigurationError("llm_model.generate(do_sample=True)", True,
+                                     f"sampling is not available on the {engine} engine: {why}. Test sampled "
+                                     "generation on the transformers backend (llm_model = the model's folder "
+                                     "or .gguf file, without an engine prefix)")
+        if config.seeds and len(config.seeds) != prompts:
+            raise ConfigurationError("llm_model.generate(seed=...)", list(config.seeds),
+                                     f"expected one seed per prompt ({prompts}), or one integer for all")
 
     def _other_shape(self) -> tuple[BatchShape, Callable[..., list[Generation]]] | None:
         """Under batch-invariant kernels, another shape for the probe (the prompt alone, or two rows)."""
@@ -184,9 +207,11 @@ class LLMModel:
             top_logprobs=tuple(steps.top[:n]),
             margins=tuple(steps.margins[:n]),
             finish_reason=finish_reason,
-            generation_config=config.as_dict(),
+            generation_config=(config.as_dict() if config.sampling is None
+                               else {**config.as_dict(), "seed": config.seed_of(row)}),
             batch_shape=str(self.settings.batch_shape.running(len(prompt_ids))),
             pieces=tuple(pieces),
             fingerprint=fingerprint_now,
             hash_definition=self._loaded.engine.hash_definition,
+            draw_margins=tuple(out.draw_margins[row][:n]) if out.draw_margins else (),
         )

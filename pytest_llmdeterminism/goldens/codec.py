@@ -119,6 +119,7 @@ def _no_duplicate_keys(data: bytes, goldens: Goldens, *, header_keys: int) -> bo
         for entry in variants.values():
             kept += 8 + _keys(entry.fingerprint) + len(entry.generation_config) + 5 * len(entry.steps)
             kept += (entry.prompt_form != "text") + (entry.step_hash != "logits")  # not the defaults: given
+            kept += entry.draw_margins is not None
     # ``":`` preceded by a backslash is an escaped quote inside a string (JSON in a prompt), not a key.
     return data.count(b'":') - data.count(b'\\":') == kept
 
@@ -254,6 +255,8 @@ def _entry_text(entry: Entry) -> str:
     steps = ",\n".join(f"{inner}  {_step_text(step)}" for step in entry.steps)
     fields = [
         f'"batch_shape": {encode_basestring(entry.batch_shape)}',
+        *([f'"draw_margins": {_compact(list(entry.draw_margins))}']
+          if entry.draw_margins is not None else []),
         f'"fingerprint": {_format(entry.fingerprint, 4)}',
         f'"finish_reason": {encode_basestring(entry.finish_reason)}',
         f'"generation_config": {_format(entry.generation_config, 4)}',

@@ -87,6 +87,9 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     # definition of the transformers and llama.cpp engines). An unknown one is refused: its hashes
     # could not be compared.
     step_hash: Literal["logits", "served-topk", "vllm-topk"] = "logits"
+    # Sampled generations (do_sample=True) only: per step, the draw margin (the drawn token's perturbed
+    # score minus the runner-up's). Greedy goldens never carry it.
+    draw_margins: tuple[Margin, ...] | None = None
 
 
 Goldens = dict[str, dict[str, Entry]]  # test key -> variant -> entry
@@ -114,6 +117,7 @@ def to_entry(generation: Generation) -> dict[str, Any]:
         "text": generation.text,
         **({"prompt_form": generation.prompt_form} if generation.prompt_form != "text" else {}),
         **({"step_hash": generation.hash_definition} if generation.hash_definition != "logits" else {}),
+        **({"draw_margins": list(generation.draw_margins)} if generation.draw_margins else {}),
     }
 
 
@@ -144,6 +148,7 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
         fingerprint=entry.fingerprint,
         prompt_form=PromptForm(entry.prompt_form),
         hash_definition=HashDefinition(entry.step_hash),
+        draw_margins=entry.draw_margins or (),
     )
 
 
@@ -176,6 +181,8 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
             problem = _token_id_problem(index, step)
             if problem:
                 return problem
+    if entry.draw_margins is not None and len(entry.draw_margins) != len(entry.steps):
+        return f"'draw_margins' has {len(entry.draw_margins)} values for {len(entry.steps)} steps"
     for name in _TEXT_FINGERPRINT_FIELDS:
         value = entry.fingerprint.get(name)
         if value is not None and not isinstance(value, str):

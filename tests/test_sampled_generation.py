@@ -1,0 +1,112 @@
+"""Sampled generation (``do_sample=True``) with the plugin's own seeded sampler, end to end on the
+real tiny model: a row's sample depends on its seed and its own prompt alone (not its companions, its
+row, the batch shape or the thread count), goldens record the settings and the draw margins, and a
+changed model, seed or setting is caught. The sampler's faithfulness (chi-square over many seeds,
+and a wrong temperature as the negative control) is tested in ``tests/test_sampling.py``."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pytest_llmdeterminism.compare import Verdict, compare, input_changes
+from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.goldens import schema
+
+PROMPT = "Once upon a time"
+SAMPLED = {"do_sample": True, "temperature": 1.5}
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_a_rows_sample_depends_on_its_seed_and_prompt_alone(make_llm, threads):
+    alone = make_llm("1x32").generate(PROMPT, **SAMPLED, seed=3)
+    batched = make_llm("4x32").generate(["Hello there", "x y z", PROMPT], **SAMPLED, seed=[1, 2, 3])
+    first_row = make_llm("4x32").generate([PROMPT, "The weather today is"], **SAMPLED, seed=[3, 9])
+    threads(1)
+    one_thread = make_llm("4x32").generate(PROMPT, **SAMPLED, seed=3)
+    for other in (batched[2], first_row[0], one_thread):
+        assert other.token_ids == alone.token_ids
+        # the batch shape moves the logits by ~1e-6 (unless llm_batch_invariant), not the sample
+        assert other.draw_margins == pytest.approx(alone.draw_margins, abs=1e-4)
+    # within one shape: the same bits at another row, among other companions, at 1 and 2 threads
+    assert batched[2].logit_hashes == first_row[0].logit_hashes == one_thread.logit_hashes
+    assert batched[2].draw_margins == first_row[0].draw_margins == one_thread.draw_margins
+    assert len(alone.draw_margins) == len(alone.token_ids) and all(m >= 0 for m in alone.draw_margins)
+    assert alone.generation_config["seed"] == 3 and alone.generation_config["do_sample"] is True
+
+
+def test_different_seeds_give_different_samples_and_greedy_is_not_one_of_them_by_default(make_llm):
+    llm = make_llm("4x32", max_new_tokens=10)
+    samples = {llm.generate(PROMPT, **SAMPLED, seed=seed).token_ids for seed in range(8)}
+    assert len(samples) >= 4, samples
+    greedy = llm.generate(PROMPT)
+    assert greedy.draw_margins == () and "sampler" not in greedy.generation_config
+    # the test's own seed is the default: @deterministic(seed=...) decides the sample
+    assert make_llm(seed=5).generate(PROMPT, **SAMPLED).token_ids == llm.generate(PROMPT, **SAMPLED,
+                                                                                   seed=5).token_ids
+
+
+def test_a_sampled_golden_round_trips_and_another_setting_is_an_input_change(make_llm):
+    llm = make_llm("4x32")
+    recorded = llm.generate(PROMPT, **SAMPLED, seed=3, top_k=20)
+    entry = json.loads(json.dumps(schema.to_entry(recorded)))
+    assert schema.from_entry(entry) == recorded and entry["draw_margins"] == list(recorded.draw_margins)
+    assert compare(schema.from_entry(entry), llm.generate(PROMPT, **SAMPLED, seed=3, top_k=20)).verdict \
+        is Verdict.IDENTICAL
+    for changed, field in (({"seed": 4, "top_k": 20}, "generation_config.seed"),
+                           ({"seed": 3, "top_k": 10}, "generation_config.top_k")):
+        names = [name for name, _, _ in input_changes(recorded, llm.generate(PROMPT, **SAMPLED, **changed))]
+        assert names == [field]
+    greedy = [name for name, _, _ in input_changes(recorded, llm.generate(PROMPT))]
+    assert "generation_config.do_sample" in greedy and "generation_config.temperature" in greedy
+    assert "draw_margins" not in schema.to_entry(llm.generate(PROMPT))  # greedy goldens never carry it
+
+
+def test_seeds_must_match_the_prompts(make_llm):
+    with pytest.raises(ConfigurationError, match=r"expected one seed per prompt \(2\)"):
+        make_llm().generate([PROMPT, "Hello"], **SAMPLED, seed=[1, 2, 3])
+
+
+@pytest.mark.parametrize("engine", ["openai", "vllm", "llamacpp"])
+def test_engines_that_cannot_own_the_draw_refuse_sampling(tiny, engine):
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+    never = SimpleNamespace(name=engine, runs_rows_alone=True, eos_token_ids=lambda: [2],
+                            run=lambda *args: pytest.fail("a refused call must not run"))
+    loaded = SimpleNamespace(**{**vars(tiny), "engine": never, "spec": f"{engine}:x"})
+    llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0))
+    with pytest.raises(ConfigurationError, match=f"sampling is not available on the {engine} engine.*"
+                                                 "Test sampled generation on the transformers backend"):
+        llm.generate(PROMPT, **SAMPLED)
+
+
+def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite):
+    suite.makepyfile(test_story="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(seed=7)
+        def test_story(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("Once upon a time", do_sample=True, temperature=1.5,
+                                                   top_p=0.95))
+    """)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    (golden,) = suite.path.glob("__golden__/*.json")
+    entry = next(iter(json.loads(golden.read_text())["goldens"]["test_story"].values()))
+    assert entry["generation_config"]["seed"] == 7 and entry["generation_config"]["top_p"] == 0.95
+    assert len(entry["draw_margins"]) == len(entry["steps"])
+    checked = suite.runpytest()
+    checked.assert_outcomes(passed=1)
+    checked.stdout.fnmatch_lines(["*golden checks: 1 IDENTICAL*"])
+    defect = suite.runpytest("--llm-plant-defect")
+    defect.assert_outcomes(failed=1)
+    defect.stdout.fnmatch_lines(["*REGRESSION*"])
