@@ -51,6 +51,13 @@ from pytest_llmdeterminism import deterministic
 def test_probe(llm_model, golden_tokens):
     for prompt, result in zip({PROMPTS!r}, llm_model.generate({PROMPTS!r})):
         golden_tokens.check(result, name=prompt)
+
+# The plugin's seeded sampler: its draws do not depend on the architecture either.
+@deterministic(max_new_tokens=8, seed=11)
+def test_sampled(llm_model, golden_tokens):
+    sampled = llm_model.generate({PROMPTS!r}, do_sample=True, temperature=1.3, top_p=0.95)
+    for prompt, result in zip({PROMPTS!r}, sampled):
+        golden_tokens.check(result, name="sampled " + prompt)
 """
 # Every variable that portable numerics sets on either machine: each run starts without them.
 PINNED = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_MATMUL_MIN_DIM",
@@ -113,7 +120,7 @@ def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(
     records = [Run(x86_recorded, "--llm-golden-update"),
                Run(arm64_recorded, "--llm-golden-update", arm64=True)]
     for run in records:
-        assert summary(run.finish(0)) == "golden checks: 4 recorded"
+        assert summary(run.finish(0)) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
 
     on_arm64 = Run(x86_recorded, arm64=True)
     changed_on_arm64 = Run(x86_recorded, f"--llm-model={changed}", arm64=True)
@@ -123,7 +130,7 @@ def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(
 
     for direction, output in outputs.items():
         counts = {verdict: int(count) for count, verdict in re.findall(r"(\d+) ([A-Z_]+)", summary(output))}
-        assert set(counts) <= {"IDENTICAL", "LOGIT_DRIFT"} and sum(counts.values()) == 4, \
+        assert set(counts) <= {"IDENTICAL", "LOGIT_DRIFT"} and sum(counts.values()) == 8, \
             f"{direction}: {summary(output)}"
         print(f"{direction}: {summary(output)}; {across(output)}")
         # The summary names what changed: the machine, the BLAS and torch (2.9.1's arm64 CPU wheel).
@@ -148,12 +155,12 @@ def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_name_
     records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1", env=neoverse),
                Run(probe, *native, "--llm-golden-update", arm64=True, env=armv8)]
     for run in records:
-        assert summary(run.finish(0)) == "golden checks: 4 recorded"
+        assert summary(run.finish(0)) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
 
     other_cpu = Run(probe, arm64=True, cpu="a64fx", env=armv8)  # SVE-512, no BF16, another core type
     other_core = Run(probe, *native, arm64=True, env=neoverse)
     output = other_cpu.finish(0)
-    assert summary(output) == "golden checks: 4 IDENTICAL" and not across(output), output[-3000:]
+    assert summary(output) == "golden checks: 8 IDENTICAL" and not across(output), output[-3000:]
 
     output = other_core.finish(0)  # the tiny model's GEMMs do not differ here, so the tolerance passes them
     assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]

@@ -37,6 +37,16 @@ def test_probe(llm_model, golden_tokens):
     for prompt, result in zip(PROMPTS, llm_model.generate(PROMPTS)):
         golden_tokens.check(result, name=prompt)
 """
+# The plugin's seeded sampler (do_sample=True): its noise is integer arithmetic and one correctly
+# rounded logarithm, so a sampled golden must travel between CPUs like a greedy one.
+SAMPLED_PROBE = """
+
+@deterministic(max_new_tokens=6, seed=11)
+def test_sampled(llm_model, golden_tokens):
+    sampled = llm_model.generate(PROMPTS, do_sample=True, temperature=1.3, top_p=0.95)
+    for prompt, result in zip(PROMPTS, sampled):
+        golden_tokens.check(result, name="sampled " + prompt)
+"""
 
 
 def _host_vendor() -> str:
@@ -73,7 +83,7 @@ def _finish(run: subprocess.Popen[str]) -> tuple[int, str]:
 
 def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n")
-    (tmp_path / "test_probe.py").write_text(PROBE)
+    (tmp_path / "test_probe.py").write_text(PROBE + SAMPLED_PROBE)
     # Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread),
     # so the negative control runs one prompt per batch, at one thread.
     native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native", "--llm-batch-shape=1x32")
@@ -81,7 +91,7 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     for args, threads in ((("--llm-golden-update",), None), ((*compatible, "--llm-golden-update"), None),
                           ((*native, "--llm-golden-update"), 1)):
         code, output = _finish(_pytest(tmp_path, *args, threads=threads))
-        assert code == 0 and "golden checks: 3 recorded" in output, output[-3000:]
+        assert code == 0 and "golden checks: 6 recorded" in output, output[-3000:]
 
     other_vendor, old_isa = _foreign_cpus()
     runs = {
@@ -96,7 +106,7 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     for cpu in (other_vendor, old_isa):
         code, output = results[cpu]
         assert code == 0, f"pinned goldens failed under -cpu {cpu}:\n{output[-4000:]}"
-        assert "golden checks: 3 IDENTICAL" in output, output[-3000:]
+        assert "golden checks: 6 IDENTICAL" in output, output[-3000:]  # 3 greedy, 3 sampled
         assert "batch invariance: verified at 4x32" in output
         assert "compared across environments" not in output
 
