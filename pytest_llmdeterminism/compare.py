@@ -25,6 +25,10 @@ class Verdict(enum.Enum):
     IDENTICAL = "IDENTICAL"
     LOGIT_DRIFT = "LOGIT_DRIFT"
     TIE_FLIP = "TIE_FLIP"
+    # A sampled golden (do_sample=True) whose token changed where its draw was a near tie: the
+    # recorded draw margin is below what the tie margin's logit drift moves a perturbed score (tie
+    # margin / temperature). Judged like TIE_FLIP.
+    SAMPLE_FLIP = "SAMPLE_FLIP"
     REGRESSION = "REGRESSION"
     # Not from compare() either: a rerun of a test (pytest-rerunfailures) in the same process whose
     # output for a key differs from an earlier attempt's (run.golden_tokens), so a rerun never passes.
@@ -41,6 +45,9 @@ class Divergence:
     expected_top: TopK
     actual_top: TopK
     golden_margin: float
+    # sampled goldens: the golden's draw margin at the step and the temperature (None when greedy)
+    draw_margin: float | None = None
+    temperature: float | None = None
 
 
 @dataclass(frozen=True)
@@ -183,10 +190,19 @@ def _divergence(expected: Generation, actual: Generation, step: int) -> Divergen
 
     (expected_token, expected_top), (actual_token, actual_top) = at(expected), at(actual)
     margin = expected.margins[step] if step < len(expected.margins) else float("inf")
+    temperature = expected.generation_config.get("temperature") if expected.draw_margins else None
+    if isinstance(temperature, (int, float)) and temperature > 0 and step < len(expected.draw_margins):
+        return Divergence(step, expected_token, actual_token, expected_top, actual_top, margin,
+                          draw_margin=expected.draw_margins[step], temperature=float(temperature))
     return Divergence(step, expected_token, actual_token, expected_top, actual_top, margin)
 
 
 def _classify(divergence: Divergence, tie_margin: float) -> Verdict:
+    if divergence.draw_margin is not None and divergence.temperature is not None:
+        # A draw: both tokens' perturbed scores move by the logit drift over T. Neither side stopped.
+        drawn = divergence.expected_token >= 0 and divergence.actual_token >= 0
+        near = divergence.draw_margin < tie_margin / divergence.temperature
+        return Verdict.SAMPLE_FLIP if drawn and near else Verdict.REGRESSION
     in_top = any(token == divergence.actual_token for token, _ in divergence.expected_top)
     return Verdict.TIE_FLIP if divergence.golden_margin < tie_margin and in_top else Verdict.REGRESSION
 

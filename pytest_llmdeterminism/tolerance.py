@@ -78,7 +78,8 @@ class Profile:
         verdict = comparison.verdict
         if verdict is Verdict.IDENTICAL:
             return True
-        if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or self.name is ProfileName.EXACT:
+        if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP) \
+                or self.name is ProfileName.EXACT:
             return False
         if self.name is ProfileName.TOKENS:
             return verdict is Verdict.LOGIT_DRIFT

@@ -110,3 +110,59 @@ def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite):
     defect = suite.runpytest("--llm-plant-defect")
     defect.assert_outcomes(failed=1)
     defect.stdout.fnmatch_lines(["*REGRESSION*"])
+
+
+def test_a_flip_at_a_near_tie_of_the_draw_is_sample_flip_and_a_confident_draw_a_regression(make_llm):
+    """The golden's draw at step 1 planted as another token: with a draw margin below the tie margin over
+    T it is SAMPLE_FLIP, which near_tie tolerates and exact does not; with a wide one, REGRESSION."""
+    import dataclasses
+
+    from pytest_llmdeterminism.tolerance import Profile, ProfileName
+
+    llm = make_llm("4x32", max_new_tokens=8)
+    run = llm.generate(PROMPT, **SAMPLED, seed=3)
+    assert len(run.token_ids) >= 3
+    other = next(token for token, _ in run.top_logprobs[1] if token != run.token_ids[1])
+
+    def planted(draw_margin: float):
+        tokens = list(run.token_ids)
+        tokens[1] = other
+        margins = list(run.draw_margins)
+        margins[1] = draw_margin
+        return dataclasses.replace(run, token_ids=tuple(tokens), draw_margins=tuple(margins))
+
+    near = compare(planted(0.01), run)  # 0.01 < 0.05 / 1.5
+    assert near.verdict is Verdict.SAMPLE_FLIP and near.divergence.step == 1
+    assert near.divergence.draw_margin == 0.01 and near.divergence.temperature == 1.5
+    assert Profile(ProfileName.NEAR_TIE).accepts(near) and not Profile(ProfileName.EXACT).accepts(near)
+    far = compare(planted(0.5), run)  # 0.5 >= 0.05 / 1.5
+    assert far.verdict is Verdict.REGRESSION
+    assert not Profile(ProfileName.NEAR_TIE).accepts(far)
+    # greedy goldens keep their own rule: no draw margins, no SAMPLE_FLIP
+    greedy = llm.generate(PROMPT)
+    assert compare(dataclasses.replace(greedy, token_ids=(other, *greedy.token_ids[1:])), greedy).verdict \
+        in (Verdict.TIE_FLIP, Verdict.REGRESSION)
+
+
+def test_a_sample_flip_says_so_in_the_failure(suite):
+    """A sampled golden whose draw was a near tie, read in the same environment: the failure names
+    SAMPLE_FLIP, the step, both tokens and the draw margin against the tie margin over T."""
+    suite.makepyfile(test_story="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(seed=7)
+        def test_story(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("Once upon a time", do_sample=True, temperature=1.5))
+    """)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    (golden,) = suite.path.glob("__golden__/*.json")
+    data = json.loads(golden.read_text())
+    entry = next(iter(data["goldens"]["test_story"].values()))
+    step = entry["steps"][1]
+    step["token"] = next(token for token, _ in step["top"] if token != step["token"])
+    entry["draw_margins"][1] = 0.001
+    golden.write_text(json.dumps(data))
+    result = suite.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < tie margin 0.05 / T 1.5*"])

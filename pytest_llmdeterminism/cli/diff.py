@@ -50,13 +50,15 @@ verdicts:
   IDENTICAL      same tokens, same logits
   LOGIT_DRIFT    same tokens, logits differ
   TIE_FLIP       a token changed where the golden's top two were a near tie
+  SAMPLE_FLIP    a sampled golden's token changed where its draw was a near tie
   REGRESSION     a token changed where the golden was confident
   INPUT_CHANGED  prompt, batch shape or generation config differ: outputs not compared
 
 exit status:
   0  nothing needs review at the --fail-on level
   1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression, the default);
-     also TIE_FLIP (--fail-on=tie_flip); also LOGIT_DRIFT (--fail-on=drift). ABSENT never fails.
+     also TIE_FLIP and SAMPLE_FLIP (--fail-on=tie_flip); also LOGIT_DRIFT (--fail-on=drift).
+     ABSENT never fails.
   2  usage error, a path that does not exist, or a file that is not a readable golden file"""
 
 

@@ -22,10 +22,10 @@ from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing
 ORDER = (NEW, ABSENT, Verdict.IDENTICAL.value, Verdict.LOGIT_DRIFT.value, Verdict.TIE_FLIP.value,
-         Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value)
+         Verdict.SAMPLE_FLIP.value, Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value)
 
 _REGRESSION = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW})
-_TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value}
+_TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value, Verdict.SAMPLE_FLIP.value}
 FAIL_ON = {  # --fail-on level -> the verdicts that need a reviewer (exit 1); ABSENT never does
     "regression": _REGRESSION,
     "tie_flip": _TIE_FLIP,

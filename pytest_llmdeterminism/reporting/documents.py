@@ -270,7 +270,8 @@ def run_report_html(document: dict[str, Any]) -> str:
     sections = []
     for check in document["checks"]:
         status = "passed" if check["passed"] else "failed"
-        step = check["first_divergence"] if check["verdict"] in ("TIE_FLIP", "REGRESSION") else None
+        flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "REGRESSION")
+        step = check["first_divergence"] if flipped else None
         lines = []
         inputs = check.get("inputs") or {}
         new_from = check.get("judged_steps", 0) if check.get("new_steps") else None

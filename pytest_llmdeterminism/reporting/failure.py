@@ -115,6 +115,14 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
         return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ "
                 f"(max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})")
     assert d is not None
+    if d.draw_margin is not None and d.temperature is not None:
+        bound = comparison.tie_margin / d.temperature
+        near = (f"draw margin {d.draw_margin:.3g} < tie margin {comparison.tie_margin:g} / T "
+                f"{d.temperature:g}: a near tie of the draw" if d.draw_margin < bound else
+                f"draw margin {d.draw_margin:.3g} >= tie margin {comparison.tie_margin:g} / T "
+                f"{d.temperature:g}: not a near tie of the draw")
+        return (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
+                f"got {_token(d.actual_token, decode)} (sampled); {near}")
     margins = f"golden margin {d.golden_margin:.3g}"
     if d.golden_margin >= comparison.tie_margin:
         confidence = f"{margins} >= tie margin {comparison.tie_margin:g}: not a near tie"

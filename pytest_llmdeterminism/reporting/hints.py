@@ -71,7 +71,8 @@ def wider_tolerance(comparison: Comparison, *, dtype: str) -> str:
     """For a check that failed only on the size of its logit drift: a ``near_tie`` profile that
     would pass it, with the drift rounded up; "" for any other failure."""
     drift = comparison.max_logprob_delta
-    if comparison.verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP) or not 0 < drift < math.inf:
+    if comparison.verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP) \
+            or not 0 < drift < math.inf:
         return ""
     atol = _round_up(drift)
     return (f"to pass {dtype} drift of this size instead (max |Δlogprob| {delta(drift)}): "

@@ -102,7 +102,8 @@ class GoldenTokens:
         # A flip at a near tie may pass, but the golden's continuation after it no longer describes
         # the model: updating re-records it, as it does every failing check.
         # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
-        if update == "all" and (not passed or comparison.verdict is Verdict.TIE_FLIP or comparison.new_steps):
+        flipped = comparison.verdict in (Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP)
+        if update == "all" and (not passed or flipped or comparison.new_steps):
             self._outcomes.record(self._path, key, generation, written=Written.UPDATED,
                                   overwrote=comparison.verdict)
             return comparison
