@@ -157,3 +157,25 @@ def test_what_only_transformers_does_is_refused_by_name_on_llamacpp(smollm2_gguf
     with pytest.raises(ConfigurationError,
                        match="is supported by the transformers backend only, not by llama.cpp"):
         LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0)).generate("Hi", no_repeat_ngram_size=2)
+
+
+def test_llamacpp_samples_with_the_plugins_sampler(smollm2_gguf):
+    """do_sample=True in process on llama.cpp: the plugin's seeded draw over llama.cpp's raw logits (its
+    own sampler unused), so the same seed gives the same sample bit for bit and other seeds others."""
+    from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+    loaded = load(f"llamacpp:{smollm2_gguf}", dtype="float32", device="cpu")
+    llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 64), max_new_tokens=8, seed=0))
+    prompt = "Once upon a time"
+    first = llm.generate(prompt, do_sample=True, temperature=1.0, seed=1)
+    again = llm.generate(prompt, do_sample=True, temperature=1.0, seed=1)
+    assert (first.token_ids, first.logit_hashes, first.draw_margins) == \
+        (again.token_ids, again.logit_hashes, again.draw_margins)
+    assert len(first.draw_margins) == len(first.token_ids) and first.generation_config["seed"] == 1
+    assert "seeded sampler" in first.fingerprint["flags"]["engine_loop"]
+    samples = {llm.generate(prompt, do_sample=True, temperature=1.0, seed=seed).token_ids
+               for seed in range(6)}
+    assert len(samples) >= 3, samples
+    assert llm.generate(prompt).draw_margins == ()

@@ -76,7 +76,7 @@ def test_seeds_must_match_the_prompts(make_llm):
         make_llm().generate([PROMPT, "Hello"], **SAMPLED, seed=[1, 2, 3])
 
 
-@pytest.mark.parametrize("engine", ["openai", "vllm", "llamacpp"])
+@pytest.mark.parametrize("engine", ["openai", "vllm"])
 def test_engines_that_cannot_own_the_draw_refuse_sampling(tiny, engine):
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings

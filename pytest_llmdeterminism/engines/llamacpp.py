@@ -112,16 +112,21 @@ class LlamaCppEngine:
         __tracebackhide__ = True
         refuse_beyond("llama.cpp", config, keep_logits=keep_logits, longest_prompt=max(map(len, rows)),
                       context=(self._n_ctx, "n_ctx", "llamacpp:PATH.gguf#n_ctx=4096"))
-        out = Chunk(tokens=[], steps=[], flags={"engine_loop": "argmax over raw logits, no sampler"})
-        for ids in rows:
-            tokens, steps, logits = self._greedy(ids, config, keep_logits)
+        loop = ("argmax over raw logits, no sampler" if config.sampling is None else
+                "the plugin's seeded sampler over raw logits (llama.cpp's sampler unused)")
+        out = Chunk(tokens=[], steps=[], flags={"engine_loop": loop})
+        for row, ids in enumerate(rows):
+            draws = None if config.sampling is None else _Draws(config, row, ids)
+            tokens, steps, logits = self._greedy(ids, config, keep_logits, draws)
             out.tokens.append(tokens)
             out.steps.append(steps)
             out.logits.append(logits)
+            if draws is not None:
+                out.draw_margins.append(draws.margins)
         return out
 
-    def _greedy(self, ids: list[int], config: GreedyConfig,
-                keep_logits: bool) -> tuple[list[int], RowSteps, list[Any]]:
+    def _greedy(self, ids: list[int], config: GreedyConfig, keep_logits: bool,
+                draws: _Draws | None = None) -> tuple[list[int], RowSteps, list[Any]]:
         import llama_cpp
         import numpy as np
 
@@ -133,7 +138,8 @@ class LlamaCppEngine:
         for step in range(config.max_new_tokens):
             raw = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
             step_hash, top_ids, top_logprobs = logits_step(raw, step)
-            if penalty != 1.0 or step < config.min_new_tokens:
+            processed = penalty != 1.0 or step < config.min_new_tokens
+            if processed:
                 # Processors act on a copy (the hash is of what the model computed), by transformers' rules.
                 scores = raw.copy()
                 previous = np.unique(np.asarray(seen))
@@ -145,13 +151,32 @@ class LlamaCppEngine:
             steps.append(step_hash, top_ids, top_logprobs)
             if keep_logits:
                 kept.append(raw.copy())
-            token = top_ids[0]
+            token = top_ids[0] if draws is None else draws.draw(scores if processed else raw, step)
             tokens.append(token)
             seen.append(token)
             if token in eos:
                 break
             llm.eval([token])
         return tokens, steps, kept
+
+
+class _Draws:
+    """One row's draws with the plugin's sampler (``sampling.py``): the same noise, keyed by the seed
+    and the row's own prompt ids, that the transformers engine applies, over llama.cpp's logits."""
+
+    def __init__(self, config: GreedyConfig, row: int, ids: list[int]) -> None:
+        assert config.sampling is not None
+        self._config = dataclasses.replace(config.sampling, seed=config.seed_of(row))
+        self._key = self._config.noise_key(ids)
+        self.margins: list[float] = []
+
+    def draw(self, scores: Any, step: int) -> int:
+        from pytest_llmdeterminism import sampling
+        from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR
+
+        drawn = sampling.draw(scores, self._config, key=self._key, step=step)
+        self.margins.append(round(min(drawn.margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+        return drawn.token_id
 
 
 class LlamaTokenizer:

@@ -140,19 +140,19 @@ class LLMModel:
         return results[0] if single else results
 
     def _refuse_sampling_where_not_owned(self, config: GreedyConfig, prompts: int) -> None:
-        """``do_sample=True`` runs the plugin's own sampler over the full logits: the transformers engine
-        only, for now; one seed or one per prompt."""
+        """``do_sample=True`` runs the plugin's own sampler over the full logits: the transformers and
+        llama.cpp engines in process; one seed or one per prompt."""
         __tracebackhide__ = True
         engine = self._loaded.engine.name
-        if engine != "transformers":
-            why = ("llama.cpp's own sampler is not used, and the plugin's is not wired to it yet"
-                   if engine == "llamacpp" else
-                   "the plugin cannot own the draw of a server or vLLM: their sampling is seeded by their "
-                   "own generator, which depends on the batch, the hardware and the version")
+        if engine not in ("transformers", "llamacpp"):
             raise ConfigurationError("llm_model.generate(do_sample=True)", True,
-                                     f"sampling is not available on the {engine} engine: {why}. Test sampled "
-                                     "generation on the transformers backend (llm_model = the model's folder "
-                                     "or .gguf file, without an engine prefix)")
+                                     f"sampling is not available on the {engine} engine: the plugin cannot "
+                                     "own the draw of a server or vLLM, whose sampling is seeded by their "
+                                     "own generator, which depends on the batch, the hardware and the "
+                                     "version. "
+                                     "Test sampled generation on the transformers backend (llm_model = the "
+                                     "model's folder or .gguf file, without an engine prefix) or in process "
+                                     "with llamacpp:PATH.gguf")
         if config.seeds and len(config.seeds) != prompts:
             raise ConfigurationError("llm_model.generate(seed=...)", list(config.seeds),
                                      f"expected one seed per prompt ({prompts}), or one integer for all")
