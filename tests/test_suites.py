@@ -132,8 +132,11 @@ def test_a_bad_tolerance_on_a_line_is_a_collection_error(suite):
     ('{"id": "a"}', 'expected an object with string "id" and either a string "prompt" or chat "messages"'),
     ('{"id": "a", "prompt": "x", "messages": []}', 'either a string "prompt" or chat "messages"'),
     ('{"id": "a", "messages": [{"role": "user"}]}', 'expected "messages" as a list of'),
-    ('{"id": "a", "prompt": "x", "temperature": 0.7}',
-     "unknown field(s); accepted: id, max_new_tokens, messages, prompt, tolerance"),
+    ('{"id": "a", "prompt": "x", "temprature": 0.7}',
+     "unknown field(s); accepted: do_sample, id, max_new_tokens, messages, min_p, prompt, seed, temperature, "
+     "tolerance, top_k, top_p"),
+    ('{"id": "a", "prompt": "x", "temperature": 0.7}', 'sample with "do_sample": true'),
+    ('{"id": "a", "prompt": "x", "do_sample": true, "temperature": 0}', "temperature=0 with do_sample=True"),
     ('{"id": "a", "prompt": "x", "max_new_tokens": 0}', "max_new_tokens must be an integer >= 1"),
     ("not json", "not valid JSON"),
 ])
@@ -188,3 +191,37 @@ def test_chat_lines_render_with_the_template_and_match_the_same_conversation_in_
     """)
     suite.runpytest().assert_outcomes(passed=3)
 
+
+
+SAMPLED_ALONE = """
+import json
+from pathlib import Path
+
+def test_each_sampled_line_alone_matches_the_batched_suite(llm_model):
+    goldens = json.loads(Path("__golden__/test_stories.llm.json").read_text())["goldens"]
+    for case in map(json.loads, Path("test_stories.llm.jsonl").read_text().splitlines()):
+        settings = {k: v for k, v in case.items() if k not in ("id", "prompt")}
+        settings.setdefault("seed", 0)  # the test's seed by default
+        alone = llm_model.generate(case["prompt"], **settings)
+        golden = goldens[case["id"]]["cpu/float32"]
+        assert [step["token"] for step in golden["steps"]] == list(alone.token_ids)
+        assert golden["draw_margins"] == list(alone.draw_margins)
+        assert golden["generation_config"]["seed"] == settings["seed"]
+"""
+
+
+def test_sampled_lines_record_their_settings_and_each_its_own_seed(suite):
+    """JSONL lines take llm_model.generate's sampling fields: lines with the same settings run as one
+    chunk, each with its own seed (the test's by default), and each equals its line run alone."""
+    lines = [{"id": "a", "prompt": "Once upon a time", "do_sample": True, "temperature": 1.3, "seed": 5},
+             {"id": "b", "prompt": "The cat sat on the", "do_sample": True, "temperature": 1.3},
+             {"id": "c", "prompt": "Once upon a time", "do_sample": True, "temperature": 1.3, "seed": 6},
+             {"id": "d", "prompt": "Once upon a time", "do_sample": True, "temperature": 0.7, "top_k": 20}]
+    (suite.path / "test_stories.llm.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    suite.runpytest().assert_outcomes(passed=4)
+    suite.makepyfile(test_alone=SAMPLED_ALONE)
+    suite.runpytest("test_alone.py").assert_outcomes(passed=1)
+    goldens = json.loads((suite.path / "__golden__" / "test_stories.llm.json").read_text())["goldens"]
+    tokens = {key: [s["token"] for s in goldens[key]["cpu/float32"]["steps"]] for key in "ac"}
+    assert tokens["a"] != tokens["c"]  # the same prompt, another seed

@@ -3,12 +3,15 @@
     {"id": "capital-fr", "prompt": "The capital of France is", "max_new_tokens": 8}
     {"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}
     {"id": "chat", "messages": [{"role": "user", "content": "What is the capital of Peru?"}]}
+    {"id": "story", "prompt": "Once upon a time", "do_sample": true, "temperature": 0.8, "seed": 3}
 
 Each item is a test function of its own, ``@deterministic(max_new_tokens=..., tolerance=...)`` from
 its line, that takes the ``llm_model`` and ``golden_tokens`` fixtures like any test (so
 ``--llm-audit``, tolerances and candidates work the same). Items are generated ``B`` prompts at a
-time: the selected items of a file with the same token budget, in file order, form fixed chunks of
-``B``; whichever item of a chunk runs first generates the chunk, whatever the test order. Results
+time: the selected items of a file with the same token budget and sampling settings (``do_sample``,
+``temperature``, ``top_k``, ``top_p``, ``min_p``; each item its own ``seed``, by default the test's),
+in file order, form fixed chunks of ``B``; whichever item of a chunk runs first generates the chunk,
+whatever the test order. Results
 are identical to one prompt at a time, because a fixed shape makes a row independent of its
 companions.
 """
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.sampling import SamplingConfig
 from pytest_llmdeterminism.shape import MARKER
 from pytest_llmdeterminism.tolerance import parse_profile
 
@@ -35,7 +39,9 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
 SUFFIX = ".llm.jsonl"
-_FIELDS = {"id", "prompt", "messages", "max_new_tokens", "tolerance"}
+# A sampled item's settings (llm_model.generate's names); its seed is its own, the rest group chunks.
+_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "min_p")
+_FIELDS = {"id", "prompt", "messages", "max_new_tokens", "tolerance", *_SAMPLING, "seed"}
 
 
 def is_suite(path: Path) -> bool:
@@ -72,18 +78,21 @@ class PromptSuite(pytest.Module):
     def result_for(self, item: PromptItem, llm_model: LLMModel) -> Generation:
         """The item's generation. Audited runs generate each item alone (the audit examines every
         generation of its own test); otherwise the item's whole chunk runs on first need."""
-        overrides = {"max_new_tokens": item.budget} if item.budget is not None else {}
+        overrides = {**({"max_new_tokens": item.budget} if item.budget is not None else {}), **item.sampling}
+        seeded = "seed" in item.case or item.sampling.get("do_sample") is True
         if llm_model.audited:
-            alone: Generation = llm_model.generate(item.prompt, **overrides)
+            seed = {"seed": item.case.get("seed", llm_model.settings.seed)} if seeded else {}
+            alone: Generation = llm_model.generate(item.prompt, **overrides, **seed)
             return alone
         if item.name not in self._results:
             peers = sorted((i for i in self.session.items
-                            if isinstance(i, PromptItem) and i.parent is self and i.budget == item.budget),
+                            if isinstance(i, PromptItem) and i.parent is self and i.group == item.group),
                            key=lambda i: i.line)
             rows = llm_model.settings.batch_shape.rows
             start = peers.index(item) // rows * rows
             chunk = peers[start:start + rows]
-            generated_rows = llm_model.generate([p.prompt for p in chunk], **overrides)
+            seeds = {"seed": [p.case.get("seed", llm_model.settings.seed) for p in chunk]} if seeded else {}
+            generated_rows = llm_model.generate([p.prompt for p in chunk], **overrides, **seeds)
             for peer, generated in zip(chunk, generated_rows, strict=True):
                 self._results[peer.name] = generated
         return self._results.pop(item.name)
@@ -95,6 +104,9 @@ class PromptItem(pytest.Function):
         self.case = case
         self.line = line
         self.budget: int | None = case.get("max_new_tokens")
+        self.sampling: dict[str, Any] = {k: case[k] for k in _SAMPLING if k in case}
+        # items generated together: the same budget and sampling settings (each keeps its own seed)
+        self.group = (self.budget, json.dumps(self.sampling, sort_keys=True))
         # a string or a conversation
         self.prompt: Any = case["prompt"] if "prompt" in case else case["messages"]
         self.add_marker(getattr(pytest.mark, MARKER)(**{k: case[k] for k in ("max_new_tokens", "tolerance")
@@ -140,4 +152,16 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     tolerance = case.get("tolerance")
     if tolerance is not None:
         parse_profile(str(tolerance), setting=f"{where} tolerance")
+    sampling = {k: case[k] for k in (*_SAMPLING, "seed") if k in case and k != "do_sample"}
+    if sampling and case.get("do_sample") is not True:
+        raise ConfigurationError(where, sorted(sampling), 'sampling settings only apply to a sampled line: '
+                                 'sample with "do_sample": true, or remove them')
+    if case.get("do_sample") is True:
+        try:
+            SamplingConfig(**{k: v for k, v in sampling.items() if k != "seed"}, seed=case.get("seed", 0))
+        except ConfigurationError as error:
+            raise ConfigurationError(f"{where} {error.setting.removeprefix('llm_model.generate(')[:-5]}",
+                                     error.value, str(error).split(": ", 1)[1]) from None
+    elif "do_sample" in case and case["do_sample"] is not False:
+        raise ConfigurationError(where, case["do_sample"], 'expected "do_sample": true or false')
     return case
