@@ -9,15 +9,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict, compare
-from pytest_llmdeterminism.engines.fingerprint import diff, numerics_changes
+from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
+from pytest_llmdeterminism.engines.fingerprint import diff
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Written
-from pytest_llmdeterminism.tolerance import Profile, default_profile, parse_profile
+from pytest_llmdeterminism.run.decision import Decision, decide, judge
+from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.goldens.files import GoldenFiles
@@ -88,42 +89,39 @@ class GoldenTokens:
                                accept=self.accept_command)
             return missing
         expected = schema.from_entry(stored)
-        dtype = str(generation.fingerprint.get("dtype", "float32"))
-        environment = numerics_changes(expected.fingerprint, generation.fingerprint)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
-        profile = explicit or default_profile(dtype, same_environment=not environment)
-        across = ""
-        if environment:
-            across = hints.across_environments(environment, tolerance=profile.describe(dtype),
-                                                explicit=explicit is not None, run_variant=generation.variant)
-            self._outcomes.note(across)
-        comparison, passed = judge(expected, generation, profile)
-        # A flip at a near tie may pass, but the golden's continuation after it no longer describes
-        # the model: updating re-records it, as it does every failing check.
-        # A golden its smaller budget cut short is incomplete: updating records the steps it lacks.
-        flipped = comparison.verdict in (Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP)
-        if update == "all" and (not passed or flipped or comparison.new_steps):
+        decision = decide(expected, generation, explicit=explicit, update=update, compared_variant=variant,
+                          accept_command=self.accept_command)
+        return self._apply(decision, key, variant, location, expected, generation, site)
+
+    def _apply(self, decision: Decision, key: str, variant: str, location: str, expected: Generation,
+               generation: Generation, site: Site | None) -> Comparison:
+        """Carry out a :class:`Decision`: record or report it, and fail the test where it failed."""
+        __tracebackhide__ = True
+        comparison = decision.comparison
+        if decision.across:
+            self._outcomes.note(decision.across)
+        if decision.rerecord:
             self._outcomes.record(self._path, key, generation, written=Written.UPDATED,
                                   overwrote=comparison.verdict)
             return comparison
-        self._outcomes.checked(key, variant, comparison, passed=passed, profile=str(profile),
+        self._outcomes.checked(key, variant, comparison, passed=decision.passed,
+                               profile=str(decision.profile),
                                changed=diff(expected.fingerprint, generation.fingerprint),
-                               numerics_changed=[name for name, _, _ in environment],
+                               numerics_changed=[name for name, _, _ in decision.environment],
                                expected=expected, actual=generation)
-        # A check judged against another variant leaves this run's own variant missing: the
-        # reviewer gets it as a candidate, passing or not.
-        if not passed or variant != generation.variant:
+        if decision.candidate:
             self._outcomes.candidate(self._path, key, generation)
-        budget = hints.budget_note(comparison, self.accept_command)
-        if passed:
-            if budget:
-                self._outcomes.note(f"{key!r}: {budget}")
+        if decision.passed:
+            if decision.budget_note:
+                self._outcomes.note(f"{key!r}: {decision.budget_note}")
             return comparison
-        wider = hints.wider_tolerance(comparison, dtype=dtype) if environment else ""
+        across = decision.across
+        wider = hints.wider_tolerance(comparison, dtype=decision.dtype) if decision.environment else ""
         decode = failure.decoder_for(expected, generation, self._tokenizer())
         message = failure.mismatch(key, location, self._target, comparison, expected, generation,
-                                  decode, profile=profile.describe(dtype),
+                                  decode, profile=decision.profile.describe(decision.dtype),
                                   across=f"{across}; {wider}" if wider else across)
         error = GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
                                     actual=generation)
@@ -174,14 +172,6 @@ def _caller_site() -> Site | None:
     while caller is not None and caller.f_back is not None and caller.f_locals.get("__tracebackhide__"):
         caller = caller.f_back  # a helper that hides itself: point at the line that called it
     return None if caller is None else (caller, caller.f_lasti, caller.f_lineno)
-
-
-def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:
-    """The one decision every check goes through: the verdict, and whether ``profile`` passes it."""
-    # Defaults follow the run's dtype: a bf16 run against an fp32 golden is judged with bf16 noise.
-    dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))
-    comparison = compare(expected, actual, tie_margin=profile.tie_margin(dtype))
-    return comparison, profile.accepts(comparison, dtype)
 
 
 def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, Any],
