@@ -90,7 +90,7 @@ def test_engines_that_cannot_own_the_draw_refuse_sampling(tiny, engine):
         llm.generate(PROMPT, **SAMPLED)
 
 
-def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite):
+def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite, capsys):
     suite.makepyfile(test_story="""
         from pytest_llmdeterminism import deterministic
 
@@ -107,6 +107,12 @@ def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite):
     checked = suite.runpytest()
     checked.assert_outcomes(passed=1)
     checked.stdout.fnmatch_lines(["*golden checks: 1 IDENTICAL*"])
+    from pytest_llmdeterminism.cli.show import show
+
+    capsys.readouterr()
+    assert show(golden) == 0
+    shown = capsys.readouterr().out
+    assert "  sampled: gumbel-xxh3-splitmix/1, temperature 1.5, top_k 0, top_p 0.95, min_p 0.0, seed 7" in shown
     defect = suite.runpytest("--llm-plant-defect")
     defect.assert_outcomes(failed=1)
     defect.stdout.fnmatch_lines(["*REGRESSION*"])
@@ -166,3 +172,22 @@ def test_a_sample_flip_says_so_in_the_failure(suite):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < tie margin 0.05 / T 1.5*"])
+
+
+@pytest.mark.subprocess
+def test_sampled_goldens_recorded_under_xdist_are_identical_in_a_serial_run(suite):
+    """Two xdist workers (one thread each) record the sampled goldens of four tests; a serial run at
+    the same thread count reads every one IDENTICAL: the draw does not depend on the process."""
+    for name, seed in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        suite.makepyfile(**{f"test_{name}": f"""
+            from pytest_llmdeterminism import deterministic
+
+            @deterministic(seed={seed})
+            def test_{name}(llm_model, golden_tokens):
+                golden_tokens.check(llm_model.generate("Once upon a time", do_sample=True, temperature=1.3))
+        """})
+    recorded = suite.runpytest_subprocess("-n", "2", "--llm-golden-update", "--llm-threads=1")
+    recorded.assert_outcomes(passed=4)
+    serial = suite.runpytest_subprocess("--llm-threads=1")
+    serial.assert_outcomes(passed=4)
+    serial.stdout.fnmatch_lines(["*golden checks: 4 IDENTICAL*"])

@@ -30,6 +30,11 @@ def show(path: Path) -> int:
             gen = schema.from_entry(entry)
             print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
             print(f"  prompt: {gen.prompt!r}")
+            config = gen.generation_config
+            if config.get("do_sample") is True:  # a sampled golden: how it was drawn
+                print(f"  sampled: {config.get('sampler')}, temperature {config.get('temperature')}, top_k "
+                      f"{config.get('top_k')}, top_p {config.get('top_p')}, min_p {config.get('min_p')}, "
+                      f"seed {config.get('seed')}; draw margins {list(gen.draw_margins)}")
             print(f"  output: {gen.text!r}")
             tie_margin = default_tie_margin(str(gen.fingerprint.get("dtype", "float32")))
             for step, (piece, token, margin) in enumerate(
