@@ -112,7 +112,8 @@ def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite, capsys):
     capsys.readouterr()
     assert show(golden) == 0
     shown = capsys.readouterr().out
-    assert "  sampled: gumbel-xxh3-splitmix/1, temperature 1.5, top_k 0, top_p 0.95, min_p 0.0, seed 7" in shown
+    assert ("  sampled: gumbel-xxh3-splitmix/1, temperature 1.5, top_k 0, top_p 0.95, min_p 0.0, "
+            "seed 7") in shown
     defect = suite.runpytest("--llm-plant-defect")
     defect.assert_outcomes(failed=1)
     defect.stdout.fnmatch_lines(["*REGRESSION*"])
