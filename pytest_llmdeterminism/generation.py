@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
-from pytest_llmdeterminism.sampling import SamplingConfig
+from pytest_llmdeterminism.sampling import RECORDED_SETTINGS, SamplingConfig
 
 TopK = tuple[tuple[int, float], ...]
 
@@ -305,6 +305,15 @@ class Generation:
             lengths.add(len(self.draw_margins))
         if lengths != {steps} or (self.pieces and len(self.pieces) != steps):
             raise ValueError(f"Generation has inconsistent per-step lengths: {steps} tokens, {lengths}")
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """How a sampled generation (``do_sample=True``) was drawn: its sampler, temperature, top_k,
+        top_p, min_p and seed as its ``generation_config`` records them; ``{}`` for a greedy one."""
+        config = self.generation_config
+        if config.get("do_sample") is not True:
+            return {}
+        return {name: config[name] for name in RECORDED_SETTINGS if name in config}
 
     @property
     def variant(self) -> str:

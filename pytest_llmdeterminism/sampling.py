@@ -57,7 +57,7 @@ from __future__ import annotations
 import decimal
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,10 +68,11 @@ from pytest_llmdeterminism.errors import ConfigurationError, NonFiniteLogitsErro
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MAX_SEED", "SAMPLER", "Draw", "SamplingConfig", "draw", "draw_batch", "gumbel", "noise_key",
-           "uniform"]
+__all__ = ["MAX_SEED", "RECORDED_SETTINGS", "SAMPLER", "Draw", "SamplingConfig", "draw", "draw_batch",
+           "gumbel", "noise_key", "settings_text", "uniform"]
 
 SAMPLER = "gumbel-xxh3-splitmix/1"  # name/version: a golden records it; any change to the noise is /2
+RECORDED_SETTINGS = ("sampler", "temperature", "top_k", "top_p", "min_p", "seed")  # what a golden records
 MAX_SEED = 2**63 - 1  # the largest seed torch, numpy and OpenAI-compatible servers all take (run.options too)
 
 _MASK = (1 << 64) - 1
@@ -198,6 +199,16 @@ class SamplingConfig:
     def noise_key(self, input_ids: Sequence[int]) -> int:
         """This config's noise key for a row whose input (prompt) ids are ``input_ids``."""
         return noise_key(self.seed, input_ids)
+
+
+def settings_text(settings: Mapping[str, Any]) -> str:
+    """How a sampled generation was drawn, from its recorded settings (:data:`RECORDED_SETTINGS`):
+    ``sampled: temperature 0.8, top_p 0.95, seed 3 (gumbel-xxh3-splitmix/1)``; cuts that are off
+    are left out."""
+    off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    shown = [f"{name} {settings[name]!r}" for name in RECORDED_SETTINGS[1:]
+             if name in settings and settings[name] != off.get(name, object())]
+    return f"sampled: {', '.join(shown)} ({settings.get('sampler')})"
 
 
 @dataclass(frozen=True)

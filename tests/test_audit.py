@@ -4,7 +4,8 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.engines.audit import audit
+from pytest_llmdeterminism import ConfigurationError
+from pytest_llmdeterminism.engines.audit import AuditReport, AuditRow, audit
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape
 from pytest_llmdeterminism.strategies import (
@@ -149,3 +150,59 @@ def test_a_companion_of_exactly_l_tokens_is_not_used_by_the_audit(make_llm):
     found = audit(make_llm("4x16", max_new_tokens=2), "The sky is", repeats=2)
     assert found.unique == 1
     assert {row.source for row in found.rows if row.ran} >= {"repeat", "batch"}
+
+
+SAMPLED_AUDIT_SUITE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=6)
+def test_story(llm_model):
+    llm_model.generate(["Once upon a time", "The sky is"], do_sample=True, temperature=3.0, top_p=0.9,
+                       seed=[5, 6])
+"""
+
+
+def test_a_sampled_generation_is_audited_under_its_own_settings_and_seed(suite):
+    """Each prompt of a call with one seed per prompt is audited with its own seed (the audit runs
+    one prompt at a time), under the call's temperature and cut; the seed row shows it matters."""
+    suite.makepyfile(test_a=SAMPLED_AUDIT_SUITE)
+    result = suite.runpytest("--llm-audit=2")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "test_a.py::test_story: audit of 'Once upon a time' at 4x32, sampled: temperature 3.0, top_p 0.9, "
+        "seed 5 (gumbel-xxh3-splitmix/1):",
+        "*repeat*1 unique of 2*same*0*no effect",
+        "*batch *3 companion(s), row 3*same*0*no effect",
+        "*seed*5 -> 6*",
+        "test_a.py::test_story: audit of 'The sky is' at 4x32, sampled: temperature 3.0, top_p 0.9, seed 6 *",
+        "*seed*6 -> 7*",
+        "audit summary: 2 generation(s), 0 nondeterministic; results moved by *seed ?/2*",
+    ])
+
+
+def test_the_sampled_audit_attributes_a_change_to_the_seed_not_to_companions(make_llm):
+    llm = make_llm("4x32", max_new_tokens=8)
+    found = audit(llm, "Once upon a time", do_sample=True, temperature=3.0, seed=[3])
+    rows = {row.source: row for row in found.rows}
+    assert found.sampling == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 3.0, "top_k": 0,
+                              "top_p": 1.0, "min_p": 0.0, "seed": 3}
+    # the noise is keyed by the row's own prompt: companions move neither logits nor draws
+    assert not rows["batch"].moved and not rows["threads"].moved
+    seed = rows["seed"]
+    assert seed.change == "3 -> 4" and seed.tokens_changed and seed.max_logit_delta == 0
+    assert seed.draw_margin is not None and seed.draw_margin > 0  # this seed's draw where seed 4's parted
+    greedy = audit(llm, "Once upon a time", repeats=1)
+    assert "seed" not in {row.source for row in greedy.rows} and greedy.sampling == {}
+    with pytest.raises(ConfigurationError, match=r"audit\(seed=\.\.\.\).*give one seed"):
+        audit(llm, "Once upon a time", do_sample=True, temperature=3.0, seed=[3, 4])
+
+
+def test_a_changed_sampled_row_names_how_near_a_tie_its_draw_was():
+    row = AuditRow("dtype", "float32 -> bfloat16", True, 4, 0.06, draw_margin=0.012)
+    report = AuditReport("p", "4x32", (row,), 1, 5, {"sampler": "s/1", "temperature": 0.8, "seed": 3})
+    again = AuditReport.from_json(report.to_json())
+    assert again == report
+    assert again.lines()[0] == "audit of 'p' at 4x32, sampled: temperature 0.8, seed 3 (s/1):"
+    assert again.lines()[2].endswith("(the draw at step 4 was 0.012 from its runner-up)")
+    old = {key: value for key, value in report.to_json().items() if key != "sampling"}  # before sampling
+    assert AuditReport.from_json(old).sampling == {}

@@ -98,6 +98,10 @@ def test_do_sample_true_takes_the_samplers_settings_and_records_them():
     assert config.as_dict()["sampler"].startswith("gumbel-")
     assert [config.seed_of(0), config.seed_of(1)] == [3, 4]
     assert "sampler" not in resolve().as_dict() and resolve().as_dict()["do_sample"] is False
+    # what a generation reads back as its sampling settings (reports, audit) is what was recorded
+    from pytest_llmdeterminism.sampling import RECORDED_SETTINGS
+
+    assert tuple(config.sampling.as_dict()) == RECORDED_SETTINGS
     for bad, expected in (({"temperature": 0}, "temperature=0 with do_sample=True is an error"),
                           ({"seed": -1}, "an integer from 0"), ({"top_p": 0}, "0 < top_p <= 1")):
         with pytest.raises(ConfigurationError, match=expected):

@@ -15,6 +15,7 @@ import torch
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.reporting.documents import run_report_markdown
 
 PROMPT = "Once upon a time"
 SAMPLED = {"do_sample": True, "temperature": 1.5}
@@ -151,9 +152,10 @@ def test_a_flip_at_a_near_tie_of_the_draw_is_sample_flip_and_a_confident_draw_a_
         in (Verdict.TIE_FLIP, Verdict.REGRESSION)
 
 
-def test_a_sample_flip_says_so_in_the_failure(suite):
+def test_a_sample_flip_says_so_in_the_failure_and_in_every_report(suite, capsys):
     """A sampled golden whose draw was a near tie, read in the same environment: the failure names
-    SAMPLE_FLIP, the step, both tokens and the draw margin against the tie margin over T."""
+    SAMPLE_FLIP, the step, both tokens, the draw margin against the tie margin over T and the
+    settings; so do the JSON, Markdown and HTML reports and ``llm-golden diff``."""
     suite.makepyfile(test_story="""
         from pytest_llmdeterminism import deterministic
 
@@ -169,10 +171,28 @@ def test_a_sample_flip_says_so_in_the_failure(suite):
     step["token"] = next(token for token, _ in step["top"] if token != step["token"])
     entry["draw_margins"][1] = 0.001
     golden.write_text(json.dumps(data))
-    result = suite.runpytest()
+    result = suite.runpytest("--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html",
+                             "--llm-golden-artifacts=cand")
     result.assert_outcomes(failed=1)
+    drawn = "sampled: temperature 1.5, seed 7 (gumbel-xxh3-splitmix/1)"
     result.stdout.fnmatch_lines(
-        ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < tie margin 0.05 / T 1.5*"])
+        ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < tie margin 0.05 / T 1.5*", f"E   *{drawn}"])
+    (check,) = json.loads((suite.path / "r.json").read_text())["checks"]
+    assert check["verdict"] == "SAMPLE_FLIP" and check["draw_margin"] == 0.001
+    assert check["sampling"] == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 1.5, "top_k": 0,
+                                 "top_p": 1.0, "min_p": 0.0, "seed": 7}
+    markdown = (suite.path / "r.md").read_text()
+    assert f"  - {drawn}; the golden's draw margin there 0.001" in markdown
+    assert f"{drawn}; the golden&#x27;s draw margin there 0.001" in (suite.path / "r.html").read_text()
+    from pytest_llmdeterminism.cli.diff import diff
+
+    capsys.readouterr()
+    assert diff(suite.path / "__golden__", suite.path / "cand" / "__golden__", fail_on="tie_flip") == 1
+    assert (f"draw margin 0.001 (tie margin 0.05 / T 1.5); {drawn}"
+            in capsys.readouterr().out)
+    greedy_check = {**check, "sampling": {}, "draw_margin": None}  # a greedy check's lines say nothing of it
+    assert "sampled:" not in run_report_markdown({**json.loads((suite.path / "r.json").read_text()),
+                                                  "checks": [greedy_check]})
 
 
 @pytest.mark.subprocess

@@ -27,6 +27,7 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_candidates,
 )
+from pytest_llmdeterminism.sampling import settings_text
 
 SUMMARY = "compare two golden sets case by case"
 HELP = """\
@@ -164,9 +165,12 @@ def _detail(case: Case) -> str:
 def _comparison_detail(comparison: Comparison, expected: Generation | None, actual: Generation | None) -> str:
     if comparison.divergence is not None:
         d = comparison.divergence
-        return (f"  step {d.step}: {_token(expected, d.step, d.expected_token)} -> "
-                f"{_token(actual, d.step, d.actual_token)}, "
-                f"golden margin {d.golden_margin:.3g} (tie margin {comparison.tie_margin:g})")
+        tokens = (f"  step {d.step}: {_token(expected, d.step, d.expected_token)} -> "
+                  f"{_token(actual, d.step, d.actual_token)}")
+        if d.draw_margin is not None and d.temperature is not None and actual is not None:
+            return (f"{tokens}, draw margin {d.draw_margin:.3g} (tie margin {comparison.tie_margin:g} / T "
+                    f"{d.temperature:g}); {settings_text(actual.sampling)}")
+        return f"{tokens}, golden margin {d.golden_margin:.3g} (tie margin {comparison.tie_margin:g})"
     if comparison.input_changes:
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT:

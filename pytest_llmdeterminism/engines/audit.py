@@ -9,7 +9,13 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``batch_size``, ``padding``: another B, another L;
 - ``cache``: the KV cache off;
 - ``threads``: another torch thread count;
-- ``dtype``: another dtype, when asked for.
+- ``dtype``: another dtype, when asked for;
+- ``seed``: for a sampled generation (``do_sample=True``), another seed.
+
+A sampled generation is audited under its own sampling settings and seed: its noise is keyed by
+its own prompt, so companions, shape and threads move it only through the logits. Where a row's
+tokens changed, the row keeps the draw margin the first changed step had (how near a tie the draw
+was); the seed row shows the seed is part of the sample's identity.
 
 Only the audit needs each step's raw logits (a view's ``on_chunk`` keeps them) and a copy of the
 weights in another dtype; both live here, not in the model everyone else uses.
@@ -24,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
 from pytest_llmdeterminism.engines.inputs import fits, is_token_ids
-from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.sampling import MAX_SEED, settings_text
 from pytest_llmdeterminism.shape import BatchShape
 
 if TYPE_CHECKING:
@@ -49,6 +56,8 @@ EXPLANATIONS = {
     "cache": "KV cache on/off takes another numeric path: keep use_cache pinned",
     "threads": "thread count changes CPU reduction order: pin torch.set_num_threads / OMP_NUM_THREADS",
     "dtype": "dtype changes rounding: keep llm_dtype fixed and record one golden variant per dtype",
+    "seed": "another seed draws another sample: keep seed= (or @deterministic(seed=...)) fixed; it is "
+            "part of a sampled golden's identity",
 }
 
 
@@ -68,6 +77,9 @@ class AuditRow:
     first_step: int | None  # first step whose token differs
     max_logit_delta: float  # max |Δlogit| over the steps before the tokens part ways
     ran: bool = True  # False when the change does not apply (e.g. no companions at B=1)
+    # sampled generations: the draw margin of this audit's own result at ``first_step`` (how near a
+    # tie the draw was where the tokens parted); None for greedy ones or unchanged tokens
+    draw_margin: float | None = None
 
     @property
     def moved(self) -> bool:
@@ -87,13 +99,15 @@ class AuditReport:
     rows: tuple[AuditRow, ...]
     unique: int
     repeats: int
+    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)  # a sampled one's settings
 
     @property
     def nondeterministic(self) -> bool:
         return self.unique > 1
 
     def lines(self) -> list[str]:
-        head = f"audit of {self.prompt!r} at {self.batch_shape}:"
+        drawn = f", {settings_text(self.sampling)}" if self.sampling else ""
+        head = f"audit of {self.prompt!r} at {self.batch_shape}{drawn}:"
         table = [f"  {'source':<12}{'change':<26}{'tokens':<16}{'max |Δlogit|':<14}what it means"]
         for row in self.rows:
             if not row.ran:
@@ -103,18 +117,22 @@ class AuditReport:
                 tokens = f"changed at {row.first_step}" if row.tokens_changed else "same"
                 delta = f"{row.max_logit_delta:.2g}" if row.max_logit_delta else "0"
                 meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
+                if row.draw_margin is not None and row.source != "seed":
+                    meaning += (f" (the draw at step {row.first_step} was {row.draw_margin:.2g} "
+                                "from its runner-up)")
                 change = row.change
             table.append(f"  {row.source:<12}{change:<26}{tokens:<16}{delta:<14}{meaning}")
         return [head, *table]
 
     def to_json(self) -> dict[str, Any]:
         return {"prompt": self.prompt, "batch_shape": self.batch_shape, "unique": self.unique,
-                "repeats": self.repeats, "rows": [row.to_json() for row in self.rows]}
+                "repeats": self.repeats, "rows": [row.to_json() for row in self.rows],
+                "sampling": self.sampling}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AuditReport:
         return cls(data["prompt"], data["batch_shape"], tuple(AuditRow(**r) for r in data["rows"]),
-                   data["unique"], data["repeats"])
+                   data["unique"], data["repeats"], data.get("sampling", {}))
 
 
 def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], *,
@@ -124,6 +142,11 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     import torch
 
     shape = llm_model.settings.batch_shape
+    seed = overrides.get("seed")
+    if isinstance(seed, (list, tuple)):  # one seed per prompt: the audit runs one prompt
+        if len(seed) != 1:
+            raise ConfigurationError("audit(seed=...)", seed, "the audit runs one prompt: give one seed")
+        overrides = {**overrides, "seed": seed[0]}
     probe = _KeptLogits(llm_model)
     ids = [int(t) for t in prompt] if is_token_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]
     text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
@@ -169,16 +192,23 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
         rows.append(_row("threads", f"{threads} -> {other_threads}", base, run(probe, [prompt], 0)))
     finally:
         torch.set_num_threads(threads)
+    sampling = base[0].sampling
+    if sampling:
+        other_seed = sampling["seed"] + 1 if sampling["seed"] < MAX_SEED else sampling["seed"] - 1
+        rows.append(_row("seed", f"{sampling['seed']} -> {other_seed}", base,
+                         run(probe, [prompt], 0, seed=other_seed)))
     if dtype is not None:
         rows.append(_row("dtype", f"{llm_model.fingerprint['dtype']} -> {dtype}", base,
                          run(_KeptLogits(llm_model, loaded=_in_dtype(llm_model.loaded, dtype)), [prompt], 0)))
-    return AuditReport(text, str(shape), tuple(rows), unique, len(runs))
+    return AuditReport(text, str(shape), tuple(rows), unique, len(runs), sampling)
 
 
 def _row(source: str, change: str, base: tuple[Generation, list[Any]],
          other: tuple[Generation, list[Any]]) -> AuditRow:
     changed, first, delta = _difference(base, other)
-    return AuditRow(source, change, changed, first, delta)
+    margins = base[0].draw_margins
+    margin = margins[first] if first is not None and first < len(margins) else None
+    return AuditRow(source, change, changed, first, delta, draw_margin=margin)
 
 
 def _difference(a: tuple[Generation, list[Any]],
@@ -249,7 +279,8 @@ def after_generate_hook(repeats: int, dtype: str | None,
     def after_generate(llm: LLMModel, results: list[Generation], overrides: dict[str, Any]) -> None:
         __tracebackhide__ = True
         for result in results:
-            found = audit(llm, list(result.prompt_token_ids), repeats=repeats, dtype=dtype, **overrides)
+            own = {**overrides, "seed": result.sampling["seed"]} if result.sampling else overrides
+            found = audit(llm, list(result.prompt_token_ids), repeats=repeats, dtype=dtype, **own)
             found = dataclasses.replace(found, prompt=result.prompt)  # as the test wrote it
             record(found.to_json())
             if found.nondeterministic:

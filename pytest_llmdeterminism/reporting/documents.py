@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
+from pytest_llmdeterminism.sampling import settings_text
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
@@ -30,7 +31,9 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
     ``changed_fingerprint`` (field -> [recorded, now]), ``numerics_changed`` (the fields that
     decide the bits and differ: non-empty means compared across environments) and ``steps``
     (``expected`` / ``actual``: ``[piece, token id, margin, top-1 logprob]`` per step, at most 64),
-    ``expected_text`` (None without a golden) and ``actual_text``;
+    ``expected_text`` (None without a golden) and ``actual_text``; for a sampled generation
+    ``sampling`` (sampler, temperature, top_k, top_p, min_p, seed; empty when greedy) and
+    ``draw_margin`` (the golden's, where the tokens first differ);
     for INPUT_CHANGED ``inputs``
     (both sides' prompt and id window), ``first_input_difference`` and ``input_diff``; where the
     budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``.
@@ -119,6 +122,7 @@ def run_report_markdown(document: dict[str, Any]) -> str:
             passed = " (passed)" if c["passed"] else ""
             verdict = _md_code(c["verdict"])
             lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {verdict}{step}{passed}",
+                      *(f"  - {_md(line)}" for line in _sampling_lines(c)),
                       *(f"  - {line}" for line in _text_lines(c))]
     incomplete = [c for c in document["checks"] if c.get("new_steps")]
     if incomplete:
@@ -152,6 +156,15 @@ def _md_span(text: str) -> str:
     fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _sampling_lines(check: dict[str, Any]) -> list[str]:
+    """A sampled check's settings and, where the tokens parted, the golden's draw margin there."""
+    if not check.get("sampling"):
+        return []
+    margin = check.get("draw_margin")
+    return [settings_text(check["sampling"])
+            + (f"; the golden's draw margin there {margin:.3g}" if margin is not None else "")]
 
 
 def _text_lines(check: dict[str, Any]) -> list[str]:
@@ -306,6 +319,7 @@ def run_report_html(document: dict[str, Any]) -> str:
                   (f"first divergence at step {check['first_divergence']}"
                    if check["first_divergence"] is not None else ""),
                   f"golden margin {check['golden_margin']:.3g}" if check["golden_margin"] is not None else "",
+                  html.escape(_sampling_lines(check)[0]) if check.get("sampling") else "",
                   html.escape(_budget_text(check)) if check.get("new_steps") else "",
                   f"changed: {changed}" if changed else ""]
         sections.append(

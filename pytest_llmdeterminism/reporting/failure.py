@@ -11,6 +11,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
+from pytest_llmdeterminism.sampling import settings_text
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.reporting.records import Outcome
@@ -35,6 +36,8 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode)} — fails under {profile!r}"]
     if across:
         lines.append(f"  {across}")
+    if actual.sampling and comparison.verdict is not Verdict.INPUT_CHANGED:
+        lines.append(f"  {settings_text(actual.sampling)}")
     if comparison.verdict is Verdict.INPUT_CHANGED:
         lines.append("  the input changed, so outputs were not compared (recorded -> now):")
         for field, old, new in comparison.input_changes:

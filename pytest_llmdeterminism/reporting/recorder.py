@@ -125,6 +125,8 @@ class TestOutcomes:
             actual_text=actual.text if actual is not None else None,
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
+            sampling=shown.sampling if shown is not None else {},
+            draw_margin=divergence.draw_margin if divergence else None,
             max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
             input_changes=[field for field, _, _ in comparison.input_changes],
             changed_fingerprint={field: (old, new) for field, old, new in changed},

@@ -74,6 +74,11 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     golden_margin: float | None = None  # inf where the golden had stopped; the JSON report writes null
     max_logprob_delta: float = 0.0
     tie_margin: float = 0.0  # below this golden margin a step is a near tie (the comparator's own)
+    # A sampled generation (do_sample=True): how it was drawn (sampler, temperature, top_k, top_p,
+    # min_p, seed: this run's, else the golden's), and the golden's draw margin where the tokens
+    # first differ. Empty and None for a greedy one.
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    draw_margin: float | None = None
     input_changes: list[str] = msgspec.field(default_factory=list)
     changed_fingerprint: dict[str, tuple[Any, Any]] = msgspec.field(default_factory=dict)
     numerics_changed: list[str] = msgspec.field(default_factory=list)  # non-empty: across environments

@@ -91,12 +91,14 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     for nodeid, found in reports:
         lines += [f"{nodeid}: " + found.lines()[0], *found.lines()[1:]]
     moved: dict[str, int] = {}
+    audited: dict[str, int] = {}  # reports with the row: the seed row is only in sampled ones
     for _, found in reports:
         for row in found.rows:
             moved[row.source] = moved.get(row.source, 0) + row.moved
+            audited[row.source] = audited.get(row.source, 0) + 1
     nondeterministic = sum(found.nondeterministic for _, found in reports)
     lines.append(f"audit summary: {len(reports)} generation(s), {nondeterministic} nondeterministic; "
-                 "results moved by " + ", ".join(f"{source} {n}/{len(reports)}"
+                 "results moved by " + ", ".join(f"{source} {n}/{audited[source]}"
                                                  for source, n in moved.items()))
     return lines
 
