@@ -65,9 +65,18 @@ def main() -> None:
         call()
         return time.perf_counter() - started
 
+    context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
+    short_prompt, long_prompt = "Once upon a time", LONG_PROMPT
+
+    def tokens_in(text: str) -> int:
+        return len(loaded.tokenizer(text, verbose=False)["input_ids"])
+
+    while tokens_in(long_prompt) + 4 > min(context, 512):  # fit the model's context and the 1x512 shape
+        long_prompt = long_prompt[: len(long_prompt) * 3 // 4]
+
     cases = {
-        "prefill-heavy (264-token prompt, 4 new)": (LONG_PROMPT, 4),
-        "decode-heavy (4-token prompt, 32 new)": ("Once upon a time", 32),
+        f"prefill-heavy ({tokens_in(long_prompt)}-token prompt, 4 new)": (long_prompt, 4),
+        f"decode-heavy ({tokens_in(short_prompt)}-token prompt, 32 new)": (short_prompt, 32),
     }
     for name, (prompt, tokens) in cases.items():
         sides = {"today": today, "invariant": LinearKernels.BATCH_INVARIANT}

@@ -61,6 +61,47 @@ def test_a_rows_linear_bits_do_not_depend_on_how_many_rows_share_the_call(out_fe
     torch.testing.assert_close(found[1], torch.nn.functional.linear(row, weight, bias))
 
 
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_a_decode_steps_rows_are_each_a_one_row_product_whatever_their_number(out_features, in_features,
+                                                                              threads):
+    """The decode kernel (``rows_linear``): a row's bits among 1 to 63 companions are its bits alone,
+    whatever the split of its output features and the thread count, and those of ``F.linear`` at one
+    row on MKL's reproducible branch."""
+    generator = torch.Generator().manual_seed(out_features * in_features)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
+    bias = torch.randn(out_features, generator=generator)
+    row = torch.randn(1, 1, in_features, generator=generator)  # (rows, positions, features) as in decode
+    found = []
+    for count in (1, 2, 4):
+        threads(count)
+        for blocks in (0, 2, 4):
+            alone = batch_invariant.rows_linear(row, weight, bias, blocks)
+            found.append(alone)
+            for rows in (2, 3, 8, 17, 64):
+                batch = torch.randn(rows, 1, in_features, generator=generator)
+                batch[rows // 2] = row[0]
+                assert torch.equal(batch_invariant.rows_linear(batch, weight, bias, blocks)[rows // 2],
+                                   alone[0]), (count, blocks, rows)
+    assert all(torch.equal(found[0], other) for other in found), "threads or the split changed the bits"
+    assert torch.equal(found[0], torch.nn.functional.linear(row, weight, bias))
+
+
+def test_without_a_cache_every_forward_is_a_prefill_and_stays_invariant(tiny):
+    """use_cache=False: every forward holds every position (none is a decode step), and a prompt's
+    bits alone and batched still agree."""
+    with kernels(tiny, LinearKernels.BATCH_INVARIANT):
+        alone, batched = (_generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 5, 0)),
+                                       shape) for shape in ("1x32", "4x32"))
+        assert [g.logit_hashes for g in alone] == [g.logit_hashes for g in batched]
+        cached = LLMModel(tiny, GenerationSettings(BatchShape.parse("4x32"), 5, 0)).generate(PROMPTS)
+        uncached = LLMModel(tiny, GenerationSettings(BatchShape.parse("4x32"), 5, 0)).generate(
+            PROMPTS, use_cache=False)
+        alone_uncached = [LLMModel(tiny, GenerationSettings(BatchShape.parse("1x32"), 5, 0)).generate(
+            [prompt], use_cache=False)[0] for prompt in PROMPTS]
+    assert [g.logit_hashes for g in uncached] == [g.logit_hashes for g in alone_uncached]
+    assert [g.token_ids for g in uncached] == [g.token_ids for g in cached]
+
+
 def _causal_padded_mask(lengths: list[int], total: int) -> torch.Tensor:
     """transformers' boolean SDPA mask for left-padded rows: True where a query may see a key."""
     causal = torch.ones(total, total, dtype=torch.bool).tril()
@@ -181,7 +222,7 @@ def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_an
     assert "golden checks: 9 recorded" in recorded.stdout
     assert "(verified at the first generation, against another shape)" in recorded.stdout
     golden = (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes()
-    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-1"' in golden
+    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-2"' in golden
     for shape in ("1x32", "2x48", "8x64", "3x40"):
         result = run(f"--llm-batch-shape={shape}", "--llm-tolerance=exact")
         assert result.returncode == 0, (shape, result.stdout[-3000:])

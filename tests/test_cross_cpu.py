@@ -168,6 +168,11 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
             torch.equal(batch_invariant.invariant_linear(torch.cat([torch.randn(rows - 1, in_features), row]),
                                                          weight, bias)[-1], alone[0]) for rows in (2, 7, 64))
         found[f"{name} invariant"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
+        decoded = batch_invariant.rows_linear(row, weight, bias, 2)  # a decode step's row, split in two
+        found[f"{name} decode rows equal"] = all(
+            torch.equal(batch_invariant.rows_linear(torch.cat([torch.randn(rows - 1, in_features), row]),
+                                                    weight, bias, 0)[-1], decoded[0]) for rows in (2, 7, 64))
+        found[f"{name} decode"] = xxhash.xxh3_64_hexdigest(decoded.numpy().tobytes())
 if sys.argv[1] == "portable":  # row-wise attention: a left-padded row as the row alone
     from types import SimpleNamespace
     q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
@@ -188,7 +193,8 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     threads (compute/linears.py): each must give
     the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
     portable, the batch-invariant kernels too (compute/batch_invariant.py): a row's bits alone and
-    among 1, 6 and 63 random companions, and a left-padded row's attention as the row alone."""
+    among 1, 6 and 63 random companions (the prefill's kernel and the decode steps'), and a
+    left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     other_vendor, old_isa = _foreign_cpus()

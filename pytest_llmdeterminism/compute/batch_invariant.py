@@ -7,7 +7,20 @@ transformers 5.25 on the tiny model and SmolLM2-135M (portable numerics, 2-core 
 - **Linears.** oneDNN's AVX2 GEMM gives a row the same bits at every number of rows from 2 to 300
   (SmolLM2's shapes and the tiny model's, 1 and 2 threads), but other bits at one row; MKL's
   reproducible branch, which portable numerics use for small products, gives other bits from 8
-  rows on. So every float32 linear runs on oneDNN, and a lone row runs as two identical rows.
+  rows on. So the prefill's linears (the whole prompt, every position a row) run on oneDNN, a lone
+  row as two identical rows. A decode step has one row per prompt, and there two identical rows
+  on oneDNN cost 2-3x one row (SmolLM2's gate projection: 144 vs 47 us; a lone decode-heavy call
+  1.39x today's). So in decode each row is its own one-row product on MKL's reproducible branch:
+  one row through :func:`~pytest_llmdeterminism.compute.linears.split_linear` (its output features
+  over the threads, the bits of ``F.linear`` at one row), several as one ``torch.bmm`` whose items
+  are the rows, each over the whole weight (the weight expanded, not copied: the same one-row
+  kernel on the same layout). The bits do not depend on the rows beside it by construction, and
+  were measured equal to ``F.linear`` at one row for 1 to 64 rows, 1, 2 and 4 threads. The output
+  embedding (the vocabulary matrix, 113 MB for SmolLM2) stays on oneDNN in decode too: row by row
+  it would be read once per row, and a batch of 8 would lose most of what batching saves (0.53x
+  8 lone calls instead of 0.44x, measured). Which phase runs is read from the forward's input: the
+  block's first forward is the prefill, later ones with one position per row are decode steps
+  (without a cache every forward holds every position, and is a prefill).
 - **Attention.** Left padding moves a prompt's keys to other positions of the kernel's vectors and
   blocks, so its sums run in another order. :func:`rowwise_attention` runs each row's attention
   over its own keys only, as that prompt run alone and unpadded would: the same ``scaled_dot_product
@@ -41,17 +54,35 @@ from pytest_llmdeterminism.compute import linears
 ATTENTION = "pytest_llmdeterminism_rowwise"
 # What a golden's fingerprint records as ``batch_invariant`` when these kernels computed it. Another
 # value (kernels that give other bits) is another environment: change it with the kernels.
-GENERATION = "cpu-onednn-avx2-rowwise-1"
+GENERATION = "cpu-onednn-avx2-rowwise-2"
 
 
 def invariant_linear(x: Any, weight: Any, bias: Any) -> Any:
     """``F.linear`` on oneDNN with at least two rows, so that a row's bits do not depend on how many
-    rows the call holds (a lone row is computed as two identical rows)."""
+    rows the call holds (a lone row is computed as two identical rows): the prefill's kernel."""
     rows = x.numel() // x.shape[-1]
     if rows != 1:
         return linears.onednn_linear(x, weight, bias)
     pair = x.reshape(1, x.shape[-1]).expand(2, x.shape[-1])
     return linears.onednn_linear(pair, weight, bias)[:1].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def rows_linear(x: Any, weight: Any, bias: Any, blocks: int = 0) -> Any:
+    """``F.linear`` with every row its own one-row product on MKL's reproducible branch, whatever the
+    number of rows: the decode steps' kernel. One row is split into ``blocks`` blocks of output
+    features over the threads (0: not split, see ``linears.blocks_for``); several rows are the items
+    of one ``torch.bmm``, each over the whole weight."""
+    import torch
+
+    in_features, out_features = x.shape[-1], weight.shape[0]
+    rows = x.numel() // in_features
+    if rows == 1:
+        if blocks:
+            return linears.split_linear(x, weight, bias, blocks)
+        return torch.nn.functional.linear(x, weight, bias)
+    products = torch.bmm(x.reshape(rows, 1, in_features), weight.t().expand(rows, in_features, out_features))
+    y = products.reshape(*x.shape[:-1], out_features)
+    return y if bias is None else y + bias
 
 
 def rowwise_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
@@ -123,17 +154,39 @@ def batch_invariant(model: Any) -> Iterator[int]:
     layers = [module for module in model.modules()
               if type(module) is torch.nn.Linear and "forward" not in vars(module)
               and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    phase = _Phase()
+    hook = model.register_forward_pre_hook(phase.see, with_kwargs=True)
+    threads = torch.get_num_threads()
     try:
         for config in configs.values():
             config._attn_implementation = name
         for module in layers:
-            module.forward = _forward(module)  # type: ignore[method-assign]
+            module.forward = _forward(module, phase, rows=module is not head,  # type: ignore[method-assign]
+                                      blocks=linears.blocks_for(module.weight, threads))
         yield len(layers)
     finally:
+        hook.remove()
         for key, config in configs.items():
             config._attn_implementation = attention[key]
         for module in layers:
             vars(module).pop("forward", None)
+
+
+class _Phase:
+    """Whether the model's forward now running is a decode step: not the block's first forward, and
+    one position per row (a model's forward pre-hook)."""
+
+    def __init__(self) -> None:
+        self.forwards = 0
+        self.decode = False
+
+    def see(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.forwards += 1
+        inputs = kwargs.get("input_ids", args[0] if args else None)
+        if inputs is None:
+            inputs = kwargs.get("inputs_embeds")
+        self.decode = self.forwards > 1 and inputs is not None and inputs.shape[1] == 1
 
 
 def _configs(model: Any) -> list[Any]:
@@ -146,7 +199,9 @@ def _configs(model: Any) -> list[Any]:
     return found
 
 
-def _forward(module: Any) -> Any:
+def _forward(module: Any, phase: _Phase, *, rows: bool, blocks: int) -> Any:
+    """``module``'s forward in the block: a decode step row by row (``rows``: all but the output
+    embedding), everything else on oneDNN with at least two rows."""
     import torch
 
     linear = torch.nn.functional.linear
@@ -154,6 +209,8 @@ def _forward(module: Any) -> Any:
     def forward(x: Any) -> Any:
         if x.dtype != torch.float32:
             return linear(x, module.weight, module.bias)
+        if rows and phase.decode:
+            return rows_linear(x, module.weight, module.bias, blocks)
         return invariant_linear(x, module.weight, module.bias)
 
     return forward
