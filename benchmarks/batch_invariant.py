@@ -1,9 +1,9 @@
 """What batch-invariant kernels (``llm_batch_invariant = true``) cost and what batching then saves.
 
-Side by side in one process, SmolLM2-135M (or ``--model``) in float32 under portable numerics, the
-rounds alternating so machine noise hits both sides alike:
+Side by side in one process, SmolLM2-135M (or ``--model``) in float32 under portable numerics (or
+``--numerics compatible``), the rounds alternating so machine noise hits both sides alike:
 
-1. **A lone call**, today's portable kernels vs the batch-invariant ones: a prefill-heavy prompt
+1. **A lone call**, that mode's default kernels vs its batch-invariant ones: a prefill-heavy prompt
    (~264 tokens, 4 new tokens) and a decode-heavy one (a short prompt, 32 new tokens), each alone
    and unpadded (``1xL``), as the default shape runs it.
 2. **Batching pays**: 8 prompts as 8 lone calls vs one call in an ``8x64`` batch, both on the
@@ -12,6 +12,7 @@ rounds alternating so machine noise hits both sides alike:
 
     python benchmarks/batch_invariant.py                 # SmolLM2 if fetched, else builtin:tiny
     python benchmarks/batch_invariant.py --model builtin:tiny --rounds 5
+    python benchmarks/batch_invariant.py --numerics compatible
 
 Prints the CPU (vendor and model) and torch's thread count: a speed figure holds for that CPU.
 """
@@ -37,11 +38,13 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(SMOLLM2) if SMOLLM2.exists() else "builtin:tiny")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--numerics", choices=("portable", "compatible"), default="portable",
+                        help="the CPU numerics both sides run under (compatible: MKL tiles for the prefill)")
     args = parser.parse_args()
 
     from pytest_llmdeterminism.compute import numerics
 
-    numerics.pin(numerics.PORTABLE)  # before torch is imported, as the plugin does
+    numerics.pin(args.numerics)  # before torch is imported, as the plugin does
     import torch
 
     from pytest_llmdeterminism import engines
@@ -49,11 +52,13 @@ def main() -> None:
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    loaded = engines.load(args.model, dtype="float32", device="cpu")
+    loaded = engines.load(args.model, dtype="float32", device="cpu", cpu_numerics=args.numerics)
     today = loaded.engine.linears
-    print(f"model {args.model}; CPU {numerics.cpu_name()}, portable numerics (ATen "
-          f"{torch.backends.cpu.get_cpu_capability()}, oneDNN capped at AVX2); {torch.get_num_threads()} "
-          f"threads; torch {torch.__version__}")
+    invariant = (LinearKernels.BATCH_INVARIANT if args.numerics == "portable"
+                 else LinearKernels.BATCH_INVARIANT_TILES)
+    print(f"model {args.model}; CPU {numerics.cpu_name()}, {args.numerics} numerics (ATen "
+          f"{torch.backends.cpu.get_cpu_capability()}); {torch.get_num_threads()} threads; torch "
+          f"{torch.__version__}")
 
     def on(kernels: LinearKernels, shape: str, tokens: int) -> LLMModel:
         loaded.engine.linears, loaded.cache = kernels, {}
@@ -79,7 +84,7 @@ def main() -> None:
         f"decode-heavy ({tokens_in(short_prompt)}-token prompt, 32 new)": (short_prompt, 32),
     }
     for name, (prompt, tokens) in cases.items():
-        sides = {"today": today, "invariant": LinearKernels.BATCH_INVARIANT}
+        sides = {"today": today, "invariant": invariant}
         for kernels in sides.values():
             on(kernels, "1x512", tokens).generate(prompt)  # warm up both
         times: dict[str, list[float]] = {side: [] for side in sides}
@@ -91,9 +96,9 @@ def main() -> None:
         print(f"lone call, {name}: today {medians['today'] * 1e3:.0f} ms, invariant "
               f"{medians['invariant'] * 1e3:.0f} ms -> {medians['invariant'] / medians['today']:.2f}x")
 
-    lone_model = on(LinearKernels.BATCH_INVARIANT, "1x64", 16)
+    lone_model = on(invariant, "1x64", 16)
     lone = [lone_model.generate(prompt) for prompt in EIGHT]
-    batch_model = on(LinearKernels.BATCH_INVARIANT, "8x64", 16)
+    batch_model = on(invariant, "8x64", 16)
     batched = batch_model.generate(EIGHT)
     same = all(a.token_ids == b.token_ids and a.logit_hashes == b.logit_hashes
                for a, b in zip(lone, batched, strict=True))
@@ -104,10 +109,10 @@ def main() -> None:
         order = list(times) if round_ % 2 == 0 else list(times)[::-1]
         for side in order:
             if side.startswith("8 lone"):
-                llm = on(LinearKernels.BATCH_INVARIANT, "1x64", 16)
+                llm = on(invariant, "1x64", 16)
                 times[side].append(timed(lambda llm=llm: [llm.generate(p) for p in EIGHT]))
             else:
-                llm = on(LinearKernels.BATCH_INVARIANT, "8x64", 16)
+                llm = on(invariant, "8x64", 16)
                 times[side].append(timed(lambda llm=llm: llm.generate(EIGHT)))
     lone_time, batch_time = (statistics.median(found) for found in times.values())
     print(f"8 prompts x 16 new tokens on batch-invariant kernels, bit-identical: 8 lone calls "

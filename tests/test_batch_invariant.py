@@ -86,6 +86,28 @@ def test_a_decode_steps_rows_are_each_a_one_row_product_whatever_their_number(ou
     assert torch.equal(found[0], torch.nn.functional.linear(row, weight, bias))
 
 
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_a_tiled_rows_bits_do_not_depend_on_how_many_rows_share_the_call(out_features, in_features, threads):
+    """The prefill's kernel under compatible numerics (``tiled_linear``, MKL in tiles of 32 rows): a
+    row's bits among 1 to 99 companions, at 1, 2 and 4 threads, are its bits alone."""
+    generator = torch.Generator().manual_seed(out_features - in_features)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
+    bias = torch.randn(out_features, generator=generator)
+    row = torch.randn(1, in_features, generator=generator)
+    found = []
+    for count in (1, 2, 4):
+        threads(count)
+        alone = batch_invariant.tiled_linear(row, weight, bias)
+        found.append(alone)
+        for rows in (2, 31, 32, 33, 100):
+            batch = torch.randn(rows, in_features, generator=generator)
+            batch[rows // 2] = row
+            assert torch.equal(batch_invariant.tiled_linear(batch, weight, bias)[rows // 2], alone[0]), \
+                (count, rows)
+    assert all(torch.equal(found[0], other) for other in found), "the thread count changed the bits"
+    torch.testing.assert_close(found[0], torch.nn.functional.linear(row, weight, bias))
+
+
 def test_without_a_cache_every_forward_is_a_prefill_and_stays_invariant(tiny):
     """use_cache=False: every forward holds every position (none is a decode step), and a prompt's
     bits alone and batched still agree."""
@@ -202,18 +224,22 @@ def test_batch_invariant_kernels_put_the_model_back(tiny):
     assert all("forward" not in vars(module) for module in model.modules())
 
 
+@pytest.mark.parametrize("numerics, generation", [("portable", "cpu-onednn-avx2-rowwise-2"),
+                                                   ("compatible", "cpu-mkl-compatible-tiles32-rowwise-1")])
 @pytest.mark.subprocess
-def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_and_a_defect_fails(tmp_path):
-    """The setting end to end: recorded at 4x32 under llm_batch_invariant, the example suite reads
-    IDENTICAL at 1x32, 2x48, 8x64 and 3x40; a planted defect is a REGRESSION there; a run without the
-    setting is another environment and says how to compare exactly again."""
+def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_and_a_defect_fails(
+        tmp_path, numerics, generation):
+    """The setting end to end, under portable numerics (oneDNN for the prefill) and compatible ones
+    (MKL tiles): recorded at 4x32 under llm_batch_invariant, the example suite reads IDENTICAL at
+    1x32, 2x48, 8x64 and 3x40; a planted defect is a REGRESSION there; a run without the setting is
+    another environment and says how to compare exactly again."""
     for name in ("pytest.ini", "test_tiny_model.py"):
         shutil.copy(ROOT / "examples" / name, tmp_path / name)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
-                   "--llm-batch-invariant=true", *args]
+                   "--llm-batch-invariant=true", f"--llm-cpu-numerics={numerics}", *args]
         return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
                               env=env)
 
@@ -222,7 +248,7 @@ def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_an
     assert "golden checks: 9 recorded" in recorded.stdout
     assert "(verified at the first generation, against another shape)" in recorded.stdout
     golden = (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes()
-    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-2"' in golden
+    assert f'"batch_invariant": "{generation}"'.encode() in golden
     for shape in ("1x32", "2x48", "8x64", "3x40"):
         result = run(f"--llm-batch-shape={shape}", "--llm-tolerance=exact")
         assert result.returncode == 0, (shape, result.stdout[-3000:])
@@ -240,9 +266,9 @@ def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_an
 @pytest.mark.parametrize("ini, why", [
     ("llm_batch_invariant = yes", "expected true or false"),
     ("llm_batch_invariant = true\nllm_cpu_numerics = native",
-     "batch-invariant kernels are not available here: they run under portable numerics on x86-64"),
-    ("llm_batch_invariant = true\nllm_dtype = bfloat16",
-     "oneDNN's AVX2 GEMM, which runs float32, not bfloat16"),
+     "batch-invariant kernels are not available here: they run under portable or compatible numerics on "
+     "x86-64"),
+    ("llm_batch_invariant = true\nllm_dtype = bfloat16", "they run float32, not bfloat16"),
 ])
 @pytest.mark.subprocess
 def test_the_setting_says_where_it_cannot_hold(suite, ini, why):

@@ -173,6 +173,16 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
             torch.equal(batch_invariant.rows_linear(torch.cat([torch.randn(rows - 1, in_features), row]),
                                                     weight, bias, 0)[-1], decoded[0]) for rows in (2, 7, 64))
         found[f"{name} decode"] = xxhash.xxh3_64_hexdigest(decoded.numpy().tobytes())
+    if sys.argv[1] == "compatible":  # batch-invariant kernels there: the prefill's tiles, the decode's rows
+        from pytest_llmdeterminism.compute import batch_invariant
+        row = torch.randn(1, in_features)
+        for kernel in ("tiled_linear", "rows_linear"):
+            compute = getattr(batch_invariant, kernel)
+            alone = compute(row, weight, bias)
+            found[f"{name} {kernel} rows equal"] = all(
+                torch.equal(compute(torch.cat([torch.randn(rows - 1, in_features), row]), weight, bias)[-1],
+                            alone[0]) for rows in (2, 33, 64))
+            found[f"{name} {kernel}"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
 if sys.argv[1] == "portable":  # row-wise attention: a left-padded row as the row alone
     from types import SimpleNamespace
     q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
@@ -194,7 +204,8 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
     portable, the batch-invariant kernels too (compute/batch_invariant.py): a row's bits alone and
     among 1, 6 and 63 random companions (the prefill's kernel and the decode steps'), and a
-    left-padded row's attention as the row alone."""
+    left-padded row's attention as the row alone; under compatible, its batch-invariant kernels (MKL
+    tiles for the prefill, rows for decode) alike."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     other_vendor, old_isa = _foreign_cpus()

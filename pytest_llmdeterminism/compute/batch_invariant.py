@@ -37,24 +37,35 @@ them records ``batch_invariant`` (:data:`GENERATION`) in its fingerprint, and wh
 run both carry the same value the batch shape is informational (``compare.input_changes``). Goldens
 recorded without them keep their kernels and their shape.
 
-Not under compatible numerics: MKL's reproducible branch gives a row the same bits at 2 to 4 rows only
-(measured), and oneDNN is not capped there, so its bits would not travel between CPUs. Not on arm64
-yet: its float32 linears run on OpenBLAS, not measured for invariance.
+**Compatible numerics** (CPUs without AVX2) cannot use oneDNN, whose kernels are not capped there, so
+their bits would not travel between CPUs; and MKL's generic path gives a row the same bits at 2 to 4
+rows only. So there the prefill runs in tiles (:func:`tiled_linear`): the rows padded to a multiple
+of :data:`TILE_ROWS` with copies of the last row, every tile the same ``TILE_ROWS``-row MKL product,
+an item of one ``torch.bmm`` over the weight expanded. A row's bits then depend on its tile's size
+alone, which is fixed: measured equal for 1 to 264 rows, 1, 2 and 4 threads, SmolLM2's shapes. 32
+rows costs 1.4x ``F.linear`` on a 264-row prefill (4 rows: 3x; 8: 2x; 64: 1.5x). Decode steps run
+row by row as under portable numerics, and so does the output embedding (no oneDNN there).
+
+Not on arm64 yet: its float32 linears run on OpenBLAS, not measured for invariance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from pytest_llmdeterminism.compute import linears
+from pytest_llmdeterminism.compute.linears import LinearKernels
 
 # The name under which transformers' attention and mask registries know the row-wise attention.
 ATTENTION = "pytest_llmdeterminism_rowwise"
 # What a golden's fingerprint records as ``batch_invariant`` when these kernels computed it. Another
 # value (kernels that give other bits) is another environment: change it with the kernels.
-GENERATION = "cpu-onednn-avx2-rowwise-2"
+GENERATION = {LinearKernels.BATCH_INVARIANT: "cpu-onednn-avx2-rowwise-2",
+              LinearKernels.BATCH_INVARIANT_TILES: "cpu-mkl-compatible-tiles32-rowwise-1"}
+# Under compatible numerics the prefill's rows go through MKL in tiles of this many rows.
+TILE_ROWS = 32
 
 
 def invariant_linear(x: Any, weight: Any, bias: Any) -> Any:
@@ -82,6 +93,25 @@ def rows_linear(x: Any, weight: Any, bias: Any, blocks: int = 0) -> Any:
         return torch.nn.functional.linear(x, weight, bias)
     products = torch.bmm(x.reshape(rows, 1, in_features), weight.t().expand(rows, in_features, out_features))
     y = products.reshape(*x.shape[:-1], out_features)
+    return y if bias is None else y + bias
+
+
+def tiled_linear(x: Any, weight: Any, bias: Any) -> Any:
+    """``F.linear`` with the rows in tiles of :data:`TILE_ROWS` (the last one filled with copies of the
+    last row), each tile an item of one ``torch.bmm`` on MKL: every row is computed by the same
+    ``TILE_ROWS``-row product, whatever the number of rows: the prefill's kernel under compatible
+    numerics."""
+    import torch
+
+    in_features, out_features = x.shape[-1], weight.shape[0]
+    rows = x.numel() // in_features
+    flat = x.reshape(rows, in_features)
+    if rows % TILE_ROWS:
+        flat = torch.cat([flat, flat[-1:].expand(TILE_ROWS - rows % TILE_ROWS, in_features)])
+    tiles = flat.shape[0] // TILE_ROWS
+    products = torch.bmm(flat.view(tiles, TILE_ROWS, in_features),
+                         weight.t().expand(tiles, in_features, out_features))
+    y = products.reshape(tiles * TILE_ROWS, out_features)[:rows].reshape(*x.shape[:-1], out_features)
     return y if bias is None else y + bias
 
 
@@ -142,10 +172,12 @@ def register() -> str:
 
 
 @contextmanager
-def batch_invariant(model: Any) -> Iterator[int]:
+def batch_invariant(model: Any, *, tiles: bool = False) -> Iterator[int]:
     """Within the block, ``model`` computes each prompt's logits independently of its batch: float32
-    linears on the CPU through :func:`invariant_linear`, attention through :func:`rowwise_attention`.
-    Everything is put back afterwards. Yields how many linear layers were routed."""
+    linears on the CPU through :func:`invariant_linear` (``tiles``, under compatible numerics:
+    :func:`tiled_linear`) and in decode steps :func:`rows_linear`, attention through
+    :func:`rowwise_attention`. Everything is put back afterwards. Yields how many linear layers were
+    routed."""
     import torch
 
     name = register()
@@ -162,8 +194,12 @@ def batch_invariant(model: Any) -> Iterator[int]:
         for config in configs.values():
             config._attn_implementation = name
         for module in layers:
-            module.forward = _forward(module, phase, rows=module is not head,  # type: ignore[method-assign]
-                                      blocks=linears.blocks_for(module.weight, threads))
+            blocks = linears.blocks_for(module.weight, threads)
+            if module is head:  # see the module's note: row by row under compatible, else oneDNN
+                kernels = (_rows(blocks),) * 2 if tiles else (invariant_linear, invariant_linear)
+            else:
+                kernels = (tiled_linear if tiles else invariant_linear, _rows(blocks))
+            module.forward = _forward(module, phase, *kernels)  # type: ignore[method-assign]
         yield len(layers)
     finally:
         hook.remove()
@@ -199,9 +235,20 @@ def _configs(model: Any) -> list[Any]:
     return found
 
 
-def _forward(module: Any, phase: _Phase, *, rows: bool, blocks: int) -> Any:
-    """``module``'s forward in the block: a decode step row by row (``rows``: all but the output
-    embedding), everything else on oneDNN with at least two rows."""
+Kernel = Callable[[Any, Any, Any], Any]
+
+
+def _rows(blocks: int) -> Kernel:
+    """:func:`rows_linear` with a layer's own split of one row."""
+
+    def kernel(x: Any, weight: Any, bias: Any) -> Any:
+        return rows_linear(x, weight, bias, blocks)
+
+    return kernel
+
+
+def _forward(module: Any, phase: _Phase, prefill: Kernel, decode: Kernel) -> Any:
+    """``module``'s forward in the block: ``decode`` in a decode step, ``prefill`` otherwise."""
     import torch
 
     linear = torch.nn.functional.linear
@@ -209,8 +256,6 @@ def _forward(module: Any, phase: _Phase, *, rows: bool, blocks: int) -> Any:
     def forward(x: Any) -> Any:
         if x.dtype != torch.float32:
             return linear(x, module.weight, module.bias)
-        if rows and phase.decode:
-            return rows_linear(x, module.weight, module.bias, blocks)
-        return invariant_linear(x, module.weight, module.bias)
+        return (decode if phase.decode else prefill)(x, module.weight, module.bias)
 
     return forward

@@ -50,9 +50,15 @@ class LinearKernels(str, enum.Enum):
     LINEAR = "F.linear"  # torch's own dispatch: native numerics, GPUs, other dtypes
     SPLIT_ONE_ROW = "one-row split"  # compatible: MKL's generic path, one-row products over the threads
     ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN capped at AVX2; smaller one-row products split
-    # llm_batch_invariant: every product on oneDNN AVX2 with at least two rows, attention row by row
-    # (batch_invariant.py, which the transformers engine runs instead of routed())
+    # llm_batch_invariant (batch_invariant.py, which the transformers engine runs instead of routed()):
+    # under portable numerics the prefill on oneDNN AVX2 with at least two rows, under compatible in
+    # tiles of rows on MKL's generic path; decode steps row by row; attention row by row
     BATCH_INVARIANT = "batch-invariant"
+    BATCH_INVARIANT_TILES = "batch-invariant, MKL tiles"
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self in (LinearKernels.BATCH_INVARIANT, LinearKernels.BATCH_INVARIANT_TILES)
 
 
 def kernels_for(mode: str, in_force: Mapping[str, Any]) -> LinearKernels:

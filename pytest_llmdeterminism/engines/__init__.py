@@ -100,13 +100,17 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
 
 def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, dtype: str,
                              device: str) -> linears.LinearKernels:
-    """The batch-invariant kernels, where they exist: float32 under portable numerics on x86-64."""
-    if kernels is linears.LinearKernels.ONEDNN_AVX2 and dtype == "float32":
-        return linears.LinearKernels.BATCH_INVARIANT
+    """The batch-invariant kernels, where they exist: float32 under portable or compatible numerics
+    on x86-64."""
+    invariant = {linears.LinearKernels.ONEDNN_AVX2: linears.LinearKernels.BATCH_INVARIANT,
+                 linears.LinearKernels.SPLIT_ONE_ROW: linears.LinearKernels.BATCH_INVARIANT_TILES}
+    pinned = cpu_numerics in (numerics.PORTABLE, numerics.COMPATIBLE)  # native may inherit MKL's pin
+    if kernels in invariant and dtype == "float32" and pinned:
+        return invariant[kernels]
     why = (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
-           f"they are oneDNN's AVX2 GEMM, which runs float32, not {dtype}" if dtype != "float32" else
-           f"they run under portable numerics on x86-64; this run has cpu numerics {cpu_numerics!r} "
-           f"on {platform.machine()}")
+           f"they run float32, not {dtype}" if dtype != "float32" else
+           f"they run under portable or compatible numerics on x86-64; this run has cpu numerics "
+           f"{cpu_numerics!r} on {platform.machine()}")
     raise ConfigurationError("llm_batch_invariant", "true",
                              f"batch-invariant kernels are not available here: {why}. Remove the setting "
                              "(goldens then keep the batch shape), or run float32 on an x86-64 CPU with "

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute import batch_invariant
-from pytest_llmdeterminism.compute.linears import LinearKernels
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines import LoadedModel
@@ -163,8 +162,8 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "tokenizer_hash": _tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
         # only goldens computed on batch-invariant kernels carry the field (batch_invariant.py)
-        **({"batch_invariant": batch_invariant.GENERATION}
-           if getattr(loaded.engine, "linears", None) is LinearKernels.BATCH_INVARIANT else {}),
+        **({"batch_invariant": batch_invariant.GENERATION[kernels]}
+           if (kernels := getattr(loaded.engine, "linears", None)) in batch_invariant.GENERATION else {}),
     }
 
 

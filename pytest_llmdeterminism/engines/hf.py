@@ -82,7 +82,8 @@ class HFEngine:
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits,
                                 processed=_has_processors(config) or config.sampling is not None
                                 ) as capture, \
-                    (batch_invariant(model) if self.linears is LinearKernels.BATCH_INVARIANT
+                    (batch_invariant(model, tiles=self.linears is LinearKernels.BATCH_INVARIANT_TILES)
+                     if self.linears.batch_invariant
                      else routed(model, self.linears)):
                 processors = capture.logits_processor()
                 if config.sampling is not None:  # last: the draw sees the scores the capture recorded
