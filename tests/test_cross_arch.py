@@ -81,8 +81,8 @@ class Run:
             # An editable install leaves pytest_llmdeterminism.egg-info in the source tree, whose
             # entry point would register the plugin a second time, under its distribution's name.
             base["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        else:
-            command = [sys.executable, *command]
+        else:  # no:hypothesispytest: its summary hook imports all of Hypothesis (autoload is off on arm64)
+            command = [sys.executable, *command, "-p", "no:hypothesispytest"]
         self.name = " ".join(args) + (f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)")
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, cwd=project, env=base, text=True, stdout=subprocess.PIPE,

@@ -67,7 +67,8 @@ def _environment() -> dict[str, str]:
 
 def _pytest(project: Path, *args: str, cpu: str | None = None,
             threads: int | None = None) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    # no:hypothesispytest: its summary hook imports all of Hypothesis (about 8 s under emulation)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args]
     if cpu is not None:
         command = [str(QEMU), "-cpu", cpu, *command]
     env = _environment() if threads is None else {**_environment(), "OMP_NUM_THREADS": str(threads)}
