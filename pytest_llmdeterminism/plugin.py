@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 _ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
+_AUTO_WORKERS = pytest.StashKey[str]()  # what -n auto started, for the header
 _MARKER_HELP = (
     f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed "
     "seeds, deterministic torch kernels and greedy fixed-shape generation; every global is restored "
@@ -54,6 +55,15 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         configuration.check_names(early_config, parser, args)
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    found = configuration.auto_workers(config)
+    if found is None:
+        return None  # xdist's own count
+    config.stash[_AUTO_WORKERS] = found[1]
+    return found[0]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,7 +104,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return config.stash[SESSION].header_lines()
+    auto = config.stash.get(_AUTO_WORKERS, None)
+    return config.stash[SESSION].header_lines() + ([auto] if auto else [])
 
 
 @pytest.hookimpl(trylast=True)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pytest_llmdeterminism.compute.threads import choose, share, usable_cores, worker_count
+from pytest_llmdeterminism.compute.threads import auto_workers, choose, share, usable_cores, worker_count
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.run.options import parse_threads
 
@@ -114,3 +114,49 @@ def test_goldens_recorded_serially_are_identical_under_xdist_with_each_worker_on
     seen = _threads_seen(suite)
     assert len(seen) == 3 and all(name.startswith("threads-gw") for name in seen)
     assert set(seen.values()) == {share(cores, 2)}
+
+
+def test_n_auto_on_a_cpu_starts_a_worker_per_four_cores_and_none_below_two():
+    assert [auto_workers(cores) for cores in (1, 2, 4, 7, 8, 12, 16, 64)] == [0, 0, 0, 0, 2, 3, 4, 16]
+
+
+@pytest.mark.parametrize(("ini", "environ", "cores", "found"), [
+    ("llm_model = builtin:tiny", {}, 2, 0),
+    ("llm_model = builtin:tiny", {}, 16, 4),
+    ("llm_model = builtin:tiny\nllm_device = cpu", {}, 8, 2),
+    ("llm_model = builtin:tiny\nllm_device = cuda", {}, 16, None),  # a GPU: xdist's own count
+    ("llm_model = openai:http://127.0.0.1:1/v1", {}, 2, None),  # a server does the work
+    ("llm_model = builtin:tiny", {"PYTEST_XDIST_AUTO_NUM_WORKERS": "3"}, 2, None),  # xdist's variable
+    ("", {}, 2, None),  # a project that does not configure the plugin
+], ids=["2-cores", "16-cores", "cpu-8-cores", "gpu", "server", "xdist-variable", "other-project"])
+def test_what_n_auto_starts_follows_the_cores_where_the_model_runs_on_the_cpu(pytester, monkeypatch, ini,
+                                                                              environ, cores, found):
+    from pytest_llmdeterminism.compute import threads
+    from pytest_llmdeterminism.run import configuration
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    decided = configuration.auto_workers(pytester.parseconfig("-n", "auto"))
+    assert (decided if decided is None else decided[0]) == found
+    if found:
+        assert decided[1] == f"llm: -n auto starts {found} workers of 4 threads ({cores} cores)"
+
+
+def test_n_auto_on_two_cores_runs_the_tests_in_the_pytest_process_and_says_so(suite, monkeypatch):
+    """On 2 cores xdist would start two workers, each loading its own model: slower than one
+    process (11.2 s against 4.4 s for the example suite). -n auto then is a serial run."""
+    pytest.importorskip("xdist")
+    from pytest_llmdeterminism.compute import threads
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    _project(suite)
+    result = suite.runpytest("-n", "auto", "--llm-golden-update")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["llm: -n auto runs the tests in this process: 2 cores, and a worker per 4 "
+                                 "cores pays from 8 on (each worker loads its own model); choose a count "
+                                 "with -n N"])
+    assert set(_threads_seen(suite)) == {"threads-main-a", "threads-main-b", "threads-main-c"}  # no worker

@@ -15,6 +15,15 @@ Why a power of two: the example suite's goldens (recorded at 2 threads, portable
 refused the run (rows 0 and 3 of a 4x32 batch differed), as large GEMMs under MKL's reproducible
 branch differ at 3 and 6 threads (``numerics.py``). The thread count stays part of a golden's
 numerics (``fingerprint.py``): a check at another count is judged across environments.
+
+**``-n auto`` on a CPU.** Even at one thread a worker, two workers on 2 cores took 11.2 s for what
+one process did in 4.4 s: each worker pays Python, torch, the model load and the probe (about 5 s for
+the tiny model, 20 s for SmolLM2 from its GGUF file), and a model's arithmetic was already spread
+over the cores by torch's threads. So in a project that configures the plugin, with the model on the
+CPU, ``-n auto`` starts one worker per :data:`AUTO_WORKER_CORES` cores, and none (the tests run in
+the pytest process, as without ``-n``) where that makes fewer than two: below 8 cores ``-n auto`` is
+never slower than a serial run, because it is one. ``-n N`` and xdist's
+``PYTEST_XDIST_AUTO_NUM_WORKERS`` still choose the count.
 """
 
 from __future__ import annotations
@@ -67,6 +76,17 @@ def choose(*, configured: int | None, environ: Mapping[str, str], workers: int |
             why += ", down to a power of two"
         return ThreadChoice(threads, why, set_by_plugin=True)
     return ThreadChoice(None, f"{cores} cores")
+
+
+# Under ``-n auto`` on a CPU, one xdist worker per this many cores (see the module's note).
+AUTO_WORKER_CORES = 4
+
+
+def auto_workers(cores: int) -> int:
+    """How many workers ``-n auto`` starts for a model on the CPU: one per :data:`AUTO_WORKER_CORES`
+    cores, 0 (no worker: the tests run in the pytest process) where that makes fewer than two."""
+    workers = cores // AUTO_WORKER_CORES
+    return workers if workers >= 2 else 0
 
 
 def usable_cores() -> int:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute import numerics, threads
+from pytest_llmdeterminism.compute.environment import configures_plugin
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.run.options import (
@@ -106,6 +107,41 @@ def xdist_workers(config: pytest.Config) -> int | None:
     specs = (str(spec).partition("*") for spec in config.getoption("tx", None) or ())
     count = sum(int(times) if star and times.isdigit() else 1 for times, star, _ in specs)  # --tx 3*popen
     return count or None
+
+
+def auto_workers(config: pytest.Config) -> tuple[int, str] | None:
+    """What ``-n auto`` starts in a project that configures the plugin with a model on the CPU
+    (transformers or llama.cpp in process), and the header's line saying so; None where xdist's own
+    count stands (another project, a GPU or a server, ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    if not configures_plugin(ini_values(config), config.invocation_params.args):
+        return None
+    namespace = config.known_args_namespace
+    model = getattr(namespace, "llm_model", None) or str(config.getini("llm_model")) or None
+    device = getattr(namespace, "llm_device", None) or str(config.getini("llm_device")) or "auto"
+    if engine_of(model or "") not in (None, "llamacpp") or not _on_the_cpu(device.strip()):
+        return None
+    cores = threads.usable_cores()
+    workers = threads.auto_workers(cores)
+    if workers:
+        share = threads.share(cores, workers)
+        return workers, f"llm: -n auto starts {workers} workers of {share} threads ({cores} cores)"
+    return 0, (f"llm: -n auto runs the tests in this process: {cores} core{'s' if cores != 1 else ''}, and a "
+               f"worker per {threads.AUTO_WORKER_CORES} cores pays from {2 * threads.AUTO_WORKER_CORES} on "
+               "(each worker loads its own model); choose a count with -n N")
+
+
+def _on_the_cpu(device: str) -> bool:
+    """Whether ``llm_device`` puts the model on the CPU; ``auto`` does without a GPU (an NVIDIA device
+    node on Linux, Apple silicon's MPS), told without importing torch."""
+    if device != "auto":
+        return device == "cpu"
+    import glob
+    import platform
+
+    apple = platform.system() == "Darwin" and platform.machine() == "arm64"
+    return not apple and not glob.glob("/dev/nvidia[0-9]*")
 
 
 def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
