@@ -22,7 +22,7 @@ PACKAGES = {
     "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
     "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
                 ["compute.environment", "compute.linears"], ["compute.batch_invariant"], ["compute"]],
-    "engines": [["engines.secret"],
+    "engines": [["engines.secret", "engines.cached"],
                 ["engines.capture", "engines.spec"],
                 ["engines.hf", "engines.hub", "engines.loaded", "engines.completions", "engines.inputs"],
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],

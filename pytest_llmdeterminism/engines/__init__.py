@@ -85,7 +85,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     named = hub_id(spec)
     snapshot = hub.find(spec, named) if named is not None else None
     kind, path = ("folder", snapshot.folder) if snapshot is not None else resolve(spec)
-    model, tokenizer, device = hf.load(spec, kind, path, dtype=dtype, device=device)
+    model, tokenizer, device, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
     in_force = {}
     if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
@@ -95,7 +95,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     engine = hf.HFEngine(model, tokenizer, device, linears=kernels)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,
-                       hub_commit=snapshot.commit if snapshot is not None else None)
+                       hub_commit=snapshot.commit if snapshot is not None else None, origin=origin)
 
 
 def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, dtype: str,
@@ -184,5 +184,6 @@ class ModelCache:
         else:
             commit = loaded.hub_commit
             commit = f" (commit {commit[:12]} in the Hugging Face cache)" if commit else ""
-            self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}")
+            origin = f" ({loaded.origin})" if loaded.origin else ""
+            self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}{origin}")
         return loaded

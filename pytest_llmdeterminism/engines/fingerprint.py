@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute import batch_invariant
+from pytest_llmdeterminism.engines.cached import cache_dir, file_hash
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines import LoadedModel
 
-_CHUNK = 1 << 24
-
+__all__ = ["cache_dir", "diff", "file_hash", "fingerprint"]  # cache_dir, file_hash: from engines.cached
 
 def fingerprint(loaded: LoadedModel, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What produced a generation. Cached per loaded model, except the determinism ``flags`` the
@@ -214,52 +213,6 @@ def _weights_hash(loaded: LoadedModel) -> str:
     for path in paths:
         digest.update(f"{path.name}:{file_hash(path)};".encode())
     return digest.hexdigest()
-
-
-def cache_dir() -> Path:
-    """Where the plugin keeps derived data: ``$LLMDET_CACHE_DIR``, else the user cache folder."""
-    configured = os.environ.get("LLMDET_CACHE_DIR")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pytest-llmdeterminism"
-
-
-def file_hash(path: Path) -> str:
-    """xxh3-64 of a file's bytes, cached by (absolute path, size, mtime)."""
-    import xxhash
-
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    cache_file = cache_dir() / "file-hashes.json"
-    try:
-        cached = json.loads(cache_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), str):
-        return str(cached[key])
-    digest = xxhash.xxh3_64()
-    _update_from_file(digest, path)
-    result = digest.hexdigest()
-    # Keep one entry per file: older sizes and mtimes of the same path are stale.
-    stale = f"{path.resolve()}|"
-    entries = cached.items() if isinstance(cached, dict) else ()
-    cached = {k: v for k, v in entries if not k.startswith(stale)}
-    cached[key] = result
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        temp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps(cached, sort_keys=True), encoding="utf-8")
-        os.replace(temp, cache_file)
-    except OSError:
-        pass  # a read-only home only costs a re-hash next time
-    return result
-
-
-def _update_from_file(digest: Any, path: Path) -> None:
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
 
 
 def _tokenizer_hash(tokenizer: Any) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 from pytest_llmdeterminism.compute.batch_invariant import batch_invariant
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.linears import LinearKernels, routed
+from pytest_llmdeterminism.engines.cached import converted_folder, keep_converted
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
@@ -206,7 +207,9 @@ def pick_device(spec: str, device: str) -> str:
     return device
 
 
-def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
+def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str, str]:
+    """The model, its tokenizer, the device, and where a ``.gguf`` file's float32 weights came from
+    ("" otherwise): its converted copy, or the file, converted now for later loads (``cached.py``)."""
     __tracebackhide__ = True
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -214,6 +217,11 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
 
     device = pick_device(spec, device)
     source, common = _pretrained_arguments(spec, path)
+    converted = converted_folder(path) if kind == "gguf" and dtype == "float32" else None
+    from_gguf = kind == "gguf"
+    if converted is not None and converted.is_dir():
+        source, from_gguf = str(converted), False
+        common = {"local_files_only": True, "trust_remote_code": False}
     if kind != "gguf":
         pickles = sorted(p.name for pattern in _PICKLE_WEIGHTS for p in path.glob(pattern))
         if pickles and not any(path.glob("model*.safetensors")):
@@ -231,14 +239,20 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             )
     progress_bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one model load per session; its progress bar is noise in test output
-    gguf_bar = _silence_gguf_progress_bar() if kind == "gguf" else None
+    gguf_bar = _silence_gguf_progress_bar() if from_gguf else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **common)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=getattr(torch, dtype), use_safetensors=kind != "gguf", **common
+            source, dtype=getattr(torch, dtype), use_safetensors=not from_gguf, **common
         )
     except (OSError, ValueError) as error:
         raise ModelLoadError(spec, f"{type(error).__name__}: {error}") from error
+    else:
+        origin = ""
+        if converted is not None and not from_gguf:
+            origin = f"from its float32 copy in {converted}"
+        elif converted is not None and keep_converted(model, tokenizer, converted):  # progress bars still off
+            origin = f"converted to float32 once, into {converted}, for later loads"
     finally:
         if progress_bars:
             hf_logging.enable_progress_bar()
@@ -247,7 +261,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     model.to(device)
     model.eval()
     _ensure_pad_token(tokenizer)
-    return model, tokenizer, device
+    return model, tokenizer, device, origin
 
 
 DEFECT_SCALE = 0.5  # relative noise of the planted defect: changes tokens, as llm-golden perturb's 0.5 does

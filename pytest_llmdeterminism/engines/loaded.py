@@ -49,6 +49,7 @@ class LoadedModel:
     engine: Engine
     cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
     hub_commit: str | None = None  # a hub id's commit, as resolved in the local Hugging Face cache
+    origin: str = ""  # a .gguf file's: loaded from its converted float32 copy, or converted now (cached.py)
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
     # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
     # for transformers, whose fingerprint the fingerprint module builds itself.

@@ -1,0 +1,117 @@
+"""What the plugin keeps in its cache folder: file hashes, and GGUF files converted once for transformers.
+
+**Converted GGUF files.** transformers reads a ``.gguf`` file three times per load (configuration,
+tokenizer, weights), parsing its metadata in Python each time: SmolLM2-135M took 15-18 s to load
+from its 100 MB file, in every session and every xdist worker, against 0.2 s from the same weights
+as a safetensors folder. So the first float32 load of a ``.gguf`` file saves what transformers made
+of it (the dequantised float32 weights, the configuration, the tokenizer) into
+``<cache>/converted/<file name>-<key>/``, and later loads read that folder: the same tensors, the same
+tokenizer (``tests/test_engine_units.py`` compares both, and a golden's logit hashes). The key is the
+file's xxh3 and the versions of transformers, gguf and numpy (which dequantise) and the machine, so
+another file, another library or another architecture converts again. A golden still fingerprints
+the ``.gguf`` file itself. The folder is written beside its final name and renamed into place, so
+a crash or a second process never leaves half of one; delete ``<cache>/converted`` to reclaim the
+space (about 4 bytes per weight).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+_CHUNK = 1 << 24
+CONVERTED = "converted"
+
+
+def cache_dir() -> Path:
+    """Where the plugin keeps derived data: ``$LLMDET_CACHE_DIR``, else the user cache folder."""
+    configured = os.environ.get("LLMDET_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pytest-llmdeterminism"
+
+
+def file_hash(path: Path) -> str:
+    """xxh3-64 of a file's bytes, cached by (absolute path, size, mtime)."""
+    import xxhash
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    cache_file = cache_dir() / "file-hashes.json"
+    try:
+        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and isinstance(cached.get(key), str):
+        return str(cached[key])
+    digest = xxhash.xxh3_64()
+    _update_from_file(digest, path)
+    result = digest.hexdigest()
+    # Keep one entry per file: older sizes and mtimes of the same path are stale.
+    stale = f"{path.resolve()}|"
+    entries = cached.items() if isinstance(cached, dict) else ()
+    cached = {k: v for k, v in entries if not k.startswith(stale)}
+    cached[key] = result
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        temp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps(cached, sort_keys=True), encoding="utf-8")
+        os.replace(temp, cache_file)
+    except OSError:
+        pass  # a read-only home only costs a re-hash next time
+    return result
+
+
+def _update_from_file(digest: Any, path: Path) -> None:
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+
+
+def converted_folder(gguf: Path) -> Path:
+    """Where the float32 conversion of ``gguf`` is kept (it may not exist yet)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import xxhash
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "none"
+
+    libraries = ",".join(f"{name}={installed(name)}" for name in ("transformers", "gguf", "numpy"))
+    key = xxhash.xxh3_64_hexdigest(f"{file_hash(gguf)}|{libraries}|{platform.machine()}".encode())
+    return cache_dir() / CONVERTED / f"{gguf.stem}-{key}"
+
+
+def keep_converted(model: Any, tokenizer: Any, folder: Path) -> bool:
+    """Save what transformers made of a ``.gguf`` file (``model`` in float32, ``tokenizer``) as
+    ``folder``; False where it could not be kept (a read-only or full disk: the next load converts
+    again, and this one goes on). The model is left as it was."""
+    partial = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    quantizer = getattr(model, "hf_quantizer", None)
+    quantization = model.config.__dict__.pop("quantization_config", None)
+    try:
+        # Dequantised when loaded: what is saved is plain float32, not a GGUF-quantised model.
+        model.hf_quantizer = None
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        try:
+            partial.rename(folder)
+        except OSError:
+            if not folder.is_dir():  # another process converted it first: its copy stands
+                raise
+        return True
+    except Exception:  # noqa: BLE001 - a copy that cannot be kept must not fail the load it would speed up
+        return False
+    finally:
+        model.hf_quantizer = quantizer
+        if quantization is not None:
+            model.config.quantization_config = quantization
+        shutil.rmtree(partial, ignore_errors=True)
