@@ -148,6 +148,9 @@ try:
 except numerics.CPUNumericsError as error:
     print(json.dumps({"refused": str(error)}))
     raise SystemExit(0)
+from pytest_llmdeterminism.compute import batch_invariant
+# the batch-invariant kernels of each mode: the prefill's, then the decode steps'
+INVARIANT = {"portable": ("invariant_linear", "rows_linear"), "compatible": ("tiled_linear", "rows_linear")}
 torch.manual_seed(0)
 for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536), (8192, 576)):
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
@@ -161,39 +164,34 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
             found[f"{name} x{rows} split equal"] = rows > 1 or all(
                 torch.equal(linears.split_linear(x, weight, bias, n), y) for n in (2, 4))
         found[f"{name} x{rows}"] = xxhash.xxh3_64_hexdigest(y.numpy().tobytes())
-    if sys.argv[1] == "portable":  # batch-invariant kernels: a row's bits alone and among companions
-        from pytest_llmdeterminism.compute import batch_invariant
-        row = torch.randn(1, in_features)
-        alone = batch_invariant.invariant_linear(row, weight, bias)
-        found[f"{name} invariant rows equal"] = all(
-            torch.equal(batch_invariant.invariant_linear(torch.cat([torch.randn(rows - 1, in_features), row]),
-                                                         weight, bias)[-1], alone[0]) for rows in (2, 7, 64))
-        found[f"{name} invariant"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
-        decoded = batch_invariant.rows_linear(row, weight, bias, 2)  # a decode step's row, split in two
-        found[f"{name} decode rows equal"] = all(
-            torch.equal(batch_invariant.rows_linear(torch.cat([torch.randn(rows - 1, in_features), row]),
-                                                    weight, bias, 0)[-1], decoded[0]) for rows in (2, 7, 64))
-        found[f"{name} decode"] = xxhash.xxh3_64_hexdigest(decoded.numpy().tobytes())
-    if sys.argv[1] == "compatible":  # batch-invariant kernels there: the prefill's tiles, the decode's rows
-        from pytest_llmdeterminism.compute import batch_invariant
-        row = torch.randn(1, in_features)
-        for kernel in ("tiled_linear", "rows_linear"):
+    if sys.argv[1] in INVARIANT:  # batch-invariant kernels: a row alone and among companions, 1-4 threads
+        row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
+        for kernel in INVARIANT[sys.argv[1]]:
             compute = getattr(batch_invariant, kernel)
-            alone = compute(row, weight, bias)
-            found[f"{name} {kernel} rows equal"] = all(
-                torch.equal(compute(torch.cat([torch.randn(rows - 1, in_features), row]), weight, bias)[-1],
-                            alone[0]) for rows in (2, 33, 64))
-            found[f"{name} {kernel}"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
-if sys.argv[1] == "portable":  # row-wise attention: a left-padded row as the row alone
+            split = (2,) if kernel == "rows_linear" else ()  # a decode step's lone row: split in two
+            alone = {}
+            for threads in (1, 2, 4):
+                torch.set_num_threads(threads)
+                alone[threads] = compute(row, weight, bias, *split)
+                counts = (2, 7, 33, 64) if threads == 2 else (2, 33)  # emulation is slow: fewer at 1 and 4
+                found[f"{name} {kernel} at {threads} threads: rows equal"] = all(
+                    torch.equal(compute(torch.cat([companions[:rows - 1], row]), weight, bias)[-1],
+                                alone[threads][0]) for rows in counts)
+            torch.set_num_threads(2)
+            found[f"{name} {kernel} threads equal"] = all(torch.equal(a, alone[2]) for a in alone.values())
+            found[f"{name} {kernel}"] = xxhash.xxh3_64_hexdigest(alone[2].numpy().tobytes())
+if sys.argv[1] in INVARIANT:  # row-wise attention: a left-padded row as the row alone
     from types import SimpleNamespace
     q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
     mask = torch.ones(24, 24, dtype=torch.bool).tril()[None, None].repeat(3, 1, 1, 1)
     mask[1, :, :, :10] = False
-    padded, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
-    alone, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
-                                                 v[1:2, :, 10:], None, scaling=0.25)
-    found["attention invariant rows equal"] = torch.equal(padded[1, 10:], alone[0])
-    found["attention invariant"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
+    for threads in (1, 2, 4):
+        torch.set_num_threads(threads)
+        padded, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
+        alone, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
+                                                     v[1:2, :, 10:], None, scaling=0.25)
+        found[f"attention at {threads} threads: rows equal"] = torch.equal(padded[1, 10:], alone[0])
+        found[f"attention at {threads} threads"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
 print(json.dumps(found))
 """
 
@@ -203,10 +201,10 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     generic path), under compatible on MKL's generic path, one-row products there split over the
     threads (compute/linears.py): each must give
     the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
-    portable, the batch-invariant kernels too (compute/batch_invariant.py): a row's bits alone and
-    among 1, 6 and 63 random companions (the prefill's kernel and the decode steps'), and a
-    left-padded row's attention as the row alone; under compatible, its batch-invariant kernels (MKL
-    tiles for the prefill, rows for decode) alike."""
+    portable and compatible, the batch-invariant kernels too (compute/batch_invariant.py): the
+    prefill's (oneDNN, or MKL tiles) and the decode steps' (rows), a row's bits alone and among 1, 6,
+    32 and 63 random companions at 2 threads (1 and 32 at 1 and 4 threads), the same bits at every
+    thread count, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     other_vendor, old_isa = _foreign_cpus()
@@ -226,7 +224,7 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     assert found["portable", "host"]["in force"] == "AVX2"
     assert found["compatible", "host"]["in force"] == "DEFAULT"
     for (mode, cpu), values in found.items():
-        equal = [v for k, v in values.items() if k.endswith(("split equal", "rows equal"))]
+        equal = [v for k, v in values.items() if k.endswith(("split equal", "rows equal", "threads equal"))]
         assert equal and all(equal), (mode, cpu, values)
         host = found[mode, "host"]
         assert values == host, f"{mode} under -cpu {cpu} gives other bits than the host: {values} != {host}"
