@@ -296,6 +296,11 @@ def _nucleus(values: np.ndarray, weights: np.ndarray, reach: float) -> np.ndarra
             best = np.arange(values.size)
         else:  # every token scoring at least the m-th best, so ties at the boundary all come in
             best = np.flatnonzero(values >= np.partition(values, values.size - m)[values.size - m])
+            # Their mass in any order errs from the rank-order sum by far less than this margin: well
+            # short of ``reach``, the nucleus ends beyond them, and sorting them would be wasted.
+            if weights[best].sum() < reach * (1 - 1e-9):
+                m *= 8
+                continue
         order = best[np.argsort(-values[best], kind="stable")]  # ``best`` ascends: ties by position
         mass = np.cumsum(weights[order])
         if mass[-1] >= reach or best.size == values.size:
