@@ -237,8 +237,9 @@ def _exp_nonpositive(x: np.ndarray) -> np.ndarray:
     k = np.rint(x * _INV_LN2)
     r = (x - k * _LN2_HI) - k * _LN2_LO
     p = np.full_like(r, _EXP_TERMS[0])
-    for c in _EXP_TERMS[1:]:
-        p = p * r + c
+    for c in _EXP_TERMS[1:]:  # p = p * r + c, in place: the same two roundings, no new arrays
+        np.multiply(p, r, out=p)
+        np.add(p, c, out=p)
     return np.ldexp(p, k.astype(np.int32))
 
 
