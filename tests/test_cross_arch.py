@@ -13,6 +13,7 @@ holds for SmolLM2-135M (``slow``), whose GEMMs are large enough for native core 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -28,7 +29,7 @@ import pytest_llmdeterminism
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.fingerprint import cache_dir
 
-from .conftest import dequantized_copy, perturbed_tiny_copy
+from .conftest import ATTENTION_PROBE, dequantized_copy, perturbed_tiny_copy
 
 QEMU = shutil.which("qemu-aarch64")
 ARM64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
@@ -204,3 +205,64 @@ def test_arm64_smollm2_portable_goldens_ignore_cpu_model_and_core_type_native_on
     print(f"native, core type changed: {summary(output)}; {across(output)}")
     assert summary(output) == "golden checks: 1 LOGIT_DRIFT", output[-3000:]
     assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]
+
+
+KERNEL_PROBE = """
+import json
+from pytest_llmdeterminism.compute import numerics
+numerics.pin("portable")  # as the plugin does, before torch computes anything
+import torch, xxhash
+from pytest_llmdeterminism.compute import batch_invariant
+found = {}
+torch.manual_seed(0)
+for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
+    for kernel in ("tiled_linear", "rows_linear"):  # the prefill's and the decode steps' on OpenBLAS
+        compute = getattr(batch_invariant, kernel)
+        alone = {}
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            alone[threads] = compute(row, weight, bias)
+            found[f"{out_features}x{in_features} {kernel} at {threads} threads: rows equal"] = all(
+                torch.equal(compute(torch.cat([companions[:rows - 1], row]), weight, bias)[-1],
+                            alone[threads][0]) for rows in (2, 7, 33, 64))
+        found[f"{out_features}x{in_features} {kernel}: threads equal"] = all(
+            torch.equal(a, alone[1]) for a in alone.values())
+        found[f"{out_features}x{in_features} {kernel}"] = xxhash.xxh3_64_hexdigest(alone[1].numpy().tobytes())
+print(json.dumps(found))
+"""
+KERNEL_PROBE = KERNEL_PROBE.replace("print(json.dumps(found))", ATTENTION_PROBE + "print(json.dumps(found))")
+
+
+def test_arm64_batch_invariant_kernels_and_goldens_that_do_not_depend_on_the_shape(tmp_path):
+    """On arm64 (OpenBLAS) the batch-invariant kernels are the tiles and the rows: per op, a row's bits
+    alone and among 1 to 63 companions at 1, 2 and 4 threads, the same under two CPUs; end to end,
+    goldens recorded at 2x32 with llm_batch_invariant read IDENTICAL at 1x32 and 4x32."""
+    script = tmp_path / "kernel_probe.py"
+    script.write_text(KERNEL_PROBE)
+    base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
+    base = {**base, "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])}
+    probes = {cpu: subprocess.Popen([str(QEMU), "-L", str(ARM64 / "ROOT"), "-cpu", cpu,
+                                     str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11"), str(script)],
+                                    env=base, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+              for cpu in ("neoverse-n1", "cortex-a57")}
+    probe = project(tmp_path / "probe")
+    recorded = Run(probe, "--llm-golden-update", "--llm-batch-invariant=true", arm64=True).finish(0)
+    assert summary(recorded) == "golden checks: 8 recorded", recorded[-3000:]  # 4 greedy, 4 sampled
+    golden = (probe / "__golden__" / "test_probe.json").read_text()
+    assert '"batch_invariant": "cpu-openblas-armv8-tiles32-rowwise-1"' in golden
+    runs = [Run(probe, "--llm-batch-invariant=true", f"--llm-batch-shape={shape}", "--llm-tolerance=exact",
+                arm64=True) for shape in ("1x32", "4x32")]
+    for run in runs:
+        output = run.finish(0)
+        assert summary(output) == "golden checks: 8 IDENTICAL", output[-3000:]
+    found = {}
+    for cpu, process in probes.items():
+        output, _ = process.communicate(timeout=1500)
+        assert process.returncode == 0, f"{cpu}:\n{output[-3000:]}"
+        found[cpu] = json.loads(output.splitlines()[-1])
+        equal = [value for key, value in found[cpu].items() if key.endswith(("rows equal", "threads equal"))]
+        assert len(equal) == 4 * 2 * 4 + 3 and all(equal), (cpu, found[cpu])
+    assert found["neoverse-n1"] == found["cortex-a57"]

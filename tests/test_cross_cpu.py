@@ -19,6 +19,8 @@ import pytest
 
 from pytest_llmdeterminism.compute import numerics
 
+from .conftest import ATTENTION_PROBE
+
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = [
     pytest.mark.skipif(platform.machine() != "x86_64",
@@ -180,20 +182,9 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
             torch.set_num_threads(2)
             found[f"{name} {kernel} threads equal"] = all(torch.equal(a, alone[2]) for a in alone.values())
             found[f"{name} {kernel}"] = xxhash.xxh3_64_hexdigest(alone[2].numpy().tobytes())
-if sys.argv[1] in INVARIANT:  # row-wise attention: a left-padded row as the row alone
-    from types import SimpleNamespace
-    q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
-    mask = torch.ones(24, 24, dtype=torch.bool).tril()[None, None].repeat(3, 1, 1, 1)
-    mask[1, :, :, :10] = False
-    for threads in (1, 2, 4):
-        torch.set_num_threads(threads)
-        padded, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
-        alone, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
-                                                     v[1:2, :, 10:], None, scaling=0.25)
-        found[f"attention at {threads} threads: rows equal"] = torch.equal(padded[1, 10:], alone[0])
-        found[f"attention at {threads} threads"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
 print(json.dumps(found))
 """
+LINEAR_PROBE = LINEAR_PROBE.replace("print(json.dumps(found))", ATTENTION_PROBE + "print(json.dumps(found))")
 
 
 def test_linears_keep_their_bits_under_other_cpus(tmp_path):

@@ -46,7 +46,11 @@ alone, which is fixed: measured equal for 1 to 264 rows, 1, 2 and 4 threads, Smo
 rows costs 1.4x ``F.linear`` on a 264-row prefill (4 rows: 3x; 8: 2x; 64: 1.5x). Decode steps run
 row by row as under portable numerics, and so does the output embedding (no oneDNN there).
 
-Not on arm64 yet: its float32 linears run on OpenBLAS, not measured for invariance.
+**arm64** (torch's wheels run float32 linears on OpenBLAS, pinned to its ARMV8 kernels) takes the
+compatible construction: tiles for the prefill, rows for decode and the output embedding. Measured
+under ``qemu-aarch64`` (neoverse-n1 and cortex-a57, 1 and 2 threads, SmolLM2's shapes): a row's bits
+the same alone and among 1 to 63 companions, at every thread count (``tests/test_cross_arch.py``).
+Its goldens record :data:`GENERATION_OPENBLAS`.
 """
 
 from __future__ import annotations
@@ -64,6 +68,16 @@ ATTENTION = "pytest_llmdeterminism_rowwise"
 # value (kernels that give other bits) is another environment: change it with the kernels.
 GENERATION = {LinearKernels.BATCH_INVARIANT: "cpu-onednn-avx2-rowwise-2",
               LinearKernels.BATCH_INVARIANT_TILES: "cpu-mkl-compatible-tiles32-rowwise-1"}
+# The tiles and rows on OpenBLAS (arm64 under pinned numerics): the same construction, other bits.
+GENERATION_OPENBLAS = "cpu-openblas-armv8-tiles32-rowwise-1"
+
+
+def generation(kernels: LinearKernels | None, blas: str | None) -> str | None:
+    """What a golden computed on ``kernels`` with torch's BLAS ``blas`` records as ``batch_invariant``;
+    None for kernels that are not batch-invariant."""
+    if kernels is LinearKernels.BATCH_INVARIANT_TILES and blas == "openblas":
+        return GENERATION_OPENBLAS
+    return GENERATION.get(kernels) if kernels is not None else None
 # Under compatible numerics the prefill's rows go through MKL in tiles of this many rows.
 TILE_ROWS = 32
 

@@ -104,12 +104,14 @@ def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, 
     on x86-64."""
     invariant = {linears.LinearKernels.ONEDNN_AVX2: linears.LinearKernels.BATCH_INVARIANT,
                  linears.LinearKernels.SPLIT_ONE_ROW: linears.LinearKernels.BATCH_INVARIANT_TILES}
+    if platform.machine() == "aarch64":  # Linux arm64, OpenBLAS: tiles and rows (batch_invariant.py)
+        invariant = {linears.LinearKernels.LINEAR: linears.LinearKernels.BATCH_INVARIANT_TILES}
     pinned = cpu_numerics in (numerics.PORTABLE, numerics.COMPATIBLE)  # native may inherit MKL's pin
-    if kernels in invariant and dtype == "float32" and pinned:
+    if kernels in invariant and dtype == "float32" and pinned and device == "cpu":
         return invariant[kernels]
     why = (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
            f"they run float32, not {dtype}" if dtype != "float32" else
-           f"they run under portable or compatible numerics on x86-64; this run has cpu numerics "
+           f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
            f"{cpu_numerics!r} on {platform.machine()}")
     raise ConfigurationError("llm_batch_invariant", "true",
                              f"batch-invariant kernels are not available here: {why}. Remove the setting "

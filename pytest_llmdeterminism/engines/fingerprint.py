@@ -161,8 +161,9 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "tokenizer_hash": _tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
         # only goldens computed on batch-invariant kernels carry the field (batch_invariant.py)
-        **({"batch_invariant": batch_invariant.GENERATION[kernels]}
-           if (kernels := getattr(loaded.engine, "linears", None)) in batch_invariant.GENERATION else {}),
+        **({"batch_invariant": kernels_generation}
+           if (kernels_generation := batch_invariant.generation(getattr(loaded.engine, "linears", None),
+                                                                 found["blas"])) else {}),
     }
 
 

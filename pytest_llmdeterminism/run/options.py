@@ -114,9 +114,10 @@ SETTINGS = (
              "MKL_NUM_THREADS you set is kept under auto",
              "auto"),
     _Setting("llm_batch_invariant", "--llm-batch-invariant",
-             "true: batch-invariant CPU kernels (portable or compatible numerics, x86-64), so a prompt gives "
-             "the same bits alone or in any batch, goldens do not depend on llm_batch_shape and it becomes a "
-             "speed setting; false (default): today's kernels, the batch shape is part of every golden",
+             "true: batch-invariant CPU kernels (pinned numerics, x86-64 or arm64), so a prompt "
+             "gives the same bits alone or in any batch, goldens do not depend on llm_batch_shape and it "
+             "becomes a speed setting; false (default): today's kernels, the batch shape is part of every "
+             "golden",
              "false"),
 )
 
