@@ -128,7 +128,9 @@ def test_n_auto_on_a_cpu_starts_a_worker_per_four_cores_and_none_below_two():
     ("llm_model = openai:http://127.0.0.1:1/v1", {}, 2, None),  # a server does the work
     ("llm_model = builtin:tiny", {"PYTEST_XDIST_AUTO_NUM_WORKERS": "3"}, 2, None),  # xdist's variable
     ("", {}, 2, None),  # a project that does not configure the plugin
-], ids=["2-cores", "16-cores", "cpu-8-cores", "gpu", "server", "xdist-variable", "other-project"])
+    ("llm_cpu_numerics = portable", {}, 2, None),  # configured, but no model from the plugin (this suite)
+], ids=["2-cores", "16-cores", "cpu-8-cores", "gpu", "server", "xdist-variable", "other-project",
+        "no-model"])
 def test_what_n_auto_starts_follows_the_cores_where_the_model_runs_on_the_cpu(pytester, monkeypatch, ini,
                                                                               environ, cores, found):
     from pytest_llmdeterminism.compute import threads

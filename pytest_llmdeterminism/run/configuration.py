@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute import numerics, threads
-from pytest_llmdeterminism.compute.environment import configures_plugin
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.run.options import (
@@ -110,17 +109,16 @@ def xdist_workers(config: pytest.Config) -> int | None:
 
 
 def auto_workers(config: pytest.Config) -> tuple[int, str] | None:
-    """What ``-n auto`` starts in a project that configures the plugin with a model on the CPU
-    (transformers or llama.cpp in process), and the header's line saying so; None where xdist's own
-    count stands (another project, a GPU or a server, ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set)."""
+    """What ``-n auto`` starts in a project whose tests get their model from the plugin
+    (``llm_model``), on the CPU (transformers or llama.cpp in process), and the header's line saying
+    so; None where xdist's own count stands (no ``llm_model``, a GPU or a server,
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    if not configures_plugin(ini_values(config), config.invocation_params.args):
-        return None
     namespace = config.known_args_namespace
-    model = getattr(namespace, "llm_model", None) or str(config.getini("llm_model")) or None
-    device = getattr(namespace, "llm_device", None) or str(config.getini("llm_device")) or "auto"
-    if engine_of(model or "") not in (None, "llamacpp") or not _on_the_cpu(device.strip()):
+    model = str(getattr(namespace, "llm_model", None) or config.getini("llm_model") or "").strip()
+    device = str(getattr(namespace, "llm_device", None) or config.getini("llm_device") or "auto")
+    if not model or engine_of(model) not in (None, "llamacpp") or not _on_the_cpu(device.strip()):
         return None
     cores = threads.usable_cores()
     workers = threads.auto_workers(cores)
