@@ -67,6 +67,7 @@ def test_a_gguf_file_is_converted_once_and_later_loads_read_its_float32_copy(smo
     (engines/cached.py) and gives the same generations, bit for bit, and the same fingerprint. A
     cache that cannot be written costs the copy, not the load."""
     from pytest_llmdeterminism import engines
+    from pytest_llmdeterminism.engines.cached import keep_converted
     from pytest_llmdeterminism.engines.fingerprint import fingerprint
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -84,10 +85,11 @@ def test_a_gguf_file_is_converted_once_and_later_loads_read_its_float32_copy(smo
     fresh, copied = (LLMModel(loaded, settings).generate(prompts) for loaded in (first, second))
     assert [(g.token_ids, g.logit_hashes) for g in fresh] == [(g.token_ids, g.logit_hashes) for g in copied]
     assert fingerprint(first) == fingerprint(second)  # the .gguf file's hash, the same tokenizer
+    # A copy that cannot be written (here: its folder's parent is a file) is given up, the model intact.
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
-    monkeypatch.setenv("LLMDET_CACHE_DIR", str(blocked))
-    uncached = engines.load(str(smollm2_gguf), dtype="float32", device="cpu")
-    assert uncached.origin == ""
-    assert [(g.token_ids, g.logit_hashes) for g in LLMModel(uncached, settings).generate(prompts)] == \
+    config = dict(first.model.config.to_dict())
+    assert keep_converted(first.model, first.tokenizer, blocked / "copy") is False
+    assert first.model.config.to_dict() == config and not blocked.read_text()
+    assert [(g.token_ids, g.logit_hashes) for g in LLMModel(first, settings).generate(prompts)] == \
         [(g.token_ids, g.logit_hashes) for g in fresh]
