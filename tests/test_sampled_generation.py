@@ -256,4 +256,4 @@ def test_bfloat16_drift_flips_sampled_draws_only_at_near_ties_and_changed_weight
     changed = LLMModel(load(str(perturbed_tiny_copy(tmp_path / "changed", scale=0.5)), dtype="float32",
                             device="cpu"), llm.settings)
     counts, _ = verdicts(changed, 2.0)
-    assert counts[Verdict.REGRESSION] >= 10, counts  # measured: 78 of 128 (16 SAMPLE_FLIP)
+    assert counts[Verdict.REGRESSION] >= 10, counts  # measured: 55 of 128 (40 SAMPLE_FLIP, 33 LOGIT_DRIFT)
