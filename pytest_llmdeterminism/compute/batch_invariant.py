@@ -55,6 +55,7 @@ Its goldens record :data:`GENERATION_OPENBLAS`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,6 +79,8 @@ def generation(kernels: LinearKernels | None, blas: str | None) -> str | None:
     if kernels is LinearKernels.BATCH_INVARIANT_TILES and blas == "openblas":
         return GENERATION_OPENBLAS
     return GENERATION.get(kernels) if kernels is not None else None
+
+
 # Under compatible numerics the prefill's rows go through MKL in tiles of this many rows.
 TILE_ROWS = 32
 
@@ -210,9 +213,11 @@ def batch_invariant(model: Any, *, tiles: bool = False) -> Iterator[int]:
         for module in layers:
             blocks = linears.blocks_for(module.weight, threads)
             if module is head:  # see the module's note: row by row under compatible, else oneDNN
-                kernels = (_rows(blocks),) * 2 if tiles else (invariant_linear, invariant_linear)
+                rows = functools.partial(rows_linear, blocks=blocks)
+                kernels = (rows, rows) if tiles else (invariant_linear, invariant_linear)
             else:
-                kernels = (tiled_linear if tiles else invariant_linear, _rows(blocks))
+                kernels = (tiled_linear if tiles else invariant_linear,
+                           functools.partial(rows_linear, blocks=blocks))
             module.forward = _forward(module, phase, *kernels)  # type: ignore[method-assign]
         yield len(layers)
     finally:
@@ -250,15 +255,6 @@ def _configs(model: Any) -> list[Any]:
 
 
 Kernel = Callable[[Any, Any, Any], Any]
-
-
-def _rows(blocks: int) -> Kernel:
-    """:func:`rows_linear` with a layer's own split of one row."""
-
-    def kernel(x: Any, weight: Any, bias: Any) -> Any:
-        return rows_linear(x, weight, bias, blocks)
-
-    return kernel
 
 
 def _forward(module: Any, phase: _Phase, prefill: Kernel, decode: Kernel) -> Any:
