@@ -22,6 +22,9 @@ GREEDY_SLACK = 1e-6  # a returned logprob may be rounded: the chosen token may t
 # A float32 log-softmax of a near-certain token can land a few ulps above 0 (ulp ~1e-5 at logits
 # ~100); a logprob further above 0 is a probability above 1, a lie.
 POSITIVE_SLACK = 1e-3
+# No tokenizer's token is this long (the longest in common vocabularies are runs of ~256 spaces or
+# dashes): a longer "token" is a server's lie, refused before it becomes a golden's text.
+MAX_TOKEN_CHARS = 1024
 SHOWN_CHARS = 300  # of a server's text in a message
 UNTRUE = "Nothing was recorded; check the server (its log, its version) and that #tokenizer= is its tokenizer"
 
@@ -139,6 +142,9 @@ def implausible(completion: Completion, *, max_tokens: int, vocab_size: int) -> 
             if token.startswith("token_id:") and (exact is None or exact >= vocab_size):
                 return (f"{field}.{where}: {_short(token)!r} is no id of the tokenizer's vocabulary "
                         f"(0 to {vocab_size - 1})")
+            if len(token) > MAX_TOKEN_CHARS:
+                return (f"{field}.{where}: a token of {len(token)} characters, {_short(token, 20)!r}; no "
+                        f"tokenizer's token is longer than {MAX_TOKEN_CHARS}")
     return None
 
 
