@@ -10,10 +10,12 @@ not) of one product, each over 30 distinct weights so they stream from memory as
 - portable: the kernel the plugin routes the shape to (``compute/linears.py``: oneDNN capped at AVX2
   at or above ``ONEDNN_MIN_PRODUCT`` multiply-adds, else MKL's reproducible branch), and oneDNN with
   a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``), with whether it gives the bits
-  of oneDNN on the plain weight (the routed kernel where the shape goes to oneDNN).
+  of oneDNN on the plain weight (the routed kernel where the shape goes to oneDNN);
+- the plugin's kernel (``compute/chain.py``), which the plugin runs for oneDNN's products where it
+  gives oneDNN's bits, with whether it does.
 
-    python benchmarks/linear_kernels.py                # 3 alternating rounds
-    python benchmarks/linear_kernels.py --rounds 5
+    python benchmarks/linear_kernels.py                # 3 alternating rounds, one thread
+    python benchmarks/linear_kernels.py --rounds 5 --threads 2
 
 A one-row product streams its weight once: there the kernel's loads decide. A packed weight saves
 oneDNN's copy of the plain weight on every call, but its one-row kernel gives other bits.
@@ -37,14 +39,19 @@ ROWS = (1, 4, 265)
 WEIGHTS = 30
 
 
-def measure(mode: str) -> None:
+def measure(mode: str, threads: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from pytest_llmdeterminism.compute import linears, numerics
+    import tempfile
+
+    from pytest_llmdeterminism.compute import chain, linears, numerics
 
     numerics.pin(mode)
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
+    own, why = chain.build(Path(tempfile.mkdtemp()))
+    if own is None:
+        raise SystemExit(f"the plugin's kernel did not build: {why}")
     torch.manual_seed(0)
     portable = mode == numerics.PORTABLE
     if portable:
@@ -68,6 +75,7 @@ def measure(mode: str) -> None:
             kernels = {"routed": (routed, weights)}
             if portable:
                 kernels["packed"] = (lambda w, x=x: linears.onednn_linear(x, w, None), packed)
+                kernels["own"] = (lambda w, x=x, rows=rows: own._run(x, w, None, rows, threads), weights)
             entry = {"kernel": ("oneDNN AVX2" if onednn else "MKL reproducible") if portable else "native"}
             for name, (kernel, ws) in kernels.items():
                 for w in ws[:2]:
@@ -81,38 +89,47 @@ def measure(mode: str) -> None:
                 entry["packed_same_bits"] = all(
                     torch.equal(linears.onednn_linear(x, w, None), linears.onednn_linear(x, p, None))
                     for w, p in zip(weights[:3], packed[:3], strict=True))
+                entry["own_same_bits"] = not onednn or all(
+                    torch.equal(linears.onednn_linear(x, w, None), own._run(x, w, None, rows, threads))
+                    for w in weights[:3])
             results[f"{out_features}x{in_features}, {rows} rows"] = entry
     print(json.dumps(results))
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--measure":
-        measure(sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[1] == "--measure":
+        measure(sys.argv[2], int(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     from natural_test import NUMERICS_ENV, cpu_vendor  # type: ignore[import-not-found]
 
     sys.path.insert(0, str(ROOT))
-    print(f"CPU: {cpu_vendor()}; one thread, {WEIGHTS} weights per shape", flush=True)
+    print(f"CPU: {cpu_vendor()}; {args.threads} thread(s), {WEIGHTS} weights per shape; CPU time", flush=True)
     env = {k: v for k, v in os.environ.items() if k not in NUMERICS_ENV}
     rounds: dict[str, list[dict]] = {"native": [], "portable": []}
     for r in range(args.rounds):
         for mode in (("native", "portable") if r % 2 == 0 else ("portable", "native")):
-            done = subprocess.run([sys.executable, __file__, "--measure", mode], env=env, check=True,
-                                  capture_output=True, text=True)
+            command = [sys.executable, __file__, "--measure", mode, str(args.threads)]
+            done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
             rounds[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"{'shape':24} {'portable kernel':17} {'native':>9} {'portable':>9} {'ratio':>6} "
-          f"{'packed':>9} {'packed = plain oneDNN':>21}")
+          f"{'packed':>9} {'packed = plain oneDNN':>21} {'plugin':>9} {'ratio':>6} {'plugin = oneDNN':>16}")
     for key in rounds["native"][0]:
         native = statistics.median(r[key]["routed_us"] for r in rounds["native"])
         portable = statistics.median(r[key]["routed_us"] for r in rounds["portable"])
         packed = statistics.median(r[key]["packed_us"] for r in rounds["portable"])
+        own = statistics.median(r[key]["own_us"] for r in rounds["portable"])
         entry = rounds["portable"][0][key]
+        own_bits = "same bits" if entry["own_same_bits"] else "OTHER BITS"
+        own_bits = own_bits if "oneDNN" in entry["kernel"] else "-"
         print(f"{key:24} {entry['kernel']:17} {native:8.0f}µ {portable:8.0f}µ {portable / native:5.2f}× "
-              f"{packed:8.0f}µ {'same bits' if entry['packed_same_bits'] else 'OTHER BITS':>21}")
+              f"{packed:8.0f}µ {'same bits' if entry['packed_same_bits'] else 'OTHER BITS':>21} "
+              f"{own:8.0f}µ {own / native:5.2f}× "
+              f"{own_bits:>16}")
 
 
 if __name__ == "__main__":

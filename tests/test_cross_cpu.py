@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute import chain, numerics
 
 from .conftest import ATTENTION_PROBE
 
@@ -150,7 +150,10 @@ try:
 except numerics.CPUNumericsError as error:
     print(json.dumps({"refused": str(error)}))
     raise SystemExit(0)
-from pytest_llmdeterminism.compute import batch_invariant
+from pytest_llmdeterminism.compute import batch_invariant, chain
+from pathlib import Path
+KERNEL, why = chain.build(Path(sys.argv[2]))
+found["kernel"] = why if KERNEL is None else "built"
 # the batch-invariant kernels of each mode: the prefill's, then the decode steps'
 INVARIANT = {"portable": ("invariant_linear", "rows_linear"), "compatible": ("tiled_linear", "rows_linear")}
 torch.manual_seed(0)
@@ -161,6 +164,8 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
         x = torch.randn(rows, in_features)
         if sys.argv[1] == "portable" and rows * in_features * out_features >= linears.ONEDNN_MIN_PRODUCT:
             y = linears.onednn_linear(x, weight, bias)
+            # the plugin's own kernel for these products (compute/chain.py): oneDNN's bits
+            found[f"{name} x{rows} chain equal"] = torch.equal(KERNEL._run(x, weight, bias, rows, 2), y)
         else:  # MKL's reproducible branch, a one row product split over the threads
             y = torch.nn.functional.linear(x, weight, bias)
             found[f"{name} x{rows} split equal"] = rows > 1 or all(
@@ -198,12 +203,15 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     thread count, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
+    kernels = tmp_path / "kernels"  # the plugin's kernel, built once on the host for every run
+    assert chain.build(kernels)[0] is not None
     other_vendor, old_isa = _foreign_cpus()
     runs = {}
     for mode, cpus in (("portable", ("", other_vendor, old_isa)), ("compatible", ("", old_isa))):
         env = {**_environment(), "OMP_NUM_THREADS": "2"}
         for cpu in cpus:
-            command = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script), mode]
+            command = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script), mode,
+                       str(kernels)]
             runs[mode, cpu or "host"] = subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
                                                          stderr=subprocess.STDOUT)
     found = {}
@@ -213,9 +221,12 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
         found[mode, cpu] = json.loads(output.splitlines()[-1])
     assert "has no AVX2 and FMA" in found.pop(("portable", old_isa))["refused"]
     assert found["portable", "host"]["in force"] == "AVX2"
+    # oneDNN's products: 3 shapes at one row (the 576x576 and 192x576 ones stay on MKL), 5 at 7 and 64
+    assert sum(key.endswith("chain equal") for key in found["portable", "host"]) == 13
     assert found["compatible", "host"]["in force"] == "DEFAULT"
     for (mode, cpu), values in found.items():
-        equal = [v for k, v in values.items() if k.endswith(("split equal", "rows equal", "threads equal"))]
+        equal = [v for k, v in values.items()
+                 if k.endswith(("split equal", "rows equal", "threads equal", "chain equal"))]
         assert equal and all(equal), (mode, cpu, values)
         host = found[mode, "host"]
         assert values == host, f"{mode} under -cpu {cpu} gives other bits than the host: {values} != {host}"

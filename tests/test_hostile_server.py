@@ -409,8 +409,9 @@ LIES = {
     "huge id": (_ids((0, "token_id:" + "9" * 5000)), "choices[0].logprobs.tokens[0]: 'token_id:999"),
     # under the default 16 MB body limit (the token and its top-k entry): refused as no token, not
     # recorded as a golden's text
-    "a 6 MB token": (_ids((1, "a" * 6_000_000)), ("choices[0].logprobs.tokens[1]: a token of 6000000 characters, "
-                                                  "'aaaaaaaaaaaaaaaaa...'; no tokenizer's token is longer than 1024")),
+    "a 6 MB token": (_ids((1, "a" * 6_000_000)),
+                     ("choices[0].logprobs.tokens[1]: a token of 6000000 characters, 'aaaaaaaaaaaaaaaaa...'; "
+                      "no tokenizer's token is longer than 1024")),
     "NaN": (_set("logprobs.token_logprobs", lambda v: [float("nan")] * len(v)),
             '"token_logprobs": [NaN, NaN'),
     "all -Infinity": (_set("logprobs.top_logprobs", lambda v: [{k: float("-inf") for k in t} for t in v]),

@@ -103,7 +103,7 @@ def test_the_first_model_load_pins_what_nobody_pinned_and_the_run_restores_every
     def fake_load(spec: str, **how: object) -> SimpleNamespace:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as vllm.load does
         seen.update(how, mkl=os.environ.get("MKL_CBWR"), aten=os.environ.get("ATEN_CPU_CAPABILITY"))
-        return SimpleNamespace(device="cuda:0", hub_commit=None, origin="")
+        return SimpleNamespace(device="cuda:0", hub_commit=None, origin="", slower="")
 
     monkeypatch.setattr(backends, "load", fake_load)
     environment = PinnedEnvironment(numerics.PORTABLE)
@@ -126,7 +126,7 @@ def test_a_model_load_after_an_early_pin_is_not_late(monkeypatch):
     assert environment.pin(early=True) is None
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "MKL_CBWR" not in os.environ  # native
     monkeypatch.setattr(backends, "load", lambda spec, **how: SimpleNamespace(
-        device=f"late={how['pinned_late']}", hub_commit=None, origin=""))
+        device=f"late={how['pinned_late']}", hub_commit=None, origin="", slower=""))
     assert ModelCache("x", dtype="float32", device="cpu", cpu_numerics=numerics.NATIVE,
                       environment=environment).get().device == "late=False"
     environment.restore()

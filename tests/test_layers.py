@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
     "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
-    "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
+    "compute": [["compute.numerics", "compute.determinism", "compute.threads", "compute.chain"],
                 ["compute.environment", "compute.linears"], ["compute.batch_invariant"], ["compute"]],
     "engines": [["engines.secret", "engines.cached"],
                 ["engines.capture", "engines.spec"],

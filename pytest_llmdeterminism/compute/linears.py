@@ -31,6 +31,10 @@ at one thread, 344 at two, on that Intel Xeon; native MKL 124 us at two). Its ou
 in halves give the same bits, but two oneDNN calls on two Python threads, or ``torch.jit.fork``, were
 slower than one call (the threads oversubscribe the cores), so that product is left as it is.
 
+Where a C compiler is at hand, the products sent to oneDNN run on the plugin's own kernel instead,
+which computes oneDNN's exact order and is checked against it shape by shape (``chain.py``): the
+same bits, at about native MKL's speed on a decode step on an Intel Xeon with AVX-512.
+
 Native numerics keep ``F.linear``: native goldens keep the kernels they were recorded with.
 """
 
@@ -42,6 +46,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute.chain import ChainKernel
 
 
 class LinearKernels(str, enum.Enum):
@@ -114,9 +119,10 @@ def split_linear(x: Any, weight: Any, bias: Any, blocks: int) -> Any:
 
 
 @contextmanager
-def routed(model: Any, kernels: LinearKernels) -> Iterator[int]:
+def routed(model: Any, kernels: LinearKernels, chain: ChainKernel | None = None) -> Iterator[int]:
     """Within the block, the model's float32 ``nn.Linear`` layers on the CPU run on ``kernels``; their
-    own ``forward`` is put back afterwards. Yields how many layers were routed."""
+    own ``forward`` is put back afterwards. Yields how many layers were routed. ``chain``: the products
+    oneDNN would compute at two or more rows run on the plugin's kernel with its bits (``chain.py``)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -125,7 +131,7 @@ def routed(model: Any, kernels: LinearKernels) -> Iterator[int]:
         for module in model.modules():
             if (type(module) is torch.nn.Linear and "forward" not in vars(module)
                     and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"):
-                module.forward = _forward(module, kernels, blocks_for(module.weight, threads))  # type: ignore[method-assign]
+                module.forward = _forward(module, kernels, blocks_for(module.weight, threads), chain)  # type: ignore[method-assign]
                 routed.append(module)
     try:
         yield len(routed)
@@ -134,7 +140,7 @@ def routed(model: Any, kernels: LinearKernels) -> Iterator[int]:
             del module.forward
 
 
-def _forward(module: Any, kernels: LinearKernels, blocks: int) -> Any:
+def _forward(module: Any, kernels: LinearKernels, blocks: int, chain: ChainKernel | None) -> Any:
     import torch
 
     linear = torch.nn.functional.linear
@@ -144,6 +150,8 @@ def _forward(module: Any, kernels: LinearKernels, blocks: int) -> Any:
         if x.dtype != torch.float32:
             return linear(x, module.weight, module.bias)
         if kernels is LinearKernels.ONEDNN_AVX2 and x.numel() * out_features >= ONEDNN_MIN_PRODUCT:
+            if chain is not None:
+                return chain.linear(x, module.weight, module.bias, onednn_linear)
             return onednn_linear(x, module.weight, module.bias)
         if blocks and x.numel() == x.shape[-1]:  # one row on MKL's reproducible branch
             return split_linear(x, module.weight, module.bias, blocks)

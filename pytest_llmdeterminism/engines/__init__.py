@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_llmdeterminism.compute import linears, numerics
+from pytest_llmdeterminism.compute import chain, linears, numerics
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
-from pytest_llmdeterminism.engines import hf, hub, llamacpp, openai, vllm
+from pytest_llmdeterminism.engines import cached, hf, hub, llamacpp, openai, vllm
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
 from pytest_llmdeterminism.engines.spec import (
@@ -92,10 +92,15 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     kernels = linears.kernels_for(cpu_numerics, in_force)
     if batch_invariant:
         kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)
-    engine = hf.HFEngine(model, tokenizer, device, linears=kernels)
+    own, why_not = None, ""
+    if kernels is linears.LinearKernels.ONEDNN_AVX2:  # oneDNN's products on the plugin's kernel, same bits
+        own, why_not = chain.build(cached.cache_dir() / "kernels")
+    engine = hf.HFEngine(model, tokenizer, device, linears=kernels, chain=own)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,
-                       hub_commit=snapshot.commit if snapshot is not None else None, origin=origin)
+                       hub_commit=snapshot.commit if snapshot is not None else None, origin=origin,
+                       slower=f"oneDNN's products stay on oneDNN (the same bits, slower): {why_not}"
+                       if own is None and why_not else "")
 
 
 def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, dtype: str,
@@ -188,4 +193,6 @@ class ModelCache:
             commit = f" (commit {commit[:12]} in the Hugging Face cache)" if commit else ""
             origin = f" ({loaded.origin})" if loaded.origin else ""
             self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}{origin}")
+            if loaded.slower:
+                self._announce(f"llm: {loaded.slower}")
         return loaded

@@ -257,7 +257,7 @@ def _in_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
         assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
         model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
         copied_engine = HFEngine(model, engine.tokenizer, engine.device,
-                                 linears=engine.linears)
+                                 linears=engine.linears, chain=engine.chain)
         loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={},
                                                 engine=copied_engine)
     copied: LoadedModel = loaded.cache[key]

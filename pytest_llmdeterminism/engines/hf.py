@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.compute.batch_invariant import batch_invariant
+from pytest_llmdeterminism.compute.chain import ChainKernel
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.linears import LinearKernels, routed
 from pytest_llmdeterminism.engines.cached import converted_folder, keep_converted
@@ -41,10 +42,11 @@ class HFEngine:
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
     def __init__(self, model: Any, tokenizer: Any, device: str, *,
-                 linears: LinearKernels = LinearKernels.LINEAR) -> None:
+                 linears: LinearKernels = LinearKernels.LINEAR, chain: ChainKernel | None = None) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
-        # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py).
-        self.linears = linears
+        # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py);
+        # oneDNN's products at two or more rows on the plugin's kernel with their bits (chain.py).
+        self.linears, self.chain = linears, chain
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -85,7 +87,7 @@ class HFEngine:
                                 ) as capture, \
                     (batch_invariant(model, tiles=self.linears is LinearKernels.BATCH_INVARIANT_TILES)
                      if self.linears.batch_invariant
-                     else routed(model, self.linears)):
+                     else routed(model, self.linears, self.chain)):
                 processors = capture.logits_processor()
                 if config.sampling is not None:  # last: the draw sees the scores the capture recorded
                     processors.append(draw := _draw_class()(rows, config))

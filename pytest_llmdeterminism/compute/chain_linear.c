@@ -1,0 +1,185 @@
+/* y = x @ w.T (+ bias) for float32, with the bits of oneDNN's AVX2 GEMM (torch 2.13, oneDNN 3.12).
+ *
+ * Every output y[r][o] is computed in oneDNN's fixed order: the input features are cut into blocks
+ * of `kblock` (1024), the blocks' sums are added left to right, then the bias. At two or more rows a
+ * block is one sequential chain of fused multiply-adds from zero (k = k0, k0 + 1, ...); at one row
+ * (oneDNN's one-row kernel) 8 lanes chain every 8th feature and are reduced in a fixed tree.
+ * compute/chain.py checks each shape against oneDNN in the process before it uses it. A fused
+ * multiply-add rounds once (IEEE 754), and each output's order does not depend on the vector width,
+ * the thread count or the other rows, so the bits are the same on every x86-64 CPU with AVX2 and FMA.
+ *
+ * At two or more rows the vector lanes run over rows, not over input features: x is transposed into
+ * `xt` (K x rows, rows padded), every lane holds one row's chain and the weight's element is
+ * broadcast. The weight is read in its own layout (out x K, row-major): nothing is packed or copied.
+ * Up to 8 rows (a decode step) one AVX2 register per output, 8 outputs at once; more rows two
+ * registers per output: 6 outputs of 16 rows at once with AVX2, or where the CPU has AVX-512 12
+ * outputs of 32 rows (the same chains, twice the lanes). Threads take whole blocks of outputs.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 8
+
+static void block_8x1(const float *xt, int rp, int group, const float *const *w, int K, int kblock,
+                      __m256 *total) {
+    for (int k0 = 0; k0 < K; k0 += kblock) {
+        int k1 = k0 + kblock < K ? k0 + kblock : K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        const float *xp = xt + (size_t)k0 * rp + group * LANES;
+        for (int k = k0; k < k1; k++, xp += rp) {
+            __m256 xv = _mm256_loadu_ps(xp);
+            a0 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[0] + k), a0);
+            a1 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[1] + k), a1);
+            a2 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[2] + k), a2);
+            a3 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[3] + k), a3);
+            a4 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[4] + k), a4);
+            a5 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[5] + k), a5);
+            a6 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[6] + k), a6);
+            a7 = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(w[7] + k), a7);
+        }
+        __m256 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+        for (int i = 0; i < 8; i++) total[i] = k0 == 0 ? a[i] : _mm256_add_ps(total[i], a[i]);
+    }
+}
+
+static void block_6x2(const float *xt, int rp, int group, const float *const *w, int K, int kblock,
+                      __m256 *total) {
+    for (int k0 = 0; k0 < K; k0 += kblock) {
+        int k1 = k0 + kblock < K ? k0 + kblock : K;
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+        __m256 a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+        const float *xp = xt + (size_t)k0 * rp + group * LANES;
+        for (int k = k0; k < k1; k++, xp += rp) {
+            __m256 x0 = _mm256_loadu_ps(xp), x1 = _mm256_loadu_ps(xp + LANES), b;
+            b = _mm256_broadcast_ss(w[0] + k); a00 = _mm256_fmadd_ps(x0, b, a00); a01 = _mm256_fmadd_ps(x1, b, a01);
+            b = _mm256_broadcast_ss(w[1] + k); a10 = _mm256_fmadd_ps(x0, b, a10); a11 = _mm256_fmadd_ps(x1, b, a11);
+            b = _mm256_broadcast_ss(w[2] + k); a20 = _mm256_fmadd_ps(x0, b, a20); a21 = _mm256_fmadd_ps(x1, b, a21);
+            b = _mm256_broadcast_ss(w[3] + k); a30 = _mm256_fmadd_ps(x0, b, a30); a31 = _mm256_fmadd_ps(x1, b, a31);
+            b = _mm256_broadcast_ss(w[4] + k); a40 = _mm256_fmadd_ps(x0, b, a40); a41 = _mm256_fmadd_ps(x1, b, a41);
+            b = _mm256_broadcast_ss(w[5] + k); a50 = _mm256_fmadd_ps(x0, b, a50); a51 = _mm256_fmadd_ps(x1, b, a51);
+        }
+        __m256 a[12] = {a00, a01, a10, a11, a20, a21, a30, a31, a40, a41, a50, a51};
+        for (int i = 0; i < 12; i++) total[i] = k0 == 0 ? a[i] : _mm256_add_ps(total[i], a[i]);
+    }
+}
+
+__attribute__((target("avx512f")))
+static void block_12x2_avx512(const float *xt, int rp, int group, const float *const *w, int K, int kblock,
+                              float *total) {
+    __m512 a[24];
+    for (int k0 = 0; k0 < K; k0 += kblock) {
+        int k1 = k0 + kblock < K ? k0 + kblock : K;
+        for (int i = 0; i < 24; i++) a[i] = _mm512_setzero_ps();
+        const float *xp = xt + (size_t)k0 * rp + group * LANES;
+        for (int k = k0; k < k1; k++, xp += rp) {
+            __m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 2 * LANES);
+            for (int i = 0; i < 12; i++) {
+                __m512 b = _mm512_set1_ps(w[i][k]);
+                a[2 * i] = _mm512_fmadd_ps(x0, b, a[2 * i]);
+                a[2 * i + 1] = _mm512_fmadd_ps(x1, b, a[2 * i + 1]);
+            }
+        }
+        for (int i = 0; i < 24; i++) {
+            __m512 sum = k0 == 0 ? a[i] : _mm512_add_ps(_mm512_loadu_ps(total + 16 * i), a[i]);
+            _mm512_storeu_ps(total + 16 * i, sum);
+        }
+    }
+}
+
+/* One row: oneDNN's one-row kernel. Per block of input features, 8 lanes over k (lane j takes
+ * k = k0 + j, k0 + j + 8, ..., a chain of fused multiply-adds), reduced as
+ * ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)); the blocks' sums added left to right. A lane past
+ * the end adds 0 * 0, which leaves a chain started at +0 unchanged. 8 outputs at once. */
+static float reduce8(__m256 v) {
+    float l[LANES];
+    _mm256_storeu_ps(l, v);
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+static void one_row(const float *x, const float *const *w, int K, int kblock, float *sums) {
+    static const int ramp[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < K; k0 += kblock) {
+        int k1 = k0 + kblock < K ? k0 + kblock : K;
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        int k = k0;
+        for (; k + LANES <= k1; k += LANES) {
+            __m256 xv = _mm256_loadu_ps(x + k);
+            for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[i] + k), a[i]);
+        }
+        if (k < k1) {  /* the block's last k1 - k features: the other lanes read nothing, add 0 * 0 */
+            __m256i mask = _mm256_loadu_si256((const __m256i *)(ramp + 8 - (k1 - k)));
+            __m256 xv = _mm256_maskload_ps(x + k, mask);
+            for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(xv, _mm256_maskload_ps(w[i] + k, mask), a[i]);
+        }
+        for (int i = 0; i < 8; i++) {
+            float sum = reduce8(a[i]);
+            sums[i] = k0 == 0 ? sum : sums[i] + sum;
+        }
+    }
+}
+
+/* Writes the lanes of `total` (outputs o0.. of row groups starting at `group`) into y, adding the bias. */
+static void store(const __m256 *total, int n, int groups, int group, int o0, const float *bias,
+                  float *y, int rows, int out) {
+    float lanes[LANES];
+    for (int i = 0; i < n; i++) {
+        for (int g = 0; g < groups; g++) {
+            __m256 v = total[i * groups + g];
+            if (bias) v = _mm256_add_ps(v, _mm256_set1_ps(bias[o0 + i]));
+            _mm256_storeu_ps(lanes, v);
+            for (int l = 0; l < LANES; l++) {
+                int r = (group + g) * LANES + l;
+                if (r < rows) y[(size_t)r * out + o0 + i] = lanes[l];
+            }
+        }
+    }
+}
+
+/* x: rows x K, w: out x K, bias: out or NULL, y: rows x out, all contiguous float32. Returns 0, or -1
+ * when the transposed input could not be allocated. */
+int chain_linear(const float *x, const float *w, const float *bias, float *y, int rows, int K, int out,
+                 int kblock, int threads) {
+    if (rows == 1) {
+        int blocks = (out + 7) / 8;
+        #pragma omp parallel for num_threads(threads) schedule(static)
+        for (int b = 0; b < blocks; b++) {
+            int o0 = b * 8, n = out - o0 < 8 ? out - o0 : 8;
+            const float *rows_of_w[8];
+            float sums[8];
+            for (int i = 0; i < 8; i++) rows_of_w[i] = w + (size_t)(o0 + (i < n ? i : 0)) * K;
+            one_row(x, rows_of_w, K, kblock, sums);
+            for (int i = 0; i < n; i++) y[o0 + i] = bias ? sums[i] + bias[o0 + i] : sums[i];
+        }
+        return 0;
+    }
+    __builtin_cpu_init();
+    int wide = rows > LANES, avx512 = wide && __builtin_cpu_supports("avx512f");
+    int per_group = avx512 ? 4 * LANES : wide ? 2 * LANES : LANES;  /* rows a block computes at once */
+    int rp = (rows + per_group - 1) / per_group * per_group;
+    float *xt = aligned_alloc(64, ((size_t)K * rp * sizeof(float) + 63) / 64 * 64);
+    if (!xt) return -1;
+    for (int k = 0; k < K; k++) {
+        float *dst = xt + (size_t)k * rp;
+        for (int r = 0; r < rows; r++) dst[r] = x[(size_t)r * K + k];
+        for (int r = rows; r < rp; r++) dst[r] = 0.0f;
+    }
+    int outputs = avx512 ? 12 : wide ? 6 : 8, groups = per_group / LANES;
+    int blocks = (out + outputs - 1) / outputs;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        int o0 = b * outputs, n = out - o0 < outputs ? out - o0 : outputs;
+        const float *rows_of_w[12];
+        for (int i = 0; i < outputs; i++) rows_of_w[i] = w + (size_t)(o0 + (i < n ? i : 0)) * K;
+        __m256 total[48];
+        for (int group = 0; group < rp / LANES; group += groups) {
+            if (avx512) block_12x2_avx512(xt, rp, group, rows_of_w, K, kblock, (float *)total);
+            else if (wide) block_6x2(xt, rp, group, rows_of_w, K, kblock, total);
+            else block_8x1(xt, rp, group, rows_of_w, K, kblock, total);
+            store(total, n, groups, group, o0, bias, y, rows, out);
+        }
+    }
+    free(xt);
+    return 0;
+}
