@@ -30,12 +30,6 @@ TIER_BY_FILE = {
 }
 
 
-# Under xdist the longest tiers start first, each test handed to the next free worker
-# (--maxschedchunk=1 in pyproject.toml): a minute-long emulated run never starts last, beside an idle
-# worker. Within a tier, and serially (-n 0), the tests keep the order they are written in.
-FIRST = ("emulated", "slow", "real_model", "engines")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -43,12 +37,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tiers.update(tier for name, tier in TIER_BY_FILE.items() if item.path.name == name)
         for tier in sorted(tiers):
             item.add_marker(tier)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=_tier_rank)
-
-
-def _tier_rank(item: pytest.Item) -> int:
-    return next((rank for rank, tier in enumerate(FIRST) if item.get_closest_marker(tier)), len(FIRST))
 
 
 @pytest.fixture(autouse=True)
