@@ -42,7 +42,7 @@ def test_the_kernel_has_onednns_bits_at_any_row_count_and_thread_count(kernel, o
     try:
         for count in (1, 2, 4):
             torch.set_num_threads(count)
-            for rows in (1, 2, 3, 4, 8, 9, 16, 17, 128):
+            for rows in (1, 2, 3, 4, 8, 9, 16, 17, 24, 35, 57, 128):
                 x = torch.randn(rows, in_features, generator=generator)
                 for b in (None, bias):
                     expected = linears.onednn_linear(x, weight, b)

@@ -13,7 +13,8 @@
  * broadcast. The weight is read in its own layout (out x K, row-major): nothing is packed or copied.
  * Up to 8 rows (a decode step) one AVX2 register per output, 8 outputs at once; more rows two
  * registers per output: 6 outputs of 16 rows at once with AVX2, or where the CPU has AVX-512 12
- * outputs of 32 rows (the same chains, twice the lanes). Threads take whole blocks of outputs.
+ * outputs of 32 rows (the same chains, twice the lanes), the rows past the last whole block in
+ * smaller ones. Threads take whole blocks of outputs.
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -137,6 +138,32 @@ static void store(const __m256 *total, int n, int groups, int group, int o0, con
     }
 }
 
+enum kernel { BLOCK_8X1, BLOCK_6X2, BLOCK_12X2_AVX512 };
+
+/* Rows of the 8-row groups first..end-1 (end - first a multiple of the kernel's groups), every output;
+ * threads take whole blocks of outputs. Returns end. */
+static int run_groups(enum kernel kernel, const float *xt, int rp, int first, int end, const float *w, int out,
+                      int K, int kblock, const float *bias, float *y, int rows, int threads) {
+    if (end <= first) return first;
+    int outputs = kernel == BLOCK_12X2_AVX512 ? 12 : kernel == BLOCK_6X2 ? 6 : 8;
+    int step = kernel == BLOCK_12X2_AVX512 ? 4 : kernel == BLOCK_6X2 ? 2 : 1;  /* 8-row groups a block takes */
+    int blocks = (out + outputs - 1) / outputs;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        int o0 = b * outputs, n = out - o0 < outputs ? out - o0 : outputs;
+        const float *rows_of_w[12];
+        for (int i = 0; i < outputs; i++) rows_of_w[i] = w + (size_t)(o0 + (i < n ? i : 0)) * K;
+        __m256 total[48];
+        for (int group = first; group < end; group += step) {
+            if (kernel == BLOCK_12X2_AVX512) block_12x2_avx512(xt, rp, group, rows_of_w, K, kblock, (float *)total);
+            else if (kernel == BLOCK_6X2) block_6x2(xt, rp, group, rows_of_w, K, kblock, total);
+            else block_8x1(xt, rp, group, rows_of_w, K, kblock, total);
+            store(total, n, step, group, o0, bias, y, rows, out);
+        }
+    }
+    return end;
+}
+
 /* x: rows x K, w: out x K, bias: out or NULL, y: rows x out, all contiguous float32. Returns 0, or -1
  * when the transposed input could not be allocated. */
 int chain_linear(const float *x, const float *w, const float *bias, float *y, int rows, int K, int out,
@@ -155,9 +182,8 @@ int chain_linear(const float *x, const float *w, const float *bias, float *y, in
         return 0;
     }
     __builtin_cpu_init();
-    int wide = rows > LANES, avx512 = wide && __builtin_cpu_supports("avx512f");
-    int per_group = avx512 ? 4 * LANES : wide ? 2 * LANES : LANES;  /* rows a block computes at once */
-    int rp = (rows + per_group - 1) / per_group * per_group;
+    int avx512 = rows > LANES && __builtin_cpu_supports("avx512f");
+    int rp = (rows + LANES - 1) / LANES * LANES, groups = rp / LANES;  /* 8-row groups */
     float *xt = aligned_alloc(64, ((size_t)K * rp * sizeof(float) + 63) / 64 * 64);
     if (!xt) return -1;
     for (int k = 0; k < K; k++) {
@@ -165,21 +191,14 @@ int chain_linear(const float *x, const float *w, const float *bias, float *y, in
         for (int r = 0; r < rows; r++) dst[r] = x[(size_t)r * K + k];
         for (int r = rows; r < rp; r++) dst[r] = 0.0f;
     }
-    int outputs = avx512 ? 12 : wide ? 6 : 8, groups = per_group / LANES;
-    int blocks = (out + outputs - 1) / outputs;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int b = 0; b < blocks; b++) {
-        int o0 = b * outputs, n = out - o0 < outputs ? out - o0 : outputs;
-        const float *rows_of_w[12];
-        for (int i = 0; i < outputs; i++) rows_of_w[i] = w + (size_t)(o0 + (i < n ? i : 0)) * K;
-        __m256 total[48];
-        for (int group = 0; group < rp / LANES; group += groups) {
-            if (avx512) block_12x2_avx512(xt, rp, group, rows_of_w, K, kblock, (float *)total);
-            else if (wide) block_6x2(xt, rp, group, rows_of_w, K, kblock, total);
-            else block_8x1(xt, rp, group, rows_of_w, K, kblock, total);
-            store(total, n, groups, group, o0, bias, y, rows, out);
-        }
-    }
+    /* Whole 32-row groups with AVX-512, then pairs of 8-row groups, then one 8-row group: every
+     * kernel computes the same chains, so a row's bits do not depend on which one ran it. */
+    int group = 0;
+    if (avx512) group = run_groups(BLOCK_12X2_AVX512, xt, rp, group, rows / (4 * LANES) * 4, w, out, K, kblock,
+                                   bias, y, rows, threads);
+    group = run_groups(BLOCK_6X2, xt, rp, group, group + (groups - group) / 2 * 2, w, out, K, kblock, bias, y,
+                       rows, threads);
+    run_groups(BLOCK_8X1, xt, rp, group, groups, w, out, K, kblock, bias, y, rows, threads);
     free(xt);
     return 0;
 }
