@@ -121,21 +121,12 @@ static void one_row(const float *x, const float *const *w, int K, int kblock, fl
     }
 }
 
-/* Writes the lanes of `total` (outputs o0.. of row groups starting at `group`) into y, adding the bias. */
-static void store(const __m256 *total, int n, int groups, int group, int o0, const float *bias,
-                  float *y, int rows, int out) {
-    float lanes[LANES];
-    for (int i = 0; i < n; i++) {
-        for (int g = 0; g < groups; g++) {
-            __m256 v = total[i * groups + g];
-            if (bias) v = _mm256_add_ps(v, _mm256_set1_ps(bias[o0 + i]));
-            _mm256_storeu_ps(lanes, v);
-            for (int l = 0; l < LANES; l++) {
-                int r = (group + g) * LANES + l;
-                if (r < rows) y[(size_t)r * out + o0 + i] = lanes[l];
-            }
-        }
-    }
+/* Writes the lanes of `total` (outputs o0.. of the 8-row groups from `group`) into `yt`, the result
+ * transposed (out x rp): each lane run is contiguous there; y is written from it once, in order. */
+static void store(const __m256 *total, int n, int groups, int group, int o0, float *yt, int rp) {
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < groups; g++)
+            _mm256_storeu_ps(yt + (size_t)(o0 + i) * rp + (group + g) * LANES, total[i * groups + g]);
 }
 
 enum kernel { BLOCK_8X1, BLOCK_6X2, BLOCK_12X2_AVX512 };
@@ -143,7 +134,7 @@ enum kernel { BLOCK_8X1, BLOCK_6X2, BLOCK_12X2_AVX512 };
 /* Rows of the 8-row groups first..end-1 (end - first a multiple of the kernel's groups), every output;
  * threads take whole blocks of outputs. Returns end. */
 static int run_groups(enum kernel kernel, const float *xt, int rp, int first, int end, const float *w, int out,
-                      int K, int kblock, const float *bias, float *y, int rows, int threads) {
+                      int K, int kblock, float *yt, int threads) {
     if (end <= first) return first;
     int outputs = kernel == BLOCK_12X2_AVX512 ? 12 : kernel == BLOCK_6X2 ? 6 : 8;
     int step = kernel == BLOCK_12X2_AVX512 ? 4 : kernel == BLOCK_6X2 ? 2 : 1;  /* 8-row groups a block takes */
@@ -158,7 +149,7 @@ static int run_groups(enum kernel kernel, const float *xt, int rp, int first, in
             if (kernel == BLOCK_12X2_AVX512) block_12x2_avx512(xt, rp, group, rows_of_w, K, kblock, (float *)total);
             else if (kernel == BLOCK_6X2) block_6x2(xt, rp, group, rows_of_w, K, kblock, total);
             else block_8x1(xt, rp, group, rows_of_w, K, kblock, total);
-            store(total, n, step, group, o0, bias, y, rows, out);
+            store(total, n, step, group, o0, yt, rp);
         }
     }
     return end;
@@ -186,19 +177,39 @@ int chain_linear(const float *x, const float *w, const float *bias, float *y, in
     int rp = (rows + LANES - 1) / LANES * LANES, groups = rp / LANES;  /* 8-row groups */
     float *xt = aligned_alloc(64, ((size_t)K * rp * sizeof(float) + 63) / 64 * 64);
     if (!xt) return -1;
-    for (int k = 0; k < K; k++) {
-        float *dst = xt + (size_t)k * rp;
-        for (int r = 0; r < rows; r++) dst[r] = x[(size_t)r * K + k];
-        for (int r = rows; r < rp; r++) dst[r] = 0.0f;
+    /* x's rows are read in order; 8 of them at a time, so that each k writes 32 contiguous bytes */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int g = 0; g < groups; g++) {
+        float *dst = xt + g * LANES;
+        const float *src[LANES];
+        int n = rows - g * LANES < LANES ? rows - g * LANES : LANES;
+        for (int l = 0; l < LANES; l++) src[l] = x + (size_t)(g * LANES + (l < n ? l : 0)) * K;
+        for (int k = 0; k < K; k++, dst += rp)
+            for (int l = 0; l < LANES; l++) dst[l] = l < n ? src[l][k] : 0.0f;
     }
     /* Whole 32-row groups with AVX-512, then pairs of 8-row groups, then one 8-row group: every
      * kernel computes the same chains, so a row's bits do not depend on which one ran it. */
+    float *yt = aligned_alloc(64, ((size_t)out * rp * sizeof(float) + 63) / 64 * 64);
+    if (!yt) {
+        free(xt);
+        return -1;
+    }
     int group = 0;
-    if (avx512) group = run_groups(BLOCK_12X2_AVX512, xt, rp, group, rows / (4 * LANES) * 4, w, out, K, kblock,
-                                   bias, y, rows, threads);
-    group = run_groups(BLOCK_6X2, xt, rp, group, group + (groups - group) / 2 * 2, w, out, K, kblock, bias, y,
-                       rows, threads);
-    run_groups(BLOCK_8X1, xt, rp, group, groups, w, out, K, kblock, bias, y, rows, threads);
+    if (avx512) group = run_groups(BLOCK_12X2_AVX512, xt, rp, group, rows / (4 * LANES) * 4, w, out, K, kblock, yt,
+                                   threads);
+    group = run_groups(BLOCK_6X2, xt, rp, group, group + (groups - group) / 2 * 2, w, out, K, kblock, yt, threads);
+    run_groups(BLOCK_8X1, xt, rp, group, groups, w, out, K, kblock, yt, threads);
+    /* y from its transpose, 8 rows at a time, each row written in order; the bias last */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int g = 0; g < groups; g++) {
+        int n = rows - g * LANES < LANES ? rows - g * LANES : LANES;
+        for (int o = 0; o < out; o++) {
+            const float *src = yt + (size_t)o * rp + g * LANES;
+            for (int l = 0; l < n; l++)
+                y[(size_t)(g * LANES + l) * out + o] = bias ? src[l] + bias[o] : src[l];
+        }
+    }
+    free(yt);
     free(xt);
     return 0;
 }
