@@ -128,13 +128,13 @@ def test_a_kernel_others_could_have_written_is_not_loaded(tmp_path):
     assert chain.build(folder)[0] is not None
 
 
-def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(tmp_path, monkeypatch):
-    """The kernel is an accelerator: with it and without it, a model's generations are bit for bit
-    the same. A wider random Llama (hidden 1024) whose products are oneDNN's at 4 rows and in prefill."""
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A wider random Llama (hidden 1024) whose products are oneDNN's at 4 rows and in prefill."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tiny = engines.BUILTIN_MODELS["tiny"]
-    folder = tmp_path / "wide"
+    folder = tmp_path_factory.mktemp("wide")
     config = AutoConfig.from_pretrained(tiny, local_files_only=True)
     config.update({"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
                    "num_key_value_heads": 4, "head_dim": 64, "num_hidden_layers": 2})
@@ -142,6 +142,13 @@ def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(t
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (folder / name).write_bytes((tiny / name).read_bytes())
+    return folder
+
+
+def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(wide, tmp_path, monkeypatch):
+    """The kernel is an accelerator: with it and without it, a model's generations are bit for bit
+    the same."""
+    folder = wide
     results = {}
     for compiler in ("gcc", str(tmp_path / "no-such-compiler")):
         monkeypatch.setenv("CC", compiler)
@@ -173,5 +180,23 @@ def test_smollm2_generates_the_same_bits_on_the_kernel_as_on_onednn(smollm2_gguf
         slow = llm.generate(prompts)
     finally:
         loaded.engine.chain = kernel
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
+
+
+def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide, tmp_path, monkeypatch):
+    """llm_batch_invariant's prefill and LM head run oneDNN with at least two rows: on the kernel too."""
+    monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
+    loaded = engines.load(str(wide), dtype="float32", device="cpu", cpu_numerics="portable",
+                          batch_invariant=True)
+    assert loaded.engine.linears is LinearKernels.BATCH_INVARIANT and loaded.engine.chain is not None
+    llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x16"), 8, 0))
+    prompts = ["Once upon a time", "The capital of France is", "1 2 3"]
+    fast = llm.generate(prompts)
+    kernel = loaded.engine.chain
+    assert kernel.checked and all(kernel.checked.values()), kernel.checked
+    assert 2 in {rows for _, _, rows, _, _ in kernel.checked}, "the LM head's lone row as a pair"
+    loaded.engine.chain = None
+    slow = llm.generate(prompts)
     for a, b in zip(fast, slow, strict=True):
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)

@@ -61,6 +61,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pytest_llmdeterminism.compute import linears
+from pytest_llmdeterminism.compute.chain import ChainKernel
 from pytest_llmdeterminism.compute.linears import LinearKernels
 
 # The name under which transformers' attention and mask registries know the row-wise attention.
@@ -85,14 +86,20 @@ def generation(kernels: LinearKernels | None, blas: str | None) -> str | None:
 TILE_ROWS = 32
 
 
-def invariant_linear(x: Any, weight: Any, bias: Any) -> Any:
+def invariant_linear(x: Any, weight: Any, bias: Any, chain: ChainKernel | None = None) -> Any:
     """``F.linear`` on oneDNN with at least two rows, so that a row's bits do not depend on how many
-    rows the call holds (a lone row is computed as two identical rows): the prefill's kernel."""
+    rows the call holds (a lone row is computed as two identical rows): the prefill's kernel. With
+    ``chain``, on the plugin's kernel where it gives oneDNN's bits (``chain.py``)."""
+    def onednn(x: Any, weight: Any, bias: Any) -> Any:
+        if chain is None:
+            return linears.onednn_linear(x, weight, bias)
+        return chain.linear(x, weight, bias, linears.onednn_linear)
+
     rows = x.numel() // x.shape[-1]
     if rows != 1:
-        return linears.onednn_linear(x, weight, bias)
+        return onednn(x, weight, bias)
     pair = x.reshape(1, x.shape[-1]).expand(2, x.shape[-1])
-    return linears.onednn_linear(pair, weight, bias)[:1].reshape(*x.shape[:-1], weight.shape[0])
+    return onednn(pair, weight, bias)[:1].reshape(*x.shape[:-1], weight.shape[0])
 
 
 def rows_linear(x: Any, weight: Any, bias: Any, blocks: int = 0) -> Any:
@@ -189,12 +196,12 @@ def register() -> str:
 
 
 @contextmanager
-def batch_invariant(model: Any, *, tiles: bool = False) -> Iterator[int]:
+def batch_invariant(model: Any, *, tiles: bool = False, chain: ChainKernel | None = None) -> Iterator[int]:
     """Within the block, ``model`` computes each prompt's logits independently of its batch: float32
     linears on the CPU through :func:`invariant_linear` (``tiles``, under compatible numerics:
     :func:`tiled_linear`) and in decode steps :func:`rows_linear`, attention through
     :func:`rowwise_attention`. Everything is put back afterwards. Yields how many linear layers were
-    routed."""
+    routed. ``chain``: oneDNN's products on the plugin's kernel, the same bits (``chain.py``)."""
     import torch
 
     name = register()
@@ -212,11 +219,13 @@ def batch_invariant(model: Any, *, tiles: bool = False) -> Iterator[int]:
             config._attn_implementation = name
         for module in layers:
             blocks = linears.blocks_for(module.weight, threads)
+            invariant: Callable[[Any, Any, Any], Any] = functools.partial(invariant_linear, chain=chain)
+            kernels: tuple[Callable[[Any, Any, Any], Any], Callable[[Any, Any, Any], Any]]
             if module is head:  # see the module's note: row by row under compatible, else oneDNN
                 rows = functools.partial(rows_linear, blocks=blocks)
-                kernels = (rows, rows) if tiles else (invariant_linear, invariant_linear)
+                kernels = (rows, rows) if tiles else (invariant, invariant)
             else:
-                kernels = (tiled_linear if tiles else invariant_linear,
+                kernels = (tiled_linear if tiles else invariant,
                            functools.partial(rows_linear, blocks=blocks))
             module.forward = _forward(module, phase, *kernels)  # type: ignore[method-assign]
         yield len(layers)

@@ -93,8 +93,8 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     if batch_invariant:
         kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)
     own, why_not = None, ""
-    if kernels is linears.LinearKernels.ONEDNN_AVX2:  # oneDNN's products on the plugin's kernel, same bits
-        own, why_not = chain.build(cached.cache_dir() / "kernels")
+    if kernels in (linears.LinearKernels.ONEDNN_AVX2, linears.LinearKernels.BATCH_INVARIANT):
+        own, why_not = chain.build(cached.cache_dir() / "kernels")  # oneDNN's products on it, same bits
     engine = hf.HFEngine(model, tokenizer, device, linears=kernels, chain=own)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,

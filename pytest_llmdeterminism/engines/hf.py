@@ -85,7 +85,8 @@ class HFEngine:
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits,
                                 processed=_has_processors(config) or config.sampling is not None
                                 ) as capture, \
-                    (batch_invariant(model, tiles=self.linears is LinearKernels.BATCH_INVARIANT_TILES)
+                    (batch_invariant(model, tiles=self.linears is LinearKernels.BATCH_INVARIANT_TILES,
+                                     chain=self.chain)
                      if self.linears.batch_invariant
                      else routed(model, self.linears, self.chain)):
                 processors = capture.logits_processor()
