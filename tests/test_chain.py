@@ -85,7 +85,6 @@ def test_a_shape_whose_bits_differ_stays_on_the_reference(kernel):
     later = kernel.linear(x, weight, None, another_order)
     assert len(calls) == 2
     assert torch.equal(first, torch.nn.functional.linear(x, weight)) and torch.equal(later, first)
-    assert "on oneDNN" in kernel.summary()
 
 
 def test_other_dtypes_and_layouts_go_to_the_reference(kernel):
@@ -107,7 +106,7 @@ def test_without_a_compiler_or_switched_off_the_products_stay_on_onednn_and_say_
     assert built is None and "no-such-compiler" in why
     monkeypatch.setenv("CC", "false")
     built, why = chain.build(tmp_path / "kernels")
-    assert built is None and "false failed" in why
+    assert built is None and why == "false failed (exit status 1)"
     assert not list((tmp_path / "kernels").iterdir()), "a failed build leaves nothing behind"
     monkeypatch.setenv(chain.SWITCH, "0")
     assert chain.build(tmp_path / "kernels") == (None, f"{chain.SWITCH}=0")

@@ -87,7 +87,8 @@ def _compile(library: Path) -> str:
             done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
                                   text=True, timeout=120, check=False)
             if done.returncode != 0:
-                return f"{compiler} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}"
+                said = done.stderr.strip().splitlines()
+                return f"{compiler} failed ({said[-1] if said else f'exit status {done.returncode}'})"
             os.replace(built, library)
     except (OSError, subprocess.SubprocessError) as error:
         return f"{compiler} could not build it: {error}"
@@ -95,8 +96,8 @@ def _compile(library: Path) -> str:
 
 
 class ChainKernel:
-    """``F.linear`` for float32 on the CPU with oneDNN's AVX2 bits at two or more rows, each shape
-    checked against oneDNN once per process before it is used."""
+    """``F.linear`` for float32 on the CPU with the bits of oneDNN's AVX2 kernels (its GEMM and its
+    one-row kernel), each shape checked against oneDNN once per process before it is used."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._function = library.chain_linear
@@ -119,7 +120,7 @@ class ChainKernel:
         y = self._run(x, weight, bias, rows, threads)
         if equal is None:
             expected = reference(x, weight, bias)
-            self.checked[key] = equal = bool(torch.equal(expected.view(torch.int32), y.view(torch.int32)))
+            self.checked[key] = bool(torch.equal(expected.view(torch.int32), y.view(torch.int32)))
             return expected
         return y
 
@@ -133,11 +134,6 @@ class ChainKernel:
                           y.data_ptr(), rows, in_features, out_features, ONEDNN_KBLOCK, threads):
             raise MemoryError(f"chain_linear: no memory for a {rows}x{in_features} input")
         return y
-
-    def summary(self) -> str:
-        """How many shapes run on the kernel and how many stayed on oneDNN, for a report line."""
-        used = sum(self.checked.values())
-        return f"{used} shape(s) on the plugin's kernel, {len(self.checked) - used} on oneDNN"
 
 
 def _plain(x: Any, weight: Any, bias: Any) -> bool:
