@@ -8,6 +8,8 @@ tests/test_cross_cpu.py checks the kernel's bits under emulated CPUs of the othe
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -110,6 +112,16 @@ def test_without_a_compiler_or_switched_off_the_products_stay_on_onednn_and_say_
     assert not list((tmp_path / "kernels").iterdir()), "a failed build leaves nothing behind"
     monkeypatch.setenv(chain.SWITCH, "0")
     assert chain.build(tmp_path / "kernels") == (None, f"{chain.SWITCH}=0")
+
+
+def test_a_kernel_built_under_a_permissive_umask_is_loaded(tmp_path):
+    """Distributions that give users a group of their own set umask 002: a build must still load."""
+    previous = os.umask(0o002)
+    try:
+        built, why = chain.build(tmp_path / "kernels")
+    finally:
+        os.umask(previous)
+    assert built is not None, why
 
 
 def test_a_kernel_others_could_have_written_is_not_loaded(tmp_path):

@@ -89,6 +89,7 @@ def _compile(library: Path) -> str:
             if done.returncode != 0:
                 said = done.stderr.strip().splitlines()
                 return f"{compiler} failed ({said[-1] if said else f'exit status {done.returncode}'})"
+            built.chmod(0o755)  # not group-writable whatever the umask: _untrusted would refuse it
             os.replace(built, library)
     except (OSError, subprocess.SubprocessError) as error:
         return f"{compiler} could not build it: {error}"
