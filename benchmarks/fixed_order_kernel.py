@@ -15,7 +15,8 @@ shape, streamed from memory; 2 threads; best of 5).
     python benchmarks/fixed_order_kernel.py        # needs gcc with OpenMP (builds into a temp folder)
 
 Not in the product: its bits are not today's, so goldens would have to record which kernels made
-them. The figures are for that decision.
+them. The product's kernel (``compute/chain.py``) computes oneDNN's own order instead, so its bits
+are today's.
 """
 
 from __future__ import annotations
