@@ -208,6 +208,26 @@ def boosted_token_copy(dest: Path, token_id: int, factor: float) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wide_model(tmp_path_factory):
+    """The tiny model's tokenizer on a wider random Llama (hidden 1024): layers the one-row split applies
+    to (test_linears.py), products oneDNN computes at 4 rows and in prefill (test_chain.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("wide")
+    tiny = BUILTIN_MODELS["tiny"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tiny / name, folder / name)
+    config = AutoConfig.from_pretrained(tiny, local_files_only=True)
+    config.update({"hidden_size": 1024, "intermediate_size": 2048, "num_attention_heads": 16,
+                   "num_key_value_heads": 4, "head_dim": 64, "num_hidden_layers": 2,
+                   "tie_word_embeddings": False})
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     path = Path(os.environ.get(SMOLLM2_ENV, SMOLLM2_DEFAULT))
     if not path.is_file():

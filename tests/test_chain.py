@@ -139,27 +139,11 @@ def test_a_kernel_others_could_have_written_is_not_loaded(tmp_path):
     assert chain.build(folder)[0] is not None
 
 
-@pytest.fixture(scope="module")
-def wide(tmp_path_factory):
-    """A wider random Llama (hidden 1024) whose products are oneDNN's at 4 rows and in prefill."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    tiny = engines.BUILTIN_MODELS["tiny"]
-    folder = tmp_path_factory.mktemp("wide")
-    config = AutoConfig.from_pretrained(tiny, local_files_only=True)
-    config.update({"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
-                   "num_key_value_heads": 4, "head_dim": 64, "num_hidden_layers": 2})
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        (folder / name).write_bytes((tiny / name).read_bytes())
-    return folder
-
-
-def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(wide, tmp_path, monkeypatch):
+def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(wide_model, tmp_path,
+                                                                               monkeypatch):
     """The kernel is an accelerator: with it and without it, a model's generations are bit for bit
     the same."""
-    folder = wide
+    folder = wide_model
     results = {}
     for compiler in ("gcc", str(tmp_path / "no-such-compiler")):
         monkeypatch.setenv("CC", compiler)
@@ -195,10 +179,10 @@ def test_smollm2_generates_the_same_bits_on_the_kernel_as_on_onednn(smollm2_gguf
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
 
 
-def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide, tmp_path, monkeypatch):
+def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_model, tmp_path, monkeypatch):
     """llm_batch_invariant's prefill and LM head run oneDNN with at least two rows: on the kernel too."""
     monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
-    loaded = engines.load(str(wide), dtype="float32", device="cpu", cpu_numerics="portable",
+    loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable",
                           batch_invariant=True)
     assert loaded.engine.linears is LinearKernels.BATCH_INVARIANT and loaded.engine.chain is not None
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x16"), 8, 0))

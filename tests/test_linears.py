@@ -7,15 +7,12 @@ branch with oneDNN capped at AVX2. tests/test_cross_cpu.py checks the same bits 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compute import linears, numerics
 from pytest_llmdeterminism.compute.linears import LinearKernels
-from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -122,24 +119,6 @@ def test_onednn_rows_do_not_depend_on_their_companions(out_features, in_features
     # close to F.linear: other kernels, the same product
     x = torch.randn(3, in_features, generator=generator)
     torch.testing.assert_close(linears.onednn_linear(x, weight, bias), F.linear(x, weight, bias))
-
-
-@pytest.fixture(scope="module")
-def wide_model(tmp_path_factory):
-    """The tiny model's tokenizer on a wider random Llama (hidden 1024): layers the split applies to."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    folder = tmp_path_factory.mktemp("wide")
-    tiny = BUILTIN_MODELS["tiny"]
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(tiny / name, folder / name)
-    config = AutoConfig.from_pretrained(tiny, local_files_only=True)
-    config.update({"hidden_size": 1024, "intermediate_size": 2048, "num_attention_heads": 16,
-                   "num_key_value_heads": 4, "head_dim": 64, "num_hidden_layers": 2,
-                   "tie_word_embeddings": False})
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
 
 
 def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_bits(wide_model, monkeypatch):

@@ -142,4 +142,3 @@ def _plain(x: Any, weight: Any, bias: Any) -> bool:
 
     return (x.dtype == weight.dtype == torch.float32 and weight.is_contiguous() and x.device.type == "cpu"
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
-

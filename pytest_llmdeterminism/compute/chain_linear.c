@@ -18,7 +18,6 @@
  */
 #include <immintrin.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define LANES 8
 
