@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -87,7 +88,17 @@ def _goldens(suite):
 def _stopped_run(suite, monkeypatch, how, stop_at, *args):
     monkeypatch.setenv("HOW", how)
     monkeypatch.setenv("STOP_AT", stop_at)
-    result = suite.runpytest_subprocess("-p", "no:randomly", *args)
+    # A child inherits an ignored SIGINT, and this suite's SIGINT is ignored when it was started as a
+    # background job of a non-interactive shell (`.ci/run &`): the child's Ctrl-C would then do nothing.
+    # A terminal's Ctrl-C reaches a process that handles it, so the child starts with the default.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = suite.runpytest_subprocess("-p", "no:randomly", *args)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     monkeypatch.delenv("HOW")
     monkeypatch.delenv("STOP_AT")
     return result
