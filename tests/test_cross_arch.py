@@ -65,36 +65,75 @@ PINNED = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_
           *numerics.PORTABLE_ENVIRONMENT}
 
 
+# The emulated arm64 Python runs its pytest sessions with pytest.main, one after another in one process
+# (``Run(..., then=...)``): of a ~35 s run under emulation ~20 s go to importing torch and transformers,
+# which later sessions share. Each session runs from its own project folder; its test modules and
+# path entry are forgotten before the next, and its exit status follows its output.
+SESSION_END = "=== llmdet arm64 session exit"
+SESSIONS = f"""
+import json, os, sys
+import pytest
+for cwd, args in json.loads(sys.argv[1]):
+    os.chdir(cwd)
+    code = pytest.main(args)
+    for name, module in list(sys.modules.items()):
+        if (getattr(module, "__file__", None) or "").startswith(cwd + os.sep):
+            del sys.modules[name]
+    sys.path[:] = [entry for entry in sys.path if entry != cwd]
+    print("\\n{SESSION_END}", int(code), flush=True)
+"""
+
+
 class Run:
     """One pytest run of the probe project, natively or under qemu-aarch64, started now."""
 
     def __init__(self, project: Path, *args: str, arm64: bool = False, cpu: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 then: tuple[tuple[Path, tuple[str, ...]], ...] = ()) -> None:
         base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
         base = {**base, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
-        command = ["-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *args]
+        options = ("-p", "no:cacheprovider", "-p", "no:xdist")
         if arm64:
             # The plugin comes from this source tree, not from an installed distribution.
-            command = [str(QEMU), "-L", str(ARM64 / "ROOT"), *(["-cpu", cpu] if cpu else []),
-                       str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11"), *command, "-p",
-                       "pytest_llmdeterminism.plugin"]
+            sessions = [(project, args), *then]
+            python = [str(QEMU), "-L", str(ARM64 / "ROOT"), *(["-cpu", cpu] if cpu else []),
+                      str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11")]
+            runs = [[str(path), [*options, *session, "-p", "pytest_llmdeterminism.plugin"]]
+                    for path, session in sessions]
+            command = [*python, "-c", SESSIONS, json.dumps(runs)]
             base["PYTHONPATH"] = os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])
             # An editable install leaves pytest_llmdeterminism.egg-info in the source tree, whose
             # entry point would register the plugin a second time, under its distribution's name.
             base["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         else:  # no:hypothesispytest: its summary hook imports all of Hypothesis (autoload is off on arm64)
-            command = [sys.executable, *command, "-p", "no:hypothesispytest"]
+            assert not then, "later sessions in one process are for the emulated arm64 Python"
+            command = [sys.executable, "-m", "pytest", *options, *args, "-p", "no:hypothesispytest"]
         self.name = " ".join(args) + (f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)")
+        self.arm64 = arm64
+        self.names = [self.name, *(" ".join(session) + " (arm64, after it)" for _, session in then)]
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, cwd=project, env=base, text=True, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT)
 
     def finish(self, returncode: int) -> str:
+        return self.finish_each(returncode)[0]
+
+    def finish_each(self, *returncodes: int) -> list[str]:
+        """Each session's output, once the process ended and each session's exit status is as given."""
+        assert len(returncodes) == len(self.names)
         output, _ = self.process.communicate(timeout=1500)
         seconds = time.monotonic() - self.started
-        print(f"{self.name}: exit {self.process.returncode} in {seconds:.0f} s")
-        assert self.process.returncode == returncode, f"{self.name}:\n{output[-4000:]}"
-        return output
+        print(f"{' + '.join(self.names)}: exit {self.process.returncode} in {seconds:.0f} s")
+        if self.arm64:
+            assert self.process.returncode == 0, f"{self.name}:\n{output[-4000:]}"
+            parts = re.split(rf"^{SESSION_END} (-?\d+)$", output, flags=re.MULTILINE)
+            outputs, codes = parts[0:-1:2], [int(code) for code in parts[1::2]]
+        else:
+            outputs, codes = [output], [self.process.returncode]
+        assert len(outputs) == len(self.names), f"{self.name}:\n{output[-4000:]}"
+        for name, text, code, expected in zip(self.names, outputs, codes, returncodes, strict=True):
+            assert code == expected, f"{name}: exit {code}, not {expected}:\n{text[-4000:]}"
+        return outputs
 
 
 def summary(output: str) -> str:
@@ -118,16 +157,15 @@ def project(path: Path, model: str = "builtin:tiny", shape: str = "2x32", probe:
 def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(tmp_path):
     changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5)
     x86_recorded, arm64_recorded = project(tmp_path / "x86"), project(tmp_path / "arm64")
-    records = [Run(x86_recorded, "--llm-golden-update"),
-               Run(arm64_recorded, "--llm-golden-update", arm64=True)]
-    for run in records:
-        assert summary(run.finish(0)) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
-
-    on_arm64 = Run(x86_recorded, arm64=True)
-    changed_on_arm64 = Run(x86_recorded, f"--llm-model={changed}", arm64=True)
+    assert summary(Run(x86_recorded, "--llm-golden-update").finish(0)) == "golden checks: 8 recorded"
+    # one arm64 process: records its own goldens, then checks the x86 ones, then with the changed model
+    arm64 = Run(arm64_recorded, "--llm-golden-update", arm64=True,
+                then=((x86_recorded, ()), (x86_recorded, (f"--llm-model={changed}",))))
+    recorded, on_arm64, changed_on_arm64 = arm64.finish_each(0, 0, 1)
+    assert summary(recorded) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
     on_x86 = Run(arm64_recorded).finish(0)
     changed_on_x86 = Run(arm64_recorded, f"--llm-model={changed}").finish(1)
-    outputs = {"x86-64 goldens on arm64": on_arm64.finish(0), "arm64 goldens on x86-64": on_x86}
+    outputs = {"x86-64 goldens on arm64": on_arm64, "arm64 goldens on x86-64": on_x86}
 
     for direction, output in outputs.items():
         counts = {verdict: int(count) for count, verdict in re.findall(r"(\d+) ([A-Z_]+)", summary(output))}
@@ -143,7 +181,7 @@ def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(
         assert "batch invariance: verified at 2x32" in output, output[-3000:]
 
     # Negative control: planted weight noise is a REGRESSION in both directions, not tolerated drift.
-    for output in (changed_on_arm64.finish(1), changed_on_x86):
+    for output in (changed_on_arm64, changed_on_x86):
         assert "REGRESSION (failed)" in output, output[-3000:]
         assert "machine " in across(output), output[-3000:]
 
@@ -249,14 +287,15 @@ def test_arm64_batch_invariant_kernels_and_goldens_that_do_not_depend_on_the_sha
                                     env=base, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
               for cpu in ("neoverse-n1", "cortex-a57")}
     probe = project(tmp_path / "probe")
-    recorded = Run(probe, "--llm-golden-update", "--llm-batch-invariant=true", arm64=True).finish(0)
+    # one arm64 process: records at 2x32, then checks at 1x32 and 4x32
+    exact = ("--llm-batch-invariant=true", "--llm-tolerance=exact")
+    checks = tuple((probe, (*exact, f"--llm-batch-shape={shape}")) for shape in ("1x32", "4x32"))
+    recorded, *outputs = Run(probe, "--llm-golden-update", "--llm-batch-invariant=true", arm64=True,
+                             then=checks).finish_each(0, 0, 0)
     assert summary(recorded) == "golden checks: 8 recorded", recorded[-3000:]  # 4 greedy, 4 sampled
     golden = (probe / "__golden__" / "test_probe.json").read_text()
     assert '"batch_invariant": "cpu-openblas-armv8-tiles32-rowwise-1"' in golden
-    runs = [Run(probe, "--llm-batch-invariant=true", f"--llm-batch-shape={shape}", "--llm-tolerance=exact",
-                arm64=True) for shape in ("1x32", "4x32")]
-    for run in runs:
-        output = run.finish(0)
+    for output in outputs:
         assert summary(output) == "golden checks: 8 IDENTICAL", output[-3000:]
     found = {}
     for cpu, process in probes.items():
