@@ -27,6 +27,8 @@ from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
+from . import sessions
+
 ROOT = Path(__file__).resolve().parent.parent
 # SmolLM2-135M's projections (query/output, key/value, gate/up, down) and the tiny model's.
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (64, 64)]
@@ -236,30 +238,39 @@ def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_an
     for name in ("pytest.ini", "test_tiny_model.py"):
         shutil.copy(ROOT / "examples" / name, tmp_path / name)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
+    options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--llm-batch-invariant=true",
+               f"--llm-cpu-numerics={numerics}"]
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
-                   "--llm-batch-invariant=true", f"--llm-cpu-numerics={numerics}", *args]
-        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                              env=env)
-
-    recorded = run("--llm-golden-update")
+    recorded = subprocess.run([sys.executable, "-m", "pytest", *options, "--llm-golden-update"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600, check=False, env=env)
     assert recorded.returncode == 0, recorded.stdout[-3000:]
     assert "golden checks: 9 recorded" in recorded.stdout
     assert "(verified at the first generation, against another shape)" in recorded.stdout
     golden = (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes()
     assert f'"batch_invariant": "{generation}"'.encode() in golden
+
+    # the checks, one session each, in one process of their own (tests/sessions.py)
+    checks = {shape: ("--llm-tolerance=exact", f"--llm-batch-shape={shape}")
+              for shape in ("1x32", "2x48", "8x64", "3x40")}
+    checks["defect"] = ("--llm-batch-shape=2x48", "--llm-plant-defect")
+    checks["default kernels"] = ("--llm-batch-invariant=false",)  # at the recorded shape: another environment
+    command = sessions.command([sys.executable], [(tmp_path, [*options, *args]) for args in checks.values()])
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+                         env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    outputs, codes = sessions.split(run.stdout)
+    results = dict(zip(checks, zip(codes, outputs, strict=True), strict=True))
     for shape in ("1x32", "2x48", "8x64", "3x40"):
-        result = run(f"--llm-batch-shape={shape}", "--llm-tolerance=exact")
-        assert result.returncode == 0, (shape, result.stdout[-3000:])
-        assert "golden checks: 9 IDENTICAL" in result.stdout, shape
-    defect = run("--llm-batch-shape=2x48", "--llm-plant-defect")
-    assert defect.returncode == 1 and "REGRESSION" in defect.stdout, defect.stdout[-3000:]
-    assert "INPUT_CHANGED" not in defect.stdout  # the shape is not what it reports
-    default_kernels = run("--llm-batch-invariant=false")  # at the recorded shape: another environment
-    assert default_kernels.returncode == 0, default_kernels.stdout[-3000:]
-    assert "golden checks: 9 LOGIT_DRIFT" in default_kernels.stdout
-    assert "compare exactly again with --llm-batch-invariant=true" in default_kernels.stdout
+        code, output = results[shape]
+        assert code == 0, (shape, output[-3000:])
+        assert "golden checks: 9 IDENTICAL" in output, shape
+    code, output = results["defect"]
+    assert code == 1 and "REGRESSION" in output, output[-3000:]
+    assert "INPUT_CHANGED" not in output  # the shape is not what it reports
+    code, output = results["default kernels"]
+    assert code == 0, output[-3000:]
+    assert "golden checks: 9 LOGIT_DRIFT" in output
+    assert "compare exactly again with --llm-batch-invariant=true" in output
     assert (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes() == golden
 
 

@@ -29,6 +29,7 @@ import pytest_llmdeterminism
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.fingerprint import cache_dir
 
+from . import sessions
 from .conftest import ATTENTION_PROBE, dequantized_copy, perturbed_tiny_copy
 
 QEMU = shutil.which("qemu-aarch64")
@@ -65,25 +66,6 @@ PINNED = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_
           *numerics.PORTABLE_ENVIRONMENT}
 
 
-# The emulated arm64 Python runs its pytest sessions with pytest.main, one after another in one process
-# (``Run(..., then=...)``): of a ~35 s run under emulation ~20 s go to importing torch and transformers,
-# which later sessions share. Each session runs from its own project folder; its test modules and
-# path entry are forgotten before the next, and its exit status follows its output.
-SESSION_END = "=== llmdet arm64 session exit"
-SESSIONS = f"""
-import json, os, sys
-import pytest
-for cwd, args in json.loads(sys.argv[1]):
-    os.chdir(cwd)
-    code = pytest.main(args)
-    for name, module in list(sys.modules.items()):
-        if (getattr(module, "__file__", None) or "").startswith(cwd + os.sep):
-            del sys.modules[name]
-    sys.path[:] = [entry for entry in sys.path if entry != cwd]
-    print("\\n{SESSION_END}", int(code), flush=True)
-"""
-
-
 class Run:
     """One pytest run of the probe project, natively or under qemu-aarch64, started now."""
 
@@ -95,12 +77,12 @@ class Run:
         options = ("-p", "no:cacheprovider", "-p", "no:xdist")
         if arm64:
             # The plugin comes from this source tree, not from an installed distribution.
-            sessions = [(project, args), *then]
             python = [str(QEMU), "-L", str(ARM64 / "ROOT"), *(["-cpu", cpu] if cpu else []),
                       str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11")]
-            runs = [[str(path), [*options, *session, "-p", "pytest_llmdeterminism.plugin"]]
-                    for path, session in sessions]
-            command = [*python, "-c", SESSIONS, json.dumps(runs)]
+            # later sessions share the process (tests/sessions.py): ~20 s of imports under emulation
+            plugin = ("-p", "pytest_llmdeterminism.plugin")
+            command = sessions.command(python, [(path, [*options, *session, *plugin])
+                                                for path, session in [(project, args), *then]])
             base["PYTHONPATH"] = os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])
             # An editable install leaves pytest_llmdeterminism.egg-info in the source tree, whose
             # entry point would register the plugin a second time, under its distribution's name.
@@ -126,8 +108,7 @@ class Run:
         print(f"{' + '.join(self.names)}: exit {self.process.returncode} in {seconds:.0f} s")
         if self.arm64:
             assert self.process.returncode == 0, f"{self.name}:\n{output[-4000:]}"
-            parts = re.split(rf"^{SESSION_END} (-?\d+)$", output, flags=re.MULTILINE)
-            outputs, codes = parts[0:-1:2], [int(code) for code in parts[1::2]]
+            outputs, codes = sessions.split(output)
         else:
             outputs, codes = [output], [self.process.returncode]
         assert len(outputs) == len(self.names), f"{self.name}:\n{output[-4000:]}"
