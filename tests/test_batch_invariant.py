@@ -241,25 +241,28 @@ def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_an
     options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--llm-batch-invariant=true",
                f"--llm-cpu-numerics={numerics}"]
 
-    recorded = subprocess.run([sys.executable, "-m", "pytest", *options, "--llm-golden-update"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600, check=False, env=env)
-    assert recorded.returncode == 0, recorded.stdout[-3000:]
-    assert "golden checks: 9 recorded" in recorded.stdout
-    assert "(verified at the first generation, against another shape)" in recorded.stdout
+    def child(*runs: tuple[str, ...]) -> list[tuple[int, str]]:
+        """The runs as sessions of one child Python (tests/sessions.py): each one's exit status and output."""
+        command = sessions.command([sys.executable], [(tmp_path, [*options, *args]) for args in runs])
+        run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+                             env=env)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        outputs, codes = sessions.split(run.stdout)
+        return list(zip(codes, outputs, strict=True))
+
+    [(code, recorded)] = child(("--llm-golden-update",))  # a process of its own
+    assert code == 0, recorded[-3000:]
+    assert "golden checks: 9 recorded" in recorded
+    assert "(verified at the first generation, against another shape)" in recorded
     golden = (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes()
     assert f'"batch_invariant": "{generation}"'.encode() in golden
 
-    # the checks, one session each, in one process of their own (tests/sessions.py)
+    # the checks, in one process of their own
     checks = {shape: ("--llm-tolerance=exact", f"--llm-batch-shape={shape}")
               for shape in ("1x32", "2x48", "8x64", "3x40")}
     checks["defect"] = ("--llm-batch-shape=2x48", "--llm-plant-defect")
     checks["default kernels"] = ("--llm-batch-invariant=false",)  # at the recorded shape: another environment
-    command = sessions.command([sys.executable], [(tmp_path, [*options, *args]) for args in checks.values()])
-    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                         env=env)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    outputs, codes = sessions.split(run.stdout)
-    results = dict(zip(checks, zip(codes, outputs, strict=True), strict=True))
+    results = dict(zip(checks, child(*checks.values()), strict=True))
     for shape in ("1x32", "2x48", "8x64", "3x40"):
         code, output = results[shape]
         assert code == 0, (shape, output[-3000:])

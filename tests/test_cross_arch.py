@@ -90,9 +90,10 @@ class Run:
         else:  # no:hypothesispytest: its summary hook imports all of Hypothesis (autoload is off on arm64)
             assert not then, "later sessions in one process are for the emulated arm64 Python"
             command = [sys.executable, "-m", "pytest", *options, *args, "-p", "no:hypothesispytest"]
-        self.name = " ".join(args) + (f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)")
         self.arm64 = arm64
-        self.names = [self.name, *(" ".join(session) + " (arm64, after it)" for _, session in then)]
+        where = f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)"
+        self.names = [" ".join(args) + where,
+                      *(" ".join(session) + " (arm64, after it)" for _, session in then)]
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, cwd=project, env=base, text=True, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT)
@@ -107,11 +108,11 @@ class Run:
         seconds = time.monotonic() - self.started
         print(f"{' + '.join(self.names)}: exit {self.process.returncode} in {seconds:.0f} s")
         if self.arm64:
-            assert self.process.returncode == 0, f"{self.name}:\n{output[-4000:]}"
+            assert self.process.returncode == 0, f"{self.names[0]}:\n{output[-4000:]}"
             outputs, codes = sessions.split(output)
         else:
             outputs, codes = [output], [self.process.returncode]
-        assert len(outputs) == len(self.names), f"{self.name}:\n{output[-4000:]}"
+        assert len(outputs) == len(self.names), f"{self.names[0]}:\n{output[-4000:]}"
         for name, text, code, expected in zip(self.names, outputs, codes, returncodes, strict=True):
             assert code == expected, f"{name}: exit {code}, not {expected}:\n{text[-4000:]}"
         return outputs
