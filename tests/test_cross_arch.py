@@ -7,8 +7,8 @@ Across architectures the bits differ (another torch, another BLAS, other kernels
 still pass as IDENTICAL or as cross-environment LOGIT_DRIFT, and a model with planted weight noise
 must fail as REGRESSION in both directions (the negative control). Within arm64, portable goldens
 must be identical under other emulated CPUs and forced OpenBLAS core types; native ones are judged
-across environments when the core type changes. Emulation is slow: about a minute a run. The same
-holds for SmolLM2-135M (``slow``), whose GEMMs are large enough for native core types to change bits.
+across environments when the core type changes, for the tiny model and for SmolLM2-135M, whose GEMMs
+are large enough for native core types to change bits. Emulation is slow: about a minute a run.
 """
 
 from __future__ import annotations
@@ -168,27 +168,8 @@ def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(
         assert "machine " in across(output), output[-3000:]
 
 
-def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_name_the_core_type(tmp_path):
-    probe = project(tmp_path / "probe")
-    native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native")
-    # The user's own OPENBLAS_CORETYPE is overridden by portable numerics, and kept by native ones.
-    armv8, neoverse = {"OPENBLAS_CORETYPE": "ARMV8"}, {"OPENBLAS_CORETYPE": "NEOVERSEN1"}
-    records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1", env=neoverse),
-               Run(probe, *native, "--llm-golden-update", arm64=True, env=armv8)]
-    for run in records:
-        assert summary(run.finish(0)) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
-
-    other_cpu = Run(probe, arm64=True, cpu="a64fx", env=armv8)  # SVE-512, no BF16, another core type
-    other_core = Run(probe, *native, arm64=True, env=neoverse)
-    output = other_cpu.finish(0)
-    assert summary(output) == "golden checks: 8 IDENTICAL" and not across(output), output[-3000:]
-
-    output = other_core.finish(0)  # the tiny model's GEMMs do not differ here, so the tolerance passes them
-    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]
-
-
-# One prompt, 4 tokens, one row: under emulation a SmolLM2 run takes 1-1.5 min, most of it torch's
-# import and the first kernels.
+# One prompt, 4 tokens, one row: under emulation a SmolLM2 session takes under a minute, most of it the
+# first kernels; a process's own start (torch's and transformers' imports) takes ~30 s more.
 SMOLLM2_PROBE = """
 from pytest_llmdeterminism import deterministic
 
@@ -199,32 +180,43 @@ def test_capital(llm_model, golden_tokens):
 
 
 @pytest.mark.slow
-def test_arm64_smollm2_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path,
-                                                                                         smollm2_gguf):
+def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path, smollm2_gguf):
+    """The tiny model and SmolLM2-135M, whose GEMMs are large enough for native core types to change
+    bits. Runs with the same emulated CPU and OPENBLAS_CORETYPE share one process (tests/sessions.py):
+    the records, then the native checks; the portable checks run under CPUs of their own."""
+    tiny = project(tmp_path / "tiny")
     # Dequantised here, natively: parsing the GGUF file under emulation would add about 3 min a run.
     model = dequantized_copy(smollm2_gguf, tmp_path / "SmolLM2-135M-Instruct")
-    probe = project(tmp_path / "probe", model=str(model), shape="1x16", probe=SMOLLM2_PROBE)
+    smollm2 = project(tmp_path / "smollm2", model=str(model), shape="1x16", probe=SMOLLM2_PROBE)
     native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native")
-    # qemu's SVE CPUs (max, a64fx) run this model 3-5x slower; these two have none.
-    records = [Run(probe, "--llm-golden-update", arm64=True, cpu="neoverse-n1",
-                   env={"OPENBLAS_CORETYPE": "NEOVERSEN1"}),
-               Run(probe, *native, "--llm-golden-update", arm64=True, cpu="neoverse-n1",
-                   env={"OPENBLAS_CORETYPE": "ARMV8"})]
+    # The user's own OPENBLAS_CORETYPE is overridden by portable numerics, and kept by native ones.
+    # qemu's SVE CPUs (max, a64fx) run SmolLM2 3-5x slower; neoverse-n1 and cortex-a57 have none.
+    armv8, neoverse = {"OPENBLAS_CORETYPE": "ARMV8"}, {"OPENBLAS_CORETYPE": "NEOVERSEN1"}
+    update = ("--llm-golden-update",)
+    records = [Run(tiny, *update, arm64=True, cpu="neoverse-n1", env=neoverse, then=((smollm2, update),)),
+               Run(tiny, *native, *update, arm64=True, cpu="neoverse-n1", env=armv8,
+                   then=((smollm2, (*native, *update)),))]
     for run in records:
-        assert summary(run.finish(0)) == "golden checks: 1 recorded"
+        tiny_recorded, smollm2_recorded = run.finish_each(0, 0)
+        assert summary(tiny_recorded) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
+        assert summary(smollm2_recorded) == "golden checks: 1 recorded"
 
-    other_cpu = Run(probe, "--llm-tolerance=exact", arm64=True, cpu="cortex-a57",
-                    env={"OPENBLAS_CORETYPE": "CORTEXA57"})
-    other_core = Run(probe, *native, arm64=True, cpu="neoverse-n1", env={"OPENBLAS_CORETYPE": "NEOVERSEN1"})
-    output = other_cpu.finish(0)
-    assert summary(output) == "golden checks: 1 IDENTICAL" and not across(output), output[-3000:]
+    tiny_other_cpu = Run(tiny, arm64=True, cpu="a64fx", env=armv8)  # SVE-512, no BF16, another core type
+    smollm2_other_cpu = Run(smollm2, "--llm-tolerance=exact", arm64=True, cpu="cortex-a57",
+                            env={"OPENBLAS_CORETYPE": "CORTEXA57"})
+    other_core = Run(tiny, *native, arm64=True, cpu="neoverse-n1", env=neoverse, then=((smollm2, native),))
+    for run, checks in ((tiny_other_cpu, "8"), (smollm2_other_cpu, "1")):
+        output = run.finish(0)
+        assert summary(output) == f"golden checks: {checks} IDENTICAL" and not across(output), output[-3000:]
 
+    tiny_native, smollm2_native = other_core.finish_each(0, 0)
+    # the tiny model's GEMMs do not differ here, so the tolerance passes them, naming the change
+    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(tiny_native), tiny_native[-3000:]
     # Negative control: natively the core type changes SmolLM2's decode-step bits (not its tokens), and
     # the check says why it tolerated them.
-    output = other_core.finish(0)
-    print(f"native, core type changed: {summary(output)}; {across(output)}")
-    assert summary(output) == "golden checks: 1 LOGIT_DRIFT", output[-3000:]
-    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(output), output[-3000:]
+    print(f"SmolLM2 native, core type changed: {summary(smollm2_native)}; {across(smollm2_native)}")
+    assert summary(smollm2_native) == "golden checks: 1 LOGIT_DRIFT", smollm2_native[-3000:]
+    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(smollm2_native), smollm2_native[-3000:]
 
 
 KERNEL_PROBE = """

@@ -116,6 +116,7 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     code, output = results[f"portable on {old_isa}"]
     assert code == 1, output[-3000:]
     assert "has no AVX2 and FMA" in output and "--llm-cpu-numerics=compatible" in output, output[-3000:]
+    assert "llm: loaded" not in output, output[-3000:]  # refused before the model loads
 
     # Negative control: native kernels on an SSE4.2-only CPU give other bits than native ones here.
     code, output = results[f"native on {old_isa}"]

@@ -176,7 +176,8 @@ def test_4_after():  # (after a crashed xdist worker, in a new one: nothing ran 
 
 
 # The timeout covers the test function only: a model load in a fixture's setup is not a stuck test.
-TIMEOUT = ("-p", "timeout", "--timeout=15", "-o", "timeout_func_only=true")
+# The other test functions generate two tokens in milliseconds; the stuck one waits for the timeout.
+TIMEOUT = ("-p", "timeout", "--timeout=5", "-o", "timeout_func_only=true")
 
 
 @pytest.mark.subprocess
@@ -187,10 +188,10 @@ def test_a_timeout_by_signal_fails_the_stuck_test_and_keeps_the_others_goldens(s
                                         "-p", "no:randomly", "-p", "no:xdist", "--llm-golden-update")
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines([
-        "E*Failed: Timeout (>15.0s) from pytest-timeout.",
+        "E*Failed: Timeout (>5.0s) from pytest-timeout.",
         "golden checks: 2 recorded",
         "wrote __golden__/test_stuck.json (2 goldens)",
-        "FAILED test_stuck.py::test_2_stuck - Failed: Timeout (>15.0s)*",
+        "FAILED test_stuck.py::test_2_stuck - Failed: Timeout (>5.0s)*",
     ])
     assert set(_goldens(suite, "test_stuck")) == {"test_1_recorded", "test_3_recorded"}
     checked = suite.runpytest_subprocess("-p", "no:randomly", "-p", "no:xdist", "-k", "not test_2_stuck")
