@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from pytest_llmdeterminism import BatchInvarianceProbeError
-from pytest_llmdeterminism import engines
+from pytest_llmdeterminism import BatchInvarianceProbeError, engines
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines import hf
 from pytest_llmdeterminism.engines.fingerprint import numerics_changes
@@ -372,9 +371,9 @@ def test_a_cpu_without_avx2_and_fma_gets_generic_kernels_and_the_settings_that_w
 def test_a_run_refused_for_its_cpu_numerics_loads_no_model(monkeypatch):
     """The check runs before the load: a refused run does not first spend a (multi-GB) model load."""
     monkeypatch.setattr(numerics, "_cpu_features", lambda: {"AVX": True, "AVX2": False, "FMA3": True})
-    monkeypatch.setattr(numerics, "effective", lambda: {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE",
-                                                        "blas": "mkl", "blas_coretype": None})
-    monkeypatch.setattr(hf, "load", lambda *args, **kwargs: pytest.fail("the model loaded before the refusal"))
+    in_force = {"aten_capability": "DEFAULT", "mkl_cbwr": "COMPATIBLE", "blas": "mkl", "blas_coretype": None}
+    monkeypatch.setattr(numerics, "effective", lambda: in_force)
+    monkeypatch.setattr(hf, "load", lambda *args, **kwargs: pytest.fail("the model loaded before refusing"))
     with pytest.raises(numerics.CPUNumericsError, match="has no AVX2 and FMA"):
         engines.load("builtin:tiny", dtype="float32", device="cpu")
 
