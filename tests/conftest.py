@@ -42,11 +42,12 @@ TIER_BY_FILE = {
 }
 
 
-# The order tests start in: the longest first, so that under xdist the last minutes are short tests
-# that both workers share, not one worker's emulated run while the other idles (longest processing
-# time first). A tier's tests take, in wall time: emulated 1-3 min each, child-process and real-model
-# ones seconds to 1.5 min, the rest mostly under a second. Within a tier, collection order.
-START_ORDER = ("emulated", "slow", "subprocess", "real_model", "engines")
+# The order tests start in: the longest first, so that under xdist (one test at a time to each
+# worker, --maxschedchunk=1) the last minutes are short tests that both workers share, not one
+# worker's emulated run while the other idles (longest processing time first). A tier's tests take,
+# in wall time: emulated 1-3 min each, real-model and engine ones 10 s to 1.5 min, child-process ones
+# 5 s to 1 min, the rest mostly under a second. Within a tier, collection order.
+START_ORDER = ("emulated", "slow", "real_model", "engines", "subprocess")
 
 
 def _start_rank(item: pytest.Item) -> int:
