@@ -15,8 +15,8 @@ from pytest_llmdeterminism.engines import BUILTIN_MODELS
 # (emulated ones too). Waiting passively changes no bits; it is set before torch loads here, and
 # every child inherits it. Measured: the two batch-invariant example-suite tests, 110 -> 99 CPU s.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# The suite starts a few hundred child Pythons (pytester subprocesses, xdist workers, emulated runs).
-# Where the machine sets PYTHONDONTWRITEBYTECODE (this project's CI image does), each child would
+# The suite starts ~230 child Pythons (pytester subprocesses, xdist workers, emulated runs). Where
+# the machine sets PYTHONDONTWRITEBYTECODE (this project's machines do), each child would
 # compile its modules again, and pytest would rewrite for assertions the ~130 modules of its plugins
 # (hypothesis, xdist, anyio, this one; the rewrite's cache is bytecode): measured ~0.5 s of a ~6 s
 # child natively, and several seconds of each emulated one. Children cache their bytecode instead.

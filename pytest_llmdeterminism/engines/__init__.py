@@ -85,11 +85,12 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
     named = hub_id(spec)
     snapshot = hub.find(spec, named) if named is not None else None
     kind, path = ("folder", snapshot.folder) if snapshot is not None else resolve(spec)
+    device = hf.pick_device(spec, device)
     in_force = {}
-    if hf.pick_device(spec, device) == "cpu":  # on a GPU the CPU's kernels do not touch the logits
+    if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
         # before the load: a run refused here (a CPU without AVX2, torch started first) loads no model
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
-    model, tokenizer, device, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
+    model, tokenizer, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
     kernels = linears.kernels_for(cpu_numerics, in_force)
     if batch_invariant:
         kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)

@@ -210,15 +210,15 @@ def pick_device(spec: str, device: str) -> str:
     return device
 
 
-def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str, str]:
-    """The model, its tokenizer, the device, and where a ``.gguf`` file's float32 weights came from
-    ("" otherwise): its converted copy, or the file, converted now for later loads (``cached.py``)."""
+def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
+    """The model on ``device`` (as :func:`pick_device` chose it), its tokenizer, and where a ``.gguf``
+    file's float32 weights came from ("" otherwise): its converted copy, or the file, converted now for
+    later loads (``cached.py``)."""
     __tracebackhide__ = True
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    device = pick_device(spec, device)
     source, common = _pretrained_arguments(spec, path)
     converted = converted_folder(path) if kind == "gguf" and dtype == "float32" else None
     from_gguf = kind == "gguf"
@@ -264,7 +264,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     model.to(device)
     model.eval()
     _ensure_pad_token(tokenizer)
-    return model, tokenizer, device, origin
+    return model, tokenizer, origin
 
 
 DEFECT_SCALE = 0.5  # relative noise of the planted defect: changes tokens, as llm-golden perturb's 0.5 does
