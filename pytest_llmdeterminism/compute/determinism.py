@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -161,7 +162,7 @@ def _apply(torch: Any, seed: int) -> None:
     _seed_started_devices(torch, seed)
     if not torch.are_deterministic_algorithms_enabled() or \
             torch.is_deterministic_algorithms_warn_only_enabled():
-        torch.use_deterministic_algorithms(True)
+        _use_deterministic_algorithms(torch, True, warn_only=False)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     if _has_fp32_precision_api(torch):
@@ -173,6 +174,22 @@ def _apply(torch: Any, seed: int) -> None:
         torch.set_float32_matmul_precision("highest")
 
 
+def _use_deterministic_algorithms(torch: Any, mode: bool, *, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without importing TorchInductor. The public function
+    imports ``torch._inductor.config`` to mirror the flag there (about 1 s after torch natively, 6 s
+    under qemu; transformers' model classes import it anyway, the llama.cpp and server engines do
+    not). Inductor's copy is mirrored when it is loaded; one loaded later reads its own default, and
+    what Inductor compiles still consults torch's flag."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # a torch without the private setter: the public one, import and all
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+        return
+    inductor: Any = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode
+    setter(mode, warn_only=warn_only)
+
+
 def _restore(torch: Any, saved: dict[str, Any]) -> None:
     random.setstate(saved["python"])
     torch.set_rng_state(saved["torch"])
@@ -180,7 +197,7 @@ def _restore(torch: Any, saved: dict[str, Any]) -> None:
         _numpy().random.set_state(saved["numpy"])
     if "cuda" in saved:
         torch.cuda.set_rng_state_all(saved["cuda"])
-    torch.use_deterministic_algorithms(saved["deterministic_algorithms"], warn_only=saved["warn_only"])
+    _use_deterministic_algorithms(torch, saved["deterministic_algorithms"], warn_only=saved["warn_only"])
     torch.backends.cudnn.deterministic = saved["cudnn_deterministic"]
     torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
     if torch.get_num_threads() != saved["threads"]:
