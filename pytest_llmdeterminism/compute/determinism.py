@@ -176,16 +176,16 @@ def _apply(torch: Any, seed: int) -> None:
 
 def _use_deterministic_algorithms(torch: Any, mode: bool, *, warn_only: bool) -> None:
     """``torch.use_deterministic_algorithms`` without importing TorchInductor. The public function
-    imports ``torch._inductor.config`` to mirror the flag there (about 1 s after torch natively, 6 s
-    under qemu; transformers' model classes import it anyway, the llama.cpp and server engines do
-    not). Inductor's copy is mirrored when it is loaded; one loaded later reads its own default, and
-    what Inductor compiles still consults torch's flag."""
+    imports ``torch._inductor.config`` to mirror the flag there (torch 2.13: about 1 s after torch
+    natively, 6 s under qemu; transformers' model classes import it anyway, the llama.cpp and server
+    engines do not). Inductor's copy is mirrored when it is loaded; one loaded later reads its own
+    default, and Inductor's lowering also reads torch's flag."""
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is None:  # a torch without the private setter: the public one, import and all
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
         return
     inductor: Any = sys.modules.get("torch._inductor.config")
-    if inductor is not None:
+    if inductor is not None and hasattr(inductor, "deterministic"):  # torch 2.9 has no such copy
         inductor.deterministic = mode
     setter(mode, warn_only=warn_only)
 
