@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,8 +53,18 @@ class Profile:
     atol: float | None = None
     margin: float | None = None
 
-    def __post_init__(self) -> None:  # Profile("exact") is ProfileName.EXACT, so `is` checks hold
-        object.__setattr__(self, "name", ProfileName(self.name))
+    def __post_init__(self) -> None:
+        __tracebackhide__ = True
+        object.__setattr__(self, "name", ProfileName(self.name))  # Profile("exact") is ProfileName.EXACT
+        for key in ("atol", "margin"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            problem = _threshold_problem(value)
+            if problem:
+                raise ConfigurationError(f"{self.name.value}({key}=...)", value,
+                                         f"{key} {problem}, e.g. {EXAMPLE!r}")
+            object.__setattr__(self, key, float(value))  # a numpy float too: reports print it as JSON
 
     def __str__(self) -> str:
         params = [f"{p}={getattr(self, p):g}" for p in _PARAMETERS[self.name] if getattr(self, p) is not None]
@@ -104,6 +115,16 @@ class ToleranceSetting:
         return self.by_device.get(device_class, self.by_device.get(None))
 
 
+def _threshold_problem(value: object) -> str | None:
+    """Why ``value`` cannot be an atol or margin: an infinite one would pass every drift or every
+    flip (a profile that accepts everything is no test), a negative or NaN one nothing."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return "must be a number"
+    if not math.isfinite(value) or value < 0:
+        return "must be a finite number >= 0"
+    return None
+
+
 def default_profile(dtype: str, *, same_environment: bool) -> Profile:
     """``exact`` where the golden's numerics are this run's; the dtype's ``near_tie`` across environments."""
     if same_environment:
@@ -129,9 +150,10 @@ def parse_profile(text: str, *, setting: str = "llm_tolerance") -> Profile:
         try:
             number = float(raw)
         except ValueError:
-            number = -1.0
-        if not number >= 0 or math.isnan(number):  # NaN compares false with everything
-            raise ConfigurationError(setting, text, f"{key} must be a number >= 0, e.g. {EXAMPLE!r}")
+            number = math.nan
+        problem = _threshold_problem(number)
+        if problem:
+            raise ConfigurationError(setting, text, f"{key} {problem}, e.g. {EXAMPLE!r}")
         if key in values:
             raise ConfigurationError(setting, text, f"{key} is given twice")
         values[key] = number

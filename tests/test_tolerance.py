@@ -1,5 +1,7 @@
 """Tolerance profiles: parsing, defaults per device and dtype, and which verdicts each accepts."""
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,14 +36,37 @@ def test_profiles_parse_and_print_back(text, profile):
     ("exactly", "expected one of exact, tokens, close, near_tie"),
     ("close(margin=0.1)", "close takes atol; got 'margin'"),
     ("exact(atol=1)", "exact takes no arguments"),
-    ("near_tie(margin=-1)", "margin must be a number >= 0"),
-    ("close(atol=abc)", "atol must be a number >= 0"),
+    ("near_tie(margin=-1)", "margin must be a finite number >= 0"),
+    ("close(atol=abc)", "atol must be a finite number >= 0"),
     ("near_tie(margin=0.1", "expected one of"),
+    # an infinite threshold accepts every flip or every drift: a profile that passes everything
+    ("near_tie(margin=inf)", "margin must be a finite number >= 0"),
+    ("close(atol=inf)", "atol must be a finite number >= 0"),
+    ("near_tie(margin=0.1, atol=1e999)", "atol must be a finite number >= 0"),
+    ("close(atol=nan)", "atol must be a finite number >= 0"),
 ])
 def test_bad_profiles_name_the_problem_and_an_example(text, problem):
     with pytest.raises(ConfigurationError, match=r"llm_tolerance = .*" + problem.replace("(", r"\(")) as info:
         parse_profile(text)
     assert "near_tie(margin=0.1, atol=1e-2)" in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "argument", "value"), [
+    ("near_tie", "margin", math.inf), ("close", "atol", math.inf), ("near_tie", "atol", -1e-3),
+    ("close", "atol", math.nan), ("close", "atol", "0.1"), ("close", "atol", True),
+])
+def test_a_profile_built_in_python_refuses_a_threshold_that_is_not_finite_and_non_negative(
+        name, argument, value):
+    with pytest.raises(ConfigurationError, match=rf"{name}\({argument}=\.\.\.\) = .*: {argument} must be a"):
+        Profile(ProfileName(name), **{argument: value})
+
+
+def test_a_profile_takes_numpy_thresholds_as_plain_floats():
+    import numpy as np
+
+    profile = Profile(ProfileName.NEAR_TIE, margin=np.float32(0.5), atol=np.float64(1e-2))
+    assert type(profile.margin) is float and type(profile.atol) is float
+    assert profile == Profile(ProfileName.NEAR_TIE, margin=0.5, atol=1e-2)
 
 
 def test_device_mapping_and_defaults():
