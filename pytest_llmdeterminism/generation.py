@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
+from pytest_llmdeterminism.plain_numbers import as_float, as_int
 from pytest_llmdeterminism.sampling import RECORDED_SETTINGS, SamplingConfig
 
 TopK = tuple[tuple[int, float], ...]
@@ -121,7 +122,8 @@ def _is_neutral(name: str, value: Any) -> bool:
         return True
     if isinstance(value, bool):
         return name == "do_sample" and value is False
-    return isinstance(value, (int, float)) and value in _NEUTRAL_VALUES.get(name, ())
+    number = as_float(value)  # a numpy scalar too
+    return number is not None and number in _NEUTRAL_VALUES.get(name, ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,14 +167,17 @@ SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,
                               eos_token_ids: list[int], pad_token_id: int,
-                              seed: int = 0) -> GreedyConfig:
+                              seed: int = 0, vocab_size: int | None = None) -> GreedyConfig:
     """The effective config: defaults, then accepted overrides. Sampling arguments are refused unless
     ``do_sample=True`` asks for the plugin's own sampler; then ``seed`` (the test's) is the default
-    seed, and ``seed=`` may give one per prompt (checked against the prompts by the model)."""
+    seed, and ``seed=`` may give one per prompt (checked against the prompts by the model).
+    Numbers may be numpy scalars (any ``numbers.Real``; integers any ``numbers.Integral``, never a
+    bool): the config holds them as plain ``int`` and ``float``. ``vocab_size``: the model's, which
+    an ``eos_token_id`` override must be below."""
     __tracebackhide__ = True
     if overrides.get("do_sample") is True:
         return _sampled(overrides, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                        pad_token_id=pad_token_id, seed=seed)
+                        pad_token_id=pad_token_id, seed=seed, vocab_size=vocab_size)
     if "seed" in overrides:
         raise SamplingRefusedError("seed", overrides["seed"], "a seed only matters when sampling: pass "
                                    "do_sample=True to sample with it")
@@ -187,31 +192,30 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
                 name, value,
                 f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})",
             )
-        accepted[name] = _checked_override(name, value)
+        accepted[name] = _checked_override(name, value, vocab_size)
     defaults = GreedyConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
                             pad_token_id=pad_token_id)
     return dataclasses.replace(defaults, **accepted)
 
 
 def _sampled(overrides: Mapping[str, Any], *, max_new_tokens: int, eos_token_ids: list[int],
-             pad_token_id: int, seed: int) -> GreedyConfig:
+             pad_token_id: int, seed: int, vocab_size: int | None) -> GreedyConfig:
     __tracebackhide__ = True
     settings = {name: overrides[name] for name in SAMPLING_ARGUMENTS if name in overrides}
     seeds: tuple[int, ...] = ()
     given = settings.pop("seed", seed)
     if isinstance(given, (list, tuple)):
-        seeds = tuple(given)
-        if not seeds:
+        if not given:
             raise ConfigurationError("llm_model.generate(seed=...)", given, "expected an integer, or one "
                                      "integer per prompt")
-        for each in seeds:
-            SamplingConfig(seed=each)  # validated one by one: the error names the bad seed
+        # Validated one by one (the error names the bad seed), each as the plain int it records.
+        seeds = tuple(SamplingConfig(seed=each).seed for each in given)
         given = seeds[0]
     sampling = SamplingConfig(**settings, seed=given)
     rest = {name: value for name, value in overrides.items()
             if name not in (*SAMPLING_ARGUMENTS, "do_sample")}
     config = resolve_generation_config(rest, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                                       pad_token_id=pad_token_id)
+                                       pad_token_id=pad_token_id, vocab_size=vocab_size)
     return dataclasses.replace(config, do_sample=True, sampling=sampling, seeds=seeds)
 
 
@@ -244,30 +248,47 @@ def refuse_beyond(engine: str, config: GreedyConfig, *, keep_logits: bool = Fals
                                  f"{knob} in the spec ({example})")
 
 
-def _checked_override(name: str, value: Any) -> Any:
-    """An accepted override, validated so that a bad value fails here, not deep in transformers."""
+def _checked_override(name: str, value: Any, vocab_size: int | None) -> Any:
+    """An accepted override, validated so that a bad value fails here, not deep in transformers, and
+    made plain (a numpy scalar becomes the ``int`` or ``float`` a golden records)."""
     __tracebackhide__ = True
-
-    def integer(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    checks: dict[str, tuple[Callable[[Any], bool], str]] = {
-        "max_new_tokens": (lambda v: integer(v) and v >= 1, "an integer >= 1"),
-        "min_new_tokens": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
-        "no_repeat_ngram_size": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
-        "repetition_penalty": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                               and math.isfinite(v), "a finite number > 0 (1.0 means no penalty)"),
-        "use_cache": (lambda v: isinstance(v, bool), "True or False"),
-        "eos_token_id": (lambda v: integer(v) or (isinstance(v, (list, tuple)) and bool(v)
-                                                  and all(integer(t) for t in v)),
-                         "a token id or a non-empty list of token ids"),
-    }
-    ok, expected = checks[name]
-    if not ok(value):
-        raise ConfigurationError(f"llm_model.generate({name}=...)", value, f"expected {expected}")
+    if name == "use_cache":
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"llm_model.generate({name}=...)", value, "expected True or False")
+        return value
     if name == "eos_token_id":
-        return tuple(sorted([value] if isinstance(value, int) else set(value)))
-    return value
+        return _checked_eos(value, vocab_size)
+    if name == "repetition_penalty":
+        number = as_float(value)
+        if number is None or not (math.isfinite(number) and number > 0):
+            raise ConfigurationError(f"llm_model.generate({name}=...)", value,
+                                     "expected a finite number > 0 (1.0 means no penalty)")
+        return number
+    minimum = 1 if name == "max_new_tokens" else 0  # min_new_tokens, no_repeat_ngram_size
+    integer = as_int(value)
+    if integer is None or integer < minimum:
+        raise ConfigurationError(f"llm_model.generate({name}=...)", value,
+                                 f"expected an integer >= {minimum}")
+    return integer
+
+
+def _checked_eos(value: Any, vocab_size: int | None) -> tuple[int, ...]:
+    """An ``eos_token_id`` override: one id or a non-empty list, each an id of the vocabulary (an id
+    outside it is never generated, so it would silently never stop a generation)."""
+    __tracebackhide__ = True
+    setting = "llm_model.generate(eos_token_id=...)"
+    given = list(value) if isinstance(value, (list, tuple)) else [value]
+    plain = [as_int(token) for token in given]
+    ids = [token for token in plain if token is not None]
+    if not ids or len(ids) != len(plain):
+        raise ConfigurationError(setting, value, "expected a token id or a non-empty list of token ids")
+    outside = [token for token in ids if token < 0 or (vocab_size is not None and token >= vocab_size)]
+    if outside:
+        within = "0 or more" if vocab_size is None else f"from 0 to {vocab_size - 1}, the model's vocabulary"
+        raise ConfigurationError(setting, value, f"{outside[0]} is no token id: ids are {within}; an id "
+                                 "outside the vocabulary never ends a generation. Pass the id of the token "
+                                 "that should stop it, e.g. tokenizer.convert_tokens_to_ids('</s>')")
+    return tuple(sorted(set(ids)))
 
 
 @dataclass(frozen=True)

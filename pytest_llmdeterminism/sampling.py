@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from pytest_llmdeterminism.errors import ConfigurationError, NonFiniteLogitsError
+from pytest_llmdeterminism.plain_numbers import as_float, as_int
 
 if TYPE_CHECKING:
     import numpy as np
@@ -166,9 +167,16 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         __tracebackhide__ = True
+        # A numpy scalar (any numbers.Real, numbers.Integral for top_k and seed) is taken as the
+        # plain float or int a golden records; anything else keeps its value for the error below.
+        for name, plain in (("temperature", as_float), ("top_p", as_float), ("min_p", as_float),
+                            ("top_k", as_int), ("seed", as_int)):
+            converted = plain(getattr(self, name))
+            if converted is not None:
+                object.__setattr__(self, name, converted)
 
         def number(v: object) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return isinstance(v, float) and math.isfinite(v)
 
         def integer(v: object) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)

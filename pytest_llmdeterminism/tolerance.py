@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import enum
 import math
-import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pytest_llmdeterminism.compare import DEFAULT_TIE_MARGIN, Comparison, Verdict
 from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.plain_numbers import as_float
 
 # near_tie's and close's default atol per dtype (the default margin lives beside the comparator).
 DEFAULT_ATOL = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
@@ -64,7 +64,7 @@ class Profile:
             if problem:
                 raise ConfigurationError(f"{self.name.value}({key}=...)", value,
                                          f"{key} {problem}, e.g. {EXAMPLE!r}")
-            object.__setattr__(self, key, float(value))  # a numpy float too: reports print it as JSON
+            object.__setattr__(self, key, as_float(value))  # a numpy float too: reports print it as JSON
 
     def __str__(self) -> str:
         params = [f"{p}={getattr(self, p):g}" for p in _PARAMETERS[self.name] if getattr(self, p) is not None]
@@ -118,9 +118,10 @@ class ToleranceSetting:
 def _threshold_problem(value: object) -> str | None:
     """Why ``value`` cannot be an atol or margin: an infinite one would pass every drift or every
     flip (a profile that accepts everything is no test), a negative or NaN one nothing."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    number = as_float(value)
+    if number is None:
         return "must be a number"
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(number) or number < 0:
         return "must be a finite number >= 0"
     return None
 

@@ -126,3 +126,73 @@ def test_bad_accepted_override_values_fail_early_and_clearly(argument, value, ex
     with pytest.raises(ConfigurationError,
                        match=rf"llm_model.generate\({argument}=...\) = .*expected {expected}"):
         resolve(**{argument: value})
+
+
+@pytest.mark.parametrize("eos", [-1, 10**6, 512, [2, 512], [2, -3]])
+def test_an_eos_token_id_outside_the_vocabulary_is_refused_naming_the_range(eos):
+    with pytest.raises(ConfigurationError, match=r"llm_model.generate\(eos_token_id=...\) = .* is no token "
+                       r"id: ids are from 0 to 511, the model's vocabulary") as info:
+        resolve_generation_config({"eos_token_id": eos}, max_new_tokens=8, eos_token_ids=[2], pad_token_id=0,
+                                  vocab_size=512)
+    assert info.value.setting == "llm_model.generate(eos_token_id=...)"
+    assert resolve_generation_config({"eos_token_id": 511}, max_new_tokens=8, eos_token_ids=[2],
+                                     pad_token_id=0, vocab_size=512).eos_token_id == (511,)
+
+
+def test_generate_refuses_an_eos_token_id_outside_the_models_vocabulary(make_llm):
+    llm = make_llm(max_new_tokens=2)
+    for eos in (-1, 10**6):
+        with pytest.raises(ConfigurationError, match=f"{eos} is no token id: ids are from 0 to 511"):
+            llm.generate("hello", eos_token_id=eos)
+
+
+def test_numpy_and_other_real_numbers_are_taken_as_plain_python_numbers():
+    import json
+    from fractions import Fraction
+
+    np = pytest.importorskip("numpy")
+    config = resolve(max_new_tokens=np.int64(3), min_new_tokens=np.int32(1), repetition_penalty=np.float32(1.5),
+                     no_repeat_ngram_size=np.uint8(2), eos_token_id=[np.int64(5), 7], temperature=np.float64(0),
+                     top_p=np.float32(1.0))
+    assert config == resolve(max_new_tokens=3, min_new_tokens=1, repetition_penalty=1.5, no_repeat_ngram_size=2,
+                             eos_token_id=[5, 7])
+    sampled = resolve(do_sample=True, temperature=np.float32(0.5), top_k=np.int64(20), top_p=Fraction(9, 10),
+                      min_p=np.float16(0), seed=np.int64(3))
+    assert sampled.sampling is not None and sampled.sampling.seed == 3 and sampled.sampling.top_k == 20
+    per_prompt = resolve(do_sample=True, temperature=0.5, seed=[np.int64(3), np.uint32(4)])
+    assert per_prompt.seeds == (3, 4)
+    for record in (config.as_dict(), sampled.as_dict(), {"seed": per_prompt.seed_of(1)}):
+        # plain int and float only, so that a golden and a report hold them as JSON
+        assert all(type(v) in (bool, int, float, str, list) for v in record.values()), record
+        json.dumps(record)
+    assert sampled.as_dict()["temperature"] == 0.5 and sampled.as_dict()["top_p"] == 0.9
+
+
+@pytest.mark.parametrize(("argument", "value"), [("max_new_tokens", True), ("seed", True),
+                                                  ("max_new_tokens", 3.0), ("temperature", "0.7")])
+def test_a_bool_or_a_non_integer_is_still_no_number_for_a_setting(argument, value):
+    with pytest.raises(ConfigurationError, match=rf"llm_model.generate\({argument}=...\) = "):
+        resolve(do_sample=True, **{argument: value})
+
+
+def test_a_marker_takes_numpy_integers_as_plain_ints(suite):
+    suite.makepyfile(
+        """
+        import numpy as np
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(seed=np.int64(3), max_new_tokens=np.int32(2))
+        def test_sampled(llm_model):
+            generation = llm_model.generate("The capital of France is", do_sample=True, temperature=0.7)
+            assert generation.generation_config["seed"] == 3 and type(generation.generation_config["seed"]) is int
+            assert len(generation.token_ids) == 2
+
+        @deterministic(seed=True)
+        def test_bool(llm_model):
+            pass
+        """
+    )
+    result = suite.runpytest()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*@deterministic(seed=...) in test_a_marker_takes*::test_bool = True: expected "
+                                 "an integer*"])

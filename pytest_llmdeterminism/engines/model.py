@@ -111,6 +111,7 @@ class LLMModel:
             eos_token_ids=self._loaded.engine.eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
             seed=self.settings.seed,
+            vocab_size=self._loaded.engine.vocab_size(),
         )
         if config.sampling is not None:
             self._refuse_sampling_where_not_owned(config, len(given))

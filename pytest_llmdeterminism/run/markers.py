@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.plain_numbers import as_int
 from pytest_llmdeterminism.run.options import Options, parse_integer, parse_seed
 from pytest_llmdeterminism.shape import MARKER, BatchShape, GenerationSettings
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
@@ -91,7 +92,13 @@ def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, 
                 f"@deterministic({key}=...) in {nodeid}", raw,
                 f"unknown argument; accepted: {', '.join(sorted(parsers))}",
             )
-        if isinstance(raw, bool) or (key not in ("batch_shape", "tolerance") and not isinstance(raw, int)):
+        if key in ("batch_shape", "tolerance"):
+            if isinstance(raw, bool):
+                raise ConfigurationError(f"@deterministic({key}=...) in {nodeid}", raw, "expected a string")
+            parsed[key] = parsers[key](raw)
+            continue
+        integer = as_int(raw)  # numpy's too, as a plain int: never a bool
+        if integer is None:
             raise ConfigurationError(f"@deterministic({key}=...) in {nodeid}", raw, "expected an integer")
-        parsed[key] = parsers[key](raw)
+        parsed[key] = parsers[key](integer)
     return parsed
