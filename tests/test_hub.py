@@ -161,3 +161,62 @@ def test_a_fresh_process_searches_the_cache_the_environment_names(pytester, monk
     result.stdout.fnmatch_lines([f"E*Searched '{searched.format(folder=folder)}. The plugin never "
                                  "downloads; put the model in that cache once with "
                                  "`hf download Org/Missing --revision v2`*"])
+
+
+@pytest.mark.parametrize("revision", ["..", ".", "../..", "refs/../main", "a/../../x", ".hidden", "v1..v2"])
+def test_a_revision_spelt_as_a_path_is_refused_by_name(hub_cache, revision):
+    """``Org/Tiny@..`` once climbed out of the cache's refs folder (a raw IsADirectoryError)."""
+    in_hub_cache(hub_cache, REPO, OLD, refs=("main",))
+    with pytest.raises(ModelLoadError) as refused:
+        hub.find(f"{REPO}@{revision}", HubId(REPO, revision))
+    assert str(refused.value) == (
+        f"cannot load llm_model 'Org/Tiny@{revision}': revision {revision!r} is not a branch, tag or commit: "
+        "no part of a revision may begin with '.' or hold '..' (git's rule; the cache reads revisions as "
+        "paths). Name one, e.g. llm_model = Org/Tiny@main, or Org/Tiny@<commit hash>")
+
+
+def ref_to_a_missing_snapshot(repo):
+    (repo / "refs" / "broken").write_text(NEW)
+
+
+def ref_that_is_not_text(repo):
+    (repo / "refs" / "broken").write_bytes(b"\xff\xfe")
+
+
+def stray_file_among_snapshots(repo):
+    (repo / "snapshots" / "README").write_text("notes")
+
+
+@pytest.mark.parametrize(("damage", "skipped"), [
+    (ref_to_a_missing_snapshot, f"; skipped, damaged: ref 'broken' names commit {NEW!r}, which has no "
+                                "snapshot folder; delete those ref files or download them again"),
+    (ref_that_is_not_text, "; skipped, damaged: ref 'broken' is not readable text; delete those ref files or "
+                           "download them again"),
+    (stray_file_among_snapshots, ""),
+])
+def test_one_bad_entry_in_the_cache_hides_no_good_revision(hub_cache, damage, skipped):
+    """huggingface_hub's cache scan drops a whole repository for one bad ref: a commit prefix then
+    read as "the cache holds no Org/Tiny". The bad entry is skipped and named instead."""
+    in_hub_cache(hub_cache, REPO, OLD, refs=("main", "v1"))
+    damage(hub_cache / "models--Org--Tiny")
+    assert hub.find(f"{REPO}@{OLD[:7]}", HubId(REPO, OLD[:7])).commit == OLD
+    assert hub.find(REPO, HubId(REPO)).commit == OLD
+    with pytest.raises(ModelLoadError) as refused:
+        hub.find("Org/Tiny@v9", HubId(REPO, "v9"))
+    assert f"holds Org/Tiny, but not revision 'v9' (cached: main, v1 {OLD[:12]}{skipped}). Searched" \
+        in str(refused.value)
+
+
+@pytest.mark.parametrize("ref", ["main", "v1"])
+def test_a_ref_asked_for_that_cannot_be_read_is_explained(hub_cache, ref):
+    """A ref file that is a folder, or not text: huggingface_hub's IsADirectoryError or
+    UnicodeDecodeError once reached the user raw."""
+    in_hub_cache(hub_cache, REPO, OLD, refs=("main", "v1"))
+    refs = hub_cache / "models--Org--Tiny" / "refs"
+    (refs / ref).unlink()
+    if ref == "main":
+        (refs / ref).mkdir()
+    else:
+        (refs / ref).write_bytes(b"\xff\xfe")
+    with pytest.raises(ModelLoadError, match=rf"holds Org/Tiny, but not revision '{ref}' \(cached: "):
+        hub.find(f"{REPO}@{ref}", HubId(REPO, ref))
