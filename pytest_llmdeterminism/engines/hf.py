@@ -15,7 +15,7 @@ from pytest_llmdeterminism.compute.batch_invariant import batch_invariant
 from pytest_llmdeterminism.compute.chain import ChainKernel
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.linears import LinearKernels, routed
-from pytest_llmdeterminism.engines.cached import converted_folder, keep_converted
+from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
@@ -220,9 +220,10 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     from transformers.utils import logging as hf_logging
 
     source, common = _pretrained_arguments(spec, path)
-    converted = converted_folder(path) if kind == "gguf" and dtype == "float32" else None
+    copy = converted_copy(path) if kind == "gguf" and dtype == "float32" else None
+    converted = copy.folder if copy is not None else None
     from_gguf = kind == "gguf"
-    if converted is not None and converted.is_dir():
+    if copy is not None and copy.usable:
         source, from_gguf = str(converted), False
         common = {"local_files_only": True, "trust_remote_code": False}
     if kind != "gguf":
@@ -256,6 +257,9 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             origin = f"from its float32 copy in {converted}"
         elif converted is not None and keep_converted(model, tokenizer, converted):  # progress bars still off
             origin = f"converted to float32 once, into {converted}, for later loads"
+        if copy is not None and copy.discarded:
+            kept = "converted again, for later loads" if origin else "converted again, not kept"
+            origin = f"its float32 copy in {converted} failed its digest check: {copy.discarded}; {kept}"
     finally:
         if progress_bars:
             hf_logging.enable_progress_bar()
