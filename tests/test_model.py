@@ -316,8 +316,8 @@ def test_a_chat_message_of_an_unknown_role_or_without_text_is_refused_before_ren
     with pytest.raises(ConfigurationError) as info:
         llm.generate(conversation)
     assert problem in str(info.value)
-    with pytest.raises(ConfigurationError, match=re.escape(problem)):
-        llm.generate(["The sky is", conversation])  # one of a list, before any of them runs
+    with pytest.raises(ConfigurationError, match=re.escape(problem.replace("conversation[", "prompt[1]["))):
+        llm.generate(["The sky is", conversation])  # one of a list, named by its place, before any runs
 
 
 class _CountingTokenizer:

@@ -51,27 +51,32 @@ def model_inputs(prompt: Any, token_ids: Any, *, tokenizer: Any, settings: Gener
     if isinstance(prompt, str) or is_conversation(prompt):
         return [encoded(prompt, tokenizer=tokenizer, settings=settings, spec=spec)], True
     if isinstance(prompt, (list, tuple)) and prompt:
-        return [encoded(item, tokenizer=tokenizer, settings=settings, spec=spec) for item in prompt], False
+        return [encoded(item, tokenizer=tokenizer, settings=settings, spec=spec, where=f"prompt[{index}]")
+                for index, item in enumerate(prompt)], False
     raise TypeError(f"llm_model.generate() takes a prompt string, a chat conversation (a list of "
                     f"{{'role': ..., 'content': ...}} dicts) or a list of them, got {prompt!r}")
 
 
-def encoded(prompt: Any, *, tokenizer: Any, settings: GenerationSettings, spec: str) -> ModelInput:
-    """A prompt string or a chat conversation, tokenised as the model runs it."""
+def encoded(prompt: Any, *, tokenizer: Any, settings: GenerationSettings, spec: str,
+            where: str = "prompt") -> ModelInput:
+    """A prompt string or a chat conversation, tokenised as the model runs it; ``where`` names it in
+    errors (``prompt[2]``: the third of a list)."""
     __tracebackhide__ = True
     if isinstance(prompt, str):
+        refuse_invalid_unicode(prompt, where)
         refuse_unfitting_length(prompt, prompt, tokenizer=tokenizer, settings=settings)
         ids = checked(prompt, list(tokenizer(prompt)["input_ids"]), settings)
         return ModelInput(prompt, ids, PromptForm.TEXT)
     if not is_conversation(prompt):
         raise TypeError(f"llm_model.generate() takes prompt strings or chat conversations (lists of "
                         f"{{'role': ..., 'content': ...}} dicts), got {prompt!r}")
-    check_messages(prompt)
+    check_messages(prompt, where)
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigurationError("llm_model.generate(conversation)", prompt[0],
                                  f"the tokenizer of {spec} has no chat template; pass the "
                                  "prompt as a string, or its token ids with token_ids=[...]")
     text = str(tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True))
+    refuse_invalid_unicode(text, f"{where} (the chat as its template rendered it)")
     # An error shows the end of the rendered chat, where the user's own words are.
     shown = text if len(text) <= 60 else f"(chat, rendered) …{text[-44:]}"
     refuse_unfitting_length(text, shown, tokenizer=tokenizer, settings=settings)
@@ -81,21 +86,43 @@ def encoded(prompt: Any, *, tokenizer: Any, settings: GenerationSettings, spec: 
     return ModelInput(text, ids, PromptForm.CHAT)
 
 
-def check_messages(conversation: Conversation) -> None:
+def check_messages(conversation: Conversation, where: str = "prompt") -> None:
     """Each message has a role every chat template knows and text content: anything else would be
-    rendered however the template happens to treat it, and recorded as if it were meant."""
+    rendered however the template happens to treat it, and recorded as if it were meant. ``where``:
+    the conversation's place in the call (``prompt``, ``prompt[2]``)."""
     __tracebackhide__ = True
     shape = "a chat message is {'role': 'system' | 'user' | 'assistant' | 'tool', 'content': '...'}"
+    name = "conversation" if where == "prompt" else where
     for index, message in enumerate(conversation):
         role, content = message["role"], message["content"]
         if role not in CHAT_ROLES:
-            raise ConfigurationError(f"llm_model.generate(conversation[{index}]['role'])", role,
+            raise ConfigurationError(f"llm_model.generate({name}[{index}]['role'])", role,
                                      f"unknown role; expected one of {', '.join(map(repr, CHAT_ROLES))} "
                                      f"({shape})")
         if not isinstance(content, str):
-            raise ConfigurationError(f"llm_model.generate(conversation[{index}]['content'])", content,
+            raise ConfigurationError(f"llm_model.generate({name}[{index}]['content'])", content,
                                      f"expected the message's text as a string, got {type(content).__name__} "
                                      f"({shape})")
+        refuse_invalid_unicode(content, f"{name}[{index}]['content']")
+
+
+def refuse_invalid_unicode(text: str, where: str) -> None:
+    """A text that UTF-8 cannot encode (it holds a lone surrogate, half of a UTF-16 pair) can be
+    neither tokenised nor stored in a golden: refused, naming where it is in the call and where the
+    character is in the text."""
+    __tracebackhide__ = True
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        at = error.start
+        raise ConfigurationError(
+            f"llm_model.generate({where})", text[max(0, at - 20):at + 20],
+            f"holds a lone surrogate {text[at]!r} at character {at}: half of a UTF-16 pair, not valid "
+            "Unicode, so it can be neither tokenised nor stored in a golden (UTF-8). It usually comes from "
+            "bytes decoded with errors='surrogateescape' or a JSON '\\ud800' escape: decode the bytes with "
+            "errors='replace', or remove the character") from None
 
 
 def refuse_unfitting_length(text: str, shown: str, *, tokenizer: Any, settings: GenerationSettings) -> None:

@@ -20,12 +20,19 @@ file) are still read; they are written in the current format the next time they 
 
 Each entry's ``steps`` list has one line per generated token, so a review diff shows exactly the
 steps that changed.
+
+A golden holds text that a reviewer reads in a diff: its ``prompt``, its ``text`` and its steps'
+``piece`` s together hold at most :data:`MAX_TEXT_CHARS` characters each (the pieces repeat the text,
+so a file holds every output twice), and every string is valid Unicode (UTF-8, the file's encoding,
+cannot hold a lone surrogate). The same limits hold when a golden is written and when it is read, so
+nothing is written that a later read refuses.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -52,6 +59,11 @@ VocabularyId = Annotated[int, msgspec.Meta(ge=0, lt=VOCABULARY_IDS)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=_TEXT_ONLY_END)]  # the gap between is semantic_problem's
 _TOKEN_IDS = ("a token id (a vocabulary's are below 2**31, a served token's text-only id is 2**40 plus "
               "a 32-bit hash)")
+# A golden's prompt, its text, and its steps' pieces together: at most this many characters each. A
+# million characters is ~250k tokens, beyond any test's output or prompt; an 8 MB answer would make a
+# 16 MB file (the pieces repeat the text) that no review reads.
+MAX_TEXT_CHARS = 1_000_000
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Logprob = Annotated[float, msgspec.Meta(ge=LOGPROB_FLOOR, le=0.0)]
 Margin = Annotated[float, msgspec.Meta(ge=0.0, le=-LOGPROB_FLOOR)]
 LogitHash = Annotated[str, msgspec.Meta(min_length=16, max_length=16)]  # xxh3-64, hex
@@ -77,10 +89,10 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     batch_shape: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+x[0-9]+\Z")]
     finish_reason: str
     generation_config: dict[str, Union[Scalar, list[Scalar]]]  # noqa: UP007
-    prompt: str
+    prompt: Text
     prompt_token_ids: tuple[VocabularyId, ...]
     steps: list[Step]
-    text: str
+    text: Text
     fingerprint: dict[str, FingerprintValue]
     prompt_form: Literal["text", "chat", "token_ids"] = "text"  # written only when not "text"
     # What the steps' hashes hash (generation.HASH_DEFINITIONS); written only when not "logits" (the
@@ -170,9 +182,62 @@ def validation_message(error: msgspec.ValidationError) -> str:
     return f"{where.rstrip('`').removeprefix('$.')}: {text}" if where else message
 
 
+@dataclass(frozen=True)
+class TextProblem:
+    """A text a golden cannot hold: ``too_long`` (else it is not valid Unicode) and what to say."""
+
+    too_long: bool
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def text_problem(fields: Iterable[tuple[str, str]]) -> TextProblem | None:
+    """Which of the named texts a golden cannot hold: one of more than :data:`MAX_TEXT_CHARS`
+    characters, or one with a lone surrogate (half of a UTF-16 pair, not valid Unicode), which
+    UTF-8 cannot encode and a golden file therefore cannot hold."""
+    for name, text in fields:
+        if len(text) > MAX_TEXT_CHARS:
+            return TextProblem(True, f"{name} has {len(text):,} characters, more than the {MAX_TEXT_CHARS:,} "
+                                     "a golden holds")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return TextProblem(False, f"{name} holds a lone surrogate {text[error.start]!r} at "
+                                          f"character {error.start}, which is not valid Unicode (UTF-8, a "
+                                          "golden file's encoding, cannot hold it)")
+    return None
+
+
+def generation_problem(generation: Generation) -> TextProblem | None:
+    """What keeps ``generation`` out of a golden (see :func:`text_problem`), or None."""
+    return text_problem(_texts(generation.prompt, generation.text, generation.pieces,
+                               generation.finish_reason))
+
+
+def _texts(prompt: str, text: str, pieces: Iterable[str], finish_reason: str) -> Iterable[tuple[str, str]]:
+    yield "its prompt", prompt
+    yield "its text", text
+    yield "its finish_reason", finish_reason
+    pieces = list(pieces)
+    if sum(map(len, pieces)) > MAX_TEXT_CHARS:
+        yield "its steps' pieces (together)", "".join(pieces)
+    for index, piece in enumerate(pieces):
+        if not piece.isascii():
+            yield f"the piece of its step {index}", piece
+
+
 def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | None:
-    """What the types cannot say: one top-k per step, text where the comparator expects text, and
-    (for entries built in Python: JSON has no NaN or infinity) finite numbers everywhere."""
+    """What the types cannot say: one top-k per step, text where the comparator expects text, at
+    most :data:`MAX_TEXT_CHARS` characters in the steps' pieces together, and (for entries built in
+    Python: JSON has no NaN or infinity, nor a lone surrogate) finite numbers and valid Unicode
+    everywhere."""
+    pieces = sum(len(step.piece) for step in entry.steps)
+    if pieces > MAX_TEXT_CHARS:
+        return (f"the steps' pieces together have {pieces:,} characters, more than the {MAX_TEXT_CHARS:,} "
+                "a golden holds")
     for index, step in enumerate(entry.steps):
         if not step.top:
             return f"step {index} has an empty 'top'"
@@ -195,6 +260,15 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
         for name, number in values.items():
             if isinstance(number, float) and not math.isfinite(number):
                 return f"{section} field {name!r} is {number!r}, not a finite number"
+    unstorable = text_problem(_texts(entry.prompt, entry.text, (step.piece for step in entry.steps),
+                                     entry.finish_reason))
+    if unstorable:
+        return str(unstorable).replace("its ", "", 1)
+    try:
+        msgspec.json.encode(entry)  # every other string (fingerprint, config, their keys): UTF-8 or not
+    except UnicodeEncodeError as error:
+        return (f"holds a lone surrogate {error.object[error.start]!r} in a fingerprint or generation_config "
+                "string, which is not valid Unicode (UTF-8, a golden file's encoding, cannot hold it)")
     return None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.goldens.atomic import folder_lock, write_text_atomic
 from pytest_llmdeterminism.goldens.codec import dumps, parse
-from pytest_llmdeterminism.goldens.schema import Entry, Goldens, to_struct
+from pytest_llmdeterminism.goldens.schema import Entry, Goldens, text_problem, to_struct
 
 
 def read(path: Path) -> Goldens:
@@ -83,8 +83,26 @@ def _kind(mode: int) -> str:
 
 
 def write(path: Path, goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> None:
-    """Write atomically: a temp file in the same folder, then ``os.replace``."""
-    write_text_atomic(path, dumps(goldens))
+    """Write atomically: a temp file in the same folder, then ``os.replace``. A file that would not
+    read back (a key that is not valid Unicode, a string UTF-8 cannot encode) is refused before
+    anything is written: :class:`GoldenFileError`, and the file is left as it was."""
+    __tracebackhide__ = True
+    unwritable = "was not written: {}, so the file would not read back"
+    fix = ("Every golden key, variant and text must be valid Unicode; golden_tokens.check() refuses "
+           "names and generations that are not, so report how this one got here")
+    for key, variants in goldens.items():
+        for name, text in (("the key", key), *(("the variant", variant) for variant in variants)):
+            problem = text_problem([(f"{name} {text!r}", text)])
+            if problem:
+                raise GoldenFileError(path, unwritable.format(problem), fix)
+    text = dumps(goldens)
+    try:
+        text.encode("utf-8")  # every other string is written as it is: UTF-8 must hold it
+    except UnicodeEncodeError as error:
+        where = text[max(0, error.start - 40):error.start + 1]
+        raise GoldenFileError(path, unwritable.format(f"it would hold a lone surrogate, which is not valid "
+                                                      f"Unicode, at …{where!r}"), fix) from None
+    write_text_atomic(path, text)
 
 
 def remove(path: Path, keys: Iterable[str]) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
 from pytest_llmdeterminism.engines.fingerprint import diff
-from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
@@ -61,6 +61,15 @@ class GoldenTokens:
         if not isinstance(generation, Generation):
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
                             f"got {type(generation).__name__}")
+        unstorable = schema.generation_problem(generation)
+        if unstorable:
+            raise ConfigurationError(
+                "golden_tokens.check(generation)", NO_VALUE,
+                f"{unstorable}, so no golden can hold this generation: nothing was recorded or compared. "
+                + ("Generate fewer tokens (llm_model.generate(..., max_new_tokens=...)) or shorten the prompt"
+                   if unstorable.too_long else
+                   "The engine returned it (a server's answer, say): check the engine, or test this "
+                   "generation's fields with plain asserts"))
         site = _caller_site()
         key = self._key(name)
         self._outcomes.used(self._path, key)
@@ -154,6 +163,12 @@ class GoldenTokens:
         else:
             if not name or not isinstance(name, str):
                 raise ConfigurationError("golden_tokens.check(name=...)", name, "expected a non-empty string")
+            problem = schema.text_problem([("the name", name)])
+            if problem:
+                raise ConfigurationError("golden_tokens.check(name=...)", name,
+                                         f"{problem}; a golden file holding it would not read back. Pass a "
+                                         "name of valid text, e.g. the bytes it came from decoded with "
+                                         "errors='replace'")
             key = f"{self._test_key}::{name}"
         if key in self._used:
             raise ConfigurationError(

@@ -1,0 +1,147 @@
+"""What a test passes in that no golden can hold: one clear error at the user's call, and nothing
+written. Prompts and check names that are not valid Unicode, texts beyond a golden's limit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+
+from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError
+from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.goldens.schema import MAX_TEXT_CHARS
+
+from .strategies_for_tests import sample_generation
+
+
+def _golden_files(pytester: pytest.Pytester) -> list[str]:
+    """Every golden or candidate file the project holds (the plugin's cache is not one)."""
+    return sorted(str(path.relative_to(pytester.path)) for path in pytester.path.rglob("*.json")
+                  if ".cache" not in path.parts)
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("prompt", "where", "shown"), [
+    ("hi \ud800", "prompt", "'hi \\ud800'"),
+    (["fine", "x\udfff y"], "prompt[1]", "'x\\udfff y'"),
+    ([{"role": "user", "content": "a\ud800"}], "conversation[0]['content']", "'a\\ud800'"),
+    ([[{"role": "user", "content": "b\udc80"}], [{"role": "user", "content": "ok"}]],
+     "prompt[0][0]['content']", "'b\\udc80'"),
+])
+def test_a_prompt_that_is_not_valid_unicode_names_its_place_in_the_call(make_llm, prompt, where, shown):
+    with pytest.raises(ConfigurationError) as info:
+        make_llm(max_new_tokens=1).generate(prompt)
+    message = str(info.value)
+    assert message.startswith(f"llm_model.generate({where}) = {shown}: holds a lone surrogate")
+    assert "not valid Unicode" in message and "errors='replace'" in message
+    assert info.value.setting == f"llm_model.generate({where})"
+
+
+def test_a_long_prompt_shows_only_the_text_around_its_surrogate(make_llm):
+    prompt = "a" * 5000 + "\ud800" + "b" * 5000
+    with pytest.raises(ConfigurationError, match=r"= 'a{20}\\ud800b{19}': holds a lone surrogate '\\ud800' "
+                                                 r"at character 5000"):
+        make_llm(shape="1x32", max_new_tokens=1).generate(prompt)
+
+
+# -- check names -----------------------------------------------------------------------------------
+
+def test_a_check_name_that_is_not_valid_unicode_is_refused_and_nothing_is_written(suite):
+    suite.makepyfile(test_names='''
+        def test_named(llm_model, golden_tokens):
+            generation = llm_model.generate("The capital of France is")
+            golden_tokens.check(generation, name="caf\\udce9")
+    ''')
+    result = suite.runpytest("--llm-golden-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        ">*golden_tokens.check(generation, name=*",
+        "E*ConfigurationError: golden_tokens.check(name=...) = 'caf\\udce9': the name holds a lone surrogate "
+        "'\\udce9' at character 3, which is not valid Unicode*a golden file holding it would not read back. "
+        "Pass a name of valid text*",
+    ])
+    assert _golden_files(suite) == []
+
+
+def test_the_store_refuses_a_key_it_could_not_read_back_and_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "test_m.json"
+    entry = schema.to_entry(sample_generation())
+    store.merge(path, {"test_x": {"cpu/float32": entry}})
+    before = path.read_bytes()
+    for updates in ({"test_x::\ud800": {"cpu/float32": entry}}, {"test_x": {"cpu/\udc00": entry}}):
+        with pytest.raises(GoldenFileError, match=r"was not written: the (key|variant) .* holds a lone "
+                                                  r"surrogate .* so the file would not read back\. The file "
+                                                  r"was left untouched"):
+            store.merge(path, updates)
+        assert path.read_bytes() == before
+    with pytest.raises(GoldenFileError, match="was not written"):
+        store.write(tmp_path / "new.json", {"\udfff": {}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_m.json"]
+
+
+def test_an_entry_with_text_that_is_not_valid_unicode_is_refused_before_anything_is_written(tmp_path):
+    path = tmp_path / "test_m.json"
+    store.merge(path, {"k": {"cpu/float32": schema.to_entry(sample_generation())}})
+    before = path.read_bytes()
+    for field, value in (("text", "x\ud800"), ("prompt", "\udc00"), ("finish_reason", "stop\ud800")):
+        entry = {**schema.to_entry(sample_generation()), field: value}
+        with pytest.raises(msgspec.ValidationError, match=f"{field} holds a lone surrogate"):
+            store.merge(path, {"k2": {"cpu/float32": entry}})
+    piece = schema.to_entry(sample_generation())
+    piece["steps"][1]["piece"] = "\ud800"
+    with pytest.raises(msgspec.ValidationError, match="the piece of step 1 holds a lone surrogate"):
+        store.merge(path, {"k2": {"cpu/float32": piece}})
+    config = {**schema.to_entry(sample_generation()), "generation_config": {"x\ud800": 1, "y": 2}}
+    with pytest.raises(msgspec.ValidationError, match="surrogate .* in a fingerprint or generation_config"):
+        store.merge(path, {"k2": {"cpu/float32": config}})
+    assert path.read_bytes() == before
+
+
+# -- text limits -----------------------------------------------------------------------------------
+
+def test_a_generation_whose_text_is_beyond_a_goldens_limit_is_refused_at_the_check(suite):
+    suite.makepyfile(test_big='''
+        import dataclasses
+
+        def test_served(llm_model, golden_tokens):
+            generation = llm_model.generate("The capital of France is")
+            huge = dataclasses.replace(generation, text=" " * 8_000_000)  # an 8 MB answer (a server's, say)
+            golden_tokens.check(huge)
+    ''')
+    for args in (["--llm-golden-update"], []):  # neither recorded nor compared (nor a candidate written)
+        result = suite.runpytest(*args, "--llm-golden-artifacts=candidates")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([
+            ">*golden_tokens.check(huge)",
+            "E*ConfigurationError: golden_tokens.check(generation): its text has 8,000,000 characters, "
+            "more than the 1,000,000 a golden holds, so no golden can hold this generation: nothing was "
+            "recorded or compared. Generate fewer tokens (llm_model.generate(..., max_new_tokens=...)) or "
+            "shorten the prompt",
+        ])
+        assert _golden_files(suite) == []
+
+
+def test_the_text_limit_is_the_same_for_writing_and_reading(tmp_path):
+    entry = schema.to_entry(sample_generation())
+    at_limit = {**entry, "text": " " * MAX_TEXT_CHARS}
+    path = tmp_path / "test_m.json"
+    store.merge(path, {"k": {"cpu/float32": at_limit}})
+    assert store.read(path)["k"]["cpu/float32"].text == " " * MAX_TEXT_CHARS
+    size = path.stat().st_size
+    assert size < MAX_TEXT_CHARS + 2000  # the text once; the pieces are the sample's own
+    for field in ("text", "prompt"):
+        over = {**entry, field: " " * (MAX_TEXT_CHARS + 1)}
+        with pytest.raises(msgspec.ValidationError, match=rf"Expected `str` of length <= {MAX_TEXT_CHARS}"):
+            store.merge(path, {"k2": {"cpu/float32": over}})
+        assert path.stat().st_size == size
+    # a hand-made file beyond the limit is refused by the reader as well, naming the place
+    path.write_text(path.read_text().replace(" " * MAX_TEXT_CHARS, " " * (MAX_TEXT_CHARS + 1)))
+    with pytest.raises(GoldenFileError, match=r"malformed golden: \['k'\]\['cpu/float32'\] text: Expected "
+                                              rf"`str` of length <= {MAX_TEXT_CHARS}"):
+        store.read(path)
+    pieces = schema.to_entry(dataclasses.replace(
+        sample_generation(), pieces=("x" * (MAX_TEXT_CHARS // 2 + 1),) * 2))
+    with pytest.raises(msgspec.ValidationError, match="the steps' pieces together have 1,000,002 characters"):
+        store.merge(path, {"k2": {"cpu/float32": pieces}})
