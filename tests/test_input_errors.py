@@ -4,6 +4,7 @@ written. Prompts and check names that are not valid Unicode, texts beyond a gold
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import msgspec
 import pytest
@@ -145,3 +146,37 @@ def test_the_text_limit_is_the_same_for_writing_and_reading(tmp_path):
         sample_generation(), pieces=("x" * (MAX_TEXT_CHARS // 2 + 1),) * 2))
     with pytest.raises(msgspec.ValidationError, match="the steps' pieces together have 1,000,002 characters"):
         store.merge(path, {"k2": {"cpu/float32": pieces}})
+
+
+# -- reports ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("huge", [1e308, 1.7976931348623157e308, math.inf, -math.inf, math.nan])
+def test_every_report_renders_huge_infinite_and_nan_numbers(huge):
+    from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
+    from pytest_llmdeterminism.reporting import documents
+    from pytest_llmdeterminism.run.session import TestOutcomes
+
+    golden = dataclasses.replace(sample_generation(), margins=(huge, huge))
+    sampled = {"max_new_tokens": 2, "do_sample": True, "temperature": huge, "seed": 3, "sampler": "x"}
+    actual = dataclasses.replace(sample_generation(), token_ids=(10, 99), margins=(huge, 1.0),
+                                 generation_config=sampled)
+    top = ((10, -0.1),)
+    comparison = Comparison(Verdict.REGRESSION, divergence=Divergence(1, 11, 99, top, top, golden_margin=huge,
+                                                                      draw_margin=huge),
+                            max_logprob_delta=huge, tie_margin=huge)
+    outcomes = TestOutcomes()
+    outcomes.checked("test_x", "cpu/float32", comparison, passed=False, expected=golden, actual=actual)
+    outcomes.checked("test_y", "cpu/float32", dataclasses.replace(comparison, verdict=Verdict.LOGIT_DRIFT),
+                     passed=True, expected=golden, actual=golden)
+    document = documents.run_report([msgspec.structs.replace(check, test="t.py::t")
+                                     for check in outcomes.data.checks], [])
+    text = documents.json_text(document)  # strict JSON: a number that is not finite is null
+    assert "Infinity" not in text and "NaN" not in text
+    html = documents.run_report_html(document)
+    markdown = documents.run_report_markdown(document)
+    shown = "1e+308" if huge == 1e308 else "1.8e+308" if math.isfinite(huge) else "n/a"
+    assert f"max |Δlogprob| in top-k {shown}" in html and f"id 11, margin {shown}" in html
+    if math.isfinite(huge):  # a null golden or draw margin (the golden had stopped) is left out
+        assert f"golden margin {shown}" in html and f"| {shown} |" in markdown
+        assert f"draw margin there {shown}" in markdown
+    assert 'style="width:60px"' in html  # a huge margin is a full bar

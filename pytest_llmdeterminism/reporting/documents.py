@@ -9,7 +9,14 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
+from pytest_llmdeterminism.reporting.text import (
+    delta,
+    differing_window,
+    first_difference,
+    form_label,
+    number,
+    short,
+)
 from pytest_llmdeterminism.sampling import settings_text
 
 if TYPE_CHECKING:
@@ -100,7 +107,7 @@ def run_report_markdown(document: dict[str, Any]) -> str:
         for c in failing[:50]:
             changed = ", ".join(f"{k}: {v[0]} → {v[1]}" for k, v in c["changed_fingerprint"].items()
                                 if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
-            margin = "" if c["golden_margin"] is None else f"{c['golden_margin']:.3g}"
+            margin = "" if c["golden_margin"] is None else number(c["golden_margin"])
             step = "" if c["first_divergence"] is None else str(c["first_divergence"])
             lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | {_md_code(c['verdict'])} "
                          f"| {step} | {margin} | {_md(changed)} |")
@@ -164,7 +171,7 @@ def _sampling_lines(check: dict[str, Any]) -> list[str]:
         return []
     margin = check.get("draw_margin")
     return [settings_text(check["sampling"])
-            + (f"; the golden's draw margin there {margin:.3g}" if margin is not None else "")]
+            + (f"; the golden's draw margin there {number(margin)}" if margin is not None else "")]
 
 
 def _text_lines(check: dict[str, Any]) -> list[str]:
@@ -272,6 +279,14 @@ def _html_inputs(check: dict[str, Any]) -> str:
             f"{fields}</div>{''.join(rows)}")
 
 
+def _bar_width(margin: float | None) -> int:
+    """Pixels of the bar under a token: 6 per unit of margin, from 2 to 60. A margin beyond 10 (1e308
+    too) is a full bar, and so is a JSON null (a margin that was not finite: the golden had stopped)."""
+    if margin is None or math.isnan(margin):
+        return 60
+    return max(2, int(min(margin, 10.0) * 6))
+
+
 def run_report_html(document: dict[str, Any]) -> str:
     """A self-contained page: per check, both continuations token by token, the divergent token
     highlighted, and a bar under each token for the model's margin at that step."""
@@ -292,16 +307,16 @@ def run_report_html(document: dict[str, Any]) -> str:
         for side in ("expected", "actual"):
             tokens = []
             for index, (piece, token, margin, _) in enumerate(check["steps"].get(side, [])):
-                width = max(2, min(60, int(margin * 6)))
-                tie = margin < check.get("tie_margin", 0.0)  # the comparator's near-tie margin for this check
+                tie_margin = check.get("tie_margin") or 0.0  # the comparator's near-tie margin for this check
+                tie = margin is not None and margin < tie_margin
                 fresh = side == "actual" and new_from is not None and index >= new_from
                 classes = ("tok" + (" div" if index == step else "") + (" tie" if tie else "")
                            + (" new" if fresh else ""))
-                title = (f"step {index}, id {token}, margin {margin:.3g}"
+                title = (f"step {index}, id {token}, margin {number(margin)}"
                          + (", new: not judged" if fresh else ""))
                 tokens.append(f'<span class="{classes}" title="{title}">'
                               f'{html.escape(_visible(piece))}'
-                              f'<span class="bar" style="width:{width}px"></span></span>')
+                              f'<span class="bar" style="width:{_bar_width(margin)}px"></span></span>')
             if tokens:
                 label = labels.get(side, side)
                 lines.append(f'<div class="tokens"><span class="label">{label}</span>{"".join(tokens)}</div>')
@@ -318,7 +333,8 @@ def run_report_html(document: dict[str, Any]) -> str:
                   f"max |Δlogprob| in top-k {delta(check['max_logprob_delta'])}" if drift else "",
                   (f"first divergence at step {check['first_divergence']}"
                    if check["first_divergence"] is not None else ""),
-                  f"golden margin {check['golden_margin']:.3g}" if check["golden_margin"] is not None else "",
+                  (f"golden margin {number(check['golden_margin'])}"
+                   if check["golden_margin"] is not None else ""),
                   html.escape(_sampling_lines(check)[0]) if check.get("sampling") else "",
                   html.escape(_budget_text(check)) if check.get("new_steps") else "",
                   f"changed: {changed}" if changed else ""]

@@ -36,9 +36,15 @@ def differing_window(old: str, new: str, before: int = 30, after: int = 50) -> t
     return window(old), window(new)
 
 
-def delta(value: float) -> str:
+def number(value: float | None) -> str:
+    """A float as a report shows it, 3 significant digits; any float (``1e308``, ``inf``, ``nan``)
+    renders, and None (a JSON report's null: a number that was not finite) is ``n/a``."""
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def delta(value: float | None) -> str:
     # Logprobs are stored to 6 decimals: a smaller change shows only in the hash.
-    return f"{value:.3g}" if value >= 1e-6 else "< 1e-6"
+    return "< 1e-6" if value is not None and value < 1e-6 else number(value)
 
 
 def short(value: Any, limit: int = 100) -> str:
