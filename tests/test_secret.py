@@ -111,3 +111,30 @@ def test_a_key_split_anywhere_by_anything_but_letters_and_digits_is_masked(key, 
     alphanumeric = "".join(c for c in masked.lower() if c.isascii() and c.isalnum())
     letters = "".join(c for c in key.lower() if c.isalnum())
     assert not any(letters[i:i + RUN] in alphanumeric for i in range(len(letters) - RUN + 1))
+
+
+TEXT = f"The answer is {KEY}, cat"
+
+
+@given(st.lists(st.integers(0, len(TEXT)), max_size=30))
+def test_a_key_split_over_tokens_anywhere_is_masked_in_every_token_that_holds_part_of_it(cuts):
+    bounds = sorted({0, len(TEXT), *cuts})
+    pieces = [TEXT[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    first, end = TEXT.index(KEY), TEXT.index(KEY) + len(KEY)
+    expected = [piece if b <= first or a >= end else f"{TEXT[a:max(a, first)]}***{TEXT[min(b, end):b]}"
+                for (a, b), piece in zip(zip(bounds, bounds[1:], strict=False), pieces, strict=True)]
+    assert Secret(KEY).mask_pieces(pieces) == expected
+
+
+def test_tokens_without_the_key_are_unchanged():
+    pieces = ["The", " cat", " sat", " on", "", " the", " mat", "0123456"]
+    assert Secret(KEY).mask_pieces(pieces) == pieces and Secret("").mask_pieces(pieces) == pieces
+
+
+def test_a_key_split_over_tokens_in_another_encoding_is_masked():
+    hexed = f"Bearer {KEY}".encode().hex()
+    pieces = ["hex: ", *(hexed[i:i + 5] for i in range(0, len(hexed), 5)), " done"]
+    masked = Secret(KEY).mask_pieces(pieces)
+    assert masked[0] == "hex: " and masked[-1] == " done" and masked[5:-2] == ["***"] * len(pieces[5:-2])
+    alphanumeric, key = "".join(c for c in "".join(masked) if c.isalnum()), KEY.encode().hex()
+    assert not any(key[i:i + RUN] in alphanumeric for i in range(len(key) - RUN + 1))

@@ -8,6 +8,8 @@ or URL-escaped, hex, base64 (standard or URL-safe, padded or not, alone or insid
 such as ``Bearer KEY`` or ``user:KEY``), and split by spaces, line breaks or punctuation. Any run
 of :data:`RUN` letters and digits of one of those forms counts as the key, so half a key is
 masked too. A key with fewer than :data:`RUN` letters and digits is masked only as it is.
+:meth:`Secret.mask_pieces` does the same for a completion's token texts, whose joined text may
+spell the key where no single token does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from urllib.parse import quote
 
 MASK = "***"
@@ -49,20 +52,45 @@ class Secret:
 
     def mask(self, text: str) -> str:
         """``text`` with every form of the key this module can recognise shown as ``***``."""
+        return _shown(text, self._spans(text))
+
+    def mask_pieces(self, pieces: Sequence[str]) -> list[str]:
+        """``pieces`` (a completion's token texts, in order) with every part of each that belongs to a
+        form of the key found in their joined text shown as ``***``: a key split over two tokens, or
+        over ten tokens of two characters each, is masked in each token that holds part of it."""
+        joined = "".join(pieces)
+        spans = self._spans(joined)
+        shown, start = [], 0
+        for piece in pieces:
+            end = start + len(piece)
+            inside = [(max(first, start) - start, min(last, end) - start) for first, last in spans
+                      if first < end and start < last]
+            shown.append(_shown(piece, inside))
+            start = end
+        return shown
+
+    def _spans(self, text: str) -> list[tuple[int, int]]:
+        """Where ``text`` holds a form of the key: ``[first, end)`` ranges, sorted, none overlapping."""
         if not self._value:
-            return text
+            return []
         raw = self._value.encode(errors="surrogatepass")
         # A key shorter than a run ("EMPTY", as vLLM users write) is masked only as it is: in any case,
         # it would hide words of the message.
         short = len(_letters_and_digits(self._value)) < RUN
-        for form in sorted({self._value, json.dumps(self._value)[1:-1], quote(raw, safe="")}, key=len,
-                           reverse=True):
-            text = re.sub(re.escape(form), MASK, text, flags=0 if short else re.IGNORECASE)
+        spans = [(found.start(), found.end())
+                 for form in {self._value, json.dumps(self._value)[1:-1], quote(raw, safe="")}
+                 for found in re.finditer(re.escape(form), text, flags=0 if short else re.IGNORECASE)]
         if self._runs is None:
             encoded = () if short else (self._value, quote(raw, safe=""), raw.hex(), *_base64_cores(raw))
             forms = [_letters_and_digits(form) for form in encoded]
             self._runs = frozenset(form[i:i + RUN] for form in forms for i in range(len(form) - RUN + 1))
-        return _mask_runs(text, self._runs)
+        merged: list[tuple[int, int]] = []
+        for first, end in sorted(spans + _run_spans(text, self._runs)):
+            if merged and first <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((first, end))
+        return merged
 
 
 class _MaskedBytes(bytes):
@@ -90,12 +118,12 @@ def _letters_and_digits(text: str) -> str:
     return "".join(c for c in text.lower() if c.isascii() and c.isalnum())
 
 
-def _mask_runs(text: str, runs: frozenset[str]) -> str:
-    """``text`` with each stretch whose letters and digits (lower-cased, whatever lies between them)
-    hold one of ``runs`` shown as ``***``: URL-safe and standard base64, upper and lower case, a key
-    split over lines or by punctuation all read the same."""
+def _run_spans(text: str, runs: frozenset[str]) -> list[tuple[int, int]]:
+    """Each stretch of ``text`` whose letters and digits (lower-cased, whatever lies between them)
+    hold one of ``runs``, as ``[first, end)``: URL-safe and standard base64, upper and lower case, a
+    key split over lines or by punctuation all read the same."""
     if not runs:
-        return text
+        return []
     where = [i for i, c in enumerate(text) if c.isascii() and c.isalnum()]
     kept = "".join(text[i] for i in where).lower()
     spans: list[list[int]] = []  # [first, end) in ``kept``, merged as they are found
@@ -105,8 +133,13 @@ def _mask_runs(text: str, runs: frozenset[str]) -> str:
                 spans[-1][1] = start + RUN
             else:
                 spans.append([start, start + RUN])
+    return [(where[first], where[end - 1] + 1) for first, end in spans]
+
+
+def _shown(text: str, spans: list[tuple[int, int]]) -> str:
+    """``text`` with each of ``spans`` (sorted, not overlapping) shown as ``***``."""
     pieces, cursor = [], 0
     for first, end in spans:
-        pieces += [text[cursor:where[first]], MASK]
-        cursor = where[end - 1] + 1
+        pieces += [text[cursor:first], MASK]
+        cursor = end
     return "".join([*pieces, text[cursor:]])
