@@ -243,6 +243,7 @@ class FakeClient:
     """Answers like llama-cpp-python's server: a prompt of token ids is refused with HTTP 422."""
 
     base = "http://fake/v1"
+    api_key = None
 
     def __init__(self):
         self.prompts = []

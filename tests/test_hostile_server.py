@@ -17,6 +17,7 @@ import pytest
 
 from pytest_llmdeterminism import ConfigurationError, EngineError
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.engines.secret import RUN
 from pytest_llmdeterminism.generation import LOGPROB_FLOOR
 
 from .fake_openai_server import Connection, FakeServer, Request
@@ -60,6 +61,7 @@ def honest(body: dict, pieces: dict[int, str]) -> dict:
     texts = [pieces[i] for i in GREEDY[:body["max_tokens"]]]
     usage = {"prompt_tokens": len(body["prompt"])} if isinstance(body["prompt"], list) else {}
     return {"id": "cmpl-1", "object": "text_completion", "system_fingerprint": "fp-1", "usage": usage,
+            "model": body["model"],
             "choices": [{"index": 0, "text": "".join(texts), "finish_reason": "length",
                          "logprobs": {"tokens": texts, "token_logprobs": [-0.1] * len(texts),
                                       "top_logprobs": [{t: -0.1, " zebra": -3.0} for t in texts]}}]}
@@ -285,6 +287,10 @@ def _answer(status: int, body: bytes | dict):
     return lambda request, connection: connection.respond(status, body)
 
 
+def _answer_with(status: int, body: str, headers: dict[str, str]):
+    return lambda request, connection: connection.respond(status, body, headers)
+
+
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 BROKEN_HTTP = {
     "truncated body": (_raw(b'HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{"data": ['), "IncompleteRead"),
@@ -320,8 +326,7 @@ def _framed(*lengths: int, after: bytes = b""):
 HTTP_TRICKS = {
     "one-byte chunks": (_chunks_of_one_byte, None),
     "data after Content-Length": (_framed(0, after=b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100_000), None),
-    "two Content-Lengths, the true one first": (_framed(0, 5), None),
-    "two Content-Lengths, a short one first": (_framed(5, 0), "malformed JSON (Input data was truncated)"),
+    "two equal Content-Lengths": (_framed(0, 0), None),
     "a gzip bomb": (_answer(200, gzip.compress(b"[" * 10_000_000)), "malformed JSON (JSON is malformed: "
                     "invalid character (byte 0)"),  # sent with Accept-Encoding: identity, never inflated
 }
@@ -341,13 +346,47 @@ def test_http_tricks_give_the_framed_body_or_one_engine_error(serve, pieces, cas
     assert server.requests[0].headers["accept-encoding"] == "identity"
 
 
-def test_a_429_with_retry_after_fails_at_once_without_waiting(serve, pieces):
+MODELS_JSON = json.dumps(MODELS).encode()  # 44 bytes
+# Framings HTTP/1.1 calls unreadable (RFC 9112 §6.3): refused, whichever length comes first.
+CONFLICTING_LENGTHS = {
+    "the true one first": (_framed(0, 5), "'44', '5'"),
+    "a short one first": (_framed(5, 0), "'5', '44'"),
+    "two in one header": (_raw(b"HTTP/1.1 200 OK\r\nContent-Length: 44, 5\r\n\r\n" + MODELS_JSON), "'44, 5'"),
+    "no number": (_raw(b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n" + MODELS_JSON), "'5x'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFLICTING_LENGTHS))
+def test_content_lengths_that_disagree_are_refused(serve, pieces, case):
+    answer, shown = CONFLICTING_LENGTHS[case]
+    assert len(MODELS_JSON) == 44
+    server = serve(routes(pieces, **{"/v1/models": answer}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, timeout=10))
+    assert f"the server at {server.url} did not answer GET /v1/models with valid HTTP (HTTPException: " \
+           f"\"Content-Length headers {shown} that do not give one length: a body HTTP/1.1 cannot frame " \
+           "(RFC 9112 §6.3)\"). Is it an HTTP server, at this URL?" in str(raised.value)
+
+
+def test_a_429_with_retry_after_above_the_cap_fails_at_once_without_waiting(serve, pieces):
     server = serve(routes(pieces, **{"/v1/models": lambda r, c: c.respond(429, "slow down",
                                                                          {"Retry-After": "3600"})}))
     started = time.monotonic()
-    with pytest.raises(EngineError, match=r"answered GET /v1/models with HTTP 429: 'slow down'"):
+    with pytest.raises(EngineError) as raised:
         generate(spec(server, timeout=60))
     assert time.monotonic() - started < 10 and len(server.requests) == 1
+    assert "answered GET /v1/models with HTTP 429 (its Retry-After asks for 3600 s, above the 30 s the " \
+           "plugin waits; it is overloaded, rate-limited or behind a failing gateway: run again when it " \
+           "has capacity): 'slow down'" in str(raised.value)
+
+
+def test_a_retry_that_would_end_past_the_deadline_is_not_waited_for(serve, pieces):
+    server = serve(routes(pieces, **{"/v1/models": _answer_with(503, "busy", {"Retry-After": "5"})}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, timeout=2))
+    assert len(server.requests) == 1
+    assert "answered GET /v1/models with HTTP 503 (a retry in 5 s would end past the request's deadline " \
+           "(#timeout=, retries included; e.g. #timeout=600 gives it longer);" in str(raised.value)
 
 
 @pytest.mark.parametrize("case", list(BROKEN_HTTP))
@@ -359,6 +398,105 @@ def test_broken_http_is_one_engine_error_naming_the_server_and_the_request(serve
     message = str(raised.value)
     assert f"the server at {server.url} " in message and "GET /v1/models" in message and says in message
     assert "\n" not in message
+
+
+# --- transient answers never change what is recorded ---
+
+def _first(times: dict[str, int], answer, pieces):
+    """``answer`` to the next ``times["left"]`` requests, then honest completions."""
+    def once(request: Request, connection: Connection) -> None:
+        if times["left"] > 0:
+            times["left"] -= 1
+            answer(request, connection)
+        else:
+            connection.respond(200, honest(request.json(), pieces))
+    return once
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_transient_status_on_the_first_completion_records_the_same_golden(pytester, serve, pieces, status):
+    """The first completion also decides whether the server takes token ids: a 503 there once made
+    the whole session send text prompts (another fingerprint, near-tie tolerance)."""
+    times = {"left": 0}
+    busy = _first(times, lambda r, c: c.respond(status, "busy", {"Retry-After": "0"}), pieces)
+    server = serve(routes(pieces, **{"/v1/completions": busy}))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=SUITE)
+    golden = pytester.path / "__golden__" / "test_served.json"
+    pytester.runpytest("--llm-golden-update", "-p", "no:randomly").assert_outcomes(passed=1)
+    calm = golden.read_bytes()
+    golden.unlink()
+    times["left"] = 1
+    pytester.runpytest("--llm-golden-update", "-p", "no:randomly").assert_outcomes(passed=1)
+    assert golden.read_bytes() == calm and b'"prompt_sent_as": "token ids"' in calm
+    completions = [r.json()["prompt"] for r in server.requests if r.path == "/v1/completions"]
+    assert all(isinstance(prompt, list) for prompt in completions) and len(completions) == 3
+
+
+def test_a_server_that_answers_429_forever_fails_with_its_status_and_records_nothing(pytester, serve, pieces):
+    limited = _answer_with(429, "rate limit reached", {"Retry-After": "0"})
+    server = serve(routes(pieces, **{"/v1/completions": limited}))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest("--llm-golden-update", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    assert f"HTTPStatusError: llm_model {spec(server)!r}: the server at {server.url} answered POST " \
+           "/v1/completions with HTTP 429 (the same 4 times in a row, with a wait before each retry; it is " \
+           "overloaded, rate-limited or behind a failing gateway: run again when it has capacity): " \
+           "'rate limit reached'" in result.stdout.str()
+    prompts = [r.json()["prompt"] for r in server.requests if r.path == "/v1/completions"]
+    assert len(prompts) == 4 and all(isinstance(prompt, list) for prompt in prompts)  # no text fallback
+    assert not (pytester.path / "__golden__").exists()
+
+
+def _early_hints(then):
+    def answer(request: Request, connection: Connection) -> None:
+        connection.send(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+        connection.send(b"HTTP/1.1 102 Processing\r\n\r\n")
+        then(request, connection)
+    return answer
+
+
+def test_informational_answers_are_skipped_not_taken_for_the_answer(serve, pieces):
+    models = _early_hints(lambda r, c: c.respond(200, MODELS))
+    completions = _early_hints(lambda r, c: c.respond(200, honest(r.json(), pieces)))
+    server = serve(routes(pieces, **{"/v1/models": models, "/v1/completions": completions}))
+    _, result = generate(spec(server))
+    assert result.text == "The cat sat on" and result.fingerprint["flags"]["prompt_sent_as"] == "token ids"
+
+
+def test_endless_informational_answers_are_one_engine_error(serve, pieces):
+    def endless(request: Request, connection: Connection) -> None:
+        connection.flood(b"HTTP/1.1 103 Early Hints\r\n\r\n", most=1000)
+
+    server = serve(routes(pieces, **{"/v1/models": endless}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, timeout=10))
+    assert "did not answer GET /v1/models with valid HTTP (HTTPException: 'more than 20 informational " \
+           "(1xx) answers before the answer')" in str(raised.value)
+
+
+@pytest.mark.parametrize("status", [400, 422, 500])
+def test_a_server_that_refuses_token_id_prompts_gets_text_prompts(serve, pieces, status):
+    def ids_refused(request: Request, connection: Connection) -> None:
+        body = request.json()
+        if isinstance(body["prompt"], list):
+            connection.respond(status, {"error": "prompt must be a string"})
+        else:
+            connection.respond(200, honest({**body, "prompt": GREEDY[:2]}, pieces) | {"usage": {}})
+
+    server = serve(routes(pieces, **{"/v1/completions": ids_refused}))
+    _, result = generate(spec(server))
+    assert result.text == "The cat sat on" and result.fingerprint["flags"]["prompt_sent_as"] == "text"
+
+
+@pytest.mark.parametrize("status", [401, 404, 501])
+def test_another_error_on_the_first_completion_is_raised_not_taken_for_a_refusal_of_token_ids(serve, pieces,
+                                                                                              status):
+    server = serve(routes(pieces, **{"/v1/completions": _answer(status, {"error": "no"})}))
+    with pytest.raises(EngineError, match=f"answered POST /v1/completions with HTTP {status}"):
+        generate(spec(server))
+    assert [type(r.json()["prompt"]) for r in server.requests if r.path == "/v1/completions"] == [list]
 
 
 # --- answers that cannot be right ---
@@ -456,6 +594,44 @@ def test_a_logprob_of_minus_1e308_is_recorded_at_the_floor(serve, pieces):
     assert result.margins[0] == pytest.approx(-LOGPROB_FLOOR - 0.1)
 
 
+def test_a_logprob_a_rounding_above_0_is_recorded_as_0(pytester, serve, pieces):
+    """The check accepts up to POSITIVE_SLACK above 0 (float32 rounding of a near-certain token);
+    the golden then records 0, which its schema accepts, where it once failed with a raw
+    ``msgspec.ValidationError`` at the end of the run."""
+    def near_certain(completion, choice, logprobs):
+        logprobs["token_logprobs"] = [5e-4] * len(logprobs["tokens"])
+        logprobs["top_logprobs"] = [{t: 5e-4, " zebra": -3.0} for t in logprobs["tokens"]]
+
+    server = serve(routes(pieces, near_certain))
+    _, result = generate(spec(server))
+    assert [top[0][1] for top in result.top_logprobs] == [0.0] * 4
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=SUITE)
+    pytester.runpytest("--llm-golden-update", "-p", "no:randomly").assert_outcomes(passed=1)
+    pytester.runpytest("-p", "no:randomly").assert_outcomes(passed=1)
+
+
+def test_a_completion_for_another_model_is_refused_naming_both(serve, pieces):
+    server = serve(routes(pieces, _set("completion.model", "tiny-but-another")))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server))
+    assert f"the server at {server.url}, answering POST /v1/completions, answered for model " \
+           "'tiny-but-another', where the request named 'tiny': it serves another model under that name, " \
+           "or sends the request on to another. Nothing was recorded; check the server's models (GET " \
+           "/v1/models), and name the one to test with #model=NAME" in str(raised.value)
+
+
+def test_a_server_of_60000_models_is_named_by_its_first_20(serve, pieces):
+    many = {"object": "list", "data": [{"id": f"model-{i:05d}"} for i in range(60_000)]}
+    server = serve(routes(pieces, **{"/v1/models": _answer(200, many)}))
+    with pytest.raises(ConfigurationError) as raised:
+        load(spec(server, model="tiny"), dtype="float32", device="cpu")
+    message = str(raised.value)
+    assert "the server serves ['model-00000', 'model-00001', " in message
+    assert "'model-00019', ... and 59980 more]; name one with #model=NAME" in message
+    assert "model-00020" not in message and len(message) < 1000
+
+
 def test_a_number_beyond_a_double_is_named_by_its_field(serve, pieces):
     def answer(request: Request, connection: Connection) -> None:
         text = json.dumps(honest(request.json(), pieces))
@@ -494,6 +670,63 @@ def test_an_update_run_records_an_honest_server_and_nothing_of_a_lying_one(pytes
            "/v1/completions, sent a completion that cannot be right: choices[0].logprobs.tokens: 20 tokens " \
            "for max_tokens=4." in result.stdout.str()
     assert not golden.exists()
+
+
+KEY_SUITE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=16)
+def test_echo(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The cat"))
+"""
+# How a served completion can carry the key: whole in one token, split over two, or over tokens of
+# three characters each, none of which holds enough of it to be recognised alone.
+KEY_TOKENS = {
+    "one token": [f" {KEY}"],
+    "two tokens": [f" {KEY[:13]}", KEY[13:]],
+    "tokens of 3 characters": [" "] + [KEY[i:i + 3] for i in range(0, len(KEY), 3)],
+}
+
+
+def _echoing(split: str, first: str):
+    """A completion that says ``first`` and then the request's key, its fingerprint the key too, and
+    the key among the top-k of each step."""
+    def answer(request: Request, connection: Connection) -> None:
+        key = request.headers["authorization"].removeprefix("Bearer ")
+        tokens = [first, *(t.replace(KEY, key) for t in KEY_TOKENS[split])]
+        completion = {"model": "tiny", "system_fingerprint": f"fp-{key}", "usage": {},
+                      "choices": [{"text": "".join(tokens), "finish_reason": "stop",
+                                   "logprobs": {"tokens": tokens, "token_logprobs": [-0.1] * len(tokens),
+                                                "top_logprobs": [{t: -0.1, key: -2.0} for t in tokens]}}]}
+        connection.respond(200, completion)
+    return answer
+
+
+@pytest.mark.parametrize("split", list(KEY_TOKENS))
+def test_a_key_the_server_generates_is_in_no_golden_candidate_report_or_output(pytester, serve, pieces,
+                                                                              monkeypatch, split):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    says = {"first": "The"}
+    server = serve(routes(pieces, **{"/v1/completions": lambda r, c: _echoing(split, says["first"])(r, c)}))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server, api_key_env=KEY_ENV)}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served=KEY_SUITE)
+    reports = ["--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html"]
+    recorded = pytester.runpytest("--llm-golden-update", "-p", "no:randomly", "-rA", *reports)
+    recorded.assert_outcomes(passed=1)
+    golden = (pytester.path / "__golden__" / "test_served.json").read_text()
+    assert '"text": "The ***"' in golden and '"system_fingerprint": "fp-***"' in golden
+    says["first"] = " A"  # a changed model: the check fails, and its candidate and reports are written
+    failed = pytester.runpytest("-p", "no:randomly", "-l", "--llm-golden-artifacts=artifacts", *reports)
+    failed.assert_outcomes(failed=1)
+    assert "REGRESSION at step 0" in failed.stdout.str()
+    written = {path: path.read_text() for path in pytester.path.rglob("*") if path.is_file()}
+    assert any("artifacts" in path.parts for path in written)
+    assert {path.name for path in written} >= {"r.json", "r.md", "r.html", "test_served.json"}
+    key = "".join(c for c in KEY if c.isalnum())
+    runs = {key[i:i + RUN] for i in range(len(key) - RUN + 1)}  # what Secret.mask counts as part of it
+    for text in [*written.values(), *(r.stdout.str() + r.stderr.str() for r in (recorded, failed))]:
+        letters = "".join(c for c in text.lower() if c.isalnum())
+        assert KEY not in text and not any(run in letters for run in runs)
 
 
 @pytest.mark.subprocess

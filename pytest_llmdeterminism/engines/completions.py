@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -18,9 +18,13 @@ from pytest_llmdeterminism.engines.capture import RowSteps
 from pytest_llmdeterminism.errors import EngineError
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, GreedyConfig
 
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines.secret import Secret
+
 GREEDY_SLACK = 1e-6  # a returned logprob may be rounded: the chosen token may trail the best by this
 # A float32 log-softmax of a near-certain token can land a few ulps above 0 (ulp ~1e-5 at logits
-# ~100); a logprob further above 0 is a probability above 1, a lie.
+# ~100); a logprob further above 0 is a probability above 1, a lie. One up to this is accepted and
+# recorded as 0, what it rounds.
 POSITIVE_SLACK = 1e-3
 # No tokenizer's token is this long (the longest in common vocabularies are runs of ~256 spaces or
 # dashes): a longer "token" is a server's lie, refused before it becomes a golden's text.
@@ -60,6 +64,7 @@ class Usage(msgspec.Struct):
 
 class Completion(msgspec.Struct):
     choices: list[Choice]
+    model: Annotated[str, msgspec.Meta(max_length=SHOWN_CHARS)] | None = None
     usage: Usage | None = None
     system_fingerprint: Annotated[str, msgspec.Meta(max_length=SHOWN_CHARS)] | None = None
 
@@ -159,25 +164,37 @@ class ParsedRow:
 
 
 def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tokens: int, vocab_size: int,
-                 token_id: Callable[[str], int], tokenizer: Any = None,
-                 source: str = "the server") -> ParsedRow:
+                 token_id: Callable[[str], int], tokenizer: Any = None, source: str = "the server",
+                 model: str | None = None, secret: Secret | None = None) -> ParsedRow:
     """One completion response as recorded steps, checked first (:func:`implausible`), then against the
-    prompt's token count, greedy choice and its text. With ``tokenizer``, steps that returned part of a
-    character are given their ids (see :func:`resolve_partial_characters`)."""
+    requested ``model``, the prompt's token count, greedy choice and its text. With ``tokenizer``, steps
+    that returned part of a character are given their ids (see :func:`resolve_partial_characters`).
+
+    With ``secret``, the key is masked in every text the row holds and every message: in each piece a
+    form of it touches in the joined pieces (a key split over tokens), and in the text. Token ids and
+    step hashes stay what the server sent (an id or a 64-bit hash shows no key), so goldens compare."""
     __tracebackhide__ = True
     import xxhash
 
+    def fail(message: str) -> EngineError:
+        return EngineError(spec, message if secret is None else secret.mask(message))
+
     problem = implausible(response, max_tokens=max_tokens, vocab_size=vocab_size)
     if problem is not None:
-        raise EngineError(spec, f"{source} sent a completion that cannot be right: {problem}. {UNTRUE}")
+        raise fail(f"{source} sent a completion that cannot be right: {problem}. {UNTRUE}")
+    if model is not None and response.model is not None and response.model != model:
+        raise fail(f"{source} answered for model {_short(response.model)!r}, where the request named "
+                   f"{_short(model)!r}: it serves another model under that name, or sends the request on to "
+                   "another. Nothing was recorded; check the server's models (GET /v1/models), and name the "
+                   "one to test with #model=NAME")
     choice = response.choices[0]
     assert choice.logprobs is not None  # implausible() refuses a choice without them
     texts, tops, chosen = choice.logprobs.tokens, choice.logprobs.top_logprobs, choice.logprobs.token_logprobs
     counted = response.usage.prompt_tokens if response.usage is not None else None
     if counted is not None and counted != prompt_tokens:
-        raise EngineError(spec, f"{source} counts {counted} prompt tokens where the local tokenizer counts "
-                          f"{prompt_tokens}: #tokenizer= is not the served model's tokenizer (or the server "
-                          "adds a BOS of its own)")
+        raise fail(f"{source} counts {counted} prompt tokens where the local tokenizer counts "
+                   f"{prompt_tokens}: #tokenizer= is not the served model's tokenizer (or the server adds a "
+                   "BOS of its own)")
     row = ParsedRow()
     for step, (text, top) in enumerate(zip(texts, tops, strict=True)):
         ranked = sorted((top or {}).items(), key=lambda p: (-p[1], p[0]))[:TOP_K]
@@ -186,13 +203,14 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
             ranked = ([(text, (top or {})[text] if own is None else own)] + ranked)[:TOP_K]
         logprob = dict(ranked)[text]
         if logprob < ranked[0][1] - GREEDY_SLACK:
-            raise EngineError(spec, f"{source} did not decode greedily at step {step}: it chose "
-                              f"{_short(text)!r} (logprob {logprob:.4f}) over {_short(ranked[0][0])!r} "
-                              f"({ranked[0][1]:.4f}). A server-side sampler or penalty is in force; check "
-                              "the server's defaults")
+            raise fail(f"{source} did not decode greedily at step {step}: it chose {_short(text)!r} "
+                       f"(logprob {logprob:.4f}) over {_short(ranked[0][0])!r} ({ranked[0][1]:.4f}). A "
+                       "server-side sampler or penalty is in force; check the server's defaults")
         step_hash = xxhash.xxh3_64_hexdigest(json.dumps([text, ranked], separators=(",", ":"),
                                                          ensure_ascii=False).encode())
-        row.steps.append(step_hash, [token_id(t) for t, _ in ranked], [lp for _, lp in ranked])
+        # implausible() accepts up to POSITIVE_SLACK above 0, a rounding of 0: recorded as 0 (the hash
+        # keeps what was served).
+        row.steps.append(step_hash, [token_id(t) for t, _ in ranked], [min(lp, 0.0) for _, lp in ranked])
         row.tokens.append(token_id(text))
         exact = exact_id(text) is not None  # vLLM's exact ids: the piece is the tokenizer's text
         spelled = exact and tokenizer is not None
@@ -200,12 +218,14 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
         row.exact.append(exact)
     row.text = "".join(row.pieces) if choice.text is None else choice.text
     if not _spelled(row, tokenizer):
-        raise EngineError(spec, f"{source} sent a completion that cannot be right: choices[0].text: "
-                          f"{_short(row.text)!r} is not what its tokens spell "
-                          f"({_short(''.join(row.pieces))!r}). {UNTRUE}")
+        raise fail(f"{source} sent a completion that cannot be right: choices[0].text: "
+                   f"{_short(row.text)!r} is not what its tokens spell ({_short(''.join(row.pieces))!r}). "
+                   f"{UNTRUE}")
     row.finish_reason = "eos" if choice.finish_reason == "stop" else "length"
     if tokenizer is not None:
         resolve_partial_characters(row, tokenizer)
+    if secret is not None:
+        row.pieces, row.text = secret.mask_pieces(row.pieces), secret.mask(row.text)
     return row
 
 

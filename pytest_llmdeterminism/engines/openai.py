@@ -30,16 +30,20 @@ followed (a 3xx fails naming its ``Location``) and no proxy is used, so the API 
 environment variable ``api_key_env=`` names; a URL with ``USER:PASSWORD@`` is refused) reaches that
 origin alone. The key is a :class:`~secret.Secret`: ``***`` in every frame's locals (``pytest -l``)
 and wherever a message quotes the server, in any encoding :meth:`~secret.Secret.mask` recognises
-(verbatim or in another case, JSON- or URL-escaped, hex, base64, split by punctuation or lines).
-Each request has one total deadline, from connecting to the last byte (``timeout=``, 120 s by
-default; the DNS lookup and the TLS handshake aside), and a size limit (``max_response_mb=``,
-16 MB by default), both enforced while reading. Every answer is decoded into typed structures
-and checked against the request before anything is recorded: one choice; as many top-k lists as
-tokens, and no more tokens than ``max_tokens`` (llama-cpp-python may add up to 3 that finish a
-character it cut); 1 to ``logprobs + 1`` candidates per step; finite logprobs at most 0;
-``token_id:N`` ids inside the tokenizer's vocabulary; a ``text`` that its tokens spell. Any
-failure, JSON nested too deep to decode included, is one :class:`EngineError` naming the server
-and the request.
+(verbatim or in another case, JSON- or URL-escaped, hex, base64, split by punctuation or lines),
+generated text included: in the text and in each token a form of the key touches, however the
+tokens split it. Each request has one total deadline, from connecting to the last byte
+(``timeout=``, 120 s by default; the DNS lookup and the TLS handshake aside; retries of a 429, 502,
+503 or 504 included), and a size limit (``max_response_mb=``, 16 MB by default), both enforced
+while reading. A transient answer never decides anything: the prompt goes as text only where the
+server refused the first token-id prompt (400, 422, or an older llama-cpp-python's 500). Every
+answer is decoded into typed structures and checked against the request before anything is
+recorded: the requested model; one choice; as many top-k lists as tokens, and no more tokens than
+``max_tokens`` (llama-cpp-python may add up to 3 that finish a character it cut); 1 to
+``logprobs + 1`` candidates per step; finite logprobs at most 0 (up to 1e-3 above it, a float32
+rounding, recorded as 0); ``token_id:N`` ids inside the tokenizer's vocabulary; a ``text`` that its
+tokens spell. Any failure, JSON nested too deep to decode included, is one :class:`EngineError`
+naming the server and the request.
 """
 
 from __future__ import annotations
@@ -69,6 +73,13 @@ from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refus
 from pytest_llmdeterminism.shape import GenerationSettings
 
 __all__ = ["OpenAIEngine", "OpenAIOptions", "load"]
+
+SHOWN_MODELS = 20  # of a server's model names in a message
+# What a server that cannot take a prompt as token ids answers one: a refusal of the request (400,
+# 422: llama-cpp-python's validation of ``prompt``), or a 500 where it fails on the list (older
+# llama-cpp-python). Nothing else switches the session to text prompts: a transient status (retried,
+# then failed) or any other error is raised as it is.
+PROMPT_IDS_REFUSED = frozenset({400, 422, 500})
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,8 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     if model is None and len(served) == 1:
         model = served[0]
     if model is None or (served and model not in served):
-        raise ConfigurationError("llm_model", spec.text, f"the server serves {served or 'no models'}; name "
-                                 "one with #model=NAME")
+        raise ConfigurationError("llm_model", spec.text, f"the server serves {_listed(served)}; name one "
+                                 "with #model=NAME")
     version = client.version()
     tokenizer = load_tokenizer(spec.text, tokenizer_path)
     describe = {
@@ -146,6 +157,15 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     engine = OpenAIEngine(spec.text, client, model, tokenizer, reset_prefix=knobs.reset_prefix, eos=eos)
     return LoadedModel(spec=spec.text, kind="openai", path=tokenizer_path, model=client, tokenizer=tokenizer,
                        dtype=knobs.dtype, device="served", engine=engine, describe=describe)
+
+
+def _listed(models: list[str]) -> str:
+    """The served model names as a message shows them: the first :data:`SHOWN_MODELS`, then a count."""
+    if not models:
+        return "no models"
+    shown = repr(models[:SHOWN_MODELS])
+    more = len(models) - SHOWN_MODELS
+    return shown if more <= 0 else f"{shown[:-1]}, ... and {more} more]"
 
 
 class OpenAIEngine:
@@ -191,7 +211,8 @@ class OpenAIEngine:
             response = self._complete(ids, config, settings.seed)
             row = parse_choice(self._spec, response, prompt_tokens=len(ids),
                                max_tokens=config.max_new_tokens, vocab_size=self.vocab_size(),
-                               token_id=self.token_id, tokenizer=self._tokenizer, source=source)
+                               token_id=self.token_id, tokenizer=self._tokenizer, source=source,
+                               model=self._model, secret=self._client.api_key)
             out.tokens.append(row.tokens)
             out.steps.append(row.steps)
             assert out.texts is not None and out.pieces is not None and out.finish_reasons is not None
@@ -205,16 +226,17 @@ class OpenAIEngine:
 
     def _complete(self, ids: list[int], config: GreedyConfig, seed: int) -> Completion:
         """The completion, the prompt sent as its token ids where the server takes them (the API allows
-        it; vLLM does), else as text, which the server tokenises (llama-cpp-python)."""
+        it; vLLM does), else as text, which the server tokenises (llama-cpp-python). Only a refusal of
+        the first id prompt (:data:`PROMPT_IDS_REFUSED`) switches to text, for the session."""
         __tracebackhide__ = True
         if self._send_ids is not False:
             try:
                 response = self._client.post("completions", request_body(self._model, ids, config, seed),
                                              Completion)
-            except HTTPStatusError:
-                if self._send_ids:
+            except HTTPStatusError as error:
+                if self._send_ids or error.status not in PROMPT_IDS_REFUSED:
                     raise
-                self._send_ids = False  # refused (llama-cpp-python answers 500 to a list): text it is
+                self._send_ids = False
             else:
                 self._send_ids = True
                 return response

@@ -1,6 +1,10 @@
 """HTTP for a server the plugin does not trust: JSON over ``http.client`` to one origin, with no
 redirect followed and no proxy, one deadline per request from connecting to the last byte (the
 socket's timeout re-armed before each send and read), and a size limit enforced while reading.
+A transient answer (429, 502, 503, 504) is retried a few times within that deadline, waiting as
+the server's ``Retry-After`` asks up to a cap, then fails with its status: it never passes for
+the server's answer to the request. An informational answer (1xx, e.g. ``103 Early Hints``) is
+skipped, and a response whose ``Content-Length`` headers disagree is refused (RFC 9112 §6.3).
 
 Each failure is one :class:`EngineError` that names the server, the request and what to check, a
 malformed or undecodable answer included; the API key is a :class:`~secret.Secret`, shown as
@@ -15,7 +19,8 @@ import io
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -25,11 +30,18 @@ from pytest_llmdeterminism.engines.spec import without_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError
 
 if TYPE_CHECKING:
+    import http.client
     import socket
 
 VERSION_DEADLINE = 10.0  # seconds for the optional GET /version, within the spec's timeout
 VERSION_MAX_BYTES = 64 * 1024
 ERROR_BODY_BYTES = 64 * 1024  # of a 4xx/5xx answer, read for its message
+# Overloaded, rate-limited or a gateway between: the same request may succeed a moment later.
+TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
+ATTEMPTS = 4  # of a request answered with a transient status, the first included
+BACKOFF = (0.5, 1.0, 2.0)  # seconds before each retry where the server sends no Retry-After
+RETRY_AFTER_CAP = 30.0  # seconds: the longest wait a server's Retry-After gets; a longer one fails at once
+INFORMATIONAL_MOST = 20  # 1xx answers skipped before one request's final answer
 _T = TypeVar("_T")
 
 
@@ -53,6 +65,51 @@ def check_url(spec: str, target: str) -> None:
     if problem is not None:
         raise ConfigurationError("llm_model", spec, f"{target!r} {problem}; {expected}")
 
+
+
+def retry_wait(retry_after: str | None, attempt: int, left: float) -> tuple[float | None, str]:
+    """After attempt ``attempt`` (from 1) got a transient status: the seconds to wait before the next
+    one (``Retry-After`` in seconds or as an HTTP date, else :data:`BACKOFF`), or None and why not:
+    every attempt made, a wait above :data:`RETRY_AFTER_CAP`, or one that ends past the deadline,
+    ``left`` seconds away."""
+    asked = _seconds_after(retry_after)
+    wait = BACKOFF[min(attempt, len(BACKOFF)) - 1] if asked is None else asked
+    if attempt >= ATTEMPTS:
+        return None, f"the same {attempt} times in a row, with a wait before each retry"
+    if wait > RETRY_AFTER_CAP:
+        return None, (f"its Retry-After asks for {wait:g} s, above the {RETRY_AFTER_CAP:g} s the plugin "
+                      "waits")
+    if wait >= left:
+        return None, (f"a retry in {wait:g} s would end past the request's deadline (#timeout=, retries "
+                      "included; e.g. #timeout=600 gives it longer)")
+    return wait, ""
+
+
+def _seconds_after(retry_after: str | None) -> float | None:
+    """``Retry-After``'s wait in seconds (RFC 9110 §10.2.3: digits, or an HTTP date); None if neither."""
+    if retry_after is None:
+        return None
+    value = retry_after.strip()
+    if value.isascii() and value.isdigit():
+        return float(min(int(value[:12]), 10**9))
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+class _Reply(NamedTuple):
+    status: int
+    body: bytes
+    location: str | None = None  # of a 3xx
+    retry_after: str | None = None  # of a transient status
+
+
 class Client:
     """JSON over HTTP with ``http.client``: one origin, no redirects, no proxy, one deadline and one
     size limit per request. The first transport failure is kept: every later request fails at once
@@ -69,6 +126,11 @@ class Client:
         self._path = parts.path.rstrip("/")
         self._query = f"?{parts.query}" if parts.query else ""
         self.down: EngineError | None = None
+
+    @property
+    def api_key(self) -> Secret | None:
+        """The key, as a :class:`Secret` (it prints as ``***``): what masks it in served text."""
+        return self._api_key
 
     def get(self, path: str, into: type[_T]) -> _T:
         return self._request("GET", path, None, into)
@@ -90,11 +152,11 @@ class Client:
 
         root = self._path.removesuffix("/v1")
         try:
-            status, _, payload = self._exchange("GET", f"{root}/version", None,
-                                                {"Accept": "application/json"}, None, request="GET /version",
-                                                seconds=min(self.timeout, VERSION_DEADLINE),
-                                                max_bytes=VERSION_MAX_BYTES)
-            version = msgspec.json.decode(payload, type=ServerVersion).version if status == 200 else ""
+            reply = self._exchange("GET", f"{root}/version", None, {"Accept": "application/json"}, None,
+                                   request="GET /version", seconds=min(self.timeout, VERSION_DEADLINE),
+                                   max_bytes=VERSION_MAX_BYTES)
+            ok = reply.status == 200
+            version = msgspec.json.decode(reply.body, type=ServerVersion).version if ok else ""
         except (OSError, ValueError, RecursionError, MemoryError, EngineError, http.client.HTTPException):
             return None
         return self.redact(version) or None
@@ -110,18 +172,28 @@ class Client:
         headers = {"Accept": "application/json"}
         if data is not None:
             headers |= {"Content-Type": "application/json", "Content-Length": str(len(data))}
-        try:
-            status, location, payload = self._exchange(method, f"{self._path}/{path}{self._query}", data,
-                                                       headers, self._api_key, request=request,
-                                                       seconds=self.timeout, max_bytes=self.max_bytes)
-        except (OSError, ValueError, http.client.HTTPException) as error:
-            self.down = EngineError(self.spec, f"the server at {self.base} did not answer {request} "
-                                    f"{self._transport_problem(error)}; every later test that uses it fails "
-                                    "with this message")
-            raise self.down.with_traceback(None) from None
+        deadline = time.monotonic() + self.timeout  # one for the request, its retries included
+        retried = ""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                reply = self._exchange(method, f"{self._path}/{path}{self._query}", data, headers,
+                                       self._api_key, request=request, max_bytes=self.max_bytes,
+                                       seconds=max(deadline - time.monotonic(), 1e-3))
+            except (OSError, ValueError, http.client.HTTPException) as error:
+                self.down = EngineError(self.spec, f"the server at {self.base} did not answer {request} "
+                                        f"{self._transport_problem(error)}; every later test that uses it "
+                                        "fails with this message")
+                raise self.down.with_traceback(None) from None
+            if reply.status not in TRANSIENT_STATUSES:
+                break
+            wait, retried = retry_wait(reply.retry_after, attempt, deadline - time.monotonic())
+            if wait is None:
+                break
+            time.sleep(wait)
+        status, payload = reply.status, reply.body
         answered = f"the server at {self.base} answered {request} with"
         if 300 <= status < 400:
-            shown = self.redact(without_credentials(location or "nowhere"))[:SHOWN_CHARS]
+            shown = self.redact(without_credentials(reply.location or "nowhere"))[:SHOWN_CHARS]
             raise EngineError(self.spec, f"{answered} HTTP {status}, a redirect to {shown!r}. Redirects "
                               "are not followed (the request and its API key go to the spec's URL only): put "
                               "the final URL in the spec")
@@ -129,6 +201,9 @@ class Client:
             detail = self.redact(payload.decode(errors="replace"))[:SHOWN_CHARS]
             hint = " (an OpenAI-compatible API lives under /v1: does the URL end in /v1?)"
             hint = hint if status == 404 else ""
+            if status in TRANSIENT_STATUSES:
+                hint = (f" ({retried}; it is overloaded, rate-limited or behind a failing gateway: run again "
+                        "when it has capacity)")
             raise HTTPStatusError(self.spec, status, f"{answered} HTTP {status}{hint}: {detail!r}")
         try:
             return msgspec.json.decode(payload, type=into)
@@ -140,8 +215,8 @@ class Client:
 
     def _exchange(self, method: str, target: str, data: bytes | None, headers: dict[str, str],
                   api_key: Secret | None, *, request: str, seconds: float,
-                  max_bytes: int) -> tuple[int, str | None, bytes]:
-        """One request on a fresh connection: ``(status, Location, body)``, the body read within
+                  max_bytes: int) -> _Reply:
+        """One request on a fresh connection: its final answer (1xx skipped), the body read within
         ``max_bytes`` (a 4xx/5xx body is cut at ERROR_BODY_BYTES) and all of it within ``seconds``.
         ``api_key`` goes into the ``Authorization`` header as bytes that print as ``***``, so the
         key is never a plain string in a frame (``pytest -l`` prints every frame's locals)."""
@@ -151,6 +226,7 @@ class Client:
         deadline = time.monotonic() + seconds
         kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         connection = kind(self._host, self._port, timeout=seconds)
+        connection.response_class = _response_class()
         raw: socket.socket | None = None
         try:
             connection.connect()
@@ -165,7 +241,7 @@ class Client:
             connection.endheaders(data)
             response = connection.getresponse()
             if 300 <= response.status < 400:
-                return response.status, response.getheader("Location"), b""
+                return _Reply(response.status, b"", location=response.getheader("Location"))
             success = 200 <= response.status < 300
             declared = response.length  # None where chunked or not given
             if success and declared is not None and declared > max_bytes:
@@ -180,7 +256,7 @@ class Client:
                     raise self._too_large(request, None, max_bytes)
             if success and declared is not None and total < declared:
                 raise http.client.IncompleteRead(b"", declared - total)
-            return response.status, None, b"".join(chunks)
+            return _Reply(response.status, b"".join(chunks), retry_after=response.getheader("Retry-After"))
         finally:
             connection.close()
             if raw is not None:
@@ -226,6 +302,43 @@ class Client:
         excerpt = self.redact(payload[max(at - 40, 0):at + 40].decode(errors="replace"))
         why = "; JSON has no NaN or Infinity" if "NaN" in excerpt or "Infinity" in excerpt else ""
         return f"malformed JSON ({error}, near {excerpt!r}{why})"
+
+
+@cache
+def _response_class() -> type[http.client.HTTPResponse]:
+    """``http.client``'s response, stricter where HTTP/1.1 says so: it skips every informational
+    answer (``http.client`` skips only ``100 Continue``, and would take ``103 Early Hints`` for the
+    answer), at most :data:`INFORMATIONAL_MOST`, and refuses ``Content-Length`` headers that disagree
+    or do not hold a length (a body framed two ways can be read two ways: RFC 9112 §6.3)."""
+    import http.client
+
+    class StrictResponse(http.client.HTTPResponse):
+        def _read_status(self) -> tuple[str, int, str]:
+            for _ in range(INFORMATIONAL_MOST):
+                # Not in typeshed: the status line reader that begin() loops on, private but stable.
+                version, status, reason = super()._read_status()  # type: ignore[misc]
+                if not (100 <= status < 200) or status == 101:  # 101: a protocol switch, never asked for
+                    return version, status, reason
+                http.client.parse_headers(self.fp)  # an informational answer's headers: skipped
+            raise http.client.HTTPException(f"more than {INFORMATIONAL_MOST} informational (1xx) answers "
+                                            "before the answer")
+
+        def begin(self) -> None:
+            super().begin()
+            given = self.headers.get_all("Content-Length") or []
+            lengths = {value.strip() for header in given for value in header.split(",")}
+            if given and not self.chunked and (len(lengths) > 1 or not all(map(_is_length, lengths))):
+                shown = ", ".join(map(repr, given))[:SHOWN_CHARS]
+                raise http.client.HTTPException(f"Content-Length headers {shown} that do not give one "
+                                                "length: a body HTTP/1.1 cannot frame (RFC 9112 §6.3)")
+            if given and not self.chunked:
+                self.length = int(lengths.pop())
+
+    return StrictResponse
+
+
+def _is_length(value: str) -> bool:
+    return value.isascii() and value.isdigit() and len(value) <= 18
 
 
 class _DeadlineSocket:
