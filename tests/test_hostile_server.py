@@ -27,6 +27,7 @@ KEY = "sk-hostile-0123456789abcdef"
 KEY_ENV = "LLMDET_HOSTILE_TEST_KEY"
 GREEDY = [273, 442, 445, 373, 272]  # "The cat sat on the", one token each in the tiny tokenizer
 MODELS = {"object": "list", "data": [{"id": "tiny"}]}
+MODELS_JSON = json.dumps(MODELS).encode()  # 44 bytes
 
 
 @pytest.fixture
@@ -327,6 +328,8 @@ HTTP_TRICKS = {
     "one-byte chunks": (_chunks_of_one_byte, None),
     "data after Content-Length": (_framed(0, after=b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100_000), None),
     "two equal Content-Lengths": (_framed(0, 0), None),
+    "one length twice in one header": (_raw(b"HTTP/1.1 200 OK\r\nContent-Length: 44, 44\r\n\r\n" + MODELS_JSON
+                                            + b"HTTP/1.1 200 OK\r\n\r\n"), None),
     "a gzip bomb": (_answer(200, gzip.compress(b"[" * 10_000_000)), "malformed JSON (JSON is malformed: "
                     "invalid character (byte 0)"),  # sent with Accept-Encoding: identity, never inflated
 }
@@ -346,7 +349,6 @@ def test_http_tricks_give_the_framed_body_or_one_engine_error(serve, pieces, cas
     assert server.requests[0].headers["accept-encoding"] == "identity"
 
 
-MODELS_JSON = json.dumps(MODELS).encode()  # 44 bytes
 # Framings HTTP/1.1 calls unreadable (RFC 9112 §6.3): refused, whichever length comes first.
 CONFLICTING_LENGTHS = {
     "the true one first": (_framed(0, 5), "'44', '5'"),

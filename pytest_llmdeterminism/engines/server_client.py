@@ -331,8 +331,8 @@ def _response_class() -> type[http.client.HTTPResponse]:
                 shown = ", ".join(map(repr, given))[:SHOWN_CHARS]
                 raise http.client.HTTPException(f"Content-Length headers {shown} that do not give one "
                                                 "length: a body HTTP/1.1 cannot frame (RFC 9112 §6.3)")
-            if given and not self.chunked:
-                self.length = int(lengths.pop())
+            if given and not self.chunked and self.length is None and self.status not in (204, 304):
+                self.length = int(lengths.pop())  # "44, 44": one length, which http.client cannot parse
 
     return StrictResponse
 
