@@ -203,6 +203,15 @@ class _WorkerReports:
         self._session.ledger.deselected.update(output.get(_DESELECTED, []))
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # pytest's own record of what exists, before any plugin or conftest filters the items
+    item.config.stash[SESSION].ledger.seen.add(item.nodeid)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[SESSION].ledger.collection_finished(item.nodeid for item in session.items)
+
+
 _PARTIAL = "llm_partial_reasons"
 _DESELECTED = "llm_deselected"  # every worker collects the whole suite and deselects the same tests
 

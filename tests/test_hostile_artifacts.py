@@ -14,7 +14,7 @@ import pytest
 from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.goldens.review import plan_accept
 from pytest_llmdeterminism.reporting import documents
-from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 
 VALID = (Path(__file__).parent / "data" / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
 NEWER_SCHEMA = VALID.replace(b'"schema": 1', b'"schema": 2')
@@ -233,15 +233,68 @@ MAX_REPORT_BYTES = 256 * 1024 * 1024  # the limit merge's help states
 VALID_KEYS = sorted(msgspec.json.decode(VALID)["goldens"])
 
 
-def shard_report(folder: Path, golden_files: dict[str, str], *, candidates: str | None = None) -> Path:
-    """A complete, passing shard of one test per module, its report in ``folder``."""
-    outcomes = {f"{module}::test_other": "passed" for module in golden_files}
+TEST_OTHER = b"def test_other(llm_model, golden_tokens):\n    pass\n"
+
+
+def shard_report(folder: Path, golden_files: dict[str, str], *, candidates: str | None = None,
+                 tests: tuple[str, ...] = ("test_other",), failed: bool = False,
+                 checks: list[CheckRecord] | None = None) -> Path:
+    """A complete, passing shard of ``tests`` in each module, its report in ``folder``."""
+    outcomes = {f"{module}::{test}": "passed" for module in golden_files for test in tests}
     run = RunRecord(suite=sorted(outcomes), selected=sorted(outcomes), outcomes=outcomes,
-                    golden_files=golden_files, used=[], stopped=[], partial=[], failed=False,
+                    golden_files=golden_files, used=[], stopped=[], partial=[], failed=failed,
                     candidates=candidates)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.json").write_text(documents.json_text(documents.run_report([], [], run=run)))
+    (folder / "report.json").write_text(documents.json_text(documents.run_report(checks or [], [], run=run)))
     return folder / "report.json"
+
+
+def test_merge_keeps_the_goldens_of_tests_the_checkout_defines_that_no_report_names(project, monkeypatch,
+                                                                                   capsys):
+    """A report is an artifact: one naming one test of a module does not speak for the module's others."""
+    defined = "".join(f"def {name}(llm_model, golden_tokens):\n    pass\n\n" for name in
+                      ("test_other", "test_capital", "test_capitals", "test_batch_of_prompts",
+                       "test_near_tie_prompt"))
+    put(project, {"test_a.py": defined.encode()})
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"})  # test_other alone
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 0, err
+    assert (project / "__golden__/test_a.json").read_bytes() == VALID
+    assert "pruned" not in out and "unused golden" not in out
+    # The negative control: the module defines one of them no more, so its goldens alone are unused.
+    put(project, {"test_a.py": defined.replace("test_near_tie_prompt", "test_renamed").encode()})
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 0, err
+    assert out.splitlines()[-2:] == ["pruned 1 unused golden(s):",
+                                     "  __golden__/test_a.json ['test_near_tie_prompt']"]
+
+
+def test_merge_keeps_every_golden_of_a_module_the_checkout_does_not_have(project, monkeypatch, capsys):
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"})  # no test_a.py here
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 0, err
+    assert (project / "__golden__/test_a.json").read_bytes() == VALID and "pruned" not in out
+
+
+def test_merge_believes_a_failed_check_over_a_report_that_says_it_did_not_fail(project, monkeypatch, capsys):
+    put(project, {"test_a.py": TEST_OTHER})
+    record = CheckRecord(test="test_a.py::test_other", name="test_other", variant="cpu/float32",
+                         verdict="REGRESSION", passed=False)
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"}, checks=[record])
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 1, out + err
+    assert "unused goldens not pruned: the shards together ran the whole suite, but some tests failed" in out
+    assert (project / "__golden__/test_a.json").read_bytes() == VALID
+
+
+def test_merge_refuses_a_report_whose_tests_ran_outside_its_own_suite(project, monkeypatch, capsys):
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"})
+    document = msgspec.json.decode(report.read_bytes())
+    document["run"]["suite"] = []
+    report.write_bytes(msgspec.json.encode(document))
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 2 and "says tests ran that its suite does not hold (test_a.py::test_other)" in err
+    assert (project / "__golden__/test_a.json").read_bytes() == VALID
 
 
 @pytest.fixture
@@ -259,6 +312,7 @@ def merge(project, monkeypatch, capsys, *args):
 
 
 def test_merge_prunes_the_goldens_of_a_report_that_names_its_own_modules_only(project, monkeypatch, capsys):
+    put(project, {"test_a.py": TEST_OTHER})  # the checkout's module: none of VALID's tests is left in it
     report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"})
     status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
     assert status == 0, err
@@ -346,6 +400,7 @@ def test_merge_judges_goldens_where_the_projects_llm_golden_dir_keeps_them(proje
                            "goldens)" in err
     assert (project / "__golden__/test_a.json").read_bytes() == VALID
     report = shard_report(project / "shard", {"test_a.py": "goldens/test_a.json"})
+    put(project, {"test_a.py": TEST_OTHER})
     status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
     assert status == 0, err
     assert out.startswith("configuration: pytest.ini (root .): llm_golden_dir = goldens\n")

@@ -40,6 +40,85 @@ def test_tests_a_conftest_deselects_keep_their_goldens_under_prune(suite, worker
     assert set(goldens) == {"test_a", "test_b"}
 
 
+SILENTLY_DROPPING_CONFTEST = """
+def pytest_collection_modifyitems(items):
+    items[:] = [item for item in items if item.name != "test_b"]  # no pytest_deselected call
+"""
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.subprocess)])
+def test_tests_a_conftest_drops_without_deselecting_them_keep_their_goldens_under_prune(suite, workers):
+    suite.makepyfile(test_two=TWO_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
+    suite.makeconftest(SILENTLY_DROPPING_CONFTEST)
+    args = ["--llm-golden-prune", *(["-n", str(workers)] if workers else [])]
+    result = suite.runpytest_subprocess(*args) if workers else suite.runpytest(*args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (1 collected test(s) left "
+                                 "out by a conftest or plugin)"])
+    assert "\npruned" not in result.stdout.str()
+    goldens = json.loads((suite.path / "__golden__" / "test_two.json").read_text())["goldens"]
+    assert set(goldens) == {"test_a", "test_b"}
+
+
+CASES_FROM_A_FILE = """
+import json, pathlib
+import pytest
+from pytest_llmdeterminism import deterministic
+
+CASES = pathlib.Path(__file__).with_name("cases.json")
+
+@deterministic(max_new_tokens=2)
+def test_a(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The sky is"))
+
+@pytest.mark.parametrize("prompt", json.loads(CASES.read_text()) if CASES.exists() else [])
+@deterministic(max_new_tokens=2)
+def test_case(llm_model, golden_tokens, prompt):
+    golden_tokens.check(llm_model.generate(prompt))
+"""
+
+
+def test_a_parametrization_that_came_out_empty_keeps_its_goldens_under_prune(suite):
+    suite.makepyfile(test_cases=CASES_FROM_A_FILE)
+    (suite.path / "cases.json").write_text('["Count: one,", "Once upon a"]')
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    (suite.path / "cases.json").unlink()  # missing today: pytest collects one skipped case, test_case[NOTSET]
+    result = suite.runpytest("--llm-golden-prune")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert "pruned" not in result.stdout.str() and "unused golden" not in result.stdout.str()
+    assert _goldens(suite, "test_cases") == {"test_a", "test_case[Count: one,]", "test_case[Once upon a]"}
+    # The negative control: the list is back without one case, whose golden alone is unused.
+    (suite.path / "cases.json").write_text('["Count: one,"]')
+    result = suite.runpytest("--llm-golden-prune")
+    result.stdout.fnmatch_lines(["pruned 1 unused golden(s):",
+                                 "  __golden__/test_cases.json ['test_case[Once upon a]']"])
+    assert _goldens(suite, "test_cases") == {"test_a", "test_case[Count: one,]"}
+
+
+@pytest.mark.parametrize("mode", ["--setup-only", "--setup-plan"])
+def test_a_setup_only_run_and_its_shard_report_prune_nothing(suite, mode, monkeypatch, capsys):
+    from pytest_llmdeterminism import cli
+
+    suite.makepyfile(test_two=TWO_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
+    result = suite.runpytest("--llm-golden-prune", mode, "--llm-report=shard/report.json")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"unused goldens not pruned: this run was partial ({mode}: no test function "
+                                 "ran; 2 of 2 collected test(s) did not run)"])
+    assert _goldens(suite, "test_two") == {"test_a", "test_b"}
+    report = json.loads((suite.path / "shard" / "report.json").read_text())["run"]
+    assert report["outcomes"] == {} and report["stopped"] == [f"{mode}: no test function ran"]
+    monkeypatch.chdir(suite.path)
+    capsys.readouterr()
+    status = cli.main(["merge", "shard/report.json", "--prune"])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert (f"unused goldens not pruned: the shards together were partial (shard/report.json: {mode}: no "
+            "test function ran; 2 of 2 test(s) of the suite ran in no shard)") in out
+    assert _goldens(suite, "test_two") == {"test_a", "test_b"}
+
+
 # Three tests; the one named in STOP_AT ends the run its own way while it runs (a real SIGINT to this
 # process, as Ctrl-C sends; a crash of its xdist worker; pytest.exit), so the tests after it never run.
 THREE_TESTS = """
@@ -80,8 +159,8 @@ def test_c(llm_model, golden_tokens):
 """
 
 
-def _goldens(suite):
-    path = suite.path / "__golden__" / "test_three.json"
+def _goldens(suite, module="test_three"):
+    path = suite.path / "__golden__" / f"{module}.json"
     return set(json.loads(path.read_text())["goldens"]) if path.exists() else set()
 
 

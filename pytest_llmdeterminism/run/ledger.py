@@ -37,7 +37,11 @@ class Ledger:
         self.partial_reasons: list[str] = []  # why this run did not visit every test
         self.stop_reasons: list[str] = []  # why this run ended before it ran every collected test
         self.collected: set[str] = set()  # node ids this run set out to run (under xdist: the workers')
-        self.finished: set[str] = set()  # node ids whose teardown was reported: they ran to the end
+        self.finished: set[str] = set()  # node ids whose teardown was reported
+        # node ids whose test function was called, or whose setup skipped or failed it: with
+        # ``finished``, the tests that ran to their end (--setup-only sets up and tears down, calls none)
+        self.ran: set[str] = set()
+        self.seen: set[str] = set()  # every item pytest collected, before any plugin's or conftest's filter
         self.deselected: set[str] = set()  # node ids collected, then deselected (-k, pytest-split, ...)
         self.partial(partial)
 
@@ -58,6 +62,8 @@ class Ledger:
         """Keep each test's overall outcome: failed beats skipped beats passed."""
         if when == "teardown":
             self.finished.add(nodeid)
+        if when == "call" or (when == "setup" and outcome != "passed"):
+            self.ran.add(nodeid)
         if outcome not in _RANK:  # e.g. pytest-rerunfailures' "rerun": an attempt, not the outcome
             return
         counts = when == "call" or outcome != "passed"
@@ -101,6 +107,20 @@ class Ledger:
             self.deselected.update(nodeids)
             self.partial([f"{len(nodeids)} test(s) deselected"])
 
+    def collection_finished(self, items: Iterable[str]) -> None:
+        """The items pytest will run, after every filter: a collected item missing from them that no
+        one deselected was dropped silently (a conftest's ``items[:] = ...``), and is left out like a
+        deselected one: the run does not speak for it."""
+        dropped = sorted(self.seen - set(items) - self.deselected)
+        if dropped:
+            self.deselected.update(dropped)
+            self.partial([f"{len(dropped)} collected test(s) left out by a conftest or plugin"])
+
+    def ran_to_the_end(self) -> set[str]:
+        """The tests whose run pytest reported from setup to teardown, with their function called
+        (or skipped or failed before it)."""
+        return self.finished & self.ran
+
     def partial(self, reasons: Iterable[str]) -> None:
         """This run did not visit every test (for the given reasons): unused goldens are not judged."""
         self.partial_reasons += [reason for reason in reasons if reason not in self.partial_reasons]
@@ -114,7 +134,7 @@ class Ledger:
     def why_partial(self) -> list[str]:
         """Every reason this run does not speak for the whole suite; none after a complete run. A
         collected test that never reported its teardown did not run to its end, whatever the cause."""
-        not_run = len(self.collected - self.finished)
+        not_run = len(self.collected - self.ran_to_the_end())
         unfinished = [f"{not_run} of {len(self.collected)} collected test(s) did not run"] if not_run else []
         return self.stop_reasons + unfinished + self.partial_reasons
 

@@ -159,4 +159,9 @@ def stop_reasons(session: pytest.Session, exitstatus: int) -> list[str]:
     error, ``-x``/``--maxfail`` or a plugin that set ``session.shouldstop``/``shouldfail``."""
     ended = {pytest.ExitCode.INTERRUPTED: "interrupted", pytest.ExitCode.INTERNAL_ERROR: "an internal error"}
     reasons = [ended[pytest.ExitCode(exitstatus)]] if exitstatus in ended else []
+    option = session.config.option
+    # These set tests up (and tear them down) without calling them: every test "passes", none ran.
+    mode = next((flag for flag, on in (("--setup-plan", getattr(option, "setupplan", False)),
+                                       ("--setup-only", getattr(option, "setuponly", False))) if on), None)
+    reasons += [f"{mode}: no test function ran"] if mode else []
     return reasons + [str(flag) for flag in (session.shouldfail, session.shouldstop) if flag]

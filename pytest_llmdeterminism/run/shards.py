@@ -25,7 +25,8 @@ from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, GoldenFiles
 from pytest_llmdeterminism.goldens.review import candidate_files
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
-from pytest_llmdeterminism.run.writer import unused_keys
+from pytest_llmdeterminism.run import unused
+from pytest_llmdeterminism.run.writer import module_source
 
 MAX_REPORT_BYTES = 256 * 1024 * 1024  # a report is artifact input: refused unread above this
 _WORST = {"passed": 0, "skipped": 1, "failed": 2}
@@ -48,6 +49,13 @@ class Shard:
     checks: list[CheckRecord]
     audits: list[tuple[str, dict[str, Any]]]
     run: RunRecord
+
+    @property
+    def failed(self) -> bool:
+        """Whether the shard failed: as its report says, or as its checks and outcomes show (a
+        report is an artifact; ``failed: false`` beside a failed check is not believed)."""
+        return (self.run.failed or any(not check.passed for check in self.checks)
+                or "failed" in self.run.outcomes.values())
 
     @property
     def candidates(self) -> Path | None:
@@ -80,6 +88,12 @@ def read_shard(path: Path) -> Shard:
     if document.run is None:
         raise ShardError(f"{path} has no 'run' section (which tests the shard collected and ran), so it "
                          f"cannot say what the shard covered. {rerun}")
+    suite = set(document.run.suite)
+    strays = sorted((set(document.run.outcomes) | set(document.run.selected)) - suite)
+    if strays:  # pytest's record of a run never has them: a report edited or put together by hand
+        raise ShardError(f"{path} says tests ran that its suite does not hold ({', '.join(strays[:3])}"
+                         f"{' …' if len(strays) > 3 else ''}), so it cannot say what the shard covered. "
+                         f"{rerun}")
     audits = [(str(audit.pop("test", "")), audit) for audit in document.audits]
     return Shard(path, document.checks, audits, document.run)
 
@@ -170,7 +184,7 @@ def partial_reasons(shards: Sequence[Shard], covered: Coverage) -> list[str]:
                 for shard in shards if not shard.run.suite_collected]
     if covered.not_run:
         reasons.append(f"{len(covered.not_run)} of {len(covered.suite)} test(s) of the suite ran in no shard")
-    if any(shard.run.failed for shard in shards):
+    if any(shard.failed for shard in shards):
         reasons.append("some tests failed")
     return reasons
 
@@ -190,7 +204,7 @@ def merged_run(shards: Sequence[Shard], partial: list[str], candidates: str | No
         used=sorted({(path, key) for shard in shards for path, key in shard.run.used}),
         stopped=[f"{shard.report}: {reason}" for shard in shards for reason in shard.run.stopped],
         partial=partial,
-        failed=any(shard.run.failed for shard in shards),
+        failed=any(shard.failed for shard in shards),
         suite_collected=all(shard.run.suite_collected for shard in shards),
         candidates=candidates,
     )
@@ -220,7 +234,7 @@ def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[st
         if folder is None:
             continue
         if not folder.is_dir():
-            if shard.run.failed:  # a failing shard wrote candidates: they must not go missing unnoticed
+            if shard.failed:  # a failing shard wrote candidates: they must not go missing unnoticed
                 problems.append(
                     f"{folder} does not exist, but {shard.report} says its shard wrote its candidates there "
                     f"(--llm-golden-artifacts). Download the shard's candidates folder beside its report, in "
@@ -266,20 +280,24 @@ def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
 
 
 def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], list[str]]:
-    """After shards that together ran the whole suite, all passing: the golden keys no test checked,
-    per golden file (as in ``run.golden_files``), read from the checkout at ``root``."""
-    tests_by_file: dict[str, dict[str, str]] = {}
-    for nodeid, outcome in run.outcomes.items():
+    """After shards that together ran the whole suite, all passing: the golden keys they prove unused
+    (:mod:`~pytest_llmdeterminism.run.unused`), per golden file (as in ``run.golden_files``), read from
+    the checkout at ``root``. The reports are artifacts: a golden of a test that the checkout's module
+    still defines is kept unless the shards ran it, whatever a report leaves out."""
+    tests_by_module: dict[str, dict[str, str | None]] = {}
+    for nodeid in run.suite:
         module, _, test = nodeid.partition("::")
-        path = run.golden_files.get(module)
-        if test and path is not None:
-            tests_by_file.setdefault(path, {})[test] = outcome
+        if test:
+            tests_by_module.setdefault(module, {})[test] = run.outcomes.get(nodeid)
     used: dict[str, set[str]] = {}
-    for path, key in run.used:
-        used.setdefault(path, set()).add(key)
-    unused: dict[str, list[str]] = {}
+    for file_name, key in run.used:
+        used.setdefault(file_name, set()).add(key)
+    found: dict[str, list[str]] = {}
     problems = []
-    for path, tests in sorted(tests_by_file.items()):
+    for module, tests in sorted(tests_by_module.items()):
+        path = run.golden_files.get(module)
+        if path is None:
+            continue
         file = root / path
         if not file.exists():
             if path in used:  # a shard read goldens there: this is not the project the shards ran
@@ -291,10 +309,11 @@ def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], li
         except GoldenFileError as error:
             problems.append(str(error))
             continue
-        found = unused_keys(keys, tests, used.get(path, set()))
-        if found:
-            unused[path] = found
-    return unused, problems
+        source = module_source(root, module) if _plain_relative(module) else None
+        keys_unused = unused.unused_keys(keys, unused.ModuleRun(tests, source, frozenset(used.get(path, ()))))
+        if keys_unused:
+            found[path] = keys_unused
+    return found, problems
 
 
 @dataclass

@@ -5,7 +5,7 @@ stops the rest, and every problem is reported (and fails the run)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting import documents, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.run import unused
 from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
 from pytest_llmdeterminism.run.options import Options
@@ -41,7 +42,7 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
                files, out)
     out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
-        out.unused = find_unused(ledger, files)
+        out.unused = find_unused(ledger, files, options.rootdir)
         if options.prune and not options.plant_defect:
             _prune(out, files)
     _write_reports(ledger, options, files, out, failed=failed)
@@ -65,46 +66,42 @@ def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describ
             out.written.append(f"{files.display(destination)} ({describe(len(updates))})")
 
 
-def find_unused(ledger: Ledger, files: GoldenFiles) -> dict[str, list[str]]:
-    """After a complete, green run: golden keys no test checked, per golden file."""
-    by_file: dict[Path, dict[str, str]] = {}
-    for nodeid, outcome in ledger.outcomes.items():
+def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, list[str]]:
+    """After a complete, green run: golden keys it proves unused (:mod:`.unused`), per golden file."""
+    finished = ledger.ran_to_the_end()
+    tests_by_module: dict[str, dict[str, str | None]] = {}
+    for nodeid in ledger.seen | ledger.collected:
         module, _, test = nodeid.partition("::")
         if test:
-            by_file.setdefault(files.path_for_nodeid(module), {})[test] = outcome
-    unused = {}
-    for path, tests in sorted(by_file.items()):
+            tests_by_module.setdefault(module, {})[test] = \
+                ledger.outcomes.get(nodeid, "passed") if nodeid in finished else None
+    found = {}
+    for module, tests in sorted(tests_by_module.items()):
+        path = files.path_for_nodeid(module)
         try:
             keys = files.read(path).keys()
         except GoldenFileError:
             continue  # already reported by the tests that read it
-        found = unused_keys(keys, tests, {key for p, key in ledger.used if Path(p) == path})
-        if found:
-            unused[str(path)] = found
-    return unused
+        used = frozenset(key for p, key in ledger.used if Path(p) == path)
+        keys_unused = unused.unused_keys(keys, unused.ModuleRun(tests, module_source(root, module), used))
+        if keys_unused:
+            found[str(path)] = keys_unused
+    return found
 
 
-def owner(key: str, test_keys: Iterable[str]) -> str | None:
-    """The test a golden key belongs to: ``test``, ``test#2`` and ``test::name`` belong to ``test``."""
-    matches = [t for t in test_keys if key == t or key.startswith((f"{t}#", f"{t}::"))]
-    return max(matches, key=len, default=None)
+MAX_MODULE_BYTES = 64 * 1024 * 1024
 
 
-def unused_keys(keys: Iterable[str], tests: Mapping[str, str], used: set[str]) -> list[str]:
-    """Golden keys of a module that a complete run did not check.
-
-    ``tests`` maps each test of the module that ran to its outcome. A key is unused when no test
-    owns it (the test was deleted or renamed), or its test passed without checking it. A key of a
-    skipped or failed test was not exercised: it is never unused.
-    """
-    unused = []
-    for key in keys:
-        if key in used:
-            continue
-        test = owner(key, tests)
-        if test is None or tests[test] == "passed":
-            unused.append(key)
-    return sorted(unused)
+def module_source(root: Path, module: str) -> str | None:
+    """The text of test module ``module`` (a node id's path, relative to ``root``), or None when it
+    is not a readable file inside ``root``: then no golden of it can be proven unused."""
+    path = Path(os.path.realpath(root / module))
+    if Path(os.path.realpath(root)) not in path.parents:
+        return None
+    try:
+        return store.read_regular_file(path, max_bytes=MAX_MODULE_BYTES).decode("utf-8", errors="replace")
+    except (OSError, store.UnreadableFileError):
+        return None
 
 
 def _prune(out: RunOutput, files: GoldenFiles) -> None:
@@ -151,6 +148,7 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
                report_folder: Path) -> RunRecord:
     """What this run checked, in terms another machine's checkout shares (see :class:`RunRecord`)."""
     suite = sorted(ledger.collected | ledger.deselected)
+    ran = ledger.ran_to_the_end()
     modules = sorted({nodeid.partition("::")[0] for nodeid in suite if "::" in nodeid})
     candidates = None
     if options.artifacts is not None and not options.plant_defect:  # a planted defect's outputs: never
@@ -160,7 +158,7 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
     return RunRecord(
         suite=suite,
         selected=sorted(ledger.collected),
-        outcomes={nodeid: ledger.outcomes.get(nodeid, "passed") for nodeid in sorted(ledger.finished)},
+        outcomes={nodeid: ledger.outcomes.get(nodeid, "passed") for nodeid in sorted(ran)},
         golden_files={module: files.portable(files.path_for_nodeid(module)) for module in modules},
         used=sorted({(files.portable(Path(path)), key) for path, key in ledger.used}),
         stopped=list(ledger.stop_reasons),
