@@ -54,15 +54,20 @@ def test_a_check_name_that_is_not_valid_unicode_is_refused_and_nothing_is_writte
         def test_named(llm_model, golden_tokens):
             generation = llm_model.generate("The capital of France is")
             golden_tokens.check(generation, name="caf\\udce9")
+
+        def test_long_name(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The capital of France is"), name="x" * 1_000_001)
     ''')
     result = suite.runpytest("--llm-golden-update")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
         ">*golden_tokens.check(generation, name=*",
         "E*ConfigurationError: golden_tokens.check(name=...) = 'caf\\udce9': the name holds a lone surrogate "
         "'\\udce9' at character 3, which is not valid Unicode*a golden file holding it would not read back. "
         "Pass a name of valid text*",
     ])
+    result.stdout.fnmatch_lines(["E*ConfigurationError: golden_tokens.check(name=...): the name has 1,000,001 "
+                                 "characters, more than the 1,000,000 a golden holds; pass a short name"])
     assert _golden_files(suite) == []
 
 

@@ -164,6 +164,9 @@ class GoldenTokens:
             if not name or not isinstance(name, str):
                 raise ConfigurationError("golden_tokens.check(name=...)", name, "expected a non-empty string")
             problem = schema.text_problem([("the name", name)])
+            if problem and problem.too_long:
+                raise ConfigurationError("golden_tokens.check(name=...)", NO_VALUE,
+                                         f"{problem}; pass a short name")
             if problem:
                 raise ConfigurationError("golden_tokens.check(name=...)", name,
                                          f"{problem}; a golden file holding it would not read back. Pass a "
