@@ -179,6 +179,10 @@ class _OutcomeCollector:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._session.ledger.collected.update(item.nodeid for item in session.items)
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # this process's, or (as the xdist controller) a worker's
+            self._session.ledger.collection_failed(report.nodeid)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._session.ledger.test_finished(report.nodeid, report.when, report.outcome)
         payload = getattr(report, REPORT_ATTRIBUTE, None)

@@ -96,6 +96,18 @@ def test_a_parametrization_that_came_out_empty_keeps_its_goldens_under_prune(sui
     assert _goldens(suite, "test_cases") == {"test_a", "test_case[Count: one,]"}
 
 
+def test_a_run_with_a_module_that_did_not_collect_prunes_nothing_and_names_it(suite):
+    suite.makepyfile(test_two=TWO_TESTS)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
+    suite.makepyfile(test_broken="def test_x(:\n")  # its goldens, if any, belong to tests nobody can see
+    suite.makepyfile(test_two=TWO_TESTS.replace("def test_b", "def test_b_renamed"))
+    result = suite.runpytest("--llm-golden-prune", "--continue-on-collection-errors",
+                             "--llm-golden-update=new")
+    result.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (1 error(s) during "
+                                 "collection (test_broken.py); some tests failed)"])
+    assert _goldens(suite, "test_two") == {"test_a", "test_b", "test_b_renamed"}
+
+
 @pytest.mark.parametrize("mode", ["--setup-only", "--setup-plan"])
 def test_a_setup_only_run_and_its_shard_report_prune_nothing(suite, mode, monkeypatch, capsys):
     from pytest_llmdeterminism import cli

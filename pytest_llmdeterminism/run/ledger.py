@@ -42,6 +42,7 @@ class Ledger:
         # ``finished``, the tests that ran to their end (--setup-only sets up and tears down, calls none)
         self.ran: set[str] = set()
         self.seen: set[str] = set()  # every item pytest collected, before any plugin's or conftest's filter
+        self.collect_errors: set[str] = set()  # collectors (modules) that failed to collect
         self.deselected: set[str] = set()  # node ids collected, then deselected (-k, pytest-split, ...)
         self.partial(partial)
 
@@ -116,6 +117,10 @@ class Ledger:
             self.deselected.update(dropped)
             self.partial([f"{len(dropped)} collected test(s) left out by a conftest or plugin"])
 
+    def collection_failed(self, nodeid: str) -> None:
+        """A module (or other collector) that could not be collected: its tests are unknown."""
+        self.collect_errors.add(nodeid)
+
     def ran_to_the_end(self) -> set[str]:
         """The tests whose run pytest reported from setup to teardown, with their function called
         (or skipped or failed before it)."""
@@ -136,7 +141,14 @@ class Ledger:
         collected test that never reported its teardown did not run to its end, whatever the cause."""
         not_run = len(self.collected - self.ran_to_the_end())
         unfinished = [f"{not_run} of {len(self.collected)} collected test(s) did not run"] if not_run else []
-        return self.stop_reasons + unfinished + self.partial_reasons
+        return self.incomplete() + unfinished + self.partial_reasons
+
+    def incomplete(self) -> list[str]:
+        """Why the tests this run selected do not stand for what exists, whatever was deselected:
+        it stopped early, or some module could not be collected (its tests are unknown)."""
+        errors = sorted(self.collect_errors)
+        shown = ", ".join(errors[:3]) + (" …" if len(errors) > 3 else "")
+        return self.stop_reasons + ([f"{len(errors)} error(s) during collection ({shown})"] if errors else [])
 
 
 def fold(into: FileUpdates, rows: Iterable[GoldenWrite]) -> None:

@@ -161,7 +161,7 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
         outcomes={nodeid: ledger.outcomes.get(nodeid, "passed") for nodeid in sorted(ran)},
         golden_files={module: files.portable(files.path_for_nodeid(module)) for module in modules},
         used=sorted({(files.portable(Path(path)), key) for path, key in ledger.used}),
-        stopped=list(ledger.stop_reasons),
+        stopped=ledger.incomplete(),
         partial=ledger.why_partial(),
         failed=failed,
         suite_collected=NODE_IDS_GIVEN not in ledger.partial_reasons,
