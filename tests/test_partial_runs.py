@@ -96,6 +96,19 @@ def test_a_parametrization_that_came_out_empty_keeps_its_goldens_under_prune(sui
     assert _goldens(suite, "test_cases") == {"test_a", "test_case[Count: one,]"}
 
 
+def test_a_line_taken_out_of_a_prompt_suite_is_pruned_and_the_others_are_kept(suite):
+    """Prompt suites are test modules too: their source is the JSONL file, each line's id a test."""
+    lines = [json.dumps({"id": f"case-{n}", "prompt": prompt, "max_new_tokens": 2})
+             for n, prompt in enumerate(["The sky is", "Count: one,", "Once upon a"])]
+    (suite.path / "test_prompts.llm.jsonl").write_text("\n".join(lines) + "\n")
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=3)
+    (suite.path / "test_prompts.llm.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    result = suite.runpytest("--llm-golden-prune")
+    result.stdout.fnmatch_lines(["pruned 1 unused golden(s):",
+                                 "  __golden__/test_prompts.llm.json ['case-2']"])
+    assert _goldens(suite, "test_prompts.llm") == {"case-0", "case-1"}
+
+
 def test_a_run_with_a_module_that_did_not_collect_prunes_nothing_and_names_it(suite):
     suite.makepyfile(test_two=TWO_TESTS)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
