@@ -111,7 +111,8 @@ class LLMModel:
             eos_token_ids=self._loaded.engine.eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
             seed=self.settings.seed,
-            vocab_size=self._loaded.engine.vocab_size(),
+            # what an eos_token_id override must be below (asked only then: engines answer it lazily)
+            vocab_size=self._loaded.engine.vocab_size() if "eos_token_id" in overrides else None,
         )
         if config.sampling is not None:
             self._refuse_sampling_where_not_owned(config, len(given))
