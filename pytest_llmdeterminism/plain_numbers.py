@@ -27,4 +27,4 @@ def as_float(value: object) -> float | None:
     try:
         return float(value)
     except OverflowError:
-        return math.inf if value > 0 else -math.inf
+        return -math.inf if value < 0 else math.inf
