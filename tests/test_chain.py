@@ -392,3 +392,25 @@ def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_mod
     slow = llm.generate(prompts)
     for a, b in zip(fast, slow, strict=True):
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
+
+
+def test_a_run_that_records_goldens_computes_them_on_onednn_itself(suite):
+    """Goldens are never made of a product of the kernel that its sampled re-check did not cover:
+    an update run leaves oneDNN's products on oneDNN (the same bits), a check run uses the kernel."""
+    suite.makepyfile(test_one="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=2)
+        def test_one(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The sky is"))
+            engine = llm_model.loaded.engine
+            print("KERNEL", engine.chain is not None)
+    """)
+    recorded = suite.runpytest("--llm-golden-update", "-s")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines(["llm: oneDNN's products stay on oneDNN (the same bits, slower): goldens "
+                                   "are recorded from oneDNN itself (--llm-golden-update)", "*KERNEL False*"])
+    checked = suite.runpytest("-s")
+    checked.assert_outcomes(passed=1)
+    checked.stdout.fnmatch_lines(["*KERNEL True*"])
+    assert "goldens are recorded from oneDNN itself" not in checked.stdout.str()

@@ -72,11 +72,13 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False, batch_invariant: bool = False) -> LoadedModel:
+         pinned_late: bool = False, batch_invariant: bool = False, recording: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
     ``batch_invariant``: on batch-invariant kernels (``batch_invariant.py``), or an error saying why not.
-    Other engines run each prompt alone (or own their kernels): the setting does not touch them."""
+    Other engines run each prompt alone (or own their kernels): the setting does not touch them.
+    ``recording``: a run that records goldens computes oneDNN's products on oneDNN itself, so no
+    golden is made of a product of the plugin's kernel that its sampled re-check did not cover."""
     __tracebackhide__ = True
     if engine_of(spec) is not None:
         parsed = EngineSpec.parse(spec)
@@ -96,7 +98,8 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
         kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)
     own, why_not = None, ""
     if kernels in (linears.LinearKernels.ONEDNN_AVX2, linears.LinearKernels.BATCH_INVARIANT):
-        own, why_not = chain.build(cached.cache_dir() / "kernels")  # oneDNN's products on it, same bits
+        own, why_not = (None, "goldens are recorded from oneDNN itself (--llm-golden-update)") if recording \
+            else chain.build(cached.cache_dir() / "kernels")  # oneDNN's products on it, same bits
     engine = hf.HFEngine(model, tokenizer, device, linears=kernels, chain=own)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,
@@ -136,12 +139,13 @@ class ModelCache:
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None, plant_defect: bool = False,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, recording: bool = False) -> None:
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded
         self._how = {"dtype": dtype, "device": device, "cpu_numerics": cpu_numerics}
         self._batch_invariant = batch_invariant
+        self._recording = recording  # --llm-golden-update: goldens from oneDNN's own products (see load)
         self._loaded: LoadedModel | LLMDeterminismError | None = None
         self._failed_first: str | None = None  # the test that was shown why the load failed
         self._announce = announce or (lambda line: None)  # a line for the terminal while loading
@@ -176,7 +180,7 @@ class ModelCache:
             with self._environment.recording():
                 self._environment.pin(early=False)
                 loaded = load(spec, **self._how, pinned_late=not self._environment.early,
-                              batch_invariant=self._batch_invariant)
+                              batch_invariant=self._batch_invariant, recording=self._recording)
             if self._plant_defect:
                 changed = hf.plant_defect(loaded.model)
                 self._announce(f"llm: PLANTED DEFECT: noise of relative size {hf.DEFECT_SCALE} on "

@@ -50,7 +50,8 @@ class LLMSession:
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
                                  cpu_numerics=options.cpu_numerics, announce=announce,
                                  environment=self.environment, plant_defect=options.plant_defect,
-                                 batch_invariant=options.batch_invariant)
+                                 batch_invariant=options.batch_invariant,
+                                 recording=options.update is not None)
         self.files = GoldenFiles(options.golden_dir, options.rootdir, options.invocation_dir)
         self.ledger = Ledger(options.partial)
         self.output: writer.RunOutput | None = None
