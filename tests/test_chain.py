@@ -311,7 +311,7 @@ def test_a_kernel_folder_in_a_folder_others_may_write_is_not_loaded(tmp_path, mo
     assert why == (f"{shared} (the kernel folder's parent) is not the user's own or root's or others may "
                    f"write it (mode {mode:o}): whoever may write it can put another folder in the kernel "
                    "folder's place; the plugin loads no code from it (the products stay on oneDNN): set "
-                   "LLMDET_CACHE_DIR to a private folder")
+                   f"LLMDET_CACHE_DIR to a private folder, or make it private: chmod go-w {shared}")
 
 
 def test_a_kernel_reached_through_a_symbolic_link_is_not_loaded(tmp_path):

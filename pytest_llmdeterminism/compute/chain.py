@@ -175,7 +175,10 @@ def _require_private(status: os.stat_result, path: Path, role: str = "", why: st
     if status.st_uid not in owners or status.st_mode & 0o022:
         whose = "the user's own or root's" if root_too else "the user's own"
         mode = status.st_mode & 0o7777
-        raise _Untrusted(f"{path}{role} is not {whose} or others may write it (mode {mode:o}){why}; {_FIX}")
+        mine = status.st_uid == os.getuid()
+        fix = f", or make it private: chmod go-w {path}" if mine else ""
+        raise _Untrusted(f"{path}{role} is not {whose} or others may write it (mode {mode:o}){why}; "
+                         f"{_FIX}{fix}")
 
 
 def _sha256(fd: int) -> str:
