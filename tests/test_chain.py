@@ -414,3 +414,21 @@ def test_a_run_that_records_goldens_computes_them_on_onednn_itself(suite):
     checked.assert_outcomes(passed=1)
     checked.stdout.fnmatch_lines(["*KERNEL True*"])
     assert "goldens are recorded from oneDNN itself" not in checked.stdout.str()
+
+
+def test_the_cache_folder_made_under_a_group_umask_still_takes_the_kernel(tmp_path, monkeypatch):
+    """Under a umask of 002 (Debian's default for a user with a private group) the plugin's cache
+    folder is still private, whichever of its parts creates it first: the kernel is not refused."""
+    from pytest_llmdeterminism.engines import cached
+
+    monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "home" / "cache"))
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 64)
+    before = os.umask(0o002)
+    try:
+        cached.file_hash(tmp_path / "weights.bin")  # the fingerprint's hash cache, written first
+        built, why = chain.build(cached.cache_dir() / "kernels")
+    finally:
+        os.umask(before)
+    assert built is not None, why
+    assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
+    assert cached.cache_dir().stat().st_mode & 0o777 == 0o700

@@ -36,6 +36,16 @@ DIGEST = "llmdet-digest.json"
 DIGEST_FORMAT = "llmdet-converted-copy/1"
 
 
+def private_folder(folder: Path) -> Path:
+    """``folder``, created where missing with each missing parent 0700: the cache folder holds the
+    kernel the plugin loads, which it refuses in a folder others may write (``compute/chain.py``),
+    and ``mkdir -p`` under a umask of 002 would let the group write it."""
+    for path in reversed([folder, *folder.parents]):
+        if not path.exists():
+            path.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
 def cache_dir() -> Path:
     """Where the plugin keeps derived data: ``$LLMDET_CACHE_DIR``, else the user cache folder."""
     configured = os.environ.get("LLMDET_CACHE_DIR")
@@ -67,7 +77,7 @@ def file_hash(path: Path) -> str:
     cached = {k: v for k, v in entries if not k.startswith(stale)}
     cached[key] = result
     try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(cache_file.parent)
         temp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
         temp.write_text(json.dumps(cached, sort_keys=True), encoding="utf-8")
         os.replace(temp, cache_file)
@@ -185,6 +195,7 @@ def keep_converted(model: Any, tokenizer: Any, folder: Path) -> bool:
     try:
         # Dequantised when loaded: what is saved is plain float32, not a GGUF-quantised model.
         model.hf_quantizer = None
+        private_folder(partial.parent)
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
         _write_digest(partial)
