@@ -101,9 +101,10 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
 
     def __init__(self, prompt: str, n_tokens: int, batch_shape: str, *,
                  setting: str = "llm_batch_shape", fitting: str | None = None,
-                 at_least: bool = False) -> None:
-        """``fitting``: the smallest shape the plugin accepts that holds the prompt (None: none does);
-        ``at_least``: ``n_tokens`` is a lower bound, the prompt was refused before it was tokenised."""
+                 at_least: bool = False, characters: int = 0) -> None:
+        """``fitting``: the smallest shape the plugin accepts that holds ``n_tokens`` (None: none does);
+        ``at_least``: ``n_tokens`` is a lower bound from the prompt's ``characters``, the prompt was
+        refused before it was tokenised (so ``fitting`` is a lower bound too, never suggested as a fix)."""
         self.prompt = prompt
         self.n_tokens = n_tokens
         self.at_least = at_least
@@ -112,13 +113,19 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
         if fitting is None:
             fix = "no batch shape the plugin accepts holds it: shorten the prompt"
+        elif at_least:
+            fix = (f"shorten the prompt, or raise L above its token count (more than {n_tokens}: count "
+                   "them with llm_model.tokenizer). Changing the shape changes the numerics, so re-record "
+                   "goldens afterwards")
         else:
             example = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
                        pasteable("llm_batch_shape", fitting))
             fix = (f"raise L, e.g. {example}. Changing the shape changes the numerics, so re-record "
                    "goldens afterwards")
+        counted = f" (a bound from its {characters:,} characters; a text this long is not tokenised)" \
+            if at_least and characters else ""
         super().__init__(
-            f"prompt {shown!r} has {'at least ' * at_least}{n_tokens} tokens but "
+            f"prompt {shown!r} has {'at least ' * at_least}{n_tokens} tokens{counted} but "
             f"{setting.replace('=...', '')} {batch_shape!r} "
             f"allows {int(length) - 1} (one position always stays padding). Every generation runs at "
             f"one fixed shape BxL; {fix}."

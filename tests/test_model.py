@@ -348,7 +348,34 @@ def test_a_prompt_too_long_for_any_tokenisation_is_refused_before_it_is_tokenise
     assert tokenizer.calls == 0
     assert info.value.at_least and info.value.n_tokens >= 1_000_000
     message = str(info.value)
-    assert "has at least " in message and "tokens but llm_batch_shape '2x64' allows 63 (one" in message
+    assert "has at least " in message and "shorten the prompt" in message
+    assert "a text this long is not tokenised) but llm_batch_shape '2x64' allows 63 (one" in message
+
+
+def test_a_prompt_over_the_length_bound_is_counted_unless_too_long_to_count(tiny):
+    """Past the bound, a text a shape could hold is tokenised: the error gives its real count and a
+    shape that holds it. A text too long to count (over COUNTED_CHARACTERS) says its count is a bound
+    from its length and suggests no shape to paste: one from the bound would be too small."""
+    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.shape import GenerationSettings
+
+    settings = GenerationSettings(BatchShape(2, 4), 2, 0)
+    tokenizer = _CountingTokenizer(tiny.tokenizer)
+    prompt = "Once upon a time there was a little girl who lived in"
+    with pytest.raises(PromptTooLongError) as counted:
+        inputs.encoded(prompt, tokenizer=tokenizer, settings=settings, spec="builtin:tiny")
+    assert tokenizer.calls == 1 and not counted.value.at_least
+    assert counted.value.n_tokens == len(tiny.tokenizer(prompt)["input_ids"]) == 31
+    assert "llm_batch_shape = 2x32" in str(counted.value)
+    long = "word " * (inputs.COUNTED_CHARACTERS // 5 + 1)  # >= 100,001 tokens: 2x131072 could hold it
+    with pytest.raises(PromptTooLongError) as bounded:
+        inputs.encoded(long, tokenizer=tokenizer, settings=settings, spec="builtin:tiny")
+    assert tokenizer.calls == 1 and bounded.value.at_least
+    message = str(bounded.value)
+    assert f"has at least {bounded.value.n_tokens} tokens (a bound from its 1,000,005 characters; a text " \
+           "this long is not tokenised)" in message
+    assert f"raise L above its token count (more than {bounded.value.n_tokens}" in message
+    assert "llm_batch_shape =" not in message and "--llm-batch-shape" not in message
 
 
 def test_the_length_bound_never_refuses_a_prompt_that_fits(make_llm, tiny):

@@ -98,6 +98,24 @@ def test_the_prompt_too_long_fix_works_pasted_into_each_file(pytester):
                        suggested["flag"]).assert_outcomes(passed=1)
 
 
+def test_a_prompt_over_the_quick_length_bound_is_counted_and_the_suggested_shape_fits(pytester):
+    """31 tokens under 2x4: the length bound alone (at least 6) would suggest 2x8, which fails again
+    once pasted; the prompt is counted in full and the suggestion holds it."""
+    pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x4\n")
+    pytester.makepyfile("""
+        def test_story(llm_model):
+            llm_model.generate("Once upon a time there was a little girl who lived in", max_new_tokens=1)
+    """)
+    refused = pytester.runpytest("-p", "no:cacheprovider")
+    refused.assert_outcomes(failed=1)
+    refused.stdout.fnmatch_lines(["*has 31 tokens but llm_batch_shape '2x4' allows 3*"])
+    assert "at least" not in refused.stdout.str()
+    suggested = _suggested(refused.stdout.str())
+    assert suggested["ini"] == "llm_batch_shape = 2x32"
+    pytester.makeini(f"[pytest]\nllm_model = builtin:tiny\n{suggested['ini']}\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
 def test_the_no_model_hint_works_pasted_into_pytest_ini(pytester):
     pytester.makepyfile(LOADS_THE_MODEL)
     refused = pytester.runpytest("-p", "no:cacheprovider", "--llm-seed=0")

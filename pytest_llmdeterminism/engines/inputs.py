@@ -125,9 +125,17 @@ def refuse_invalid_unicode(text: str, where: str) -> None:
             "errors='replace', or remove the character") from None
 
 
+# A text this long is refused by its length alone: tokenising it to count its tokens exactly would
+# take about a second, only to refuse it. Shorter ones are counted, so the shape an error suggests fits.
+COUNTED_CHARACTERS = 1_000_000
+
+
 def refuse_unfitting_length(text: str, shown: str, *, tokenizer: Any, settings: GenerationSettings) -> None:
     """:class:`PromptTooLongError` for a text too long to fit the shape whatever its tokens, before it
-    is tokenised (a 10 MB prompt takes seconds and gigabytes to tokenise, only to be refused)."""
+    is tokenised (a 10 MB prompt takes seconds and gigabytes to tokenise, only to be refused): where
+    no shape the plugin accepts holds it, or where it is too long to count
+    (:data:`COUNTED_CHARACTERS`). Any other text is tokenised and :func:`checked` refuses it with its
+    real count and a shape that holds it: a shape suggested from the bound would be too small."""
     __tracebackhide__ = True
     shape = settings.batch_shape
     if shape.rows == 1:
@@ -136,10 +144,13 @@ def refuse_unfitting_length(text: str, shown: str, *, tokenizer: Any, settings: 
     if per_token is None:
         return
     at_least = -(-len(text) // per_token)
-    if not fits(at_least, shape):
-        fitting = shape.holding(at_least)
+    if fits(at_least, shape):
+        return
+    fitting = shape.holding(at_least)
+    if fitting is None or len(text) > COUNTED_CHARACTERS:
         raise PromptTooLongError(shown, at_least, str(shape), setting=settings.batch_shape_setting,
-                                 fitting=None if fitting is None else str(fitting), at_least=True)
+                                 fitting=None if fitting is None else str(fitting), at_least=True,
+                                 characters=len(text))
 
 
 _CHARACTERS_PER_TOKEN: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
