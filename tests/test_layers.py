@@ -33,7 +33,7 @@ PACKAGES = {
     "reporting": [["reporting", "reporting.records", "reporting.text"],
                   ["reporting.recorder", "reporting.hints"],
                   ["reporting.failure", "reporting.terminal", "reporting.documents"]],
-    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"], ["run.configuration"],
+    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"], ["run.configuration", "run.repro"],
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
     "cli": [["cli.project"], ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"],

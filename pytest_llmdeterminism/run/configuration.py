@@ -38,9 +38,11 @@ from pytest_llmdeterminism.shape import DTYPES, BatchShape
 from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pytest
 
-_PATH_FLAGS = ("--llm-model", "--llm-golden-dir", "--llm-golden-artifacts", "--llm-report")
+_PATH_FLAGS = ("--llm-model", "--llm-golden-dir", "--llm-golden-artifacts", "--llm-report", "--llm-repro")
 
 
 def _require_equals_for_paths(args: list[str]) -> None:
@@ -86,6 +88,9 @@ def read(config: pytest.Config) -> Options:
         prune=bool(config.getoption("llm_golden_prune")),
         artifacts=Path(config.invocation_params.dir, config.getoption("llm_golden_artifacts"))
         if config.getoption("llm_golden_artifacts") else None,
+        repro=Path(config.invocation_params.dir, config.getoption("llm_repro"))
+        if config.getoption("llm_repro") else None,
+        settings_in_force=settings_in_force(value, rootdir, model=model, golden_dir=golden_dir),
         partial=partial_run_reasons(config),
         reports=_reports(config.getoption("llm_report"), Path(config.invocation_params.dir)),
         rootdir=rootdir,
@@ -96,6 +101,26 @@ def read(config: pytest.Config) -> Options:
         xdist_workers=xdist_workers(config),
         batch_invariant=parse_boolean("llm_batch_invariant", value("llm_batch_invariant")),
     )
+
+
+def settings_in_force(value: Callable[[str], str | None], rootdir: Path, *, model: str | None,
+                      golden_dir: str | None) -> tuple[tuple[str, str], ...]:
+    """Every setting whose value in force (command line, else ini) is not its default, as ``(ini name,
+    value)``; the model and golden folder as resolved, relative to ``rootdir`` where inside it, so
+    that a command run from the rootdir finds them in any checkout."""
+    resolved = {"llm_model": model, "llm_golden_dir": golden_dir}
+    found = []
+    for setting in SETTINGS:
+        raw = value(setting.ini)
+        if raw is None or raw == setting.default:
+            continue
+        path = resolved.get(setting.ini, raw) or raw
+        if setting.ini in resolved and Path(path).is_absolute():
+            path = os.path.normpath(path)
+            inside = Path(path).is_relative_to(rootdir) and path != str(rootdir)
+            path = Path(path).relative_to(rootdir).as_posix() if inside else path
+        found.append((setting.ini, path))
+    return tuple(found)
 
 
 def xdist_workers(config: pytest.Config) -> int | None:

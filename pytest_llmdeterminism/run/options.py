@@ -68,6 +68,10 @@ class Options:
     xdist_workers: int | None = None  # the pytest-xdist workers this process starts (the controller)
     plant_defect: bool = False  # --llm-plant-defect or LLMDET_PLANT_DEFECT=1: the negative control
     batch_invariant: bool = False  # llm_batch_invariant: kernels whose logits do not depend on the batch
+    repro: Path | None = None  # --llm-repro: a repro pack per failing golden check under this folder
+    # Every setting in force that is not its default, as (ini name, value): what a repro pack's
+    # command passes again; the model and golden folder relative to the rootdir where inside it.
+    settings_in_force: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,13 @@ COMMAND_LINE_OPTIONS = (
         "--llm-golden-artifacts", "llm_golden_artifacts",
         "write the candidate golden of every missing or failing check under DIR (e.g. for a CI "
         "artifact); review, then import them with: llm-golden accept DIR",
+        None, {"metavar": "DIR"},
+    ),
+    _CommandLineOption(
+        "--llm-repro", "llm_repro",
+        "write a repro pack for every failing golden check under DIR/<test id>[/<key>]: both environment "
+        "fingerprints, the prompt and its token ids, the settings, the golden and the new entry, and "
+        "rerun.sh with the one command that reruns that check alone (e.g. for a CI artifact)",
         None, {"metavar": "DIR"},
     ),
     _CommandLineOption(

@@ -151,7 +151,8 @@ class LLMSession:
         if self.options.plant_defect:
             lines += terminal.planted_defect_summary(self.ledger.checks, ignored=[
                 flag for flag, given in (("--llm-golden-artifacts", self.options.artifacts is not None),
-                                         ("--llm-golden-prune", self.options.prune)) if given])
+                                         ("--llm-golden-prune", self.options.prune),
+                                         ("--llm-repro", self.options.repro is not None)) if given])
         return lines
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
+from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting import documents, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
-from pytest_llmdeterminism.run import unused
+from pytest_llmdeterminism.run import repro, unused
 from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
 from pytest_llmdeterminism.run.options import Options
@@ -32,6 +33,8 @@ class RunOutput:
 
 def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool) -> RunOutput:
     out = RunOutput()
+    if options.repro is not None and not options.plant_defect:  # a planted defect's outputs: never
+        _write_repro_packs(ledger, files, options.repro, options, out)  # before goldens change on disk
     recorded, out.held_back = ledger.goldens_to_write()
     _merge(recorded, lambda path: path, lambda n: f"{n} golden{'s' * (n != 1)}", files, out,
            refuse=files.link_out)
@@ -64,6 +67,24 @@ def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describ
             out.errors.append(f"{files.display(destination)}: {type(error).__name__}: {error}")
         else:
             out.written.append(f"{files.display(destination)} ({describe(len(updates))})")
+
+
+def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options: Options,
+                       out: RunOutput) -> None:
+    def golden(path: Path, key: str, variant: str) -> Entry | None:
+        try:
+            return files.read(path).get(key, {}).get(variant)
+        except GoldenFileError:
+            return None  # the check's failure already said why; the pack says it has no golden
+
+    packs = repro.plan(ledger.checks, ledger.candidates, options, golden_file=files.path_for_nodeid,
+                       golden=golden)
+    written, errors = repro.write(packs, folder)
+    out.errors += errors
+    if written:
+        first = files.display(written[0] / "rerun.sh")
+        out.written.append(f"{files.display(folder)} ({len(written)} repro pack(s); rerun one check alone "
+                           f"from here with: sh {first})")
 
 
 def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, list[str]]:
