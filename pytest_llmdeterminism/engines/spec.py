@@ -20,6 +20,8 @@ BUILTIN_PREFIX = "builtin:"
 ENGINE_PREFIXES = ("llamacpp", "openai", "vllm")  # llm_model = "ENGINE:..." (engines/)
 # Model files `llm-golden fetch NAME DIR` puts into DIR (fetch.MODELS holds what it downloads).
 FETCHABLE_FILES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2"}
+# Hub ids `llm-golden fetch NAME --hub-cache` puts into the local Hugging Face cache.
+FETCHABLE_HUB_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2"}
 
 _Options = TypeVar("_Options")
 
