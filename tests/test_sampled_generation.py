@@ -176,7 +176,8 @@ def test_a_sample_flip_says_so_in_the_failure_and_in_every_report(suite, capsys)
     result.assert_outcomes(failed=1)
     drawn = "sampled: temperature 1.5, seed 7 (gumbel-xxh3-splitmix/1)"
     result.stdout.fnmatch_lines(
-        ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < tie margin 0.05 / T 1.5*", f"E   *{drawn}"])
+        ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < bound 0.0333 (tie margin 0.05 / T 1.5)*",
+         f"E   *{drawn}"])
     (check,) = json.loads((suite.path / "r.json").read_text())["checks"]
     assert check["verdict"] == "SAMPLE_FLIP" and check["draw_margin"] == 0.001
     assert check["sampling"] == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 1.5, "top_k": 0,

@@ -205,8 +205,8 @@ def test_bf16_drift_beyond_the_default_tolerance_is_told_to_record_its_variant_n
     output = result.stdout.str()
     assert "--llm-tolerance=exact" not in output
     result.stdout.fnmatch_lines([
-        ("E*LOGIT_DRIFT at step 0 — same tokens, logits differ (max |Δlogprob| in top-k 0.*) — fails under "
-        "'near_tie(margin=0.5, atol=0.1)'"),
+        ("E*LOGIT_DRIFT at step 0 — same tokens, logits differ; max |Δlogprob| in top-k 0.* > atol 0.1 — "
+         "fails under 'near_tie(margin=0.5, atol=0.1)'"),
         ("E*compared across environments: dtype 'float32' → 'bfloat16'; *the golden is another variant "
          "(dtype)*record this run's own 'cpu/bfloat16' golden beside it by re-running with "
          "--llm-golden-update*; to pass bfloat16 drift of this size instead (max |Δlogprob| 0.*): "

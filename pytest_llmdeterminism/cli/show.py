@@ -37,10 +37,23 @@ def show(path: Path) -> int:
                       f"seed {config.get('seed')}; draw margins {list(gen.draw_margins)}")
             print(f"  output: {gen.text!r}")
             tie_margin = default_tie_margin(str(gen.fingerprint.get("dtype", "float32")))
+            # A sampled golden's step is a near tie where its draw was (the comparator's rule for it):
+            # draw margin < tie margin / T; its greedy margin decides nothing there.
+            temperature = config.get("temperature")
+            sampled = (config.get("do_sample") is True and isinstance(temperature, (int, float))
+                       and temperature > 0)
+            drawn = gen.draw_margins if sampled else ()
+            bound = tie_margin / temperature if drawn and isinstance(temperature, (int, float)) else 0.0
             for step, (piece, token, margin) in enumerate(
                     zip(gen.pieces, gen.token_ids, gen.margins, strict=False)):
                 bar = "#" * min(_BAR, int(margin * 2))
-                tie = f"  <- near tie (< {tie_margin:g})" if margin < tie_margin else ""
+                if drawn:
+                    draw = drawn[step] if step < len(drawn) else None
+                    bar = f"draw {draw:8.3f}" if draw is not None else ""
+                    tie = (f"  <- near tie of the draw (< {bound:.3g} = tie margin {tie_margin:g} / T "
+                           f"{temperature:g})" if draw is not None and draw < bound else "")
+                else:
+                    tie = f"  <- near tie (< {tie_margin:g})" if margin < tie_margin else ""
                 print(f"  {step:>4}  {piece!r:<16} id {token:<7} margin {margin:8.3f} {bar}{tie}")
             print()
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.reporting.text import (
@@ -98,21 +98,28 @@ def run_report_markdown(document: dict[str, Any]) -> str:
     for verdict, n in summary["by_verdict"].items():
         failed = sum(1 for c in document["checks"] if c["verdict"] == verdict and not c["passed"])
         lines.append(f"| {_md_code(verdict)} | {n} | {failed} |")
-    failing = sorted((c for c in document["checks"] if not c["passed"]),
-                     key=lambda c: -(c["golden_margin"] or 0))
+    failing = sorted((c for c in document["checks"] if not c["passed"]), key=lambda c: -_confidence(c))
     if failing:
         lines += ["", "### Failing checks (most confident divergence first)", "",
-                  "| test | golden | verdict | step | golden margin | what changed |",
-                  "|---|---|---|---|---|---|"]
+                  "| test | golden | verdict | step | golden margin | drift | what changed |",
+                  "|---|---|---|---|---|---|---|"]
         for c in failing[:50]:
             changed = ", ".join(f"{k}: {v[0]} → {v[1]}" for k, v in c["changed_fingerprint"].items()
                                 if k != "weights_hash") or ", ".join(c["input_changes"]) or "—"
-            margin = "" if c["golden_margin"] is None else number(c["golden_margin"])
             step = "" if c["first_divergence"] is None else str(c["first_divergence"])
             lines.append(f"| {_md_code(c['test'])} | {_md_code(c['name'])} | {_md_code(c['verdict'])} "
-                         f"| {step} | {margin} | {_md(changed)} |")
+                         f"| {step} | {_md(margin_text(c))} | {_md(drift_text(c))} | {_md(changed)} |")
         if len(failing) > 50:
-            lines.append(f"| … {len(failing) - 50} more | | | | | |")
+            lines.append(f"| … {len(failing) - 50} more | | | | | | |")
+    drifted = sorted((c for c in document["checks"] if c["passed"] and drift_text(c)),
+                     key=lambda c: -(c["max_logprob_delta"] or 0))
+    if drifted:
+        lines += ["", "### Passed within the tolerance (largest drift first)", "",
+                  "| test | golden | verdict | drift | profile |", "|---|---|---|---|---|"]
+        lines += [f"| {_md_code(c['test'])} | {_md_code(c['name'])} | {_md_code(c['verdict'])} "
+                  f"| {_md(drift_text(c))} | {_md_code(c['profile'])} |" for c in drifted[:50]]
+        if len(drifted) > 50:
+            lines.append(f"| … {len(drifted) - 50} more | | | | |")
     changed_inputs = [c for c in failing[:50] if c.get("inputs")]
     if changed_inputs:
         lines += ["", "### Inputs that changed (recorded → now; outputs not compared)", ""]
@@ -137,6 +144,47 @@ def run_report_markdown(document: dict[str, Any]) -> str:
         lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md(_budget_text(c))}"
                   for c in incomplete[:50]]
     return "\n".join(lines) + "\n"
+
+
+def _draw(check: dict[str, Any]) -> tuple[float, float] | None:
+    """A sampled check's draw margin where the tokens parted, and its temperature; None otherwise."""
+    temperature = (check.get("sampling") or {}).get("temperature")
+    margin = check.get("draw_margin")
+    if margin is None or not isinstance(temperature, (int, float)) or temperature <= 0:
+        return None
+    return margin, float(temperature)
+
+
+def _confidence(check: dict[str, Any]) -> float:
+    """How far from a near tie the golden was where the tokens parted, as a multiple of the bound
+    that decided the verdict: the tie margin for a greedy check, the tie margin over T for the
+    draw margin of a sampled one, so both kinds rank on one scale (the raw margin where the report
+    has no tie margin; 0 without a divergence, or where the golden had stopped: JSON null)."""
+    tie = check.get("tie_margin") or 0.0
+    draw = _draw(check)
+    if draw is not None:
+        margin, temperature = draw
+        return margin / (tie / temperature) if tie else margin
+    golden = check.get("golden_margin")
+    if golden is None:
+        return 0.0
+    return float(golden) / tie if tie else float(golden)
+
+
+def margin_text(check: dict[str, Any]) -> str:
+    """The margin that decided a divergence: a sampled check's draw margin (and T), else the golden's."""
+    draw = _draw(check)
+    if draw is not None:
+        return f"draw {number(draw[0])} (T {draw[1]:g})"
+    return "" if check["golden_margin"] is None else number(check["golden_margin"])
+
+
+def drift_text(check: dict[str, Any]) -> str:
+    """max |Δlogprob| in top-k before any divergence, where the logits moved; "" where they did not."""
+    drift = check["max_logprob_delta"]
+    if check["verdict"] != "LOGIT_DRIFT" and not drift:
+        return ""
+    return delta(drift)
 
 
 def shards_markdown(shards: int, ran: int, suite: int, partial: Sequence[str], not_run: Sequence[str],
@@ -230,7 +278,7 @@ def _budget_text(check: dict[str, Any]) -> str:
             f"{check['new_steps']} new step(s) from step {check['judged_steps']} not judged")
 
 
-_HTML_STYLE = """
+HTML_STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}h1{font-size:20px}
 section{border:1px solid #ddd;border-radius:6px;margin:1em 0;padding:.6em 1em}
 section.failed{border-color:#d33}.verdict{font-weight:600}
@@ -242,7 +290,72 @@ display:flex;flex-direction:column;align-items:center}
 .tok.tie .bar{background:#e8a317}.tok.new{outline:1px dashed #888;background:#fff}
 .input{font-family:ui-monospace,monospace;white-space:pre-wrap}mark{background:#ffd7d5}.label{color:#666;font-size:12px;width:5.5em;flex:none}
 table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}
+[hidden]{display:none!important}.filters{margin:1em 0;display:flex;flex-wrap:wrap;gap:6px;align-items:center}
+.filters button{font:inherit;padding:2px 10px;border:1px solid #bbb;border-radius:12px;background:#fff;
+cursor:pointer}
+.filters button[aria-pressed=true]{background:#222;color:#fff;border-color:#222}
+.filters input{font:inherit;padding:2px 8px;min-width:16em}.filters .label{width:auto}
 """
+
+# The page's only script: shows the rows (elements with data-groups) of the pressed filter whose
+# data-search holds the search box's text. Which filter a row belongs to is decided in Python.
+FILTER_SCRIPT = """(function () {
+  var active = "all", search = document.getElementById("search");
+  var buttons = Array.prototype.slice.call(document.querySelectorAll(".filters button"));
+  var rows = Array.prototype.slice.call(document.querySelectorAll("[data-groups]"));
+  function apply() {
+    var text = search.value.trim().toLowerCase(), shown = 0;
+    rows.forEach(function (row) {
+      var visible = row.getAttribute("data-groups").split(" ").indexOf(active) >= 0 &&
+        (!text || row.getAttribute("data-search").toLowerCase().indexOf(text) >= 0);
+      row.hidden = !visible;
+      if (visible) { shown += 1; }
+    });
+    buttons.forEach(function (button) {
+      button.setAttribute("aria-pressed", String(button.getAttribute("data-filter") === active));
+    });
+    document.getElementById("shown").textContent = shown + " of " + rows.length + " shown";
+  }
+  buttons.forEach(function (button) {
+    button.addEventListener("click", function () { active = button.getAttribute("data-filter"); apply(); });
+  });
+  search.addEventListener("input", apply);
+  apply();
+})();"""
+
+# The report's filters: name, label, and which checks each shows (verdict, passed).
+_CHECK_FILTERS: tuple[tuple[str, str, Callable[[str, bool], bool]], ...] = (
+    ("all", "all", lambda verdict, passed: True),
+    ("changed", "changed", lambda verdict, passed: verdict != "IDENTICAL"),
+    ("failed", "failed", lambda verdict, passed: not passed),
+    ("regression", "REGRESSION", lambda verdict, passed: verdict == "REGRESSION"),
+    ("near-tie", "near ties (TIE_FLIP, SAMPLE_FLIP)",
+     lambda verdict, passed: verdict in ("TIE_FLIP", "SAMPLE_FLIP")),
+    ("drift", "drift (LOGIT_DRIFT)", lambda verdict, passed: verdict == "LOGIT_DRIFT"),
+)
+
+
+def filter_bar(filters: Sequence[tuple[str, str, int]], *, placeholder: str) -> str:
+    """Filter buttons (name, label, rows it shows) and a search box, for :data:`FILTER_SCRIPT`."""
+    import html
+
+    buttons = "".join(f'<button type="button" data-filter="{name}" aria-pressed="{_js_bool(name == "all")}">'
+                      f"{html.escape(label)} ({n})</button>" for name, label, n in filters)
+    return (f'<div class="filters"><span class="label">show</span>{buttons}'
+            f'<input id="search" type="search" placeholder="{html.escape(placeholder)}" '
+            f'aria-label="search"><span class="label" id="shown"></span></div>')
+
+
+def _js_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def filter_attributes(groups: Sequence[str], searched: Sequence[str | None]) -> str:
+    """The attributes that put a row under ``groups`` and make it found by the texts ``searched``."""
+    import html
+
+    text = " ".join(value for value in searched if value)
+    return f'data-groups="{html.escape(" ".join(groups))}" data-search="{html.escape(text)}"'
 
 
 def _visible(text: str) -> str:
@@ -295,6 +408,8 @@ def run_report_html(document: dict[str, Any]) -> str:
     summary = document["summary"]
     rows = "".join(f"<tr><td>{html.escape(v)}</td><td>{n}</td></tr>"
                    for v, n in summary["by_verdict"].items())
+    filters = [(name, label, sum(shows(c["verdict"], c["passed"]) for c in document["checks"]))
+               for name, label, shows in _CHECK_FILTERS]
     sections = []
     for check in document["checks"]:
         status = "passed" if check["passed"] else "failed"
@@ -338,13 +453,19 @@ def run_report_html(document: dict[str, Any]) -> str:
                   html.escape(_sampling_lines(check)[0]) if check.get("sampling") else "",
                   html.escape(_budget_text(check)) if check.get("new_steps") else "",
                   f"changed: {changed}" if changed else ""]
+        groups = [name for name, _, shows in _CHECK_FILTERS if shows(check["verdict"], check["passed"])]
+        searched = (check["test"], check["name"], check["verdict"], check.get("prompt"),
+                    check.get("expected_text"), check.get("actual_text"))
         sections.append(
-            f'<section class="{status}"><div><span class="verdict">{html.escape(check["verdict"])}</span> '
+            f'<section class="{status}" {filter_attributes(groups, searched)}>'
+            f'<div><span class="verdict">{html.escape(check["verdict"])}</span> '
             f'<code>{html.escape(check["test"])}</code> — <code>{html.escape(check["name"])}</code> '
             f'[{html.escape(variant)}]</div><div class="label" style="width:auto">'
             f'{" · ".join(d for d in detail if d)}</div>{prompt}{"".join(lines)}</section>')
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks</title>'
-            f"<style>{_HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>"
+            f"<style>{HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>"
             f"<p>{summary['checks']} checks, {summary['failed']} failed. Bars under tokens show the model's "
             f"top-1/top-2 margin at that step (amber: near tie); the divergent token is outlined.</p>"
-            f"<table><tr><th>verdict</th><th>checks</th></tr>{rows}</table>{''.join(sections)}</body></html>\n")
+            f"<table><tr><th>verdict</th><th>checks</th></tr>{rows}</table>"
+            f"{filter_bar(filters, placeholder='search tests, goldens, prompts, outputs')}"
+            f"{''.join(sections)}<script>{FILTER_SCRIPT}</script></body></html>\n")

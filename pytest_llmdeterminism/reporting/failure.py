@@ -12,6 +12,7 @@ from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 from pytest_llmdeterminism.sampling import settings_text
+from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.reporting.records import Outcome
@@ -30,10 +31,14 @@ def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] 
 
 
 def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
-             expected: Generation, actual: Generation, decode: Decode, *, profile: str,
-             across: str = "") -> str:
-    """A failure message of bounded length: verdict, where and how confident, what changed, the fix."""
-    lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode)} — fails under {profile!r}"]
+             expected: Generation, actual: Generation, decode: Decode, *, profile: Profile | str,
+             dtype: str = "float32", across: str = "") -> str:
+    """A failure message of bounded length: verdict, where and how confident, what changed, the fix.
+    ``profile``: the tolerance that failed it (with ``dtype``, the thresholds it applied, so the
+    headline names the condition that failed), or its description alone."""
+    failed = _failed_condition(comparison, profile, dtype) if isinstance(profile, Profile) else ""
+    shown = profile.describe(dtype) if isinstance(profile, Profile) else profile
+    lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode, failed)} — fails under {shown!r}"]
     if across:
         lines.append(f"  {across}")
     if actual.sampling and comparison.verdict is not Verdict.INPUT_CHANGED:
@@ -105,7 +110,27 @@ def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
     return f"same tokens, logits differ from step {between.first_hash_step}"
 
 
-def _headline(comparison: Comparison, decode: Decode) -> str:
+def _failed_condition(comparison: Comparison, profile: Profile, dtype: str) -> str:
+    """The condition of ``profile`` that a verdict it may pass failed, with both numbers; "" where
+    the verdict alone fails the profile (a REGRESSION, anything under ``exact``)."""
+    verdict = comparison.verdict
+    if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP) \
+            or profile.name is ProfileName.EXACT:
+        return ""
+    flipped = verdict is not Verdict.LOGIT_DRIFT
+    if profile.name is ProfileName.TOKENS:
+        return "a changed token fails 'tokens'" if flipped else ""
+    atol = profile.atol if profile.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
+    drift = comparison.max_logprob_delta
+    if drift > atol:
+        measured = "drift before the flip" if flipped else "max |Δlogprob| in top-k"
+        return f"{measured} {delta(drift)} > atol {atol:g}"
+    return "a changed token fails 'close'" if flipped and profile.name is ProfileName.CLOSE else ""
+
+
+def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
+    """Verdict, step, tokens and margins; ``failed`` (the tolerance's condition that failed) first
+    where there is one, the margin that would have passed after it."""
     verdict = comparison.verdict.value
     d = comparison.divergence
     if comparison.verdict is Verdict.INPUT_CHANGED:
@@ -113,19 +138,21 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
     if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
         return (f"{verdict} — same tokens; the step hashes are not comparable "
                 f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "
-                f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
+                + (failed or f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}"))
     if comparison.verdict is Verdict.LOGIT_DRIFT:
-        return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ "
-                f"(max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})")
+        return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ"
+                + (f"; {failed}" if failed else
+                   f" (max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})"))
     assert d is not None
+    tokens = (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
+              f"got {_token(d.actual_token, decode)}")
     if d.draw_margin is not None and d.temperature is not None:
         bound = comparison.tie_margin / d.temperature
-        near = (f"draw margin {d.draw_margin:.3g} < tie margin {comparison.tie_margin:g} / T "
-                f"{d.temperature:g}: a near tie of the draw" if d.draw_margin < bound else
-                f"draw margin {d.draw_margin:.3g} >= tie margin {comparison.tie_margin:g} / T "
-                f"{d.temperature:g}: not a near tie of the draw")
-        return (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
-                f"got {_token(d.actual_token, decode)} (sampled); {near}")
+        against = f"bound {bound:.3g} (tie margin {comparison.tie_margin:g} / T {d.temperature:g})"
+        near = (f"draw margin {d.draw_margin:.3g} < {against}: a near tie of the draw"
+                if d.draw_margin < bound else
+                f"draw margin {d.draw_margin:.3g} >= {against}: not a near tie of the draw")
+        return f"{tokens} (sampled); " + (f"{failed} ({near}, which alone would pass)" if failed else near)
     margins = f"golden margin {d.golden_margin:.3g}"
     if d.golden_margin >= comparison.tie_margin:
         confidence = f"{margins} >= tie margin {comparison.tie_margin:g}: not a near tie"
@@ -134,8 +161,7 @@ def _headline(comparison: Comparison, decode: Decode) -> str:
     else:
         confidence = (f"{margins} < tie margin {comparison.tie_margin:g}, "
                       "but the new token was not in its top-k")
-    return (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
-            f"got {_token(d.actual_token, decode)}; {confidence}")
+    return f"{tokens}; " + (f"{failed} ({confidence}, which alone would pass)" if failed else confidence)
 
 
 def _hashes(comparison: Comparison, side: int) -> str:

@@ -31,15 +31,20 @@ def summary(counts: Mapping[Outcome, int], written: Sequence[str], errors: Itera
     ``overwritten``: (node id, key, verdict) of each golden an update wrote over a real change."""
     if not counts and not written:
         return []
-    by_name: dict[str, int] = {}
+    by_name: dict[str, list[int]] = {}  # verdict (or write) -> [checks, failed]
     replaced: dict[str, int] = {}  # the verdicts that updated goldens replaced
     for outcome, n in counts.items():
-        by_name[str(outcome)] = by_name.get(str(outcome), 0) + n
+        name = (outcome.written.value if outcome.written is not None
+                else outcome.verdict.value if outcome.verdict is not None else "?")
+        totals = by_name.setdefault(name, [0, 0])
+        totals[0] += n
+        totals[1] += n if outcome.written is None and not outcome.passed else 0
         if outcome.written is Written.UPDATED and outcome.verdict is not None:
             replaced[outcome.verdict.value] = replaced.get(outcome.verdict.value, 0) + n
     over = ", ".join(f"{n} {verdict}" for verdict, n in sorted(replaced.items()))
-    parts = ", ".join(f"{n} {name}" + (f" (over {over})" if name == Written.UPDATED.value and over else "")
-                      for name, n in sorted(by_name.items()))
+    parts = ", ".join(f"{n} {name}" + _failed_of(n, failed)
+                      + (f" (over {over})" if name == Written.UPDATED.value and over else "")
+                      for name, (n, failed) in sorted(by_name.items()))
     lines = [f"golden checks: {parts}" if parts else "golden checks: none"]
     lines += list(notes)
     lines += [f"wrote {path}" for path in written]
@@ -54,6 +59,13 @@ def summary(counts: Mapping[Outcome, int], written: Sequence[str], errors: Itera
                      "again:")
         lines += [f"  {nodeid}" for nodeid in held_back]
     return lines
+
+
+def _failed_of(checks: int, failed: int) -> str:
+    """`` (failed)`` when every check of a verdict failed, `` (1 failed)`` when some did."""
+    if not failed:
+        return ""
+    return " (failed)" if failed == checks else f" ({failed} failed)"
 
 
 def planted_defect_summary(checks: Sequence[CheckRecord], *, ignored: Sequence[str] = ()) -> list[str]:

@@ -130,7 +130,7 @@ class GoldenTokens:
         wider = hints.wider_tolerance(comparison, dtype=decision.dtype) if decision.environment else ""
         decode = failure.decoder_for(expected, generation, self._tokenizer())
         message = failure.mismatch(key, location, self._target, comparison, expected, generation,
-                                  decode, profile=decision.profile.describe(decision.dtype),
+                                  decode, profile=decision.profile, dtype=decision.dtype,
                                   across=f"{across}; {wider}" if wider else across)
         error = GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
                                     actual=generation)

@@ -1,0 +1,108 @@
+"""``llm-golden compare A.json B.json [--html OUT]``: two runs' JSON reports side by side."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pytest_llmdeterminism.errors import LLMDeterminismError
+
+SUMMARY = "two runs' JSON reports side by side: which checks changed verdict, appeared, disappeared"
+HELP = """\
+Compare two runs' JSON reports (each written by `pytest --llm-report=PATH.json`), check by check:
+a check is a test's golden key. Prints the counts, then each check that changed verdict (or
+passed in one run and failed in the other; the later run's worst verdict first), appeared (in
+B only) or disappeared (in A only), with its verdict in each run. --html OUT also writes a
+self-contained page with both runs' verdict, step, margin and drift side by side, filters by
+how each check moved and a search box.
+
+A report is read as untrusted input (a CI artifact): one that is not a regular file, is over
+256 MiB or is not a pytest-llmdeterminism JSON report is named and nothing is written.
+
+exit status: 0 no check changed verdict, appeared or disappeared; 1 some did; 2 a usage error or
+an unreadable report."""
+
+
+class _Check(msgspec.Struct):
+    """The fields of a report's check that a comparison shows; others are ignored."""
+
+    test: str
+    name: str
+    verdict: str
+    passed: bool
+    first_divergence: int | None = None
+    golden_margin: float | None = None
+    max_logprob_delta: float | None = 0.0
+    tie_margin: float | None = 0.0
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    draw_margin: float | None = None
+
+
+class _Report(msgspec.Struct):
+    schema: str
+    version: int
+    checks: list[_Check]
+
+
+class ReportError(LLMDeterminismError):
+    """A report that cannot be compared; the message says which and why."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("before", type=Path, metavar="A", help="the earlier run's --llm-report JSON file")
+    parser.add_argument("after", type=Path, metavar="B", help="the later run's --llm-report JSON file")
+    parser.add_argument("--html", type=Path, metavar="OUT", help="also write the comparison as an HTML page")
+
+
+def run(args: argparse.Namespace) -> int:
+    return compare(args.before, args.after, html=args.html)
+
+
+def compare(before: Path, after: Path, *, html: Path | None = None) -> int:
+    from pytest_llmdeterminism.goldens.atomic import write_text_atomic
+    from pytest_llmdeterminism.reporting import run_comparison
+
+    try:
+        changes = run_comparison.compare_runs(read_checks(before), read_checks(after))
+    except ReportError as error:
+        print(f"llm-golden compare: {error}", file=sys.stderr)
+        return 2
+    for line in run_comparison.comparison_lines(changes, str(before), str(after)):
+        print(line)
+    if html is not None:
+        try:
+            write_text_atomic(html, run_comparison.comparison_html(changes, str(before), str(after)))
+        except OSError as error:
+            print(f"llm-golden compare: cannot write {str(html)!r} ({error.strerror}). Check the path.",
+                  file=sys.stderr)
+            return 2
+        print(f"wrote {html}")
+    return 0 if all(change.status == run_comparison.SAME for change in changes) else 1
+
+
+def read_checks(path: Path) -> list[dict[str, Any]]:
+    """The checks of the JSON report ``path``, as plain dicts; :class:`ReportError` when it is not one."""
+    from pytest_llmdeterminism.goldens import store
+    from pytest_llmdeterminism.reporting.documents import REPORT_SCHEMA, REPORT_VERSION
+    from pytest_llmdeterminism.run.shards import MAX_REPORT_BYTES
+
+    again = "Give the .json file that `pytest --llm-report=PATH.json` wrote."
+    try:
+        data = store.read_regular_file(path, max_bytes=MAX_REPORT_BYTES)
+    except FileNotFoundError:
+        raise ReportError(f"{str(path)!r} does not exist. Check the path.") from None
+    except store.UnreadableFileError as error:
+        raise ReportError(f"{str(path)!r} {error.reason}. {again}") from None
+    try:
+        report = msgspec.json.decode(data, type=_Report)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise ReportError(f"{str(path)!r} is not a pytest-llmdeterminism JSON report ({error}). "
+                          f"{again}") from None
+    if (report.schema, report.version) != (REPORT_SCHEMA, REPORT_VERSION):
+        raise ReportError(f"{str(path)!r} has schema {report.schema!r} version {report.version!r}; this "
+                          f"pytest-llmdeterminism reads {REPORT_SCHEMA!r} version {REPORT_VERSION}. {again}")
+    return msgspec.to_builtins(report.checks)  # type: ignore[no-any-return]
