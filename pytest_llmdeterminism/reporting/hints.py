@@ -10,6 +10,7 @@ from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import pasteable
+from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.reporting.text import delta
 
 
@@ -22,6 +23,7 @@ def accept_command(rerun: str) -> str:
 # Fields whose change makes the golden another variant (its key says device class and dtype, and
 # the engine when not transformers): such a golden is compared only under --llm-golden-fallback.
 _VARIANT_FIELDS = ("dtype", "device_class", "engine")
+_THREAD_FIELDS = ("torch_threads",)  # what llm_threads pins (llama.cpp's are the spec's #threads=N)
 # Library versions: an upgrade is a change to accept (or not), not a property of the machine.
 _VERSION_FIELDS = ("torch", "transformers", "cuda", "cudnn", "cuda_driver", "engine_version",
                    "server_version")
@@ -45,6 +47,13 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
                 f"design: record this run's own {run_variant!r} golden beside it by re-running with "
                 "--llm-golden-update (variants coexist, and each run compares with its own unless "
                 "--llm-golden-fallback is given)")
+    threads = [(old, new) for name, old, new in changes if name in _THREAD_FIELDS]
+    if threads and len(threads) == len(changes):
+        old, new = threads[0]
+        return (f"{line}; the thread count is part of the numerics: the golden ran on {old} thread(s), this "
+                f"run on {new} (under pytest-xdist each worker takes its share of the cores, cores // "
+                f"workers). Pin it so that serial and pytest-xdist runs compute the same bits: "
+                f"{pasteable('llm_threads', str(old))}")
     if explicit:
         return line
     profiles = {name: (old, new) for name, old, new in changes}.get("cpu_numerics")
@@ -107,3 +116,40 @@ def budget_note(comparison: Comparison, accept: str | None = None) -> str:
     return f"{head}the golden ended (EOS) within both budgets, so it was judged in full"
 
 
+
+
+# Fingerprint fields that say the checkpoint itself changed (its weights, or a hub id's commit).
+_MODEL_FIELDS = ("weights_hash", "model_commit")
+_DRIFT_VERDICTS = ("LOGIT_DRIFT", "TIE_FLIP", "SAMPLE_FLIP")
+
+
+def after_model_change(checks: Sequence[CheckRecord], *, candidates: str | None) -> list[str]:
+    """For a run whose failing checks ran another checkpoint than their goldens: what to run instead.
+    In the same environment a golden is judged ``exact``, so every drift of a new checkpoint fails;
+    the lines name the tolerance that would judge the drift and the review commands. ``candidates``:
+    the ``--llm-golden-artifacts`` folder, or None when the run wrote none. [] for any other run."""
+    changed = [check for check in checks if not check.passed
+               and any(name in check.changed_fingerprint for name in _MODEL_FIELDS)]
+    if not changed:
+        return []
+    fields = sorted({name for check in changed for name in check.changed_fingerprint} & set(_MODEL_FIELDS))
+    counts: dict[str, int] = {}
+    for check in changed:
+        counts[check.verdict] = counts.get(check.verdict, 0) + 1
+    verdicts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
+    folder = candidates or "llm-candidates"
+    lines = [f"the model changed ({', '.join(fields)}) under {len(changed)} failing check(s) ({verdicts}): "
+             "a new checkpoint in the goldens' own environment is judged 'exact', so any drift fails. "
+             "After a checkpoint upgrade:"]
+    drifts = [check.max_logprob_delta for check in changed
+              if check.verdict in _DRIFT_VERDICTS and 0 < check.max_logprob_delta < math.inf]
+    if drifts:
+        margin, atol = max(check.tie_margin for check in changed) or 0.1, _round_up(max(drifts))
+        lines.append(f"  to pass drift up to this run's (max |Δlogprob| {delta(max(drifts))}) but not a "
+                     f"changed token: --llm-tolerance='near_tie(margin={margin:g}, atol={atol:g})'")
+    write = "" if candidates else f" (rerun with --llm-golden-artifacts={folder} to write them)"
+    lines += [f"  to see what moved, case by case: llm-golden diff {folder}{write}, or llm-golden review "
+              f"{folder}",
+              f"  to accept only what you judged: llm-golden accept {folder} --only LOGIT_DRIFT,TIE_FLIP "
+              "(or -k KEY)"]
+    return lines

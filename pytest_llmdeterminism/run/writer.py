@@ -13,7 +13,7 @@ from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.goldens.schema import Entry
-from pytest_llmdeterminism.reporting import documents, terminal
+from pytest_llmdeterminism.reporting import documents, hints, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
 from pytest_llmdeterminism.run import repro, unused
 from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
@@ -190,10 +190,14 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
     )
 
 
-def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool) -> list[str]:
+def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool,
+                  candidates: Path | None = None) -> list[str]:
+    """``candidates``: the ``--llm-golden-artifacts`` folder, which the review commands are named with."""
     out = out or RunOutput(partial=ledger.why_partial())
+    folder = files.display(candidates) if candidates is not None else None
     return terminal.summary(dict(ledger.outcome_counts()), out.written, out.errors, ledger.notes,
                             out.held_back, ledger.overwritten()) + \
+        hints.after_model_change(ledger.checks, candidates=folder) + \
         terminal.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune,
                               stopped=bool(ledger.stop_reasons)) + \
         terminal.audit_summary(ledger.audits)
