@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from pytest_llmdeterminism.cli import accept, compare, diff, fetch, merge, perturb, show
+from pytest_llmdeterminism.cli import accept, compare, diff, fetch, merge, perturb, review, show
 from pytest_llmdeterminism.errors import GoldenFileError
 
 __all__ = ["main", "parser"]
@@ -25,6 +25,8 @@ Inspect, compare and accept golden files outside pytest; fetch and perturb model
   llm-golden show FILE                    a golden file in human form
   llm-golden diff BASE CAND               two golden files or folders, every case with its verdict
   llm-golden accept DIR [--root R]        import candidate goldens written by --llm-golden-artifacts
+  llm-golden accept PATH --only V -k K    import some: a folder or file of DIR, by verdict or test key
+  llm-golden review [DIR]                 candidates case by case on a terminal: accept or skip each
   llm-golden prune [PYTEST ARGS...]       run the suite and delete goldens no test checked
   llm-golden merge REPORT.json... [...]   one review from the shards of a suite (pytest-split, -k)
   llm-golden compare A.json B.json        two runs' reports: checks that changed verdict, appeared, left
@@ -34,12 +36,12 @@ Inspect, compare and accept golden files outside pytest; fetch and perturb model
 Run `llm-golden COMMAND --help` for a command's arguments and exit status."""
 EPILOG = """\
 exit status: 0 on success; 2 on a usage error or an unreadable file; `diff` exits 1 when a case
-needs review, `merge` when the shards were not a complete, passing run, and `fetch` when the
-download fails (see their --help)."""
+needs review, `accept` and `review` when a candidate was left, `merge` when the shards were not a
+complete, passing run, and `fetch` when the download fails (see their --help)."""
 
 _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": show.run, "diff": diff.run, "accept": accept.run, "merge": merge.run, "fetch": fetch.run,
-    "perturb": perturb.run, "compare": compare.run,
+    "perturb": perturb.run, "review": review.run, "compare": compare.run,
 }
 
 
@@ -73,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     show.add_arguments(command("show", show.SUMMARY))
     diff.add_arguments(command("diff", diff.SUMMARY, diff.HELP))
     accept.add_arguments(command("accept", accept.SUMMARY, accept.HELP))
+    review.add_arguments(command("review", review.SUMMARY, review.HELP))
     merge.add_arguments(command("merge", merge.SUMMARY, merge.HELP))
     compare.add_arguments(command("compare", compare.SUMMARY, compare.HELP))
     command("prune", "run pytest --llm-golden-prune with the given arguments").add_argument(

@@ -45,6 +45,12 @@ A candidate is compared with BASE's golden of the same device/dtype variant; whe
 picks, and the line says so, e.g. "(vs cpu/float32)". Near ties use the tie margin of the
 candidate's dtype (float32 0.05, float16 0.25, bfloat16 0.5 in logprob).
 
+In folders, only golden files are read: those in a __golden__ folder, and those whose header
+declares the golden format (goldens under llm_golden_dir). Other JSON (data/cities.json, a model's
+config.json) is ignored and counted on one line; hidden folders, virtual environments,
+node_modules, and CAND where it lies inside BASE are not walked. When BASE holds no golden that a
+candidate pairs with, a hint line says so.
+
 verdicts:
   NEW            only in CAND, and BASE has no variant of that test key: nothing to compare with
   ABSENT         only in BASE: CI wrote no candidate for it, so that check passed
@@ -98,11 +104,16 @@ def diff_project(candidates: Path, *, fail_on: str) -> int:
         print(f"llm-golden diff: {problem}", file=sys.stderr)
     if problems:
         return 2
-    for name in others:
-        print(f"llm-golden diff: not compared: {candidates / name} is in no {GOLDEN_FOLDER} folder"
-              f"{f' and not under {golden_dir}/' if golden_dir else ''}, so it is no golden file of this "
-              "project (accept would refuse it)", file=sys.stderr)
-    return _print_cases(cases, fail_on)
+    if others:
+        where = f"in no {GOLDEN_FOLDER} folder{f' and not under {golden_dir}/' if golden_dir else ''}"
+        print(f"llm-golden diff: ignored {_files(candidates, others)} that are not goldens ({where}; "
+              "accept would refuse them)", file=sys.stderr)
+    flagged = _print_cases(cases, fail_on)
+    if cases and all(case.verdict == NEW for case in cases):
+        print(f"hint: no goldens in the root {str(settled.root)!r} for these candidates, so every one reads "
+              f"NEW: is it the project that {str(candidates)!r} came from? Run diff there (or give --root to "
+              "accept), or give BASE and CAND.")
+    return flagged
 
 
 def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
@@ -110,10 +121,19 @@ def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
     if problem:
         print(f"llm-golden diff: {problem}", file=sys.stderr)
         return 2
-    cases = review(base, candidate)
+    reviewed = review(base, candidate)
+    cases = reviewed.cases
+    if reviewed.ignored:
+        print(f"llm-golden diff: ignored {_files(base, reviewed.ignored, candidate)} that are not goldens "
+              f"(in no {GOLDEN_FOLDER} folder, and no golden format in their header)", file=sys.stderr)
     flagged = _print_cases(cases, fail_on)
     if base.is_dir() and {case.verdict for case in cases} <= {NEW, ABSENT}:
         aligned = aligned_folders(base, candidate)
+        if aligned is None and cases and all(case.verdict == NEW for case in cases):
+            print(f"hint: no goldens in BASE {str(base)!r}, so every candidate reads NEW: is it the "
+                  f"project's root, or the {GOLDEN_FOLDER} folder that mirrors CAND? (With CAND alone, "
+                  f"`llm-golden diff {shlex.quote(str(candidate))}` compares it with the project found from "
+                  "here.)")
         if aligned is not None:
             moved = "BASE" if aligned[0] != base else "CAND"
             deeper = str(aligned[0] if moved == "BASE" else aligned[1])
@@ -124,10 +144,18 @@ def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
     return flagged
 
 
+def _files(folder: Path, names: list[Path], other: Path | None = None) -> str:
+    """``2 JSON file(s) (data/cities.json, models/tiny/config.json)``: at most three named."""
+    more = f", … ({len(names) - 3} more)" if len(names) > 3 else ""
+    shown = ", ".join(name.as_posix() for name in names[:3]) + more
+    under = f"under {folder}{f' or {other}' if other is not None else ''}"
+    return f"{len(names)} JSON file(s) {under} ({shown})"
+
+
 def _print_cases(cases: list[Case], fail_on: str) -> int:
     """One line per case, then the summary; the exit status of the --fail-on gate."""
     for case in cases:
-        print(_case_line(case))
+        print(case_line(case))
     counts = Counter(case.verdict for case in cases)
     flagged = needs_review(cases, fail_on)
     gate = f"{len(flagged)} case(s) need review" if flagged else "nothing needs review"
@@ -148,7 +176,8 @@ def _usage_problem(base: Path, candidate: Path) -> str | None:
     return None
 
 
-def _case_line(case: Case) -> str:
+def case_line(case: Case) -> str:
+    """A case as diff lists it: verdict, file, key, variant and what changed."""
     against = f" (vs {case.compared_with})" if case.compared_with else ""
     return f"{case.verdict:<14} {case.file} [{case.key!r}][{case.variant!r}]{against}{_detail(case)}"
 

@@ -130,6 +130,18 @@ def _keys(value: Any) -> int:
     return len(value) + sum(_keys(v) for v in value.values() if isinstance(v, dict))
 
 
+def declares_golden_format(data: bytes) -> bool:
+    """``data`` is a JSON object whose ``schema`` names a golden format (any version, this one's,
+    format 1's or a newer one): a golden file, however broken the rest; not any other JSON."""
+    header = _header(data)
+    if header is None:
+        return False
+    schema, _ = header
+    if type(schema) is int:
+        return schema == LEGACY_FORMAT
+    return isinstance(schema, str) and _FORMAT_ID.fullmatch(schema) is not None
+
+
 def _header(data: bytes) -> tuple[Any, Any] | None:
     """The header fields alone, or None when even they cannot be read (too deep to skip)."""
     try:

@@ -9,6 +9,7 @@ at all in BASE is NEW, and only a BASE variant that no candidate was paired with
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,21 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing
 ORDER = (NEW, ABSENT, Verdict.IDENTICAL.value, Verdict.LOGIT_DRIFT.value, Verdict.TIE_FLIP.value,
          Verdict.SAMPLE_FLIP.value, Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value)
+
+# The order a reviewer meets the cases in: the riskiest first.
+REVIEW_ORDER = (Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW, Verdict.SAMPLE_FLIP.value,
+                Verdict.TIE_FLIP.value, Verdict.LOGIT_DRIFT.value, Verdict.IDENTICAL.value)
+# Folders no walk of a BASE or CAND folder enters, as pytest collects no tests there: hidden ones
+# (.git, .venv, .tox), and others that hold installed packages' JSON.
+_NOT_WALKED = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
+_SNIFF_LIMIT = 256 * 2**20  # a larger JSON file outside a __golden__ folder is not read to find out
 
 _REGRESSION = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW})
 _TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value, Verdict.SAMPLE_FLIP.value}
@@ -47,14 +57,28 @@ class Case:
     actual: Generation | None = None
 
 
-def review(base: Path, candidate: Path) -> list[Case]:
-    """Every case of two golden files, or of two folders of them, in file, key and variant order."""
+@dataclass(frozen=True)
+class Review:
+    """The cases of two golden sets, and the JSON files of two folders that are no golden files."""
+
+    cases: list[Case]
+    ignored: list[Path]  # relative to the folders compared
+
+
+def review(base: Path, candidate: Path) -> Review:
+    """Every case of two golden files, or of two folders of them, in file, key and variant order.
+
+    In folders, only golden files are read: a file in a ``__golden__`` folder, or one whose header
+    declares the golden format (goldens kept under ``llm_golden_dir``, a folder of ``--llm-golden-dir``
+    output), on either side. Any other JSON (``data/cities.json``, a model's ``config.json``) is
+    ignored and listed, never read as a golden."""
+    pairs, ignored = _pair_files(base, candidate)
     cases: list[Case] = []
-    for name, base_file, cand_file in _pair_files(base, candidate):
+    for name, base_file, cand_file in pairs:
         base_goldens = store.read(base_file) if base_file.exists() else {}
         cand_goldens = store.read(cand_file) if cand_file.exists() else {}
         cases += review_goldens(name, base_goldens, cand_goldens)
-    return cases
+    return Review(cases, ignored)
 
 
 def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -> list[Case]:
@@ -123,13 +147,48 @@ def aligned_folders(base: Path, candidate: Path) -> tuple[Path, Path] | None:
     return folders[0], folders[1]
 
 
-def _pair_files(base: Path, candidate: Path) -> list[tuple[str, Path, Path]]:
-    """(name, BASE file, CAND file) for every file in either folder, or the two files given."""
-    if base.is_dir():
-        names = {p.relative_to(base) for p in base.rglob("*.json")}
-        names |= {p.relative_to(candidate) for p in candidate.rglob("*.json")}
-        return [(str(name), base / name, candidate / name) for name in sorted(names)]
-    return [(base.name, base, candidate)]
+def _pair_files(base: Path, candidate: Path) -> tuple[list[tuple[str, Path, Path]], list[Path]]:
+    """(name, BASE file, CAND file) for every golden file in either folder, or the two files given;
+    and the other JSON files of the folders."""
+    if not base.is_dir():
+        return [(base.name, base, candidate)], []
+    names = set(_json_files(base, skip=candidate)) | set(_json_files(candidate, skip=base))
+    golden = {name for name in names if _is_golden_file(base / name) or _is_golden_file(candidate / name)}
+    return ([(str(name), base / name, candidate / name) for name in sorted(golden)],
+            sorted(names - golden))
+
+
+def _json_files(folder: Path, *, skip: Path) -> list[Path]:
+    """The ``*.json`` files under ``folder``, relative to it; not those under ``skip`` (CAND inside
+    BASE: the candidates are no goldens of the project), nor in folders pytest collects nothing from."""
+    skip_real = os.path.realpath(skip)
+    found = []
+    for top, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not (
+            name.startswith(".") or name in _NOT_WALKED
+            or os.path.isfile(os.path.join(top, name, "pyvenv.cfg"))
+            or os.path.realpath(os.path.join(top, name)) == skip_real)]
+        found += [Path(top, name).relative_to(folder) for name in files if name.endswith(".json")]
+    return found
+
+
+def _is_golden_file(path: Path) -> bool:
+    """``path`` is read as a golden: it lies in a ``__golden__`` folder, or declares the golden format.
+
+    A file that cannot be told apart (a FIFO, an unreadable one) counts as a golden, so that reading
+    it names the problem instead of passing over it."""
+    try:
+        status = os.stat(path)
+        if Path(os.path.abspath(path)).parent.name == GOLDEN_FOLDER or not stat.S_ISREG(status.st_mode):
+            return True
+        if status.st_size > _SNIFF_LIMIT:  # too large to be read just to find out
+            return False
+        data = store.read_regular_file(path)
+    except FileNotFoundError:
+        return False
+    except (OSError, store.UnreadableFileError):
+        return True
+    return declares_golden_format(data)
 
 
 @dataclass(frozen=True)
@@ -139,18 +198,91 @@ class Acceptance:
     name: Path  # the same relative path in the candidate folder and under the root
     target: Path
     goldens: schema.Goldens
+    cases: tuple[Case, ...] = ()  # each candidate against the target, as `llm-golden diff` judges it
+
+    def only(self, chosen: Iterable[Case]) -> Acceptance:
+        """This file with the goldens of the ``chosen`` cases alone."""
+        picked = {(case.key, case.variant) for case in chosen if case.file == self.name.as_posix()}
+        goldens = {key: {variant: entry for variant, entry in variants.items() if (key, variant) in picked}
+                   for key, variants in self.goldens.items()}
+        return Acceptance(self.name, self.target, {key: v for key, v in goldens.items() if v},
+                          tuple(case for case in self.cases if (case.key, case.variant) in picked))
 
 
-def plan_accept(candidates: Path, root: Path, *,
-                golden_dir: Path | None = None) -> tuple[list[Acceptance], list[str]]:
+@dataclass(frozen=True)
+class Selection:
+    """Which candidate cases ``llm-golden accept --only/--except/-k`` takes; the default takes all."""
+
+    only: frozenset[str] = frozenset()  # verdicts; empty: every verdict
+    excluded: frozenset[str] = frozenset()
+    key_part: str = ""  # a substring of the test key
+
+    @property
+    def given(self) -> bool:
+        return bool(self.only or self.excluded or self.key_part)
+
+    def takes(self, case: Case) -> bool:
+        return ((not self.only or case.verdict in self.only) and case.verdict not in self.excluded
+                and self.key_part in case.key)
+
+    def describe(self) -> str:
+        """The options as typed, e.g. ``--only REGRESSION -k capital``."""
+        parts = [f"--only {','.join(sorted(self.only))}" if self.only else "",
+                 f"--except {','.join(sorted(self.excluded))}" if self.excluded else "",
+                 f"-k {self.key_part}" if self.key_part else ""]
+        return " ".join(part for part in parts if part)
+
+
+def find_candidates_root(path: Path, root: Path, *,
+                         golden_dir: Path | None = None) -> tuple[Path | None, list[Path]]:
+    """The folder that ``path`` (the folder ``--llm-golden-artifacts`` wrote, or a folder or file
+    inside it) belongs to, the one that mirrors the root: ``path`` itself or a folder above it, below
+    the root, where every golden file under ``path`` lands on a golden path, and the most of them on
+    a golden file or a test module that the project has (``path`` itself wins a tie: a whole
+    candidates folder maps as it always did). ``(folder, [])``; ``(None, folders)`` when several fit
+    equally well; ``(None, [])`` when none does."""
+    start = Path(os.path.abspath(path if path.is_dir() else path.parent))
+    files = [start / name for name in candidate_files(start)[0]] if path.is_dir() else \
+        [Path(os.path.abspath(path))]
+    real_root = Path(os.path.realpath(root))
+    scored: dict[Path, int] = {}  # nearest first
+    for folder in [start, *start.parents]:
+        if real_root.is_relative_to(os.path.realpath(folder)):
+            break
+        names = [file.relative_to(folder) for file in files]
+        if names and all(_is_golden_path(name, golden_dir) for name in names):
+            scored[folder] = sum(_known_to_project(name, root, golden_dir) for name in names)
+    best = max(scored.values(), default=0)
+    fitting = [folder for folder, known in scored.items() if known == best]
+    if start in fitting:
+        return start, []
+    if best and len(fitting) == 1:
+        return fitting[0], []
+    return None, fitting
+
+
+def _known_to_project(name: Path, root: Path, golden_dir: Path | None) -> bool:
+    """The project has the golden file ``name`` would merge into, or the test module it belongs to."""
+    if (root / name).is_file():
+        return True
+    if name.parent.name == GOLDEN_FOLDER:
+        return (root / name.parent.parent / f"{name.stem}.py").is_file()
+    assert golden_dir is not None
+    return (root / name.relative_to(golden_dir)).with_suffix(".py").is_file()
+
+
+def plan_accept(candidates: Path, root: Path, *, golden_dir: Path | None = None,
+                within: Path | None = None) -> tuple[list[Acceptance], list[str]]:
     """What ``llm-golden accept`` writes, and every reason it must write nothing at all.
 
     A candidate folder is an artifact, untrusted: only a golden file directly in a ``__golden__``
     folder of it (or anywhere under the relative ``golden_dir``) is accepted, and only into the
     same relative path under ``root``. It holds no symbolic link, no target resolves to outside
     the root, and every candidate and every file it merges into reads as a valid golden file.
+    ``within``: a folder or file inside ``candidates`` (relative to it), the only part planned.
+    Each acceptance carries its cases, judged as ``llm-golden diff`` judges them.
     """
-    names, problems = candidate_files(candidates)
+    names, problems = _files_within(candidates, within or Path())
     refused = {name for name in names if not _is_golden_path(name, golden_dir)}
     if refused:
         also = f" or under the golden dir {golden_dir.as_posix()}/" if golden_dir else ""
@@ -174,8 +306,25 @@ def plan_accept(candidates: Path, root: Path, *,
         if problem:
             problems.append(problem)
         else:
-            accepted.append(Acceptance(name, root / name, goldens))
+            cases = review_goldens(name.as_posix(), store.read(root / name), goldens)
+            accepted.append(Acceptance(name, root / name, goldens,
+                                       tuple(case for case in cases if case.verdict != ABSENT)))
     return accepted, problems
+
+
+def _files_within(candidates: Path, within: Path) -> tuple[list[Path], list[str]]:
+    """The ``*.json`` files of ``candidates`` under ``within`` (or ``within`` itself, a file), relative
+    to ``candidates``; and what keeps them from being trusted: a link on the way down to ``within``."""
+    links = [str(candidates.joinpath(*within.parts[:n])) for n in range(1, len(within.parts) + 1)
+             if candidates.joinpath(*within.parts[:n]).is_symlink()]
+    if links:
+        return [], [f"symbolic links in {candidates}: {', '.join(links)}. accept follows none: a link can "
+                    "lead out of the candidates or onto a file elsewhere. Replace each with the file it "
+                    "points to, or remove it."]
+    if (candidates / within).is_dir():
+        names, problems = candidate_files(candidates / within)
+        return [within / name for name in names], problems
+    return [within], []
 
 
 def _target_problem(target: Path, real_root: Path) -> str | None:
