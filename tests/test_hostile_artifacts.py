@@ -425,3 +425,20 @@ def test_merge_refuses_a_fifo_report_without_waiting_for_a_writer(project):
                             capture_output=True, text=True, check=False, timeout=30, cwd=project)
     assert result.returncode == 2, result.stderr
     assert "llm-golden merge: report.json is not a regular file (a FIFO). Give the .json" in result.stderr
+
+
+def test_merge_reads_back_the_infinite_numbers_a_report_wrote_as_null(project, monkeypatch, capsys):
+    """Strict JSON has no infinity: a drift beyond every logprob and a step margin with no second
+    token are written as null, and a merge of that report must read them as infinite again."""
+    import math
+
+    put(project, {"test_a.py": TEST_OTHER})
+    record = CheckRecord(test="test_a.py::test_other", name="test_other", variant="cpu/float32",
+                         verdict="LOGIT_DRIFT", passed=True, max_logprob_delta=math.inf,
+                         steps={"expected": [(" Paris", 7, math.inf, None)]})
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"}, checks=[record])
+    assert '"max_logprob_delta": null' in report.read_text()
+    status, out, err = merge(project, monkeypatch, capsys, report, "--report=merged.json")
+    assert status == 0, err
+    merged = msgspec.json.decode((project / "merged.json").read_bytes())["checks"][0]
+    assert merged["max_logprob_delta"] is None and merged["steps"]["expected"][0][2] is None

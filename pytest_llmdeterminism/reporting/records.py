@@ -109,7 +109,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     outcomes: dict[str, str]  # passed / failed / skipped, of every test that ran to its end
     golden_files: dict[str, str]  # test module (the node id before "::") -> its golden file
     used: list[tuple[str, str]]  # (golden file, key) that some check looked up
-    stopped: list[str]  # why the run ended before its last test, or could not collect a module; empty when neither
+    stopped: list[str]  # why the run ended early or could not collect a module; empty when neither
     partial: list[str]  # every reason this run alone does not speak for the whole suite
     failed: bool  # some test failed or errored
     # False when test ids on the command line kept the rest of the suite from being collected at all

@@ -11,6 +11,7 @@ problems, and the summary of what it found, are :mod:`~pytest_llmdeterminism.run
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ def read_shard(path: Path) -> Shard:
     except store.UnreadableFileError as error:  # a FIFO would block, a huge file fill the memory
         raise ShardError(f"{path} {error.reason}. {rerun}") from None
     try:
-        document = msgspec.json.decode(data, type=_ReportDocument)
+        document = msgspec.convert(_infinite_again(msgspec.json.decode(data)), _ReportDocument)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise ShardError(f"{path} is not a pytest-llmdeterminism JSON report ({error}). {rerun}") from None
     if document.schema != documents.REPORT_SCHEMA or document.version != documents.REPORT_VERSION:
@@ -96,6 +97,21 @@ def read_shard(path: Path) -> Shard:
                          f"{rerun}")
     audits = [(str(audit.pop("test", "")), audit) for audit in document.audits]
     return Shard(path, document.checks, audits, document.run)
+
+
+def _infinite_again(document: Any) -> Any:
+    """A report as written, with the infinite numbers its JSON wrote as null (strict JSON has no
+    infinity) infinite again: a drift beyond every logprob, a margin where the second token had none."""
+    checks = document.get("checks") if isinstance(document, dict) else None
+    for check in checks if isinstance(checks, list) else ():
+        if isinstance(check, dict) and check.get("max_logprob_delta", 0.0) is None:
+            check["max_logprob_delta"] = math.inf
+        steps = check.get("steps") if isinstance(check, dict) else None
+        for side in steps.values() if isinstance(steps, dict) else ():
+            for step in side if isinstance(side, list) else ():
+                if isinstance(step, list) and len(step) > 2 and step[2] is None:
+                    step[2] = math.inf
+    return document
 
 
 _UNTRUSTED = ("A shard report is CI artifact input, so merge follows none of its paths blindly: give the "
