@@ -174,3 +174,19 @@ def test_folder_names_are_safe_and_distinct():
     assert all(set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789._-x") and len(name) <= 89
                for name in names)
     assert not any(name.startswith(".") for name in names)
+
+
+def test_the_ci_page_uploads_the_repro_packs_of_the_command_it_shows():
+    import yaml
+
+    from pytest_llmdeterminism.run.options import FLAGS
+
+    page = (Path(__file__).parent.parent / "docs" / "ci" / "index.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in page.split("```yaml\n")[1:]]
+    steps = next(yaml.safe_load(block) for block in blocks if "llm-repro" in block)
+    command = shlex.split(steps[0]["run"])
+    assert [arg for arg in command if arg.startswith("--llm") and arg.partition("=")[0] not in FLAGS] == []
+    uploads = {step["with"]["name"]: step["with"]["path"] for step in steps[1:]
+               if step["uses"].startswith("actions/upload-artifact@")}
+    assert uploads == {"llm-candidates": "llm-candidates/", "llm-repro": "llm-repro/"}
+    assert "--llm-repro=llm-repro" in command and "--llm-golden-artifacts=llm-candidates" in command

@@ -2,6 +2,7 @@
 commands), and under pytest-xdist (the thread count, pinned with ``llm_threads``)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,13 @@ def test_the_upgrade_advice_needs_a_failing_check_on_another_checkpoint():
     assert lines[2] == ("  to see what moved, case by case: llm-golden diff llm-candidates (rerun with "
                         "--llm-golden-artifacts=llm-candidates to write them), or llm-golden review "
                         "llm-candidates")
+
+
+def test_the_ci_page_shows_the_advice_the_code_prints():
+    page = (Path(__file__).parent.parent / "docs" / "ci" / "index.md").read_text(encoding="utf-8")
+    checks = [_check("LOGIT_DRIFT", False, {"weights_hash": ("a", "b")}, 0.0439)] * 6
+    advice = after_model_change(checks, candidates="llm-candidates")
+    assert [line for line in advice if line not in page] == []
+    threads = across_environments([("torch_threads", 2, 1)], tolerance="near_tie(margin=0.05, atol=0.001)",
+                                  explicit=False, run_variant="cpu/float32")
+    assert threads in page
