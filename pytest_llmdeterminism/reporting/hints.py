@@ -33,8 +33,9 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
                         run_variant: str) -> str:
     """The line that says a golden was compared across environments, which profile judged it, and
     the fix that fits the fields that changed: another dtype or device is another variant to
-    record; a library upgrade is accepted by re-recording; another machine can be re-recorded to
-    compare exactly."""
+    record; another thread count (pytest-xdist's share of the cores) is pinned with ``llm_threads``;
+    a library upgrade is accepted by re-recording; another machine can be re-recorded to compare
+    exactly."""
     from pytest_llmdeterminism.engines.fingerprint import describe_changes
 
     line = (f"compared across environments: {describe_changes(list(changes))}; "
