@@ -169,8 +169,10 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
                               eos_token_ids: list[int], pad_token_id: int,
                               seed: int = 0, vocab_size: int | None = None) -> GreedyConfig:
     """The effective config: defaults, then accepted overrides. Sampling arguments are refused unless
-    ``do_sample=True`` asks for the plugin's own sampler; then ``seed`` (the test's) is the default
-    seed, and ``seed=`` may give one per prompt (checked against the prompts by the model).
+    ``do_sample=True`` asks for the plugin's own sampler; then a sampling argument not given (or
+    ``None``) takes transformers' library default (``SamplingConfig``: ``top_k=50``), ``seed`` (the
+    test's) is the default seed, and ``seed=`` may give one per prompt (checked against the prompts by
+    the model).
     Numbers may be numpy scalars (any ``numbers.Real``; integers any ``numbers.Integral``, never a
     bool): the config holds them as plain ``int`` and ``float``. ``vocab_size``: the model's, which
     an ``eos_token_id`` override must be below."""
@@ -201,7 +203,8 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
 def _sampled(overrides: Mapping[str, Any], *, max_new_tokens: int, eos_token_ids: list[int],
              pad_token_id: int, seed: int, vocab_size: int | None) -> GreedyConfig:
     __tracebackhide__ = True
-    settings = {name: overrides[name] for name in SAMPLING_ARGUMENTS if name in overrides}
+    # None is "not given", as in transformers' generate(): the default applies.
+    settings = {name: overrides[name] for name in SAMPLING_ARGUMENTS if overrides.get(name) is not None}
     seeds: tuple[int, ...] = ()
     given = settings.pop("seed", seed)
     if isinstance(given, (list, tuple)):

@@ -37,12 +37,14 @@ logits; every operation is an IEEE-754 basic operation or an exact one, so the k
 same on every CPU given the same logits bits:
 
 - temperature: ``scores = float64(logits) / T``;
-- top-k (``0`` is off): keep the tokens whose score is at least the k-th largest (ties at the
-  boundary are all kept, as in transformers);
+- top-k (``0`` is off; :data:`DEFAULT_TOP_K`, 50, when a test gives none, as transformers'
+  ``generate``): keep the tokens whose score is at least the k-th largest (ties at the boundary are
+  all kept, as in transformers);
 - top-p (``1`` is off): rank the kept tokens by score, ties by lower token id; keep a token when
   the probability mass ranked strictly above it is below ``p``: the smallest prefix whose mass
   reaches ``p``. Probabilities are ``exp(score - max)`` by :func:`_exp_nonpositive` (a polynomial
-  in basic operations, not the CPU's ``exp``), summed in rank order by ``cumsum``;
+  in basic operations, not the CPU's ``exp``), summed in rank order by ``cumsum``. Where tokens of
+  equal score straddle the boundary, the lower id is kept (transformers keeps its sort's order);
 - min-p (``0`` is off): keep ``score - max >= ln(min_p)`` (``prob >= min_p * max prob`` in log
   space; ``ln(min_p)`` correctly rounded by :mod:`decimal`).
 
@@ -69,12 +71,15 @@ from pytest_llmdeterminism.plain_numbers import as_float, as_int
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MAX_SEED", "RECORDED_SETTINGS", "SAMPLER", "Draw", "SamplingConfig", "draw", "draw_batch",
-           "gumbel", "noise_key", "settings_text", "uniform"]
+__all__ = ["DEFAULT_TOP_K", "MAX_SEED", "RECORDED_SETTINGS", "SAMPLER", "Draw", "SamplingConfig",
+           "default_change_note", "draw", "draw_batch", "gumbel", "noise_key", "settings_text", "uniform"]
 
 SAMPLER = "gumbel-xxh3-splitmix/1"  # name/version: a golden records it; any change to the noise is /2
 RECORDED_SETTINGS = ("sampler", "temperature", "top_k", "top_p", "min_p", "seed")  # what a golden records
 MAX_SEED = 2**63 - 1  # the largest seed torch, numpy and OpenAI-compatible servers all take (run.options too)
+# transformers' generate() cuts at top_k=50 when do_sample=True and no top_k is given (its
+# GenerationConfig's library default); so does a sampled test. Goldens recorded before it said 0 (off).
+DEFAULT_TOP_K = 50
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -157,10 +162,14 @@ def gumbel(key: int, step: int, token_ids: Sequence[int]) -> list[float]:
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     """What a sampled generation draws with, validated on construction; :meth:`as_dict` is what a
-    golden records. The seed enters the draw only through :func:`noise_key`."""
+    golden records. The seed enters the draw only through :func:`noise_key`.
+
+    The defaults are transformers' library defaults for ``do_sample=True`` (``temperature=1.0``,
+    ``top_k=50``, ``top_p=1.0``, no min-p), not a checkpoint's ``generation_config.json``: as for
+    greedy decoding, a test's own arguments are the whole config, and the golden records them."""
 
     temperature: float = 1.0
-    top_k: int = 0  # 0: off (transformers' GenerationConfig defaults to 50; this sampler does not)
+    top_k: int = DEFAULT_TOP_K  # 0: off
     top_p: float = 1.0  # 1: off
     min_p: float = 0.0  # 0: off
     seed: int
@@ -217,6 +226,18 @@ def settings_text(settings: Mapping[str, Any]) -> str:
     shown = [f"{name} {settings[name]!r}" for name in RECORDED_SETTINGS[1:]
              if name in settings and settings[name] != off.get(name, object())]
     return f"sampled: {', '.join(shown)} ({settings.get('sampler')})"
+
+
+def default_change_note(field: str, old: Any, new: Any) -> str | None:
+    """Why a sampled golden reads INPUT_CHANGED when the cause is a changed default, not the test:
+    ``field`` (``generation_config.top_k``) went from ``old`` (the golden's) to ``new`` (this run's).
+    None for any other change."""
+    if field == "generation_config.top_k" and old == 0 and new == DEFAULT_TOP_K and not isinstance(old, bool):
+        return (f"a sampled test that passes no top_k now cuts at top_k={DEFAULT_TOP_K}, transformers' "
+                "default for do_sample=True; this golden was drawn with no cut, the old default. To draw "
+                "as it did, pass top_k=0 to llm_model.generate(); to take the new default, record it again "
+                "with the Accept line below")
+    return None
 
 
 @dataclass(frozen=True)

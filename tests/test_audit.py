@@ -169,12 +169,13 @@ def test_a_sampled_generation_is_audited_under_its_own_settings_and_seed(suite):
     result = suite.runpytest("--llm-audit=2")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
-        "test_a.py::test_story: audit of 'Once upon a time' at 4x32, sampled: temperature 3.0, top_p 0.9, "
-        "seed 5 (gumbel-xxh3-splitmix/1):",
+        "test_a.py::test_story: audit of 'Once upon a time' at 4x32, sampled: temperature 3.0, top_k 50, "
+        "top_p 0.9, seed 5 (gumbel-xxh3-splitmix/1):",
         "*repeat*1 unique of 2*same*0*no effect",
         "*batch *3 companion(s), row 3*same*0*no effect",
         "*seed*5 -> 6*",
-        "test_a.py::test_story: audit of 'The sky is' at 4x32, sampled: temperature 3.0, top_p 0.9, seed 6 *",
+        "test_a.py::test_story: audit of 'The sky is' at 4x32, sampled: temperature 3.0, top_k 50, "
+        "top_p 0.9, seed 6 *",
         "*seed*6 -> 7*",
         "audit summary: 2 generation(s), 0 nondeterministic; results moved by *seed ?/2*",
     ])
@@ -184,7 +185,7 @@ def test_the_sampled_audit_attributes_a_change_to_the_seed_not_to_companions(mak
     llm = make_llm("4x32", max_new_tokens=8)
     found = audit(llm, "Once upon a time", do_sample=True, temperature=3.0, seed=[3])
     rows = {row.source: row for row in found.rows}
-    assert found.sampling == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 3.0, "top_k": 0,
+    assert found.sampling == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 3.0, "top_k": 50,
                               "top_p": 1.0, "min_p": 0.0, "seed": 3}
     # the noise is keyed by the row's own prompt: companions move neither logits nor draws
     assert not rows["batch"].moved and not rows["threads"].moved

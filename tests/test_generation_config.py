@@ -110,6 +110,16 @@ def test_do_sample_true_takes_the_samplers_settings_and_records_them():
         resolve(seed=3)
 
 
+def test_sampling_defaults_are_transformers_generate_defaults_and_none_means_not_given():
+    """do_sample=True alone: temperature 1.0, top_k 50 (transformers' default; 0 is no cut), top_p 1.0,
+    min_p 0; an argument given as None takes the default, as transformers' generate() treats it."""
+    expected = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+    for call in ({}, {"temperature": None, "top_k": None, "top_p": None, "min_p": None, "seed": None}):
+        recorded = resolve(do_sample=True, **call).as_dict()
+        assert {k: recorded[k] for k in expected} == expected, call
+    assert resolve(do_sample=True, top_k=0).as_dict()["top_k"] == 0
+
+
 @pytest.mark.parametrize(("argument", "value", "expected"), [
     ("max_new_tokens", 0, "an integer >= 1"),
     ("max_new_tokens", "5", "an integer >= 1"),

@@ -52,8 +52,8 @@ def test_different_seeds_give_different_samples_and_greedy_is_not_one_of_them_by
     greedy = llm.generate(PROMPT)
     assert greedy.draw_margins == () and "sampler" not in greedy.generation_config
     # the test's own seed is the default: @deterministic(seed=...) decides the sample
-    assert make_llm(seed=5).generate(PROMPT, **SAMPLED).token_ids == llm.generate(PROMPT, **SAMPLED,
-                                                                                   seed=5).token_ids
+    assert make_llm(max_new_tokens=10, seed=5).generate(PROMPT, **SAMPLED).token_ids == \
+        llm.generate(PROMPT, **SAMPLED, seed=5).token_ids
 
 
 def test_a_sampled_golden_round_trips_and_another_setting_is_an_input_change(make_llm):
@@ -70,6 +70,75 @@ def test_a_sampled_golden_round_trips_and_another_setting_is_an_input_change(mak
     greedy = [name for name, _, _ in input_changes(recorded, llm.generate(PROMPT))]
     assert "generation_config.do_sample" in greedy and "generation_config.temperature" in greedy
     assert "draw_margins" not in schema.to_entry(llm.generate(PROMPT))  # greedy goldens never carry it
+
+
+def test_without_top_k_a_sampled_test_cuts_at_transformers_default_and_records_it(make_llm):
+    """No top_k (or top_k=None) is transformers' generate() default, top_k=50, and the golden records
+    50; the tiny checkpoint's generation_config.json (top_k 20, temperature 0.7) is not applied.
+    top_k=0 is no cut: other samples, recorded as 0."""
+    llm = make_llm("4x32")
+    prompts, seeds = [PROMPT] * 8, list(range(8))
+    default = llm.generate(prompts, **SAMPLED, seed=seeds)
+    assert {(g.generation_config["top_k"], g.generation_config["temperature"]) for g in default} \
+        == {(50, 1.5)}
+    for same in (llm.generate(prompts, **SAMPLED, seed=seeds, top_k=50),
+                 llm.generate(prompts, **SAMPLED, seed=seeds, top_k=None)):
+        assert [compare(g, s).verdict for g, s in zip(default, same, strict=True)] == [Verdict.IDENTICAL] * 8
+    no_cut = llm.generate(prompts, **SAMPLED, seed=seeds, top_k=0)
+    assert {g.generation_config["top_k"] for g in no_cut} == {0}
+    assert [g.token_ids for g in no_cut] != [g.token_ids for g in default]
+
+
+STORY = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(seed=7)
+def test_story(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Once upon a time", do_sample=True, temperature=1.5{extra}))
+"""
+
+
+def test_a_golden_recorded_before_the_top_k_default_reads_input_changed_with_both_fixes(suite):
+    """A sampled golden recorded when no top_k meant no cut (top_k 0, what top_k=0 records today),
+    checked by the same test without top_k: INPUT_CHANGED naming the changed default and both fixes,
+    the golden untouched. top_k=0 passes against it; a golden recorded again holds top_k 50 and passes."""
+    suite.makepyfile(test_story=STORY.format(extra=", top_k=0"))
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    (golden,) = suite.path.glob("__golden__/*.json")
+    before = golden.read_bytes()
+    assert next(iter(json.loads(before)["goldens"]["test_story"].values()))["generation_config"]["top_k"] == 0
+    suite.makepyfile(test_story=STORY.format(extra=""))
+    changed = suite.runpytest()
+    changed.assert_outcomes(failed=1)
+    changed.stdout.fnmatch_lines([
+        "*golden mismatch in 'test_story': INPUT_CHANGED*",
+        "E  *  generation_config.top_k: 0 -> 50 (a sampled test that passes no top_k now cuts at top_k=50, "
+        "transformers' default for do_sample=True; this golden was drawn with no cut, the old default. To "
+        "draw as it did, pass top_k=0 to llm_model.generate(); to take the new default, record it again "
+        "with the Accept line below)",
+        "E  *Accept with: pytest test_story.py::test_story --llm-golden-update"])
+    assert golden.read_bytes() == before
+    suite.makepyfile(test_story=STORY.format(extra=", top_k=0"))
+    suite.runpytest().assert_outcomes(passed=1)
+    suite.makepyfile(test_story=STORY.format(extra=""))
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    assert next(iter(json.loads(golden.read_text())["goldens"]["test_story"].values()))[
+        "generation_config"]["top_k"] == 50
+    again = suite.runpytest()
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["*golden checks: 1 IDENTICAL*"])
+
+
+def test_n_samples_of_one_prompt_need_n_seeds(make_llm):
+    """The docs' recipe: one seed gives one sample however often the prompt is repeated (the noise is
+    keyed by the seed and the prompt's own ids); seed=list(range(n)) gives n samples."""
+    llm = make_llm("4x32")
+    n = 6
+    one_seed = llm.generate([PROMPT] * n, **SAMPLED, seed=3)
+    assert len({sample.token_ids for sample in one_seed}) == 1
+    samples = llm.generate([PROMPT] * n, **SAMPLED, seed=list(range(n)))
+    assert [sample.generation_config["seed"] for sample in samples] == list(range(n))
+    assert len({sample.token_ids for sample in samples}) >= 3
 
 
 def test_seeds_must_match_the_prompts(make_llm):
@@ -113,7 +182,7 @@ def test_a_sampled_golden_is_checked_and_a_changed_model_fails(suite, capsys):
     capsys.readouterr()
     assert show(golden) == 0
     shown = capsys.readouterr().out
-    assert ("  sampled: gumbel-xxh3-splitmix/1, temperature 1.5, top_k 0, top_p 0.95, min_p 0.0, "
+    assert ("  sampled: gumbel-xxh3-splitmix/1, temperature 1.5, top_k 50, top_p 0.95, min_p 0.0, "
             "seed 7") in shown
     defect = suite.runpytest("--llm-plant-defect")
     defect.assert_outcomes(failed=1)
@@ -174,13 +243,13 @@ def test_a_sample_flip_says_so_in_the_failure_and_in_every_report(suite, capsys)
     result = suite.runpytest("--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html",
                              "--llm-golden-artifacts=cand")
     result.assert_outcomes(failed=1)
-    drawn = "sampled: temperature 1.5, seed 7 (gumbel-xxh3-splitmix/1)"
+    drawn = "sampled: temperature 1.5, top_k 50, seed 7 (gumbel-xxh3-splitmix/1)"
     result.stdout.fnmatch_lines(
         ["*SAMPLE_FLIP at step 1*(sampled); draw margin 0.001 < bound 0.0333 (tie margin 0.05 / T 1.5)*",
          f"E   *{drawn}"])
     (check,) = json.loads((suite.path / "r.json").read_text())["checks"]
     assert check["verdict"] == "SAMPLE_FLIP" and check["draw_margin"] == 0.001
-    assert check["sampling"] == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 1.5, "top_k": 0,
+    assert check["sampling"] == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 1.5, "top_k": 50,
                                  "top_p": 1.0, "min_p": 0.0, "seed": 7}
     markdown = (suite.path / "r.md").read_text()
     assert f"  - {drawn}; the golden's draw margin there 0.001" in markdown

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pytest_llmdeterminism.errors import ConfigurationError, NonFiniteLogitsError
 from pytest_llmdeterminism.sampling import (
+    DEFAULT_TOP_K,
     MAX_SEED,
     SAMPLER,
     Draw,
@@ -83,9 +84,10 @@ def test_the_chi_square_survival_function_matches_known_values():
     assert _chi2_sf(0.0, 3) == 1.0
 
 
-def _expected(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
+def _expected(logits: torch.Tensor, *, temperature: float, top_k: int = 50, top_p: float = 1.0,
               min_p: float = 0.0) -> np.ndarray:
-    """The distribution the cut leaves, written independently of the module (torch, float64)."""
+    """The distribution the cut leaves, written independently of the module (torch, float64); top_k
+    defaults to transformers' 50, as the sampler's does."""
     scores = logits.double() / temperature
     keep = torch.ones_like(scores, dtype=torch.bool)
     if top_k:
@@ -147,6 +149,7 @@ CUTS = [
     {"temperature": 1.0, "top_k": 8},
     {"temperature": 1.0, "top_p": 0.8},
     {"temperature": 1.0, "min_p": 0.05},
+    {"temperature": 1.0, "top_k": 0},  # no cut at all
 ]
 
 
@@ -279,7 +282,7 @@ def test_the_noise_is_pinned():
 
 def test_draws_are_pinned():
     logits = ((np.arange(512, dtype=np.int64) * 7919) % 1000 / 100.0).astype(np.float32)
-    plain = SamplingConfig(temperature=1.0, seed=42)
+    plain = SamplingConfig(temperature=1.0, top_k=0, seed=42)
     cut = SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, min_p=0.02, seed=42)
     assert draw(logits, plain, key=plain.noise_key([5, 6, 7]), step=3) == Draw(100, 1.7118305015418755, 512)
     assert draw(logits, cut, key=cut.noise_key([5, 6, 7]), step=3) == Draw(494, 0.24653641202298537, 18)
@@ -315,6 +318,31 @@ def test_u_is_exactly_the_top_bits_made_odd(h):
 def test_bad_settings_are_refused_with_what_to_pass(settings, message):
     with pytest.raises(ConfigurationError, match=message):
         SamplingConfig(**{"seed": 0, **settings})  # type: ignore[arg-type]
+
+
+def test_the_default_cut_is_the_one_transformers_generate_applies(tiny, model_row):
+    """transformers' generate(do_sample=True) with no sampling argument, under the library's own
+    GenerationConfig (no checkpoint defaults), keeps the 50 best tokens unchanged at temperature 1
+    and suppresses the rest; the sampler's defaults keep exactly those tokens."""
+    from transformers import GenerationConfig
+
+    logits, ids = model_row
+    checkpoint = tiny.model.generation_config
+    tiny.model.generation_config = GenerationConfig()
+    try:
+        out = tiny.model.generate(torch.tensor([ids]), do_sample=True, max_new_tokens=1, output_scores=True,
+                                  return_dict_in_generate=True, pad_token_id=0)
+    finally:
+        tiny.model.generation_config = checkpoint
+    processed = out.scores[0][0]
+    kept_by_transformers = torch.isfinite(processed).nonzero().flatten()
+    assert kept_by_transformers.numel() == DEFAULT_TOP_K == SamplingConfig(seed=0).top_k == 50
+    # T = 1 leaves the scores as they are (generate's own forward differs from model_row's in the last bits)
+    assert torch.allclose(processed[kept_by_transformers], logits[kept_by_transformers], atol=1e-4)
+    config = SamplingConfig(seed=0)
+    assert draw(logits, config, key=config.noise_key(ids), step=0).kept == DEFAULT_TOP_K
+    support = np.flatnonzero(_expected(logits, temperature=1.0) > 0)
+    assert support.tolist() == sorted(kept_by_transformers.tolist())
 
 
 def test_the_settings_a_golden_records():

@@ -215,7 +215,7 @@ def test_sampled_lines_record_their_settings_and_each_its_own_seed(suite):
     chunk, each with its own seed (the test's by default), and each equals its line run alone."""
     lines = [{"id": "a", "prompt": "Once upon a time", "do_sample": True, "temperature": 1.3, "seed": 5},
              {"id": "b", "prompt": "The cat sat on the", "do_sample": True, "temperature": 1.3},
-             {"id": "c", "prompt": "Once upon a time", "do_sample": True, "temperature": 1.3, "seed": 6},
+             {"id": "c", "prompt": "Once upon a time", "do_sample": True, "temperature": 1.3, "seed": 3},
              {"id": "d", "prompt": "Once upon a time", "do_sample": True, "temperature": 0.7, "top_k": 20}]
     (suite.path / "test_stories.llm.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=4)
@@ -224,4 +224,4 @@ def test_sampled_lines_record_their_settings_and_each_its_own_seed(suite):
     suite.runpytest("test_alone.py").assert_outcomes(passed=1)
     goldens = json.loads((suite.path / "__golden__" / "test_stories.llm.json").read_text())["goldens"]
     tokens = {key: [s["token"] for s in goldens[key]["cpu/float32"]["steps"]] for key in "ac"}
-    assert tokens["a"] != tokens["c"]  # the same prompt, another seed
+    assert tokens["a"] != tokens["c"]  # the same prompt, another seed (seeds 5 and 6 agree for 8 tokens)

@@ -93,14 +93,30 @@ class LLMModel:
 
     def generate(self, prompt: Any = None, *, token_ids: Any = None,
                  **overrides: Any) -> Generation | list[Generation]:
-        """Greedy continuation of one input, or of each input in a list.
+        """Greedy (or, with ``do_sample=True``, seeded sampled) continuation of one input, or of each
+        input in a list.
 
         An input is a prompt string (tokenised with the tokenizer's special tokens), a chat
         conversation (a list of ``{"role": ..., "content": ...}`` dicts, rendered with the
         tokenizer's chat template and ``add_generation_prompt=True``, tokenised once without adding
         special tokens again), or, with ``token_ids=``, the token ids themselves.
         ``overrides`` may set ``max_new_tokens``, ``min_new_tokens``, ``repetition_penalty``,
-        ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``; sampling arguments are refused.
+        ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``. Sampling arguments
+        (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) are refused unless
+        ``do_sample=True`` asks for the plugin's own seeded sampler (transformers and llama.cpp
+        engines):
+
+        - defaults are transformers' library defaults: ``temperature=1.0``, ``top_k=50``,
+          ``top_p=1.0`` (pass ``top_k=0`` for no top-k cut); a checkpoint's
+          ``generation_config.json`` is not applied;
+        - ``seed`` is one integer for every prompt (the test's seed by default) or a list with one
+          per prompt. A sample depends on the seed and the prompt's own token ids only, so two
+          identical prompts with one seed give one sample; N samples of one prompt need N seeds:
+          ``generate([prompt] * n, do_sample=True, seed=list(range(n)))``;
+        - the draw is the plugin's (Gumbel-max with hashed noise, ``sampling.py``): the sample for
+          seed ``s`` is not transformers' sample after ``torch.manual_seed(s)``;
+        - at the top-p boundary, tokens of equal score are ranked by lower token id (transformers
+          keeps its sort's order).
         """
         __tracebackhide__ = True
         given, single = inputs.model_inputs(prompt, token_ids, tokenizer=self.tokenizer,

@@ -11,7 +11,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
 from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
-from pytest_llmdeterminism.sampling import settings_text
+from pytest_llmdeterminism.sampling import default_change_note, settings_text
 from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
 if TYPE_CHECKING:
@@ -201,7 +201,8 @@ def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: 
                      f"this run {_kernels(kernels[1])}; llm_batch_invariant = true on both sides, or record "
                      "again under this setting)")]
     if field != "prompt_token_ids":
-        return [f"    {field}: {short(old)} -> {short(new)}"]
+        why = default_change_note(field, old, new)
+        return [f"    {field}: {short(old)} -> {short(new)}" + (f" ({why})" if why else "")]
     first = first_difference(old, new)
     return [*_prompt_lines(expected, actual),
             (f"    prompt_token_ids differ from position {first} ({len(old)} -> {len(new)} ids): "
