@@ -1,5 +1,7 @@
 """`llm-golden perturb`: the README walkthrough's changed model, made from the installed package."""
 
+from pathlib import Path
+
 import pytest
 
 from pytest_llmdeterminism.compare import Verdict, compare
@@ -8,6 +10,7 @@ from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from .conftest import perturbed_tiny_copy
 from .test_cli import llm_golden
 
+ROOT = Path(__file__).parent.parent
 TINY_FILES = sorted(p.name for p in BUILTIN_MODELS["tiny"].iterdir() if p.suffix != ".safetensors")
 PROMPTS = ["The capital of France is", "Count: one,", "The cat sat on the", "def add(a, b):"]
 
@@ -93,11 +96,11 @@ def test_perturb_refuses_to_overwrite_and_writes_into_an_empty_folder(tmp_path):
 
 def test_perturb_explains_sources_it_cannot_use(tmp_path):
     gguf = tmp_path / "SmolLM2.gguf"
-    gguf.write_bytes(b"GGUF")
+    gguf.write_bytes(b"GGUF")  # cut short: its float32 conversion fails, as a load of it would
     result = llm_golden("perturb", gguf, tmp_path / "out", "--scale=0.1", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "is a GGUF file: transformers dequantizes GGUF weights" in result.stderr
-    assert "Perturb a transformers folder with safetensors weights instead" in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"llm-golden perturb: cannot load llm_model {str(gguf)!r}: " in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SmolLM2.gguf"]  # no DEST, no scratch
     pickles = tmp_path / "pickles"
     pickles.mkdir()
     (pickles / "pytorch_model.bin").write_bytes(b"")
@@ -105,6 +108,8 @@ def test_perturb_explains_sources_it_cannot_use(tmp_path):
     assert result.returncode == 2 and "holds no *.safetensors weights" in result.stderr
     result = llm_golden("perturb", tmp_path / "nope", tmp_path / "out", "--scale=0.1", cwd=tmp_path)
     assert result.returncode == 2 and "does not exist: give a transformers model folder" in result.stderr
+    result = llm_golden("perturb", "Org/NotCached", tmp_path / "out", "--scale=0.1", cwd=tmp_path)
+    assert result.returncode == 2 and "the Hugging Face cache holds no Org/NotCached" in result.stderr
     result = llm_golden("perturb", "builtin:tiny", tmp_path / "out", "--scale=-1", cwd=tmp_path)
     assert result.returncode == 2 and "give a positive relative noise size" in result.stderr
     result = llm_golden("perturb", "builtin:tiny", tmp_path / "out", cwd=tmp_path)
@@ -115,3 +120,111 @@ def test_perturb_explains_sources_it_cannot_use(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"cannot write into {str(blocker)!r} (a file is in the way)" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_copy_gets_the_modes_new_files_get_and_copied_files_keep_theirs(tmp_path):
+    """safetensors writes its files 0600 whatever the umask; the copy's weights get the umask's mode."""
+    import os
+    import subprocess
+    import sys
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for file in BUILTIN_MODELS["tiny"].iterdir():
+        (source / file.name).write_bytes(file.read_bytes())
+        (source / file.name).chmod(0o644)
+    (source / "tokenizer.json").chmod(0o444)  # a read-only file stays read-only in the copy
+    for umask, weights_mode in ((0o022, 0o644), (0o002, 0o664)):
+        dest = tmp_path / f"copy-{umask:o}"
+        done = subprocess.run([sys.executable, "-c", f"import os, sys; os.umask({umask}); "
+                               "from pytest_llmdeterminism.cli import main; "
+                               f"sys.exit(main(['perturb', {str(source)!r}, {str(dest)!r}, '--scale=0.1']))"],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        modes = {path.name: os.stat(path).st_mode & 0o777 for path in dest.iterdir()}
+        assert modes.pop("model.safetensors") == weights_mode
+        assert modes.pop("tokenizer.json") == 0o444
+        assert set(modes.values()) == {0o644}
+
+
+def test_perturb_reads_a_hub_id_from_the_hugging_face_cache(tmp_path, hub_cache):
+    from .conftest import in_hub_cache
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    in_hub_cache(hub_cache, "Org/Tiny", commit)
+    reference = weights(perturbed_tiny_copy(tmp_path / "reference", scale=0.5, seed=3))
+    for spec in ("Org/Tiny", f"Org/Tiny@{commit[:8]}"):
+        dest = tmp_path / spec.replace("/", "-")
+        result = llm_golden("perturb", spec, dest, "--scale", "0.5", "--seed", "3", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0] == \
+            f"wrote {dest}: a copy of {spec} with relative noise 0.5 (seed 3)"
+        copy = weights(dest)
+        assert copy.keys() == reference.keys() and all(copy[name].equal(reference[name]) for name in copy)
+        # The snapshot's links are copied as the files they point to.
+        assert not any(path.is_symlink() for path in dest.iterdir())
+        assert sorted(p.name for p in dest.iterdir()) == sorted([*TINY_FILES, "model.safetensors"])
+
+
+def test_perturb_reads_a_gguf_file_through_its_float32_conversion(tmp_path, monkeypatch):
+    """The same conversion a load makes (engines/hf.float32_folder); its digest file is not copied."""
+    import shutil
+
+    from pytest_llmdeterminism.cli import perturb as perturb_module
+    from pytest_llmdeterminism.engines import cached
+
+    converted = tmp_path / "converted"
+    shutil.copytree(BUILTIN_MODELS["tiny"], converted)
+    (converted / cached.DIGEST).write_text("{}")
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    asked = []
+    monkeypatch.setattr(perturb_module.hf, "float32_folder",
+                        lambda spec, path, *, scratch: asked.append((spec, path)) or converted)
+    written = perturb_module.perturb(str(gguf), tmp_path / "copy", scale=0.5, seed=3)
+    assert asked == [(str(gguf), gguf)]
+    assert written.copied == tuple(TINY_FILES) and not (tmp_path / "copy" / cached.DIGEST).exists()
+    reference = weights(perturbed_tiny_copy(tmp_path / "reference", scale=0.5, seed=3))
+    copy = weights(tmp_path / "copy")
+    assert all(copy[name].equal(reference[name]) for name in reference)
+
+
+def test_perturb_copies_the_real_smollm2_gguf_as_safetensors(tmp_path, smollm2_gguf):
+    import torch
+    from safetensors import safe_open
+
+    dest = tmp_path / "noisy-smollm2"
+    result = llm_golden("perturb", smollm2_gguf, dest, "--scale=1e-3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "  model.safetensors: all " in result.stdout
+    assert f"use it with: pytest --llm-model={dest}" in result.stdout
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= {p.name for p in dest.iterdir()}
+    assert "llmdet-digest.json" not in {p.name for p in dest.iterdir()}
+    with safe_open(dest / "model.safetensors", framework="pt") as opened:
+        noisy = opened.get_tensor("model.embed_tokens.weight")
+    from pytest_llmdeterminism.engines.cached import converted_folder
+
+    with safe_open(converted_folder(smollm2_gguf) / "model.safetensors", framework="pt") as opened:
+        original = opened.get_tensor("model.embed_tokens.weight")
+    assert noisy.dtype == torch.float32
+    relative = ((noisy - original).std() / original.std()).item()
+    assert 0.9e-3 < relative < 1.1e-3  # the relative size asked for
+
+
+def test_the_helps_measured_scales_for_the_tiny_model_are_what_the_benchmark_measures():
+    """The help's figures come from benchmarks/perturb_scales.py; the tiny model's are measured again
+    here (portable CPU numerics give the same logits on any CPU), so the help cannot drift from them."""
+    import importlib.util
+
+    from pytest_llmdeterminism.cli.perturb import HELP
+
+    spec = importlib.util.spec_from_file_location("perturb_scales", ROOT / "benchmarks" / "perturb_scales.py")
+    assert spec is not None and spec.loader is not None
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    measured = dict(benchmark.measure("builtin:tiny", [3e-2, 0.1, 2.0], seed=0, max_new_tokens=8))
+    assert measured == {3e-2: {"LOGIT_DRIFT": 8}, 0.1: {"LOGIT_DRIFT": 5, "REGRESSION": 3},
+                        2.0: {"REGRESSION": 8}}
+    assert "  drift only      1e-6 to 3e-2: 8 LOGIT_DRIFT" in HELP
+    assert "  a few changed   0.1: 3 of 8 REGRESSION" in HELP
+    assert "  everything      2: 8 of 8 REGRESSION" in HELP

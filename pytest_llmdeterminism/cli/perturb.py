@@ -2,7 +2,11 @@
 
 The changed model of the README's upgrade walkthrough, and of this project's own tests: every
 floating tensor with more than one element gets ``scale * std(tensor) * N(0, 1)`` added, drawn
-from one seeded generator in file and tensor order, so a seed gives the same copy everywhere.
+from one seeded generator in file and tensor order, so a seed gives the same copy everywhere. The
+source is named as ``llm_model`` names a model: a folder, ``builtin:NAME``, a hub id found offline in
+the Hugging Face cache (``engines/hub.py``), or a ``.gguf`` file, read through the float32 copy the
+plugin converts it to (``engines/hf.float32_folder``). Copied files keep the source's modes; the
+weights files it writes get the mode any new file gets under the umask (safetensors alone gives 0600).
 """
 
 from __future__ import annotations
@@ -16,19 +20,28 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_llmdeterminism.engines import resolve
-from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX
+from pytest_llmdeterminism.engines import cached, hf, hub, resolve
+from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX, hub_id
 from pytest_llmdeterminism.errors import LLMDeterminismError
 
 SUMMARY = "copy a model with relative noise on its weights"
 HELP = """\
-Write a copy of a transformers model folder (safetensors weights) with Gaussian noise of relative
-size S on every floating weight: w + S * std(w) * N(0, 1), drawn from one generator seeded with N.
-On builtin:tiny, --scale 1e-4 gives logit drift with the same tokens, 0.5 changed tokens.
-GGUF files cannot be perturbed (transformers cannot save a GGUF-loaded model back).
+Write a copy of a model with Gaussian noise of relative size S on every floating weight:
+w + S * std(w) * N(0, 1), drawn from one generator seeded with N. SRC names a model as llm_model
+does: a transformers folder (safetensors weights), builtin:tiny, a hub id ORG/NAME[@REVISION]
+found offline in the Hugging Face cache, or a .gguf file, read through the float32 copy the
+plugin converts it to (the copy is float32 safetensors). Copied files keep their modes; the
+weights files written get the mode of any new file under the umask.
 
-exit status: 0 written; 2 a usage error (GGUF or missing source, DEST exists and is not empty)
-or a DEST that cannot be written."""
+Measured (benchmarks/perturb_scales.py: 8 prompts x 8 greedy tokens, seed 0, float32, CPU AMD
+EPYC). Even 1e-6 moves the logits, so no check stays IDENTICAL:
+                  builtin:tiny                   SmolLM2-135M-Instruct (GGUF)
+  drift only      1e-6 to 3e-2: 8 LOGIT_DRIFT    1e-6 to 3e-3: 8 LOGIT_DRIFT
+  a few changed   0.1: 3 of 8 REGRESSION         5e-3: 2 of 8; 1e-2: 3 of 8 REGRESSION
+  everything      2: 8 of 8 REGRESSION           0.2: 8 of 8 REGRESSION
+
+exit status: 0 written; 2 a usage error (a missing or unreadable source, DEST exists and is not
+empty) or a DEST that cannot be written."""
 
 
 class PerturbError(LLMDeterminismError):
@@ -46,7 +59,8 @@ class Perturbed:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SRC", help="a transformers folder with safetensors weights, "
-                        "or builtin:tiny")
+                        "builtin:tiny, a hub id ORG/NAME[@REVISION] in the Hugging Face cache, or a "
+                        ".gguf file")
     parser.add_argument("dest", type=Path, metavar="DEST", help="a new (or empty) folder for the copy")
     parser.add_argument("--scale", type=float, required=True, metavar="S",
                         help="relative noise size, e.g. 1e-3")
@@ -75,19 +89,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbed:
-    """Write the noisy copy of ``source`` (a folder or ``builtin:NAME``) to ``dest``, all or nothing."""
+    """Write the noisy copy of ``source`` (a folder, ``builtin:NAME``, a hub id in the local Hugging
+    Face cache, or a ``.gguf`` file) to ``dest``, all or nothing."""
     if not math.isfinite(scale) or scale <= 0:
         raise PerturbError(f"--scale {scale!r}: give a positive relative noise size, e.g. 1e-3 "
                            "(logit drift on the tiny model) or 0.5 (changed tokens)")
-    kind, folder = _source_folder(source)
-    if kind == "gguf":
-        raise PerturbError(f"{source!r} is a GGUF file: transformers dequantizes GGUF weights when it "
-                           "loads them and cannot save them back as GGUF. Perturb a transformers folder "
-                           "with safetensors weights instead (the model's original checkpoint).")
-    weight_files = sorted(p.relative_to(folder) for p in folder.rglob("*.safetensors"))
-    if not weight_files:
-        raise PerturbError(f"{str(folder)!r} holds no *.safetensors weights; perturb reads only "
-                           "safetensors (pickled checkpoints such as pytorch_model.bin are never loaded)")
+    kind, found = _source(source)
+    if kind == "folder":
+        _weight_files(found)  # refused before anything is written
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise PerturbError(f"{str(dest)!r} already exists and is not an empty folder; perturb never "
                            "overwrites. Give a new folder, or remove that one first.")
@@ -99,8 +108,12 @@ def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbe
         raise PerturbError(f"cannot write into {str(dest.parent)!r} ({why}); give a DEST in a folder you "
                            "can write to") from None
     try:
+        # A .gguf file is read through its float32 conversion: the weights transformers loads from it.
+        folder = hf.float32_folder(source, found, scratch=scratch) if kind == "gguf" else found
+        weight_files = _weight_files(folder)
         copy = scratch / "copy"
-        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+        skipped = ["*.safetensors", cached.DIGEST] if kind == "gguf" else ["*.safetensors"]
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns(*skipped))
         weights = _write_noisy(folder, copy, weight_files, scale=scale, seed=seed)
         if dest.exists():
             dest.rmdir()  # empty, checked above
@@ -112,14 +125,36 @@ def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbe
     return Perturbed(dest, weights, tuple(copied))
 
 
-def _source_folder(source: str) -> tuple[str, Path]:
-    if not source.startswith(BUILTIN_PREFIX) and not Path(source).exists():
-        raise PerturbError(f"SRC {source!r} does not exist: give a transformers model folder with "
-                           f"safetensors weights, or {BUILTIN_PREFIX}tiny")
+def _source(source: str) -> tuple[str, Path]:
+    """("folder", the folder) or ("gguf", the file), resolved as ``llm_model`` resolves a spec."""
+    named = hub_id(source)
     try:
+        if named is not None:
+            return "folder", hub.find(source, named).folder
+        if not source.startswith(BUILTIN_PREFIX) and not Path(source).exists():
+            raise PerturbError(f"SRC {source!r} does not exist: give a transformers model folder with "
+                               f"safetensors weights, a .gguf file, a hub id ORG/NAME[@REVISION] in the "
+                               f"Hugging Face cache, or {BUILTIN_PREFIX}tiny")
         return resolve(source)
+    except PerturbError:
+        raise
     except LLMDeterminismError as error:
         raise PerturbError(str(error)) from None
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    weight_files = sorted(p.relative_to(folder) for p in folder.rglob("*.safetensors"))
+    if not weight_files:
+        raise PerturbError(f"{str(folder)!r} holds no *.safetensors weights; perturb reads only "
+                           "safetensors (pickled checkpoints such as pytorch_model.bin are never loaded)")
+    return weight_files
+
+
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (0644 under 022)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _write_noisy(source: Path, dest: Path, files: list[Path], *, scale: float,
@@ -146,5 +181,6 @@ def _write_noisy(source: Path, dest: Path, files: list[Path], *, scale: float,
                 changed += not weights[name].equal(tensor)
         (dest / relative).parent.mkdir(parents=True, exist_ok=True)
         save_file(weights, dest / relative, metadata=metadata)
+        os.chmod(dest / relative, _new_file_mode())  # safetensors writes 0600, whatever the umask
         written.append((str(relative), changed, len(weights)))
     return tuple(written)
