@@ -209,7 +209,8 @@ COMMAND_LINE_OPTIONS = (
         "--llm-plant-defect", "llm_plant_defect",
         "negative control: perturb the loaded model's weights in memory (relative noise 0.5, seed 0), as "
         "a bad upgrade would, so that every golden check must fail; if the run passes, the suite does not "
-        f"protect you. Also on with {PLANT_DEFECT_VARIABLE}=1. Writes no goldens, candidates or prunes",
+        f"protect you. Also on with {PLANT_DEFECT_VARIABLE}=1. Writes no goldens, candidates, repro packs or "
+        "prunes",
         False, {"action": "store_true"},
     ),
     _CommandLineOption(
