@@ -141,6 +141,22 @@ def test_n_samples_of_one_prompt_need_n_seeds(make_llm):
     assert len({sample.token_ids for sample in samples}) >= 3
 
 
+def test_the_docs_n_samples_recipe_runs_as_written(suite):
+    """docs/sampled-generation.md's "N samples of one prompt" block: five goldens, one seed each."""
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "sampled-generation.md").read_text(encoding="utf-8")
+    section = page.split("## N samples of one prompt", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    suite.makepyfile(test_stories="from pytest_llmdeterminism import deterministic\n\n\n" + block)
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    goldens = json.loads((suite.path / "__golden__" / "test_stories.json").read_text())["goldens"]
+    seeds = {key: next(iter(variants.values()))["generation_config"]["seed"]
+             for key, variants in goldens.items()}
+    assert seeds == {f"test_five_stories::story {n}": n for n in range(5)}
+    suite.runpytest().assert_outcomes(passed=1)
+
+
 def test_seeds_must_match_the_prompts(make_llm):
     with pytest.raises(ConfigurationError, match=r"expected one seed per prompt \(2\)"):
         make_llm().generate([PROMPT, "Hello"], **SAMPLED, seed=[1, 2, 3])
