@@ -1,4 +1,9 @@
 """One exception tree. Each error keeps the objects it failed on, so reports need not parse text.
+Beside it, the two readings of what a user passes that every error about a setting starts from:
+a setting as a message suggests it (:func:`pasteable`), and a number as a test passes it (a numpy
+scalar, a ``Fraction``, ...) as the plain ``int`` or ``float`` that goldens and reports hold as JSON
+(:func:`as_int`, :func:`as_float`; a ``bool`` is never a number here: ``max_new_tokens=True`` is a
+mistake, not 1).
 
 This module imports nothing from the package; ``GoldenMismatchError`` lives beside the
 ``Comparison`` it carries, in ``compare.py``, and every error is exported from the package root.
@@ -7,6 +12,8 @@ This module imports nothing from the package; ``GoldenMismatchError`` lives besi
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import shlex
 from pathlib import Path
 
@@ -30,6 +37,26 @@ def pasteable(ini: str, value: str) -> str:
     flag = "--" + ini.replace("_", "-")
     return (f"{flag}={shlex.quote(value)} (pytest.ini: {ini} = {value}; "
             f"pyproject.toml: {ini} = {json.dumps(value)})")
+
+
+def as_int(value: object) -> int | None:
+    """``value`` as a plain ``int`` when it is an integer (``int``, ``numpy.int64``, any
+    ``numbers.Integral``) and not a bool; else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
+def as_float(value: object) -> float | None:
+    """``value`` as a plain ``float`` when it is a real number (``float``, ``numpy.float32``, an
+    integer, any ``numbers.Real``) and not a bool; else None. An integer beyond float's range is
+    ``inf`` (a finite check refuses it), not an ``OverflowError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return -math.inf if value < 0 else math.inf
 
 
 class LLMDeterminismError(Exception):

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
-from pytest_llmdeterminism.plain_numbers import as_float, as_int
+from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError, as_float, as_int
 from pytest_llmdeterminism.sampling import RECORDED_SETTINGS, SamplingConfig
 
 TopK = tuple[tuple[int, float], ...]

@@ -65,8 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from pytest_llmdeterminism.errors import ConfigurationError, NonFiniteLogitsError
-from pytest_llmdeterminism.plain_numbers import as_float, as_int
+from pytest_llmdeterminism.errors import ConfigurationError, NonFiniteLogitsError, as_float, as_int
 
 if TYPE_CHECKING:
     import numpy as np

@@ -161,13 +161,13 @@ def test_numpy_and_other_real_numbers_are_taken_as_plain_python_numbers():
     from fractions import Fraction
 
     np = pytest.importorskip("numpy")
-    config = resolve(max_new_tokens=np.int64(3), min_new_tokens=np.int32(1), repetition_penalty=np.float32(1.5),
-                     no_repeat_ngram_size=np.uint8(2), eos_token_id=[np.int64(5), 7], temperature=np.float64(0),
-                     top_p=np.float32(1.0))
-    assert config == resolve(max_new_tokens=3, min_new_tokens=1, repetition_penalty=1.5, no_repeat_ngram_size=2,
-                             eos_token_id=[5, 7])
-    sampled = resolve(do_sample=True, temperature=np.float32(0.5), top_k=np.int64(20), top_p=Fraction(9, 10),
-                      min_p=np.float16(0), seed=np.int64(3))
+    config = resolve(max_new_tokens=np.int64(3), min_new_tokens=np.int32(1),
+                     repetition_penalty=np.float32(1.5), no_repeat_ngram_size=np.uint8(2),
+                     eos_token_id=[np.int64(5), 7], temperature=np.float64(0), top_p=np.float32(1.0))
+    assert config == resolve(max_new_tokens=3, min_new_tokens=1, repetition_penalty=1.5,
+                             no_repeat_ngram_size=2, eos_token_id=[5, 7])
+    sampled = resolve(do_sample=True, temperature=np.float32(0.5), top_k=np.int64(20),
+                      top_p=Fraction(9, 10), min_p=np.float16(0), seed=np.int64(3))
     assert sampled.sampling is not None and sampled.sampling.seed == 3 and sampled.sampling.top_k == 20
     per_prompt = resolve(do_sample=True, temperature=0.5, seed=[np.int64(3), np.uint32(4)])
     assert per_prompt.seeds == (3, 4)
@@ -194,7 +194,8 @@ def test_a_marker_takes_numpy_integers_as_plain_ints(suite):
         @deterministic(seed=np.int64(3), max_new_tokens=np.int32(2))
         def test_sampled(llm_model):
             generation = llm_model.generate("The capital of France is", do_sample=True, temperature=0.7)
-            assert generation.generation_config["seed"] == 3 and type(generation.generation_config["seed"]) is int
+            seed = generation.generation_config["seed"]
+            assert seed == 3 and type(seed) is int
             assert len(generation.token_ids) == 2
 
         @deterministic(seed=True)
@@ -204,5 +205,5 @@ def test_a_marker_takes_numpy_integers_as_plain_ints(suite):
     )
     result = suite.runpytest()
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*@deterministic(seed=...) in test_a_marker_takes*::test_bool = True: expected "
-                                 "an integer*"])
+    result.stdout.fnmatch_lines(["*@deterministic(seed=...) in test_a_marker_takes*::test_bool = True: "
+                                 "expected an integer*"])

@@ -114,8 +114,8 @@ def test_diff_of_a_candidates_folder_alone_compares_it_with_the_projects_goldens
     assert lines[0] == "configuration: pyproject.toml (root .): llm_golden_dir = goldens"
     assert "IDENTICAL      goldens/tests/test_x.json ['test_capital']['cpu/float32']" in lines
     assert lines[-1] == f"summary: {len(VALID_KEYS)} IDENTICAL; nothing needs review (--fail-on=regression)"
-    assert err == (f"llm-golden diff: ignored 1 JSON file(s) under {candidates} (evil.json) that are not goldens "
-                   "(in no __golden__ folder and not under goldens/; accept would refuse them)\n")
+    assert err == (f"llm-golden diff: ignored 1 JSON file(s) under {candidates} (evil.json) that are not "
+                   "goldens (in no __golden__ folder and not under goldens/; accept would refuse them)\n")
 
 
 def test_accept_names_a_configuration_file_it_cannot_read(tmp_path, root, capsys):

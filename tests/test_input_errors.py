@@ -66,8 +66,9 @@ def test_a_check_name_that_is_not_valid_unicode_is_refused_and_nothing_is_writte
         "'\\udce9' at character 3, which is not valid Unicode*a golden file holding it would not read back. "
         "Pass a name of valid text*",
     ])
-    result.stdout.fnmatch_lines(["E*ConfigurationError: golden_tokens.check(name=...): the name has 1,000,001 "
-                                 "characters, more than the 1,000,000 a golden holds; pass a short name"])
+    result.stdout.fnmatch_lines(["E*ConfigurationError: golden_tokens.check(name=...): the name has "
+                                 "1,000,001 characters, more than the 1,000,000 a golden holds; pass a short "
+                                 "name"])
     assert _golden_files(suite) == []
 
 

@@ -32,12 +32,14 @@ PACKAGES = {
                 ["goldens.files"], ["goldens.review"]],
     "reporting": [["reporting", "reporting.records", "reporting.text"],
                   ["reporting.recorder", "reporting.hints"],
-                  ["reporting.failure", "reporting.terminal", "reporting.documents"]],
-    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"], ["run.configuration", "run.repro"],
+                  ["reporting.failure", "reporting.terminal", "reporting.documents"],
+                  ["reporting.run_comparison"]],
+    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"],
+            ["run.configuration", "run.repro"],
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
-    "cli": [["cli.project"], ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb"],
-            ["cli"], ["cli.__main__"]],
+    "cli": [["cli.project"], ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb",
+                              "cli.compare"], ["cli.review"], ["cli"], ["cli.__main__"]],
     "top": [["strategies", "plugin"], ["__init__"]],
 }
 LAYERS = [line for block in PACKAGES.values() for line in block]

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.plain_numbers import as_int
+from pytest_llmdeterminism.errors import ConfigurationError, as_int
 from pytest_llmdeterminism.run.options import Options, parse_integer, parse_seed
 from pytest_llmdeterminism.shape import MARKER, BatchShape, GenerationSettings
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
