@@ -171,8 +171,10 @@ class Terminal:
         end = time.monotonic() + deadline
         while text not in self.output[self.typed_at:]:
             ready, _, _ = select.select([self.fd], [], [], max(0.0, end - time.monotonic()))
-            assert ready, f"no {text!r} within {deadline} s; the terminal shows:\n{self.output}"
-            self.output += self._read()
+            chunk = self._read() if ready else ""
+            ended = "the end" if ready else "the deadline"
+            assert chunk, f"no {text!r} before {ended}; the terminal shows:\n{self.output}"
+            self.output += chunk
         return self.output
 
     def type(self, keys):
