@@ -174,7 +174,8 @@ COMMAND_LINE_OPTIONS = (
     _CommandLineOption(
         "--llm-golden-artifacts", "llm_golden_artifacts",
         "write the candidate golden of every missing or failing check under DIR (e.g. for a CI "
-        "artifact); review them with: llm-golden review DIR (or diff DIR), import them with: llm-golden accept DIR",
+        "artifact); review them with: llm-golden review DIR (or diff DIR), import them with: "
+        "llm-golden accept DIR",
         None, {"metavar": "DIR"},
     ),
     _CommandLineOption(
