@@ -317,8 +317,9 @@ class Generation:
     fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
     prompt_form: PromptForm = PromptForm.TEXT
     hash_definition: HashDefinition = HashDefinition.LOGITS  # what ``logit_hashes`` hash
-    # Sampled generations (``do_sample=True``): per step, the drawn token's perturbed score minus the
-    # runner-up's (how close the draw was); empty for greedy ones.
+    # Sampled generations (``do_sample=True``): per step, how close the draw was to another token
+    # (sampling.Draw.margin: the runner-up's distance, or the cut boundary's where nearer); empty for
+    # greedy ones.
     draw_margins: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:

@@ -49,7 +49,10 @@ same on every CPU given the same logits bits:
   space; ``ln(min_p)`` correctly rounded by :mod:`decimal`).
 
 The top token always survives the cut. Ties of perturbed scores go to the lower token id. The
-**draw margin** is the winner's perturbed score minus the runner-up's (``inf`` when one token is kept).
+**draw margin** is how far the draw is from changing: the winner's perturbed score minus the best
+other kept token's, or, where the cut's boundary is nearer, how far a token the cut left out is from
+being kept and winning (``max(floor - score, winner's perturbed score - its own)`` over the cut's
+floors) or the winner from falling out of the cut; ``inf`` when one token is finite at all.
 
 numpy comes with transformers; it is imported inside the functions, so loading the plugin costs nothing.
 """
@@ -241,8 +244,9 @@ def default_change_note(field: str, old: Any, new: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Draw:
-    """One step's draw: the chosen token, the draw margin (winner's perturbed score minus the
-    runner-up's; ``inf`` when the cut keeps one token) and how many tokens the cut kept."""
+    """One step's draw: the chosen token, the draw margin (how far the draw is from changing: the
+    winner's perturbed score minus the runner-up's, or less where the cut's boundary is nearer;
+    ``inf`` when nothing could change it) and how many tokens the cut kept."""
 
     token_id: int
     margin: float
@@ -275,9 +279,14 @@ def _log_min_p(min_p: float) -> float:
     return float(_EXACT.ln(decimal.Decimal(min_p)))
 
 
-def _kept(scores: np.ndarray, config: SamplingConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The token ids the cut keeps, ascending, and their scores, from the temperature-scaled
-    float64 scores (``-inf``: suppressed by a processor, never kept)."""
+# The scores a token the cut left out must reach to be kept: the lowest score top-k and top-p kept
+# (None where they cut nothing), and min-p's threshold (None without min-p).
+Floors = tuple[float | None, float | None]
+
+
+def _kept(scores: np.ndarray, config: SamplingConfig) -> tuple[np.ndarray, np.ndarray, Floors]:
+    """The token ids the cut keeps, ascending, their scores, and its :data:`Floors`, from the
+    temperature-scaled float64 scores (``-inf``: suppressed by a processor, never kept)."""
     import numpy as np
 
     if np.isfinite(scores).all():
@@ -285,6 +294,7 @@ def _kept(scores: np.ndarray, config: SamplingConfig) -> tuple[np.ndarray, np.nd
     else:
         kept = np.flatnonzero(np.isfinite(scores))
         values = scores[kept]
+    finite = kept.size
     if 0 < config.top_k < kept.size:
         kth = np.partition(values, kept.size - config.top_k)[kept.size - config.top_k]
         kept = kept[values >= kth]
@@ -295,10 +305,14 @@ def _kept(scores: np.ndarray, config: SamplingConfig) -> tuple[np.ndarray, np.nd
         reach = config.top_p * np.cumsum(weights)[-1]  # p * the mass, summed in token-id order
         kept = np.sort(kept[_nucleus(values, weights, reach)])
         values = scores[kept]
+    ranked_floor = float(values.min()) if kept.size < finite else None
+    min_p_floor = None
     if config.min_p > 0:
-        kept = kept[(values - top) >= _log_min_p(config.min_p)]
+        threshold = _log_min_p(config.min_p)
+        kept = kept[(values - top) >= threshold]
         values = scores[kept]
-    return kept, values
+        min_p_floor = float(top) + threshold
+    return kept, values, (ranked_floor, min_p_floor)
 
 
 _VOCABULARIES: dict[int, np.ndarray] = {}
@@ -378,9 +392,12 @@ def draw(logits: Any, config: SamplingConfig, *, key: int, step: int, row: int =
     import numpy as np
 
     scores = _checked_scores(logits, config.temperature, step=step, row=row)
-    kept, values = _kept(scores, config)
+    kept, values, floors = _kept(scores, config)
     if kept.size == 1:
-        return Draw(int(kept[0]), math.inf, 1)
+        winner = int(kept[0])
+        perturbed = float(scores[winner]) + gumbel(key, step, [winner])[0]
+        return Draw(winner, _boundary_margin(scores, kept, floors, winner, perturbed, math.inf, key=key,
+                                             step=step), 1)
     hashes = _token_hashes(key, step, kept, whole=kept is _VOCABULARIES.get(scores.size))
     pool = np.arange(kept.size)
     if kept.size > 4 * _SCREEN:
@@ -398,7 +415,45 @@ def draw(logits: Any, config: SamplingConfig, *, key: int, step: int, row: int =
     exact = sorted((-(float(values[i]) + _exact_gumbel(u)), int(kept[i]))
                    for i, u in zip(candidates, _unit(hashes[candidates]), strict=True))
     (best_score, winner), (runner_up, _) = exact[0], exact[1]
-    return Draw(winner, runner_up - best_score, int(kept.size))
+    margin = _boundary_margin(scores, kept, floors, winner, -best_score, runner_up - best_score, key=key,
+                              step=step)
+    return Draw(winner, margin, int(kept.size))
+
+
+def _boundary_margin(scores: np.ndarray, kept: np.ndarray, floors: Floors, winner: int,
+                     perturbed: float, margin: float, *, key: int, step: int) -> float:
+    """``margin`` (the winner's perturbed score minus the best other kept token's), lowered where the
+    cut's boundary is nearer: a token the cut left out wins once its score rises to every threshold
+    and its perturbed score passes the winner's, so it is ``max(threshold - score, winner's perturbed
+    score - its own)`` away; the winner may leave the cut once the best left-out score (even the best
+    score can fall below the k-th) or min-p's threshold reaches it. Only tokens whose score lies within
+    ``margin`` of the thresholds can be nearer; their noise is screened, then computed exactly."""
+    import numpy as np
+
+    thresholds = [floor for floor in floors if floor is not None]
+    if not thresholds:
+        return margin
+    inside = np.zeros(scores.size, dtype=bool)
+    inside[kept] = True
+    outside = np.flatnonzero(~inside & np.isfinite(scores))
+    if outside.size == 0:
+        return margin
+    own = float(scores[winner])  # it falls out once a left-out score, or min-p's floor, reaches it
+    margin = min(margin, own - float(scores[outside].max()),
+                 own - floors[1] if floors[1] is not None else math.inf)
+    highest = max(thresholds)
+    near = outside[scores[outside] > highest - margin] if math.isfinite(margin) else outside
+    if near.size == 0:
+        return margin
+    near_scores = scores[near]
+    gap = np.max([t - near_scores for t in thresholds], axis=0)
+    noise = -np.log(-np.log(_unit(_token_hashes(key, step, near))))  # screening only: a few ulps off
+    approx = np.maximum(gap, perturbed - (near_scores + noise))
+    least = float(approx.min())
+    candidates = np.flatnonzero(approx <= least + _tolerance(least) + _tolerance(perturbed))
+    exact = [max(float(gap[i]), perturbed - (float(near_scores[i]) + g))
+             for i, g in zip(candidates, gumbel(key, step, [int(t) for t in near[candidates]]), strict=True)]
+    return min(margin, *exact)
 
 
 def draw_batch(logits: Any, configs: SamplingConfig | Sequence[SamplingConfig], *, keys: Sequence[int],

@@ -209,19 +209,55 @@ def test_a_batch_takes_one_config_per_row():
 
 @pytest.mark.parametrize("settings", [{"temperature": 1.0}, {"temperature": 0.6, "top_k": 40},
                                       {"temperature": 1.3, "top_p": 0.9, "min_p": 0.01}])
-def test_winner_and_margin_are_those_of_the_exact_noise_over_every_kept_token(model_row, settings):
+def test_winner_and_margin_are_those_of_the_exact_noise_over_every_token(model_row, settings):
     """The draw screens with a float64 log, then decides with exact noise: the result must equal the
-    brute force with exact noise on every kept token."""
+    brute force with exact noise on every token. The margin is the nearest way the draw can change:
+    another kept token's perturbed score passing the winner's, or a token the cut left out rising to
+    every floor of the cut (the lowest score top-k / top-p kept, min-p's threshold) and passing it."""
     logits, ids = model_row
     scores = logits.double().numpy() / settings["temperature"]
     support = np.flatnonzero(_expected(logits, **settings) > 0)
+    ranked = np.flatnonzero(_expected(logits, **{**settings, "min_p": 0.0}) > 0)
+    floors = [scores[ranked].min()] if ranked.size < scores.size else []
+    if settings.get("min_p"):
+        floors.append(scores.max() + math.log(settings["min_p"]))
     for seed in range(8):
         config = SamplingConfig(seed=seed, **settings)  # type: ignore[arg-type]
         key = config.noise_key(ids)
-        perturbed = sorted((-(float(scores[t]) + g), int(t))
-                           for t, g in zip(support, gumbel(key, seed, support.tolist()), strict=True))
-        expected = Draw(perturbed[0][1], perturbed[1][0] - perturbed[0][0], support.size)
-        assert draw(logits, config, key=key, step=seed) == expected
+        perturbed = scores + np.array(gumbel(key, seed, list(range(scores.size))))
+        winner = int(support[np.argmax(perturbed[support])])
+        others = [perturbed[winner] - perturbed[t] for t in support if t != winner]
+        left_out = [max(*(f - scores[t] for f in floors), perturbed[winner] - perturbed[t])
+                    for t in np.setdiff1d(np.arange(scores.size), support)]
+        assert floors and left_out  # every setting here cuts
+        # the winner falls out once a left-out token's score (or min-p's floor) reaches its own
+        falls_out = [scores[winner] - scores[np.setdiff1d(np.arange(scores.size), support)].max()]
+        falls_out += [scores[winner] - floors[-1]] if settings.get("min_p") else []
+        found = draw(logits, config, key=key, step=seed)
+        assert (found.token_id, found.kept) == (winner, support.size)
+        assert found.margin == pytest.approx(min(others + left_out + falls_out), rel=1e-12, abs=1e-12)
+        assert found.margin <= min(others)
+
+
+@pytest.mark.parametrize("cut", [{"top_k": 3}, {"top_k": 1}, {"top_k": 0, "min_p": 0.2},
+                                 {"top_k": 8, "min_p": 0.05}], ids=str)
+def test_logit_drift_changes_a_draw_only_where_its_margin_is_within_the_drift(cut):
+    """What SAMPLE_FLIP relies on: logits moved by at most d each move a perturbed score by d / T,
+    so a draw whose margin exceeds 2 d / T cannot change, even where the drift moves a token across
+    the top-k or min-p boundary of the cut (a token just outside it entering and winning)."""
+    rng = np.random.default_rng(0)
+    changed = 0
+    for case in range(400):
+        logits = (rng.standard_normal(48) * 2).astype(np.float32)
+        d, temperature = float(rng.choice([0.01, 0.05, 0.2])), float(rng.choice([0.5, 1.0, 2.0]))
+        moved = (logits + rng.uniform(-d, d, logits.size)).astype(np.float32)
+        d = float(np.abs(moved.astype(np.float64) - logits).max())  # as float32 rounded it
+        config = SamplingConfig(temperature=temperature, seed=case, **cut)  # type: ignore[arg-type]
+        before, after = (draw(row, config, key=case, step=0) for row in (logits, moved))
+        if before.token_id != after.token_id:
+            changed += 1
+            assert before.margin <= 2 * d / temperature * (1 + 1e-9), (case, before, after, d, temperature)
+    assert changed >= 10  # the drift does change draws: the bound is tested, not vacuous
 
 
 def test_the_screening_log_is_within_its_tolerance_of_the_exact_noise():
@@ -231,9 +267,11 @@ def test_the_screening_log_is_within_its_tolerance_of_the_exact_noise():
     assert np.max(np.abs(approx - np.array(gumbel(key, 9, tokens.tolist())))) < 1e-12
 
 
-def test_one_kept_token_has_an_infinite_margin_and_top_k_keeps_ties_at_its_boundary():
+def test_one_kept_token_is_as_far_from_a_change_as_the_cut_and_top_k_keeps_ties_at_its_boundary():
+    """top_k=1 keeps token 1 (score 3); the draw changes only once another token's score reaches 3
+    (the next best scores 1), so the margin is 2. Where nothing is cut, it is infinite."""
     logits = torch.tensor([0.0, 3.0, 1.0, 1.0, 1.0, -2.0])
-    assert draw(logits, SamplingConfig(top_k=1, seed=0), key=1, step=0) == Draw(1, math.inf, 1)
+    assert draw(logits, SamplingConfig(top_k=1, seed=0), key=1, step=0) == Draw(1, 2.0, 1)
     assert draw(logits, SamplingConfig(top_k=2, seed=0), key=1, step=0).kept == 4
     suppressed = torch.tensor([-math.inf, 3.0, -math.inf])
     assert draw(suppressed, SamplingConfig(seed=0), key=1, step=0) == Draw(1, math.inf, 1)
