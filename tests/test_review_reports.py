@@ -174,7 +174,7 @@ def test_compare_lists_what_moved_and_both_pages_filter_in_a_real_browser(two_ru
     assert main(["compare", "a.json", "a.json"]) == 0
     (suite.path / "notes.json").write_text('{"a": 1}')
     assert main(["compare", "a.json", "notes.json"]) == 2
-    assert "'notes.json' is not a pytest-llmdeterminism JSON report" in capsys.readouterr().err
+    assert "notes.json is not a pytest-llmdeterminism JSON report" in capsys.readouterr().err
 
     found = _chromium()
     if isinstance(found, str):

@@ -7,10 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from pytest_llmdeterminism.errors import LLMDeterminismError
-
 SUMMARY = "two runs' JSON reports side by side: which checks changed verdict, appeared, disappeared"
 HELP = """\
 Compare two runs' JSON reports (each written by `pytest --llm-report=PATH.json`), check by check:
@@ -27,31 +23,6 @@ exit status: 0 no check changed verdict, appeared or disappeared; 1 some did; 2 
 an unreadable report."""
 
 
-class _Check(msgspec.Struct):
-    """The fields of a report's check that a comparison shows; others are ignored."""
-
-    test: str
-    name: str
-    verdict: str
-    passed: bool
-    first_divergence: int | None = None
-    golden_margin: float | None = None
-    max_logprob_delta: float | None = 0.0
-    tie_margin: float | None = 0.0
-    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
-    draw_margin: float | None = None
-
-
-class _Report(msgspec.Struct):
-    schema: str
-    version: int
-    checks: list[_Check]
-
-
-class ReportError(LLMDeterminismError):
-    """A report that cannot be compared; the message says which and why."""
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("before", type=Path, metavar="A", help="the earlier run's --llm-report JSON file")
     parser.add_argument("after", type=Path, metavar="B", help="the later run's --llm-report JSON file")
@@ -65,10 +36,11 @@ def run(args: argparse.Namespace) -> int:
 def compare(before: Path, after: Path, *, html: Path | None = None) -> int:
     from pytest_llmdeterminism.goldens.atomic import write_text_atomic
     from pytest_llmdeterminism.reporting import run_comparison
+    from pytest_llmdeterminism.run.shards import ShardError
 
     try:
         changes = run_comparison.compare_runs(read_checks(before), read_checks(after))
-    except ReportError as error:
+    except ShardError as error:
         print(f"llm-golden compare: {error}", file=sys.stderr)
         return 2
     for line in run_comparison.comparison_lines(changes, str(before), str(after)):
@@ -85,24 +57,10 @@ def compare(before: Path, after: Path, *, html: Path | None = None) -> int:
 
 
 def read_checks(path: Path) -> list[dict[str, Any]]:
-    """The checks of the JSON report ``path``, as plain dicts; :class:`ReportError` when it is not one."""
-    from pytest_llmdeterminism.goldens import store
-    from pytest_llmdeterminism.reporting.documents import REPORT_SCHEMA, REPORT_VERSION
-    from pytest_llmdeterminism.run.shards import MAX_REPORT_BYTES
+    """The checks of the JSON report ``path``, as plain dicts, read as ``llm-golden merge`` reads a
+    shard's (a CI artifact: size limit, schema, version); ``ShardError`` when it is not one."""
+    import msgspec
 
-    again = "Give the .json file that `pytest --llm-report=PATH.json` wrote."
-    try:
-        data = store.read_regular_file(path, max_bytes=MAX_REPORT_BYTES)
-    except FileNotFoundError:
-        raise ReportError(f"{str(path)!r} does not exist. Check the path.") from None
-    except store.UnreadableFileError as error:
-        raise ReportError(f"{str(path)!r} {error.reason}. {again}") from None
-    try:
-        report = msgspec.json.decode(data, type=_Report)
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise ReportError(f"{str(path)!r} is not a pytest-llmdeterminism JSON report ({error}). "
-                          f"{again}") from None
-    if (report.schema, report.version) != (REPORT_SCHEMA, REPORT_VERSION):
-        raise ReportError(f"{str(path)!r} has schema {report.schema!r} version {report.version!r}; this "
-                          f"pytest-llmdeterminism reads {REPORT_SCHEMA!r} version {REPORT_VERSION}. {again}")
-    return msgspec.to_builtins(report.checks)  # type: ignore[no-any-return]
+    from pytest_llmdeterminism.run.shards import read_shard
+
+    return msgspec.to_builtins(read_shard(path).checks)  # type: ignore[no-any-return]

@@ -76,10 +76,6 @@ Reference = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor | None"], "t
 _LOADED: dict[tuple[int, int], ctypes.CDLL] = {}
 
 
-class _Untrusted(Exception):
-    """Why code found in the cache folder must not be loaded (what, why, the fix)."""
-
-
 def build(folder: Path) -> tuple[ChainKernel | None, str]:
     """The kernel, compiled into ``folder`` unless a build of this source with these flags is there;
     or ``None`` and why not (no compiler, not x86-64, switched off, a folder others may write)."""
@@ -101,10 +97,11 @@ def build(folder: Path) -> tuple[ChainKernel | None, str]:
         if opened is None:
             return None, f"the kernel built in {folder} is not there, or its bytes do not match its name"
         return ChainKernel(_load(opened)), f"built in {folder}"
-    except _Untrusted as refused:
-        return None, str(refused)
     except OSError as error:
-        return None, f"the kernel in {folder} did not load ({error}); {_FIX}"
+        # A refusal of this module's is a PermissionError without an errno: its text says what, why
+        # and the fix. Any other failure of the file system is the system's.
+        refused = isinstance(error, PermissionError) and error.errno is None
+        return None, str(error) if refused else f"the kernel in {folder} did not load ({error}); {_FIX}"
 
 
 def _open_build(folder: Path, stem: str) -> int | None:
@@ -126,7 +123,7 @@ def _open_build(folder: Path, stem: str) -> int | None:
                 status = os.fstat(fd)
                 _require_private(status, folder / name)
                 if not stat.S_ISREG(status.st_mode):
-                    raise _Untrusted(f"{folder / name} is not a regular file; {_FIX}")
+                    raise PermissionError(f"{folder / name} is not a regular file; {_FIX}")
                 if _sha256(fd) == named[1]:
                     return os.dup(fd)  # not inheritable (PEP 446), like the original
             finally:
@@ -149,7 +146,7 @@ def _open_private_folder(folder: Path) -> int:
         os.close(parent_fd)
     try:
         _require_private(os.fstat(fd), folder)
-    except _Untrusted:
+    except PermissionError:
         os.close(fd)
         raise
     return fd
@@ -162,22 +159,22 @@ def _open_unlinked(path: Path, flags: int, folder_fd: int) -> int:
     except OSError as error:  # ELOOP, or ENOTDIR where a folder was asked for
         if error.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
                 os.stat(path.name, dir_fd=folder_fd, follow_symlinks=False).st_mode):
-            raise _Untrusted(f"{path} is a symbolic link: the plugin follows no link to code it loads; "
+            raise PermissionError(f"{path} is a symbolic link: the plugin follows no link to code it loads; "
                              f"{_FIX}") from None
         raise
 
 
 def _require_private(status: os.stat_result, path: Path, role: str = "", why: str = "", *,
                      root_too: bool = False) -> None:
-    """Raises _Untrusted unless ``path`` is the user's own (or root's) and neither group nor others may
-    write it."""
+    """Raises PermissionError (without an errno) unless ``path`` is the user's own (or root's) and
+    neither group nor others may write it."""
     owners = (os.getuid(), 0) if root_too else (os.getuid(),)
     if status.st_uid not in owners or status.st_mode & 0o022:
         whose = "the user's own or root's" if root_too else "the user's own"
         mode = status.st_mode & 0o7777
         mine = status.st_uid == os.getuid()
         fix = f", or make it private: chmod go-w {path}" if mine else ""
-        raise _Untrusted(f"{path}{role} is not {whose} or others may write it (mode {mode:o}){why}; "
+        raise PermissionError(f"{path}{role} is not {whose} or others may write it (mode {mode:o}){why}; "
                          f"{_FIX}{fix}")
 
 

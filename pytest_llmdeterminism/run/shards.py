@@ -70,7 +70,7 @@ class ShardError(LLMDeterminismError):
 
 def read_shard(path: Path) -> Shard:
     """The shard whose JSON report is ``path``; :class:`ShardError` when it is not one."""
-    rerun = ("Give the .json file that `pytest --llm-report=PATH.json` wrote in the shard, with this "
+    rerun = ("Give the .json file that `pytest --llm-report=PATH.json` wrote (in each shard), with this "
              "version of pytest-llmdeterminism.")
     try:
         data = store.read_regular_file(path, max_bytes=MAX_REPORT_BYTES)
