@@ -102,3 +102,69 @@ def test_hub_id_record_upgrade_review_shards_accept(pytester, hub_cache, tmp_pat
     golden = json.loads((pytester.path / "goldens" / "test_chat.json").read_text())
     assert {entry["fingerprint"]["model_commit"] for variants in golden["goldens"].values()
             for entry in variants.values()} == {NEW}
+
+
+UPGRADE_TESTS = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=6)
+def test_greeting(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Hello, my name is"))
+
+@deterministic(max_new_tokens=6)
+def test_story(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Once upon a time", do_sample=True, temperature=0.8, seed=3))
+
+@deterministic(max_new_tokens=6)
+def test_count(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Count: one,"))
+"""
+
+
+def test_hub_id_sampled_test_upgrade_selective_review_accepted_subset(pytester, hub_cache, tmp_path,
+                                                                     monkeypatch, capsys):
+    """The weekly loop as the docs tell it: a hub-id model and a sampled test recorded; the checkpoint
+    upgraded (`llm-golden perturb`, drift only) while one prompt was edited too; the run names what
+    to do; the reviewer accepts the drift alone (`accept --only`), which leaves the edited prompt's
+    INPUT_CHANGED for a second look, then takes it by key (`accept -k`); green."""
+    in_hub_cache(hub_cache, REPO, OLD)
+    pytester.makefile(".ini", pytest=f"[pytest]\nllm_model = {REPO}\nllm_batch_shape = 2x32\n")
+    pytester.makepyfile(test_chat=UPGRADE_TESTS)
+    pytester.runpytest("-p", "no:cacheprovider", "--llm-golden-update").assert_outcomes(passed=3)
+    golden = json.loads((pytester.path / "__golden__" / "test_chat.json").read_text())["goldens"]
+    assert golden["test_story"]["cpu/float32"]["generation_config"]["top_k"] == 50  # transformers' default
+
+    # The upgrade: the same model with its weights moved a little (drift only, as perturb's help says),
+    # and, in the same pull request, one prompt edited.
+    status, out = llm_golden(monkeypatch, capsys, pytester.path, "perturb", REPO, "upgraded",
+                             "--scale", "3e-3")
+    assert status == 0, out
+    pytester.makefile(".ini", pytest="[pytest]\nllm_model = upgraded\nllm_batch_shape = 2x32\n")
+    pytester.makepyfile(test_chat=UPGRADE_TESTS.replace('"Hello, my name is"', '"Hello, my name was"'))
+    checked = pytester.runpytest("-p", "no:cacheprovider", "--llm-golden-artifacts=llm-candidates")
+    checked.assert_outcomes(failed=3)
+    checked.stdout.fnmatch_lines(["*to see what moved, case by case: llm-golden diff llm-candidates, or "
+                                  "llm-golden review llm-candidates",
+                                  "*to accept only what you judged: llm-golden accept llm-candidates --only "
+                                  "LOGIT_DRIFT,TIE_FLIP (or -k KEY)"])
+
+    status, out = llm_golden(monkeypatch, capsys, pytester.path, "diff", "llm-candidates")
+    verdicts = {line.split()[0] for line in out.splitlines() if "['test_" in line}
+    assert status == 1 and "INPUT_CHANGED" in verdicts, out
+    drift = verdicts - {"INPUT_CHANGED"}
+    assert drift and drift <= {"LOGIT_DRIFT", "TIE_FLIP", "SAMPLE_FLIP"}, out
+
+    status, out = llm_golden(monkeypatch, capsys, pytester.path, "accept", "llm-candidates", "--only",
+                             "LOGIT_DRIFT,TIE_FLIP,SAMPLE_FLIP")
+    assert status == 1, out  # something was left: the edited prompt
+    assert any(line.startswith("left") and "INPUT_CHANGED" in line and "test_greeting" in line
+               for line in out.splitlines()), out
+    again = pytester.runpytest("-p", "no:cacheprovider")
+    again.assert_outcomes(passed=2, failed=1)
+    again.stdout.fnmatch_lines(["*golden mismatch in 'test_greeting': INPUT_CHANGED — prompt_token_ids*",
+                                "FAILED test_chat.py::test_greeting*"])
+
+    status, out = llm_golden(monkeypatch, capsys, pytester.path, "accept", "llm-candidates", "-k",
+                             "test_greeting")
+    assert status == 0, out
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
@@ -53,9 +54,11 @@ under llm_golden_dir = D, or --golden-dir D); it holds no symbolic link; no targ
 outside the root; every candidate and every golden file it merges into must be valid. Any problem:
 each is named, and no file is written.
 
-exit status: 0 every candidate case of PATH accepted; 1 accepted the cases chosen, some left (or
-none matched); 2 a usage error or any problem above (nothing was written)."""
+exit status: 0 every candidate case of PATH accepted (or IDENTICAL to the project's golden, which
+leaves nothing to accept); 1 accepted the cases chosen, some left (or none matched); 2 a usage
+error or any problem above (nothing was written)."""
 
+IDENTICAL = Verdict.IDENTICAL.value
 VERDICTS = tuple(verdict for verdict in ORDER if verdict != ABSENT)  # the verdicts a candidate can have
 
 
@@ -185,10 +188,13 @@ def apply(planned: Plan, taken: Collection[Case]) -> int:
             print(f"accepted {case_text(case)}")
         written += acceptance.cases
     done = {id(case) for case in written}
-    left = [case for case in planned.cases if id(case) not in done]
+    # A case IDENTICAL to the project's golden (one accepted before, say) leaves nothing to decide.
+    same = [case for case in planned.cases if id(case) not in done and case.verdict == IDENTICAL]
+    left = [case for case in planned.cases if id(case) not in done and case.verdict != IDENTICAL]
     for case in left:
         print(f"left     {case_text(case)}")
-    print(f"summary: accepted {len(written)} case(s), left {len(left)} in {planned.candidates}")
+    unchanged = f" ({len(same)} IDENTICAL to the project's, nothing to accept)" if same else ""
+    print(f"summary: accepted {len(written)} case(s), left {len(left)} in {planned.candidates}{unchanged}")
     return 1 if left else 0
 
 
