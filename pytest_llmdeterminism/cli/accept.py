@@ -177,12 +177,7 @@ def apply(planned: Plan, taken: Collection[Case]) -> int:
     for acceptance in chosen:
         if not acceptance.goldens:
             continue
-        try:
-            store.merge(acceptance.target, acceptance.goldens)
-        except OSError as error:
-            print(f"llm-golden: cannot write {acceptance.target} ({error.strerror or error}); the cases "
-                  "listed as accepted above were written, no other. Fix that and run accept again.",
-                  file=sys.stderr)
+        if not _written(acceptance, "cases"):
             return 2
         for case in acceptance.cases:
             print(f"accepted {case_text(case)}")
@@ -205,16 +200,24 @@ def case_text(case: Case) -> str:
 def _accept_all(accepted: list[Acceptance]) -> int:
     """The whole candidates folder, as accept always wrote it."""
     for acceptance in accepted:
-        try:
-            store.merge(acceptance.target, acceptance.goldens)
-        except OSError as error:
-            print(f"llm-golden: cannot write {acceptance.target} ({error.strerror or error}); the files "
-                  "listed as accepted above were written, no other. Fix that and run accept again.",
-                  file=sys.stderr)
+        if not _written(acceptance, "files"):
             return 2
         for key, variants in sorted(acceptance.goldens.items()):
             print(f"accepted {acceptance.name} [{key!r}] ({', '.join(sorted(variants))})")
     return 0
+
+
+def _written(acceptance: Acceptance, listed: str) -> bool:
+    """Merge one golden file's accepted goldens into the project; False (and why, on stderr) when it
+    could not be written: what was listed as accepted before it was, nothing else."""
+    try:
+        store.merge(acceptance.target, acceptance.goldens)
+    except OSError as error:
+        print(f"llm-golden: cannot write {acceptance.target} ({error.strerror or error}); the {listed} "
+              "listed as accepted above were written, no other. Fix that and run accept again.",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _candidates_folder(path: Path, root: Path, golden_dir: Path | None,
