@@ -274,7 +274,7 @@ def test_a_sample_flip_says_so_in_the_failure_and_in_every_report(suite, capsys)
 
     capsys.readouterr()
     assert diff(suite.path / "__golden__", suite.path / "cand" / "__golden__", fail_on="tie_flip") == 1
-    assert (f"draw margin 0.001 (tie margin 0.05 / T 1.5); {drawn}"
+    assert (f"draw margin 0.001 (bound 0.0333 = tie margin 0.05 / T 1.5); {drawn}"
             in capsys.readouterr().out)
     greedy_check = {**check, "sampling": {}, "draw_margin": None}  # a greedy check's lines say nothing of it
     assert "sampled:" not in run_report_markdown({**json.loads((suite.path / "r.json").read_text()),

@@ -197,8 +197,9 @@ def _comparison_detail(comparison: Comparison, expected: Generation | None, actu
         tokens = (f"  step {d.step}: {_token(expected, d.step, d.expected_token)} -> "
                   f"{_token(actual, d.step, d.actual_token)}")
         if d.draw_margin is not None and d.temperature is not None and actual is not None:
-            return (f"{tokens}, draw margin {d.draw_margin:.3g} (tie margin {comparison.tie_margin:g} / T "
-                    f"{d.temperature:g}); {settings_text(actual.sampling)}")
+            bound = comparison.tie_margin / d.temperature
+            return (f"{tokens}, draw margin {d.draw_margin:.3g} (bound {bound:.3g} = tie margin "
+                    f"{comparison.tie_margin:g} / T {d.temperature:g}); {settings_text(actual.sampling)}")
         return f"{tokens}, golden margin {d.golden_margin:.3g} (tie margin {comparison.tie_margin:g})"
     if comparison.input_changes:
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
