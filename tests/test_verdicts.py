@@ -365,3 +365,23 @@ def test_the_cross_environment_hint_fits_the_field_that_changed():
     # with a library upgrade too, compatible would not compare exactly: the upgrade's hint
     both = hint([("torch", "2.12.0", "2.13.0"), ("cpu_numerics", "compatible", "portable")])
     assert "compare exactly again with" not in both and "after an upgrade (torch)" in both
+
+
+def test_assert_tokens_match_names_the_condition_that_failed():
+    """The in-memory assertion words a failure as a golden check does: the failed condition, both numbers."""
+    import dataclasses
+    from pathlib import Path
+
+    from pytest_llmdeterminism import GoldenMismatchError, assert_tokens_match
+    from pytest_llmdeterminism.goldens import schema
+    from pytest_llmdeterminism.goldens.store import read
+
+    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    expected = schema.from_entry(read(examples)["test_capital"]["cpu/float32"])
+    moved = tuple((token, logprob - 0.25) for token, logprob in expected.top_logprobs[0])
+    actual = dataclasses.replace(expected, top_logprobs=(moved, *expected.top_logprobs[1:]),
+                                 logit_hashes=("0" * 16, *expected.logit_hashes[1:]))
+    with pytest.raises(GoldenMismatchError) as raised:
+        assert_tokens_match(expected, actual, tolerance="close(atol=0.01)")
+    assert "LOGIT_DRIFT at step 0" in str(raised.value)
+    assert "max |Δlogprob| in top-k 0.25 > atol 0.01" in str(raised.value), str(raised.value)

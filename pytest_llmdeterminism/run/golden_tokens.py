@@ -212,7 +212,8 @@ def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, 
     comparison, passed = judge(expected, actual, profile)
     if not passed:
         decode = failure.decoder_for(expected, actual, tokenizer)
+        dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))  # judge's
         message = failure.mismatch("assert_tokens_match", "(in memory)", None, comparison, expected, actual,
-                                  decode, profile=str(profile))
+                                  decode, profile=profile, dtype=dtype)
         raise GoldenMismatchError(message, comparison)
     return comparison
