@@ -27,19 +27,6 @@ def pytest_collection_modifyitems(config, items):
 """
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.subprocess)])
-def test_tests_a_conftest_deselects_keep_their_goldens_under_prune(suite, workers):
-    suite.makepyfile(test_two=TWO_TESTS)
-    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
-    suite.makeconftest(DESELECTING_CONFTEST)
-    args = ["--llm-golden-prune", *(["-n", str(workers)] if workers else [])]
-    result = suite.runpytest_subprocess(*args) if workers else suite.runpytest(*args)
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (1 test(s) deselected)"])
-    goldens = json.loads((suite.path / "__golden__" / "test_two.json").read_text())["goldens"]
-    assert set(goldens) == {"test_a", "test_b"}
-
-
 SILENTLY_DROPPING_CONFTEST = """
 def pytest_collection_modifyitems(items):
     items[:] = [item for item in items if item.name != "test_b"]  # no pytest_deselected call
@@ -47,15 +34,18 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.subprocess)])
-def test_tests_a_conftest_drops_without_deselecting_them_keep_their_goldens_under_prune(suite, workers):
+@pytest.mark.parametrize(("conftest", "reason"), [
+    (DESELECTING_CONFTEST, "1 test(s) deselected"),
+    (SILENTLY_DROPPING_CONFTEST, "1 collected test(s) left out by a conftest or plugin"),
+], ids=["deselected", "dropped without deselecting"])
+def test_tests_a_conftest_leaves_out_keep_their_goldens_under_prune(suite, workers, conftest, reason):
     suite.makepyfile(test_two=TWO_TESTS)
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
-    suite.makeconftest(SILENTLY_DROPPING_CONFTEST)
+    suite.makeconftest(conftest)
     args = ["--llm-golden-prune", *(["-n", str(workers)] if workers else [])]
     result = suite.runpytest_subprocess(*args) if workers else suite.runpytest(*args)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["unused goldens not pruned: this run was partial (1 collected test(s) left "
-                                 "out by a conftest or plugin)"])
+    result.stdout.fnmatch_lines([f"unused goldens not pruned: this run was partial ({reason})"])
     assert "\npruned" not in result.stdout.str()
     goldens = json.loads((suite.path / "__golden__" / "test_two.json").read_text())["goldens"]
     assert set(goldens) == {"test_a", "test_b"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from pytest_llmdeterminism.engines import cached, hf, hub, resolve
 from pytest_llmdeterminism.engines.spec import BUILTIN_PREFIX, hub_id
 from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.goldens import atomic
 
 SUMMARY = "copy a model with relative noise on its weights"
 HELP = """\
@@ -150,13 +151,6 @@ def _weight_files(folder: Path) -> list[Path]:
     return weight_files
 
 
-def _new_file_mode() -> int:
-    """The mode ``open()`` gives a new file under this process's umask (0644 under 022)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def _write_noisy(source: Path, dest: Path, files: list[Path], *, scale: float,
                  seed: int) -> tuple[tuple[str, int, int], ...]:
     import torch
@@ -181,6 +175,6 @@ def _write_noisy(source: Path, dest: Path, files: list[Path], *, scale: float,
                 changed += not weights[name].equal(tensor)
         (dest / relative).parent.mkdir(parents=True, exist_ok=True)
         save_file(weights, dest / relative, metadata=metadata)
-        os.chmod(dest / relative, _new_file_mode())  # safetensors writes 0600, whatever the umask
+        os.chmod(dest / relative, atomic.new_file_mode())  # safetensors writes 0600, whatever the umask
         written.append((str(relative), changed, len(weights)))
     return tuple(written)

@@ -213,7 +213,7 @@ def _compile(folder: Path, stem: str) -> str:
     except ValueError as error:
         return f"CC={command!r} is not a command line ({error}): set CC to a C compiler, e.g. CC=gcc"
     try:
-        _make_private(folder)
+        private_folder(folder)
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             built = Path(scratch) / "chain_linear.so"
             done = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
@@ -228,12 +228,14 @@ def _compile(folder: Path, stem: str) -> str:
     return ""
 
 
-def _make_private(folder: Path) -> None:
-    """Creates ``folder`` and its missing parents, each 0700 (``mkdir -p`` would give the parents the
-    umask's mode, which may let the group write them: then the kernel is refused)."""
+def private_folder(folder: Path) -> Path:
+    """``folder``, created where missing with each missing parent 0700 (``mkdir -p`` would give the
+    parents the umask's mode, which may let the group write them: then the kernel is refused). The
+    plugin's cache folder, the kernel folder's parent, is made by it too (``engines/cached.py``)."""
     for path in reversed([folder, *folder.parents]):
         if not path.exists():
             path.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
 class ChainKernel:

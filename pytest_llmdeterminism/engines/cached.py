@@ -30,20 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.compute.chain import private_folder  # the kernel is loaded from below it
+
 _CHUNK = 1 << 24
 CONVERTED = "converted"
 DIGEST = "llmdet-digest.json"
 DIGEST_FORMAT = "llmdet-converted-copy/1"
-
-
-def private_folder(folder: Path) -> Path:
-    """``folder``, created where missing with each missing parent 0700: the cache folder holds the
-    kernel the plugin loads, which it refuses in a folder others may write (``compute/chain.py``),
-    and ``mkdir -p`` under a umask of 002 would let the group write it."""
-    for path in reversed([folder, *folder.parents]):
-        if not path.exists():
-            path.mkdir(mode=0o700, exist_ok=True)
-    return folder
 
 
 def cache_dir() -> Path:

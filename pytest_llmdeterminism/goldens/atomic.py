@@ -28,7 +28,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        mode = 0o666 & ~_umask()
+        mode = new_file_mode()
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.{HOST}-{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
@@ -42,10 +42,16 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _umask() -> int:
+def umask() -> int:
+    """This process's umask."""
     current = os.umask(0o022)  # the only portable way to read it is to set it
     os.umask(current)
     return current
+
+
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (0644 under 022)."""
+    return 0o666 & ~umask()
 
 
 # This host, as temp-file and scratch-folder names carry it (only its processes can be checked).

@@ -184,15 +184,10 @@ def write(packs: Iterable[Pack], folder: Path) -> tuple[list[Path], list[str]]:
                 atomic.write_text_atomic(target / name, text)
             for name in pack.executable:
                 path = target / name
-                os.chmod(path, path.stat().st_mode | (0o111 & ~_umask()))
+                os.chmod(path, path.stat().st_mode | (0o111 & ~atomic.umask()))
         except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
             errors.append(f"{target}: {type(error).__name__}: {error}")
         else:
             written.append(target)
     return written, errors
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

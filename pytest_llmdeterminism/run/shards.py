@@ -325,7 +325,7 @@ def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], li
         except GoldenFileError as error:
             problems.append(str(error))
             continue
-        source = module_source(root, module) if _plain_relative(module) else None
+        source = module_source(root, module)  # None for a module outside the root, however named
         keys_unused = unused.unused_keys(keys, unused.ModuleRun(tests, source, frozenset(used.get(path, ()))))
         if keys_unused:
             found[path] = keys_unused

@@ -96,6 +96,9 @@ def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, lis
         if test:
             tests_by_module.setdefault(module, {})[test] = \
                 ledger.outcomes.get(nodeid, "passed") if nodeid in finished else None
+    used_by_file: dict[str, set[str]] = {}
+    for file_name, key in ledger.used:
+        used_by_file.setdefault(str(Path(file_name)), set()).add(key)
     found = {}
     for module, tests in sorted(tests_by_module.items()):
         path = files.path_for_nodeid(module)
@@ -103,7 +106,9 @@ def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, lis
             keys = files.read(path).keys()
         except GoldenFileError:
             continue  # already reported by the tests that read it
-        used = frozenset(key for p, key in ledger.used if Path(p) == path)
+        if not keys:
+            continue
+        used = frozenset(used_by_file.get(str(path), ()))
         keys_unused = unused.unused_keys(keys, unused.ModuleRun(tests, module_source(root, module), used))
         if keys_unused:
             found[str(path)] = keys_unused
