@@ -78,7 +78,9 @@ __all__ = ["DEFAULT_TOP_K", "MAX_SEED", "RECORDED_SETTINGS", "SAMPLER", "Draw", 
 
 SAMPLER = "gumbel-xxh3-splitmix/1"  # name/version: a golden records it; any change to the noise is /2
 RECORDED_SETTINGS = ("sampler", "temperature", "top_k", "top_p", "min_p", "seed")  # what a golden records
-MAX_SEED = 2**63 - 1  # the largest seed torch, numpy and OpenAI-compatible servers all take (run.options too)
+# The largest seed every consumer takes: torch.manual_seed (below 2**64), numpy (taken mod 2**32) and an
+# OpenAI-compatible server's int64 ``seed`` (vLLM's refuses more); run.options checks it at start-up.
+MAX_SEED = 2**63 - 1
 # transformers' generate() cuts at top_k=50 when do_sample=True and no top_k is given (its
 # GenerationConfig's library default); so does a sampled test. Goldens recorded before it said 0 (off).
 DEFAULT_TOP_K = 50

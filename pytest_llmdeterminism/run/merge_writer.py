@@ -18,17 +18,19 @@ from pytest_llmdeterminism.run.shards import MergePlan
 
 
 @dataclass
-class Written:
+class MergeOutput:
+    """What ``write`` wrote, as :class:`~pytest_llmdeterminism.run.writer.RunOutput` is for a run."""
+
     lines: list[str] = field(default_factory=list)  # "wrote …" and "pruned …", for the user
     pruned: list[str] = field(default_factory=list)
 
 
 def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports: Sequence[Path],
-          prune: bool, display: Callable[[Path], str] = str) -> Written:
+          prune: bool, display: Callable[[Path], str] = str) -> MergeOutput:
     """Write a plan without problems: the candidate tree, the reports and, under ``prune``, the
     removal of unused goldens. Every file is written atomically."""
     assert not merge.problems, "write() takes a plan without problems"
-    out = Written()
+    out = MergeOutput()
     if candidates_out is not None:
         for name, goldens in sorted(merge.candidates.items()):
             store.write(candidates_out / name, goldens)

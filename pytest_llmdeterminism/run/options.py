@@ -26,6 +26,7 @@ from pytest_llmdeterminism.engines.spec import (
     with_local_paths,
 )
 from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.sampling import MAX_SEED
 from pytest_llmdeterminism.shape import DTYPES, BatchShape
 from pytest_llmdeterminism.tolerance import ToleranceSetting
 
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_SHAPE = "1x128"
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_SEED = 0
-# The largest seed every consumer takes: torch.manual_seed (below 2**64), numpy (taken mod 2**32) and an
-# OpenAI-compatible server's int64 ``seed`` (vLLM's refuses more); checked at start-up, not in torch.
-MAX_SEED = 2**63 - 1
 UpdateMode = Literal["all", "new"]
 PLANT_DEFECT_VARIABLE = "LLMDET_PLANT_DEFECT"  # =1: --llm-plant-defect, for a CI step's environment
 
@@ -261,7 +259,8 @@ def resolve_path(name: str, raw: str | None, config: pytest.Config) -> str | Non
     return str(path)
 
 
-def parse_choice(setting: str, raw: str, choices: tuple[str, ...]) -> str:
+def parse_one_of(setting: str, raw: str, choices: tuple[str, ...]) -> str:
+    """``raw`` if it is one of ``choices``, else a usage error that lists them."""
     if raw not in choices:
         raise ConfigurationError(setting, raw, f"expected one of {', '.join(choices)}, e.g. '{choices[0]}'")
     return raw
