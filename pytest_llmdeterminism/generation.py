@@ -1,4 +1,5 @@
-"""The :class:`Generation` record, and the greedy generation config: what is accepted, what is refused."""
+"""The :class:`Generation` record, and the decoding config (greedy, or the plugin's seeded sampler
+under ``do_sample=True``): what is accepted, what is refused."""
 
 from __future__ import annotations
 
@@ -127,8 +128,9 @@ def _is_neutral(name: str, value: Any) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class GreedyConfig:
-    """The effective greedy generation config: what every engine runs, and what a golden records
-    (:meth:`as_dict`, in this field order). ``do_sample`` and ``num_beams`` are never anything else."""
+    """The effective decoding config: what every engine runs, and what a golden records (:meth:`as_dict`,
+    in this field order). Greedy, or with ``do_sample=True`` the plugin's seeded sampler's settings in
+    ``sampling`` (decoding stays greedy, over perturbed scores); ``num_beams`` is always 1."""
 
     do_sample: bool = False
     num_beams: int = 1
@@ -295,7 +297,8 @@ def _checked_eos(value: Any, vocab_size: int | None) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Generation:
-    """One prompt's greedy continuation and what the model computed at each step.
+    """One prompt's continuation (greedy, or drawn by the seeded sampler) and what the model
+    computed at each step.
 
     Step ``t`` holds: the chosen token ``token_ids[t]``, ``logit_hashes[t]`` (xxh3-64 of the raw
     logits row, see :data:`LOGIT_HASH_DEFINITION`),

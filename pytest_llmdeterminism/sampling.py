@@ -20,17 +20,19 @@ sample depends on that row alone, and decoding stays greedy (over perturbed scor
    (an odd integer below 2**53 over a power of two) and lies in [2**-53, 1 - 2**-53], never 0 or 1.
    (53 bits plus a half would need 54 bits of significand and round.)
 5. ``g = -ln(-ln(u))`` as a real number, rounded to the nearest float64. It is computed with
-   :mod:`decimal` at 50 digits, which is software arithmetic with a correctly rounded ``ln``, so it
-   is the same on every CPU. A float64 ``log`` is not: numpy dispatches to SVML on AVX-512 CPUs and
-   to libm elsewhere, and libm picks an FMA variant by CPU; they differ in the last bits.
+   :mod:`decimal` at 30 significant digits, which is software arithmetic with a correctly rounded
+   ``ln``, so it is the same on every CPU. A float64 ``log`` is not: numpy dispatches to SVML on
+   AVX-512 CPUs and to libm elsewhere, and libm picks an FMA variant by CPU; they differ in the last
+   bits.
 
 Everything up to step 5 is integer arithmetic, done in numpy ``uint64`` over the vocabulary (C
 unsigned arithmetic, which wraps by definition; torch has no unsigned 64-bit multiply on CPU, and a
-signed overflow is undefined behaviour in C++). Step 5 would cost ~70 µs a token in :mod:`decimal`,
-so a draw first computes ``g`` with numpy's float64 ``log`` (accurate to a few ulps, ~1e-14 here),
-keeps the tokens whose approximate perturbed score is within a generous tolerance of the second
-best, and computes those few exactly. The winner and margin come only from exact values, and a
-token left out is provably below two tokens that were kept.
+signed overflow is undefined behaviour in C++). Step 5 in :mod:`decimal` is too slow for a whole
+vocabulary (its cost: ``docs/design/measurements.md``), so a draw first computes ``g``
+with numpy's float64 ``log`` (accurate to a few ulps, ~1e-14 here), keeps the tokens whose
+approximate perturbed score is within a generous tolerance of the second best, and computes those
+few exactly. The winner and margin come only from exact values, and a token left out is provably
+below two tokens that were kept.
 
 **The cut**, in transformers' order (temperature, top-k, top-p, min-p), in float64 from the float32
 logits; every operation is an IEEE-754 basic operation or an exact one, so the kept set is the

@@ -11,9 +11,8 @@ its line, that takes the ``llm_model`` and ``golden_tokens`` fixtures like any t
 time: the selected items of a file with the same token budget and sampling settings (``do_sample``,
 ``temperature``, ``top_k``, ``top_p``, ``min_p``; each item its own ``seed``, by default the test's),
 in file order, form fixed chunks of ``B``; whichever item of a chunk runs first generates the chunk,
-whatever the test order. Results
-are identical to one prompt at a time, because a fixed shape makes a row independent of its
-companions.
+whatever the test order. Results are identical to one prompt at a time, because a fixed shape makes
+a row independent of its companions.
 """
 
 from __future__ import annotations
