@@ -43,10 +43,10 @@ class NumericsProfile:
     """The CPU numerics of one machine under one mode: what it sets before torch starts, what it must
     then find in force, whether a fingerprint shows it ran, and the kernels it supports."""
 
-    mode: str  # the llm_cpu_numerics word (profile_that_ran names kernels: arm64's one pinned profile is portable)
+    mode: str  # the llm_cpu_numerics word (TRAVELLING's name the kernels: arm64's is "portable")
     machine: str  # "x86-64", "arm64" or "other"
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)  # set before torch starts
-    in_force: Mapping[str, str] = dataclasses.field(default_factory=dict)  # must be found (names as effective())
+    in_force: Mapping[str, str] = dataclasses.field(default_factory=dict)  # must be found (as effective())
     # the llm_cpu_numerics words a golden computed on these kernels may carry (before portable moved
     # to AVX2 kernels, "portable" ran the generic ones that compatible pins now)
     recorded_as: frozenset[str] = frozenset()
@@ -98,7 +98,8 @@ def _arm64(batch_invariant: str | None) -> NumericsProfile:
 # Linux arm64 (torch's wheels: OpenBLAS) runs the tiles; macOS on Apple silicon has no such kernels.
 _LINUX_ARM64, _OTHER_ARM64 = _arm64(TILES), _arm64(None)
 # Elsewhere (ppc64le, ...) ATen's generic kernels; the BLAS is not pinned there, so nothing travels.
-_GENERIC = NumericsProfile(PORTABLE, "other", {"ATEN_CPU_CAPABILITY": "default"}, {"aten_capability": "DEFAULT"})
+_GENERIC = NumericsProfile(PORTABLE, "other", {"ATEN_CPU_CAPABILITY": "default"},
+                           {"aten_capability": "DEFAULT"})
 _PROFILES: Mapping[str, Mapping[str, NumericsProfile]] = {
     "x86_64": {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE},
     "AMD64": {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE},

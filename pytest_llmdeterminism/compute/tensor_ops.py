@@ -58,7 +58,8 @@ def blocks_for(weight: torch.Tensor, threads: int) -> int:
     return threads
 
 
-def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, blocks: int) -> torch.Tensor:
+def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 blocks: int) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a single row ``x``, its output features computed as
     ``blocks`` matrices of one ``torch.bmm``: every output the same dot product, the same bits."""
     import torch
@@ -82,7 +83,8 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return onednn_product(pair, weight, bias, fixed_order)[:1].reshape(*x.shape[:-1], weight.shape[0])
 
 
-def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, blocks: int = 0) -> torch.Tensor:
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                blocks: int = 0) -> torch.Tensor:
     """``F.linear`` with every row its own one-row product on MKL's reproducible branch, whatever the
     number of rows: the batch-invariant decode step. One row is split into ``blocks`` blocks of output
     features over the threads (0: not split, see :func:`blocks_for`); several rows are the items of

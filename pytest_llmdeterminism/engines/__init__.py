@@ -72,7 +72,8 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False, batch_invariant: bool | None = False, recording: bool = False) -> LoadedModel:
+         pinned_late: bool = False, batch_invariant: bool | None = False,
+         recording: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
     ``batch_invariant``: on batch-invariant kernels (True: or an error saying why not; None: where

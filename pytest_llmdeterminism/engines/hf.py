@@ -39,10 +39,10 @@ class HFEngine:
     hash_definition = HashDefinition.LOGITS
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, *, kernels: Kernels = Kernels()) -> None:
+    def __init__(self, model: Any, tokenizer: Any, device: str, *, kernels: Kernels | None = None) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         # the kernels chosen at load (compute/kernels.py): each generation runs inside kernels.routed
-        self.kernels = kernels
+        self.kernels = kernels or Kernels()
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
