@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 PACKAGES = {
     "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
     "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
-                ["compute.environment", "compute.fixed_order", "compute.tensor_ops"], ["compute.kernels"],
+                ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
                 ["compute"]],
     "engines": [["engines.secret", "engines.cached"],
                 ["engines.capture", "engines.spec"],
