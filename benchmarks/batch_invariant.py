@@ -20,6 +20,7 @@ Prints the CPU (vendor and model) and torch's thread count: a speed figure holds
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -48,20 +49,21 @@ def main() -> None:
     import torch
 
     from pytest_llmdeterminism import engines
-    from pytest_llmdeterminism.compute.linears import LinearKernels
+    from pytest_llmdeterminism.compute.kernels import Policy
     from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = engines.load(args.model, dtype="float32", device="cpu", cpu_numerics=args.numerics)
-    today = loaded.engine.linears
-    invariant = (LinearKernels.BATCH_INVARIANT if args.numerics == "portable"
-                 else LinearKernels.BATCH_INVARIANT_TILES)
+    today = loaded.engine.kernels.policy
+    invariant = (Policy.BATCH_INVARIANT if args.numerics == "portable"
+                 else Policy.BATCH_INVARIANT_TILES)
     print(f"model {args.model}; CPU {numerics.cpu_name()}, {args.numerics} numerics (ATen "
           f"{torch.backends.cpu.get_cpu_capability()}); {torch.get_num_threads()} threads; torch "
           f"{torch.__version__}")
 
-    def on(kernels: LinearKernels, shape: str, tokens: int) -> LLMModel:
-        loaded.engine.linears, loaded.cache = kernels, {}
+    def on(kernels: Policy, shape: str, tokens: int) -> LLMModel:
+        loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, policy=kernels)
+        loaded.cache = {}
         return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0),
                         verify_batch_invariance=False)
 
@@ -118,7 +120,8 @@ def main() -> None:
     print(f"8 prompts x 16 new tokens on batch-invariant kernels, bit-identical: 8 lone calls "
           f"{lone_time * 1e3:.0f} ms, one 8x64 call {batch_time * 1e3:.0f} ms -> "
           f"{batch_time / lone_time:.2f}x")
-    loaded.engine.linears, loaded.cache = today, {}
+    loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, policy=today)
+    loaded.cache = {}
 
 
 if __name__ == "__main__":

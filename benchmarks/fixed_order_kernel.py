@@ -9,13 +9,13 @@ through ``fmaf``; arm64's NEON has the same fused multiply-add); and a row's bit
 the rows beside it or on the thread count (threads take whole panels). The script checks both,
 compares the bits with today's route, and times the kernel against the plain test's ``F.linear``
 (native kernels, its own process) and the route portable numerics take today
-(``compute/linears.py``), on SmolLM2-135M's shapes at 1, 4 and 64 rows (30 distinct weights per
+(``compute/kernels.py``), on SmolLM2-135M's shapes at 1, 4 and 64 rows (30 distinct weights per
 shape, streamed from memory; 2 threads; best of 5).
 
     python benchmarks/fixed_order_kernel.py        # needs gcc with OpenMP (builds into a temp folder)
 
 Not in the product: its bits are not today's, so goldens would have to record which kernels made
-them. The product's kernel (``compute/chain.py``) computes oneDNN's own order instead, so its bits
+them. The product's kernel (``compute/fixed_order.py``) computes oneDNN's own order instead, so its bits
 are today's.
 """
 
@@ -63,7 +63,7 @@ def _best_us(kernel, weights, repeats: int = 5) -> float:
 
 def measure(mode: str, folder: str) -> None:
     sys.path.insert(0, str(ROOT))
-    from pytest_llmdeterminism.compute import linears, numerics
+    from pytest_llmdeterminism.compute import numerics, tensor_ops
 
     numerics.pin(mode)
     import torch
@@ -109,12 +109,12 @@ def measure(mode: str, folder: str) -> None:
             ys = {name: fixed(name, x, first, out_features, in_features) for name in BUILDS}
             alone = fixed("avx512", x[-1:].contiguous(), first, out_features, in_features)
             exact = x.double() @ weights[0].double().T
-            onednn = rows * in_features * out_features >= linears.ONEDNN_MIN_PRODUCT
+            onednn = rows * in_features * out_features >= tensor_ops.ONEDNN_MIN_PRODUCT
 
             def routed(w, x=x, onednn=onednn, rows=rows):
                 if onednn:
-                    return linears.onednn_linear(x, w, None)
-                return linears.split_linear(x, w, None, 2) if rows == 1 else functional.linear(x, w)
+                    return tensor_ops.onednn_linear(x, w, None)
+                return tensor_ops.split_linear(x, w, None, 2) if rows == 1 else functional.linear(x, w)
 
             found[key] = {
                 "builds_agree": all(torch.equal(ys["avx512"], y) for y in ys.values()),

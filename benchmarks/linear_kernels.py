@@ -7,11 +7,11 @@ time (``time.process_time``, one thread: robust to a busy machine, where a secon
 not) of one product, each over 30 distinct weights so they stream from memory as in a model:
 
 - native: ``F.linear`` with the CPU's own kernels (MKL's AVX-512 path on an AVX-512 Intel CPU);
-- portable: the kernel the plugin routes the shape to (``compute/linears.py``: oneDNN capped at AVX2
+- portable: the kernel the plugin routes the shape to (``compute/kernels.py``: oneDNN capped at AVX2
   at or above ``ONEDNN_MIN_PRODUCT`` multiply-adds, else MKL's reproducible branch), and oneDNN with
   a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``), with whether it gives the bits
   of oneDNN on the plain weight (the routed kernel where the shape goes to oneDNN);
-- the plugin's kernel (``compute/chain.py``), which the plugin runs for oneDNN's products where it
+- the plugin's kernel (``compute/fixed_order.py``), which the plugin runs for oneDNN's products where it
   gives oneDNN's bits, with whether it does.
 
     python benchmarks/linear_kernels.py                # 3 alternating rounds, one thread
@@ -43,13 +43,13 @@ def measure(mode: str, threads: int) -> None:
     sys.path.insert(0, str(ROOT))
     import tempfile
 
-    from pytest_llmdeterminism.compute import chain, linears, numerics
+    from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
 
     numerics.pin(mode)
     import torch
 
     torch.set_num_threads(threads)
-    own, why = chain.build(Path(tempfile.mkdtemp()))
+    own, why = fixed_order.build(Path(tempfile.mkdtemp()))
     if own is None:
         raise SystemExit(f"the plugin's kernel did not build: {why}")
     torch.manual_seed(0)
@@ -65,16 +65,16 @@ def measure(mode: str, threads: int) -> None:
             if out_features > 4096 and rows > 1:
                 continue  # generate() computes the LM head for the last row only
             x = torch.randn(1, rows, in_features)
-            onednn = rows * in_features * out_features >= linears.ONEDNN_MIN_PRODUCT
+            onednn = rows * in_features * out_features >= tensor_ops.ONEDNN_MIN_PRODUCT
 
             def routed(w, x=x, onednn=onednn):
                 if portable and onednn:
-                    return linears.onednn_linear(x, w, None)
+                    return tensor_ops.onednn_linear(x, w, None)
                 return torch.nn.functional.linear(x, w)
 
             kernels = {"routed": (routed, weights)}
             if portable:
-                kernels["packed"] = (lambda w, x=x: linears.onednn_linear(x, w, None), packed)
+                kernels["packed"] = (lambda w, x=x: tensor_ops.onednn_linear(x, w, None), packed)
                 kernels["own"] = (lambda w, x=x, rows=rows: own._run(x, w, None, rows, threads), weights)
             entry = {"kernel": ("oneDNN AVX2" if onednn else "MKL reproducible") if portable else "native"}
             for name, (kernel, ws) in kernels.items():
@@ -87,10 +87,10 @@ def measure(mode: str, threads: int) -> None:
             if portable:
                 # against oneDNN on the plain weight: what a packed weight would replace
                 entry["packed_same_bits"] = all(
-                    torch.equal(linears.onednn_linear(x, w, None), linears.onednn_linear(x, p, None))
+                    torch.equal(tensor_ops.onednn_linear(x, w, None), tensor_ops.onednn_linear(x, p, None))
                     for w, p in zip(weights[:3], packed[:3], strict=True))
                 entry["own_same_bits"] = not onednn or all(
-                    torch.equal(linears.onednn_linear(x, w, None), own._run(x, w, None, rows, threads))
+                    torch.equal(tensor_ops.onednn_linear(x, w, None), own._run(x, w, None, rows, threads))
                     for w in weights[:3])
             results[f"{out_features}x{in_features}, {rows} rows"] = entry
     print(json.dumps(results))

@@ -2,7 +2,7 @@
 
 A wider random Llama than the built-in one (hidden 1024, 4 layers, vocabulary 512; built here, no
 download): the forward pass over a 128-token prompt (prefill) and 32 decode steps from its cache,
-with the model's linears routed as the plugin routes them under each mode (``compute/linears.py``).
+with the model's linears routed as the plugin routes them under each mode (``compute/kernels.py``).
 Numerics are fixed when torch starts, so each mode runs in its own process; the processes alternate
 round by round, and each prints the median of its rounds.
 
@@ -26,7 +26,8 @@ MODES = ("native", "compatible", "portable")
 
 def measure(mode: str, repeats: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from pytest_llmdeterminism.compute import linears, numerics
+    from pytest_llmdeterminism.compute import numerics
+    from pytest_llmdeterminism.compute.kernels import Kernels
 
     numerics.pin(mode)  # as the plugin does, before torch computes anything
     import torch
@@ -37,10 +38,11 @@ def measure(mode: str, repeats: int) -> None:
                          num_attention_heads=16, num_key_value_heads=4, vocab_size=512,
                          max_position_embeddings=1024)
     model = LlamaForCausalLM(config).eval()
-    kernels = linears.kernels_for(mode, numerics.check(mode))
+    kernels = Kernels.choose(numerics.profile(mode), in_force=numerics.check(mode), dtype="float32",
+                             device="cpu")
     ids = torch.randint(0, 512, (1, 128), generator=torch.Generator().manual_seed(1))
     prefill, decode = [], []
-    with torch.inference_mode(), linears.routed(model, kernels):
+    with torch.inference_mode(), kernels.routed(model):
         for repeat in range(repeats + 1):  # the first is a warm-up
             started = time.perf_counter()
             out = model(ids, use_cache=True)
@@ -52,7 +54,7 @@ def measure(mode: str, repeats: int) -> None:
             if repeat:
                 prefill.append(prefilled - started)
                 decode.append((time.perf_counter() - prefilled) / 32)
-    print(f"{statistics.median(prefill)} {statistics.median(decode)} {kernels.value}", flush=True)
+    print(f"{statistics.median(prefill)} {statistics.median(decode)} {kernels.policy.value}", flush=True)
 
 
 def main() -> None:

@@ -404,9 +404,9 @@ mask = torch.ones(24, 24, dtype=torch.bool).tril()[None, None].repeat(3, 1, 1, 1
 mask[1, :, :, :10] = False
 for threads in (1, 2, 4):
     torch.set_num_threads(threads)
-    padded, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
-    alone, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
-                                                 v[1:2, :, 10:], None, scaling=0.25)
+    padded, _ = tensor_ops.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
+    alone, _ = tensor_ops.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
+                                            v[1:2, :, 10:], None, scaling=0.25)
     found[f"attention at {threads} threads: rows equal"] = torch.equal(padded[1, 10:], alone[0])
     found[f"attention at {threads} threads"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
 """

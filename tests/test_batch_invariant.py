@@ -1,4 +1,4 @@
-"""Batch-invariant kernels (compute/batch_invariant.py): a row's bits do not depend on its batch.
+"""Batch-invariant kernels (compute/kernels.py, tensor_ops.py): a row's bits do not depend on its batch.
 
 Per op (linears, attention) and for the whole model: the same prompt alone and unpadded, or batched
 with others at other shapes, gives the same logit hashes; the default kernels are the negative
@@ -7,6 +7,7 @@ control (they do not). The suite pins portable numerics for itself (pyproject.to
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -20,8 +21,9 @@ import torch
 
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
-from pytest_llmdeterminism.compute import batch_invariant
-from pytest_llmdeterminism.compute.linears import LinearKernels
+from pytest_llmdeterminism.compute import kernels as chosen_kernels
+from pytest_llmdeterminism.compute import tensor_ops
+from pytest_llmdeterminism.compute.kernels import Kernels, Policy
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.generation import Generation
@@ -52,11 +54,11 @@ def test_a_rows_linear_bits_do_not_depend_on_how_many_rows_share_the_call(out_fe
     found = {}
     for count in (1, 2, 4):
         threads(count)
-        alone = batch_invariant.invariant_linear(row, weight, bias)
+        alone = tensor_ops.invariant_linear(row, weight, bias)
         for rows in (2, 3, 5, 8, 17, 64):
             batch = torch.randn(rows, in_features, generator=generator)
             batch[rows // 2] = row
-            assert torch.equal(batch_invariant.invariant_linear(batch, weight, bias)[rows // 2], alone[0]), \
+            assert torch.equal(tensor_ops.invariant_linear(batch, weight, bias)[rows // 2], alone[0]), \
                 (count, rows)
         found[count] = alone
     assert all(torch.equal(found[1], other) for other in found.values()), "the thread count changed the bits"
@@ -77,12 +79,12 @@ def test_a_decode_steps_rows_are_each_a_one_row_product_whatever_their_number(ou
     for count in (1, 2, 4):
         threads(count)
         for blocks in (0, 2, 4):
-            alone = batch_invariant.rows_linear(row, weight, bias, blocks)
+            alone = tensor_ops.rows_linear(row, weight, bias, blocks)
             found.append(alone)
             for rows in (2, 3, 8, 17, 64):
                 batch = torch.randn(rows, 1, in_features, generator=generator)
                 batch[rows // 2] = row[0]
-                assert torch.equal(batch_invariant.rows_linear(batch, weight, bias, blocks)[rows // 2],
+                assert torch.equal(tensor_ops.rows_linear(batch, weight, bias, blocks)[rows // 2],
                                    alone[0]), (count, blocks, rows)
     assert all(torch.equal(found[0], other) for other in found), "threads or the split changed the bits"
     assert torch.equal(found[0], torch.nn.functional.linear(row, weight, bias))
@@ -99,12 +101,12 @@ def test_a_tiled_rows_bits_do_not_depend_on_how_many_rows_share_the_call(out_fea
     found = []
     for count in (1, 2, 4):
         threads(count)
-        alone = batch_invariant.tiled_linear(row, weight, bias)
+        alone = tensor_ops.tiled_linear(row, weight, bias)
         found.append(alone)
         for rows in (2, 31, 32, 33, 100):
             batch = torch.randn(rows, in_features, generator=generator)
             batch[rows // 2] = row
-            assert torch.equal(batch_invariant.tiled_linear(batch, weight, bias)[rows // 2], alone[0]), \
+            assert torch.equal(tensor_ops.tiled_linear(batch, weight, bias)[rows // 2], alone[0]), \
                 (count, rows)
     assert all(torch.equal(found[0], other) for other in found), "the thread count changed the bits"
     torch.testing.assert_close(found[0], torch.nn.functional.linear(row, weight, bias))
@@ -113,7 +115,7 @@ def test_a_tiled_rows_bits_do_not_depend_on_how_many_rows_share_the_call(out_fea
 def test_without_a_cache_every_forward_is_a_prefill_and_stays_invariant(tiny):
     """use_cache=False: every forward holds every position (none is a decode step), and a prompt's
     bits alone and batched still agree."""
-    with kernels(tiny, LinearKernels.BATCH_INVARIANT):
+    with kernels(tiny, Policy.BATCH_INVARIANT):
         alone, batched = (_generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 5, 0)),
                                        shape) for shape in ("1x32", "4x32"))
         assert [g.logit_hashes for g in alone] == [g.logit_hashes for g in batched]
@@ -151,22 +153,22 @@ def test_a_padded_rows_attention_has_the_bits_of_the_row_alone(count, threads):
 
     query, key, value = tensors(4, total, heads), tensors(4, total, kv_heads), tensors(4, total, kv_heads)
     mask = _causal_padded_mask(lengths, total)
-    output, _ = batch_invariant.rowwise_attention(module, query, key, value, mask, scaling=dim ** -0.5)
+    output, _ = tensor_ops.rowwise_attention(module, query, key, value, mask, scaling=dim ** -0.5)
     step_query = tensors(4, 1, heads)
     step_key = torch.cat([key, tensors(4, 1, kv_heads)], dim=2)
     step_value = torch.cat([value, tensors(4, 1, kv_heads)], dim=2)
     step_mask = torch.cat([_causal_padded_mask(lengths, total)[:, :, -1:],
                            torch.ones(4, 1, 1, 1, dtype=torch.bool)], dim=3)
-    step, _ = batch_invariant.rowwise_attention(module, step_query, step_key, step_value, step_mask,
+    step, _ = tensor_ops.rowwise_attention(module, step_query, step_key, step_value, step_mask,
                                                 scaling=dim ** -0.5)
     for row, length in enumerate(lengths):
         real = slice(total - length, None)
-        alone, _ = batch_invariant.rowwise_attention(
+        alone, _ = tensor_ops.rowwise_attention(
             module, query[row:row + 1, :, real], key[row:row + 1, :, real], value[row:row + 1, :, real], None,
             scaling=dim ** -0.5)
         assert torch.equal(output[row, real], alone[0]), row
         assert not output[row, :total - length].any()  # padded queries: zeros, nothing reads them
-        decoded, _ = batch_invariant.rowwise_attention(
+        decoded, _ = tensor_ops.rowwise_attention(
             module, step_query[row:row + 1], step_key[row:row + 1, :, total - length:],
             step_value[row:row + 1, :, total - length:], None, scaling=dim ** -0.5)
         assert torch.equal(step[row], decoded[0]), row
@@ -190,17 +192,17 @@ def _identical_under_every_shape(loaded: LoadedModel, shapes: tuple[str, ...], t
 
 
 @contextmanager
-def kernels(loaded: LoadedModel, chosen: LinearKernels) -> Iterator[None]:
-    before = loaded.engine.linears
-    loaded.engine.linears, loaded.cache = chosen, {}  # the fingerprint names the kernels: computed again
-    try:
+def kernels(loaded: LoadedModel, chosen: Policy) -> Iterator[None]:
+    before = loaded.engine.kernels
+    loaded.engine.kernels, loaded.cache = dataclasses.replace(before, policy=chosen), {}  # the fingerprint
+    try:  # names the kernels: computed again
         yield
     finally:
-        loaded.engine.linears, loaded.cache = before, {}
+        loaded.engine.kernels, loaded.cache = before, {}
 
 
 def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
-    with kernels(tiny, LinearKernels.BATCH_INVARIANT):
+    with kernels(tiny, Policy.BATCH_INVARIANT):
         _identical_under_every_shape(tiny, ("1x32", "4x32", "2x48", "8x64", "3x40", "16x32"), 8)
     # the negative control: today's kernels give a batched prompt other bits than the prompt alone
     default = {shape: _generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)), shape)
@@ -212,16 +214,16 @@ def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
 def test_smollm2s_goldens_do_not_depend_on_the_batch_shape(smollm2_gguf):
     """The real model: recorded alone (one call per prompt), IDENTICAL batched at four other shapes."""
     loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu", batch_invariant=True)
-    assert loaded.engine.linears is LinearKernels.BATCH_INVARIANT
+    assert loaded.engine.kernels.policy is Policy.BATCH_INVARIANT
     _identical_under_every_shape(loaded, ("1x32", "4x32", "2x48", "8x64", "3x40"), 6)
 
 
 def test_batch_invariant_kernels_put_the_model_back(tiny):
     model = tiny.engine.model
     before = model.config._attn_implementation
-    with batch_invariant.batch_invariant(model) as routed:
+    with Kernels(Policy.BATCH_INVARIANT).routed(model) as routed:
         assert routed > 0
-        assert model.config._attn_implementation == batch_invariant.ATTENTION
+        assert model.config._attn_implementation == chosen_kernels.ATTENTION
     assert model.config._attn_implementation == before
     assert all("forward" not in vars(module) for module in model.modules())
 

@@ -1,4 +1,4 @@
-"""The plugin's own kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
+"""The fixed-order kernel for oneDNN's products (compute/fixed_order.py): the same bits as oneDNN's AVX2
 GEMM (its one-row kernel and its GEMM), each shape checked once in the process, oneDNN wherever the
 kernel cannot run.
 
@@ -9,6 +9,7 @@ tests/test_cross_cpu.py checks the kernel's bits under emulated CPUs of the othe
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import re
 import shlex
@@ -19,8 +20,8 @@ import pytest
 import torch
 
 from pytest_llmdeterminism import engines
-from pytest_llmdeterminism.compute import chain, linears
-from pytest_llmdeterminism.compute.linears import LinearKernels
+from pytest_llmdeterminism.compute import fixed_order, tensor_ops
+from pytest_llmdeterminism.compute.kernels import Policy
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -42,20 +43,20 @@ int chain_linear(const float *x, const float *w, const float *bias, float *y, in
 @pytest.fixture(scope="module")
 def kernels_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kernels")
-    built, why = chain.build(folder)
+    built, why = fixed_order.build(folder)
     assert built is not None, why
     return folder
 
 
 @pytest.fixture(scope="module")
 def kernel(kernels_folder):
-    return chain.build(kernels_folder)[0]
+    return fixed_order.build(kernels_folder)[0]
 
 
 @pytest.fixture
 def fresh_kernel(kernels_folder):
     """The kernel with no shape checked yet (the module's ``kernel`` keeps its checks)."""
-    built, why = chain.build(kernels_folder)
+    built, why = fixed_order.build(kernels_folder)
     assert built is not None, why
     return built
 
@@ -76,7 +77,7 @@ def test_the_kernel_has_onednns_bits_at_any_row_count_and_thread_count(kernel, o
             for rows in (1, 2, 3, 4, 8, 9, 16, 17, 24, 35, 57, 128):
                 x = torch.randn(rows, in_features, generator=generator)
                 for b in (None, bias):
-                    expected = linears.onednn_linear(x, weight, b)
+                    expected = tensor_ops.onednn_linear(x, weight, b)
                     assert torch.equal(_bits(kernel._run(x, weight, b, rows, count)), _bits(expected)), \
                         (count, rows, b is not None)
     finally:
@@ -90,7 +91,7 @@ def test_each_shape_is_checked_on_its_first_two_products_then_on_a_sample(fresh_
 
     def reference(*args):
         calls.append(args[0].shape)
-        return linears.onednn_linear(*args)
+        return tensor_ops.onednn_linear(*args)
 
     threads = torch.get_num_threads()
     for rows in (1, 4):
@@ -111,7 +112,7 @@ def test_each_shape_is_checked_on_its_first_two_products_then_on_a_sample(fresh_
         kernel.linear(x, weight, None, reference)
     checks = len(calls) - before
     # the gaps double 1, 2, 4, ... 64, then are drawn from 32..95: about one product in 64 is checked
-    every = chain.RECHECK_EVERY
+    every = fixed_order.RECHECK_EVERY
     assert products / (1.5 * every) <= checks <= products / (0.5 * every) + 8, checks
     assert kernel.checked[576, 576, 4, False, threads] is True
 
@@ -145,9 +146,9 @@ def test_a_kernel_right_on_its_first_product_and_wrong_on_the_second_is_caught_a
 
     monkeypatch.setattr(kernel, "_run", wrong_from_the_second)
     weight, x = torch.randn(576, 576), torch.randn(4, 576)
-    expected = linears.onednn_linear(x, weight, None)
+    expected = tensor_ops.onednn_linear(x, weight, None)
     for _ in range(5):
-        assert torch.equal(_bits(kernel.linear(x, weight, None, linears.onednn_linear)), _bits(expected))
+        assert torch.equal(_bits(kernel.linear(x, weight, None, tensor_ops.onednn_linear)), _bits(expected))
     assert kernel.checked[576, 576, 4, False, torch.get_num_threads()] is False
     assert len(products) == 2, "a shape found wrong runs on the reference alone"
 
@@ -166,12 +167,12 @@ def test_a_kernel_that_goes_wrong_later_is_caught_by_a_sampled_check(fresh_kerne
 
     monkeypatch.setattr(kernel, "_run", wrong_from_the_fortieth)
     weight, x = torch.randn(192, 576), torch.randn(3, 576)
-    expected = _bits(linears.onednn_linear(x, weight, None))
-    returned = [torch.equal(_bits(kernel.linear(x, weight, None, linears.onednn_linear)), expected)
+    expected = _bits(tensor_ops.onednn_linear(x, weight, None))
+    returned = [torch.equal(_bits(kernel.linear(x, weight, None, tensor_ops.onednn_linear)), expected)
                 for _ in range(300)]
     assert kernel.checked[192, 576, 3, False, torch.get_num_threads()] is False
     caught = len(products)  # the product whose check found it: the kernel ran no more
-    assert 40 <= caught < 40 + 2 * chain.RECHECK_EVERY
+    assert 40 <= caught < 40 + 2 * fixed_order.RECHECK_EVERY
     assert all(returned[:39]) and all(returned[caught - 1:]), "the product found wrong was not returned"
 
 
@@ -204,13 +205,13 @@ def test_a_call_the_kernel_cannot_take_never_reaches_c_and_does_what_the_referen
 
     def reference(*given):
         references.append(given)
-        return linears.onednn_linear(*given)
+        return tensor_ops.onednn_linear(*given)
 
     try:
         fresh_kernel.linear(*args, reference)
     except RuntimeError as error:  # torch's own error, from the reference
         with pytest.raises(RuntimeError, match=re.escape(str(error))):
-            linears.onednn_linear(*args)
+            tensor_ops.onednn_linear(*args)
     assert reaching_c == []
     assert len(references) == 1 and all(a is b for a, b in zip(references[0], args, strict=True))
 
@@ -230,21 +231,21 @@ def test_other_dtypes_and_layouts_go_to_the_reference(kernel):
 
 def test_without_a_compiler_or_switched_off_the_products_stay_on_onednn_and_say_why(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    built, why = chain.build(tmp_path / "kernels")
+    built, why = fixed_order.build(tmp_path / "kernels")
     assert built is None and "no-such-compiler" in why
     monkeypatch.setenv("CC", "false")
-    built, why = chain.build(tmp_path / "kernels")
+    built, why = fixed_order.build(tmp_path / "kernels")
     assert built is None and why == "false failed (exit status 1)"
     assert not list((tmp_path / "kernels").iterdir()), "a failed build leaves nothing behind"
-    monkeypatch.setenv(chain.SWITCH, "0")
-    assert chain.build(tmp_path / "kernels") == (None, f"{chain.SWITCH}=0")
+    monkeypatch.setenv(fixed_order.SWITCH, "0")
+    assert fixed_order.build(tmp_path / "kernels") == (None, f"{fixed_order.SWITCH}=0")
 
 
 def test_a_kernel_built_under_a_permissive_umask_is_loaded(tmp_path):
     """Distributions that give users a group of their own set umask 002: a build must still load."""
     previous = os.umask(0o002)
     try:
-        built, why = chain.build(tmp_path / "cache" / "kernels")  # the parent is made too: 0700
+        built, why = fixed_order.build(tmp_path / "cache" / "kernels")  # the parent is made too: 0700
     finally:
         os.umask(previous)
     assert built is not None, why
@@ -252,23 +253,23 @@ def test_a_kernel_built_under_a_permissive_umask_is_loaded(tmp_path):
 
 def test_a_kernel_others_could_have_written_is_not_loaded(tmp_path):
     folder = tmp_path / "kernels"
-    assert chain.build(folder)[0] is not None
+    assert fixed_order.build(folder)[0] is not None
     library = next(folder.iterdir())
     library.chmod(0o777)
-    built, why = chain.build(folder)
+    built, why = fixed_order.build(folder)
     assert built is None and f"{library} is not the user's own or others may write it (mode 777)" in why
     library.chmod(0o755)
     folder.chmod(0o777)
-    built, why = chain.build(folder)
+    built, why = fixed_order.build(folder)
     assert built is None and f"{folder} is not the user's own" in why
     folder.chmod(0o700)
-    assert chain.build(folder)[0] is not None
+    assert fixed_order.build(folder)[0] is not None
 
 
 def test_a_library_swapped_between_its_check_and_its_load_is_not_the_code_that_runs(tmp_path, monkeypatch):
     """The owner, mode and bytes are checked on one open file, and dlopen reads that file: a file put
     in the build's place after the check (by whoever could write the folder) never runs."""
-    assert chain.build(tmp_path / "built")[0] is not None
+    assert fixed_order.build(tmp_path / "built")[0] is not None
     folder = tmp_path / "kernels"  # a build this process has not loaded (dlopen knows files by name too)
     shutil.copytree(tmp_path / "built", folder)
     (tmp_path / "wrong.c").write_text(WRONG_KERNEL)
@@ -283,15 +284,15 @@ def test_a_library_swapped_between_its_check_and_its_load_is_not_the_code_that_r
         return load(name, *args, **kwargs)
 
     monkeypatch.setattr(ctypes, "CDLL", swap_then_load)
-    built, why = chain.build(folder)
+    built, why = fixed_order.build(folder)
     monkeypatch.setattr(ctypes, "CDLL", load)
     assert built is not None, why
     weight, x = torch.randn(192, 576), torch.randn(4, 576)
     threads = torch.get_num_threads()
-    expected = _bits(linears.onednn_linear(x, weight, None))
+    expected = _bits(tensor_ops.onednn_linear(x, weight, None))
     assert torch.equal(_bits(built._run(x, weight, None, 4, threads)), expected), "the checked file runs"
     # the planted bytes do not match the build's name: the next build compiles the kernel again
-    again, why = chain.build(folder)
+    again, why = fixed_order.build(folder)
     assert again is not None, why
     assert torch.equal(_bits(again._run(x, weight, None, 4, threads)), expected)
 
@@ -301,10 +302,10 @@ def test_a_kernel_folder_in_a_folder_others_may_write_is_not_loaded(tmp_path, mo
     """Whoever may write the kernel folder's parent can rename the user's folder away and put another
     in its place (a sticky bit too, here: the rule is the simple one)."""
     shared = tmp_path / "shared"
-    assert chain.build(shared / "kernels")[0] is not None
+    assert fixed_order.build(shared / "kernels")[0] is not None
     shared.chmod(mode)
     try:
-        built, why = chain.build(shared / "kernels")
+        built, why = fixed_order.build(shared / "kernels")
     finally:
         shared.chmod(0o700)
     assert built is None
@@ -315,9 +316,9 @@ def test_a_kernel_folder_in_a_folder_others_may_write_is_not_loaded(tmp_path, mo
 
 
 def test_a_kernel_reached_through_a_symbolic_link_is_not_loaded(tmp_path):
-    assert chain.build(tmp_path / "real")[0] is not None
+    assert fixed_order.build(tmp_path / "real")[0] is not None
     (tmp_path / "kernels").symlink_to(tmp_path / "real")
-    built, why = chain.build(tmp_path / "kernels")
+    built, why = fixed_order.build(tmp_path / "kernels")
     assert built is None
     assert why.startswith(f"{tmp_path / 'kernels'} is a symbolic link: the plugin follows no link to code it "
                           "loads; the plugin loads no code from it")
@@ -329,10 +330,10 @@ def test_cc_may_be_a_command_line(tmp_path, monkeypatch):
     wrapper.write_text('#!/bin/sh\nexec "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("CC", f"{shlex.quote(str(wrapper))} gcc")
-    built, why = chain.build(tmp_path / "kernels")
+    built, why = fixed_order.build(tmp_path / "kernels")
     assert built is not None, why
     monkeypatch.setenv("CC", 'gcc "')
-    assert chain.build(tmp_path / "other") == (
+    assert fixed_order.build(tmp_path / "other") == (
         None, "CC='gcc \"' is not a command line (No closing quotation): set CC to a C compiler, e.g. CC=gcc")
 
 
@@ -346,10 +347,10 @@ def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(w
         monkeypatch.setenv("CC", compiler)
         monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / f"cache-{len(results)}"))  # nothing built yet
         loaded = engines.load(str(folder), dtype="float32", device="cpu", cpu_numerics="portable")
-        assert loaded.engine.linears is LinearKernels.ONEDNN_AVX2
+        assert loaded.engine.kernels.policy is Policy.ONEDNN_AVX2
         llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x16"), 8, 0))
         results[compiler] = (llm.generate(["Once upon a time", "The capital of France is", "1 2 3"]),
-                             loaded.engine.chain, loaded.slower)
+                             loaded.engine.kernels.fixed_order, loaded.slower)
     (fast, kernel, note), (slow, none, slower) = results.values()
     assert kernel is not None and note == ""
     assert kernel.checked and all(kernel.checked.values()), kernel.checked
@@ -362,16 +363,18 @@ def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(w
 
 def test_smollm2_generates_the_same_bits_on_the_kernel_as_on_onednn(smollm2_gguf, tmp_path, monkeypatch):
     loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu", cpu_numerics="portable")
-    assert loaded.engine.chain is not None, loaded.slower
+    assert loaded.engine.kernels.fixed_order is not None, loaded.slower
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x32"), 12, 0))
     prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
     fast = llm.generate(prompts)
-    assert loaded.engine.chain.checked and all(loaded.engine.chain.checked.values())
-    kernel, loaded.engine.chain = loaded.engine.chain, None
+    fixed = loaded.engine.kernels.fixed_order
+    assert fixed.checked and all(fixed.checked.values())
+    kernels = loaded.engine.kernels
+    loaded.engine.kernels = dataclasses.replace(kernels, fixed_order=None)
     try:
         slow = llm.generate(prompts)
     finally:
-        loaded.engine.chain = kernel
+        loaded.engine.kernels = kernels
     for a, b in zip(fast, slow, strict=True):
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
 
@@ -381,14 +384,15 @@ def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_mod
     monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
     loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable",
                           batch_invariant=True)
-    assert loaded.engine.linears is LinearKernels.BATCH_INVARIANT and loaded.engine.chain is not None
+    kernels = loaded.engine.kernels
+    assert kernels.policy is Policy.BATCH_INVARIANT and kernels.fixed_order is not None
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x16"), 8, 0))
     prompts = ["Once upon a time", "The capital of France is", "1 2 3"]
     fast = llm.generate(prompts)
-    kernel = loaded.engine.chain
+    kernel = loaded.engine.kernels.fixed_order
     assert kernel.checked and all(kernel.checked.values()), kernel.checked
     assert 2 in {rows for _, _, rows, _, _ in kernel.checked}, "the LM head's lone row as a pair"
-    loaded.engine.chain = None
+    loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, fixed_order=None)
     slow = llm.generate(prompts)
     for a, b in zip(fast, slow, strict=True):
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
@@ -404,7 +408,7 @@ def test_a_run_that_records_goldens_computes_them_on_onednn_itself(suite):
         def test_one(llm_model, golden_tokens):
             golden_tokens.check(llm_model.generate("The sky is"))
             engine = llm_model.loaded.engine
-            print("KERNEL", engine.chain is not None)
+            print("KERNEL", engine.kernels.fixed_order is not None)
     """)
     recorded = suite.runpytest("--llm-golden-update", "-s")
     recorded.assert_outcomes(passed=1)
@@ -426,7 +430,7 @@ def test_the_cache_folder_made_under_a_group_umask_still_takes_the_kernel(tmp_pa
     before = os.umask(0o002)
     try:
         cached.file_hash(tmp_path / "weights.bin")  # the fingerprint's hash cache, written first
-        built, why = chain.build(cached.cache_dir() / "kernels")
+        built, why = fixed_order.build(cached.cache_dir() / "kernels")
     finally:
         os.umask(before)
     assert built is not None, why

@@ -224,14 +224,14 @@ import json
 from pytest_llmdeterminism.compute import numerics
 numerics.pin("portable")  # as the plugin does, before torch computes anything
 import torch, xxhash
-from pytest_llmdeterminism.compute import batch_invariant
+from pytest_llmdeterminism.compute import tensor_ops
 found = {}
 torch.manual_seed(0)
 for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
     row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
     for kernel in ("tiled_linear", "rows_linear"):  # the prefill's and the decode steps' on OpenBLAS
-        compute = getattr(batch_invariant, kernel)
+        compute = getattr(tensor_ops, kernel)
         alone = {}
         for threads in (1, 2, 4):
             torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.compute import chain, numerics
+from pytest_llmdeterminism.compute import fixed_order, numerics
 
 from .conftest import ATTENTION_PROBE
 
@@ -142,7 +142,7 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
 
 LINEAR_PROBE = """
 import json, sys
-from pytest_llmdeterminism.compute import linears, numerics
+from pytest_llmdeterminism.compute import numerics, tensor_ops
 numerics.pin(sys.argv[1])  # as the plugin does, before torch computes anything
 import torch, xxhash
 try:
@@ -150,9 +150,9 @@ try:
 except numerics.CPUNumericsError as error:
     print(json.dumps({"refused": str(error)}))
     raise SystemExit(0)
-from pytest_llmdeterminism.compute import batch_invariant, chain
+from pytest_llmdeterminism.compute import fixed_order
 from pathlib import Path
-KERNEL, why = chain.build(Path(sys.argv[2]))
+KERNEL, why = fixed_order.build(Path(sys.argv[2]))
 found["kernel"] = why if KERNEL is None else "built"
 # the batch-invariant kernels of each mode: the prefill's, then the decode steps'
 INVARIANT = {"portable": ("invariant_linear", "rows_linear"), "compatible": ("tiled_linear", "rows_linear")}
@@ -162,19 +162,19 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
     name = f"{out_features}x{in_features}"
     for rows in (1, 7, 64):
         x = torch.randn(rows, in_features)
-        if sys.argv[1] == "portable" and rows * in_features * out_features >= linears.ONEDNN_MIN_PRODUCT:
-            y = linears.onednn_linear(x, weight, bias)
-            # the plugin's own kernel for these products (compute/chain.py): oneDNN's bits
+        if sys.argv[1] == "portable" and rows * in_features * out_features >= tensor_ops.ONEDNN_MIN_PRODUCT:
+            y = tensor_ops.onednn_linear(x, weight, bias)
+            # the fixed-order kernel for these products (compute/fixed_order.py): oneDNN's bits
             found[f"{name} x{rows} chain equal"] = torch.equal(KERNEL._run(x, weight, bias, rows, 2), y)
         else:  # MKL's reproducible branch, a one row product split over the threads
             y = torch.nn.functional.linear(x, weight, bias)
             found[f"{name} x{rows} split equal"] = rows > 1 or all(
-                torch.equal(linears.split_linear(x, weight, bias, n), y) for n in (2, 4))
+                torch.equal(tensor_ops.split_linear(x, weight, bias, n), y) for n in (2, 4))
         found[f"{name} x{rows}"] = xxhash.xxh3_64_hexdigest(y.numpy().tobytes())
     if sys.argv[1] in INVARIANT:  # batch-invariant kernels: a row alone and among companions, 1-4 threads
         row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
         for kernel in INVARIANT[sys.argv[1]]:
-            compute = getattr(batch_invariant, kernel)
+            compute = getattr(tensor_ops, kernel)
             split = (2,) if kernel == "rows_linear" else ()  # a decode step's lone row: split in two
             alone = {}
             for threads in (1, 2, 4):
@@ -195,16 +195,16 @@ LINEAR_PROBE = LINEAR_PROBE.replace("print(json.dumps(found))", ATTENTION_PROBE 
 def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     """Under portable numerics float32 linears run on oneDNN's AVX2 GEMM (smaller products on MKL's
     generic path), under compatible on MKL's generic path, one-row products there split over the
-    threads (compute/linears.py): each must give
+    threads (compute/kernels.py): each must give
     the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
-    portable and compatible, the batch-invariant kernels too (compute/batch_invariant.py): the
+    portable and compatible, the batch-invariant kernels too (compute/kernels.py): the
     prefill's (oneDNN, or MKL tiles) and the decode steps' (rows), a row's bits alone and among 1, 6,
     32 and 63 random companions at 2 threads (1 and 32 at 1 and 4 threads), the same bits at every
     thread count, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     kernels = tmp_path / "kernels"  # the plugin's kernel, built once on the host for every run
-    assert chain.build(kernels)[0] is not None
+    assert fixed_order.build(kernels)[0] is not None
     other_vendor, old_isa = _foreign_cpus()
     runs = {}
     for mode, cpus in (("portable", ("", other_vendor, old_isa)), ("compatible", ("", old_isa))):

@@ -20,8 +20,9 @@ PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
     "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
-    "compute": [["compute.numerics", "compute.determinism", "compute.threads", "compute.chain"],
-                ["compute.environment", "compute.linears"], ["compute.batch_invariant"], ["compute"]],
+    "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
+                ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
+                ["compute"]],
     "engines": [["engines.secret", "engines.cached"],
                 ["engines.capture", "engines.spec"],
                 ["engines.hf", "engines.hub", "engines.loaded", "engines.completions", "engines.inputs"],

@@ -1,5 +1,6 @@
-"""How linears run under pinned numerics (compute/linears.py): one-row products split over the
-threads give the bits of ``F.linear``; oneDNN's capped GEMM keeps rows independent of their batch.
+"""How linears run under pinned numerics (compute/kernels.py, compute/tensor_ops.py): one-row
+products split over the threads give the bits of ``F.linear``; oneDNN's capped GEMM keeps rows
+independent of their batch.
 
 The suite pins portable numerics for itself (pyproject.toml), so these run under MKL's reproducible
 branch with oneDNN capped at AVX2. tests/test_cross_cpu.py checks the same bits under emulated CPUs.
@@ -7,12 +8,14 @@ branch with oneDNN capped at AVX2. tests/test_cross_cpu.py checks the same bits 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from pytest_llmdeterminism import engines
-from pytest_llmdeterminism.compute import linears, numerics
-from pytest_llmdeterminism.compute.linears import LinearKernels
+from pytest_llmdeterminism.compute import numerics, tensor_ops
+from pytest_llmdeterminism.compute.kernels import Kernels, Policy
 from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -38,18 +41,18 @@ def test_a_split_one_row_product_has_the_bits_of_linear(out_features, in_feature
     bias = torch.randn(out_features, generator=generator)
     for shape in ((1, in_features), (1, 1, in_features), (in_features,)):
         x = torch.randn(shape, generator=generator)
-        assert torch.equal(linears.split_linear(x, weight, None, blocks), F.linear(x, weight)), shape
-        assert torch.equal(linears.split_linear(x, weight, bias, blocks), F.linear(x, weight, bias)), shape
+        assert torch.equal(tensor_ops.split_linear(x, weight, None, blocks), F.linear(x, weight)), shape
+        assert torch.equal(tensor_ops.split_linear(x, weight, bias, blocks), F.linear(x, weight, bias)), shape
 
 
 def test_the_split_applies_to_large_float32_cpu_weights_over_several_threads_only():
     large = torch.zeros(1024, 256)
-    assert linears.blocks_for(large, 2) == 2 and linears.blocks_for(large, 4) == 4
-    assert linears.blocks_for(large, 1) == 0  # nothing to spread over
-    assert linears.blocks_for(large, 3) == 0  # 1024 output features do not split in 3 equal blocks
-    assert linears.blocks_for(large.to(torch.bfloat16), 2) == 0  # not MKL's float32 product
-    assert linears.blocks_for(torch.zeros(256, 1024).t(), 2) == 0  # a transposed view: blocks are not views
-    assert linears.blocks_for(torch.zeros(192, 576), 2) == 0  # below MIN_WEIGHT_ELEMENTS: dispatch costs more
+    assert tensor_ops.blocks_for(large, 2) == 2 and tensor_ops.blocks_for(large, 4) == 4
+    assert tensor_ops.blocks_for(large, 1) == 0  # nothing to spread over
+    assert tensor_ops.blocks_for(large, 3) == 0  # 1024 output features do not split in 3 equal blocks
+    assert tensor_ops.blocks_for(large.to(torch.bfloat16), 2) == 0  # not MKL's float32 product
+    assert tensor_ops.blocks_for(torch.zeros(256, 1024).t(), 2) == 0  # a transposed view: not views
+    assert tensor_ops.blocks_for(torch.zeros(192, 576), 2) == 0  # below MIN_WEIGHT_ELEMENTS: dispatch costs
 
 
 def test_layers_get_their_own_forward_back_and_several_rows_are_left_to_linear():
@@ -57,23 +60,28 @@ def test_layers_get_their_own_forward_back_and_several_rows_are_left_to_linear()
     rows, row = torch.randn(5, 512), torch.randn(1, 512)
     with torch.inference_mode():
         expected_rows, expected_row = model(rows), model(row)
-        with linears.routed(model, LinearKernels.SPLIT_ONE_ROW) as routed:
+        with Kernels(Policy.SPLIT_ONE_ROW).routed(model) as routed:
             assert routed == 2
             assert torch.equal(model(rows), expected_rows)
             assert torch.equal(model(row), expected_row)
     assert all("forward" not in vars(module) for module in model.modules())
 
 
+def kernels_for(mode, in_force):
+    """The kernels a float32 model on the CPU gets under ``mode`` with ``in_force`` found."""
+    return Kernels.choose(numerics.profile(mode), in_force=in_force, dtype="float32", device="cpu").policy
+
+
 def test_only_pinned_numerics_route_linears_and_only_float32_ones_on_the_cpu():
     compatible_branch = {"mkl_cbwr": numerics.MKL_REPRODUCIBLE_BRANCH}
-    assert linears.kernels_for("portable", compatible_branch) is LinearKernels.ONEDNN_AVX2
-    assert linears.kernels_for("compatible", compatible_branch) is LinearKernels.SPLIT_ONE_ROW
-    assert linears.kernels_for("native", {"mkl_cbwr": "OFF"}) is LinearKernels.LINEAR
-    assert linears.kernels_for("portable", {"mkl_cbwr": None}) is LinearKernels.LINEAR  # arm64: OpenBLAS
+    assert kernels_for("portable", compatible_branch) is Policy.ONEDNN_AVX2
+    assert kernels_for("compatible", compatible_branch) is Policy.SPLIT_ONE_ROW
+    assert kernels_for("native", {"mkl_cbwr": "OFF"}) is Policy.LINEAR
+    assert kernels_for("portable", {"mkl_cbwr": None}) is Policy.LINEAR  # arm64: OpenBLAS
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64).to(torch.bfloat16))
-    with linears.routed(model, LinearKernels.ONEDNN_AVX2) as routed:
+    with Kernels(Policy.ONEDNN_AVX2).routed(model) as routed:
         assert routed == 1 and "forward" in vars(model[0]) and "forward" not in vars(model[1])
-    with linears.routed(model, LinearKernels.LINEAR) as routed:
+    with Kernels(Policy.LINEAR).routed(model) as routed:
         assert routed == 0
 
 
@@ -81,21 +89,21 @@ def test_portable_leaves_small_products_to_mkl_and_sends_large_ones_to_onednn(mo
     """oneDNN's fixed cost per call outweighs small products; which kernel runs depends on the shape
     alone (rows x in x out features), so it is the same on every CPU."""
     calls = []
-    monkeypatch.setattr(linears, "onednn_linear",
+    monkeypatch.setattr(tensor_ops, "onednn_linear",
                         lambda x, w, b: calls.append(tuple(x.shape)) or F.linear(x, w, b))
     splits = []
-    monkeypatch.setattr(linears, "split_linear",
+    monkeypatch.setattr(tensor_ops, "split_linear",
                         lambda x, w, b, blocks: splits.append(blocks) or F.linear(x, w, b))
     model = torch.nn.Sequential(torch.nn.Linear(576, 576))
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with torch.inference_mode(), linears.routed(model, LinearKernels.ONEDNN_AVX2):
+        with torch.inference_mode(), Kernels(Policy.ONEDNN_AVX2).routed(model):
             model(torch.randn(1, 1, 576))  # 331,776 multiply-adds: MKL's reproducible branch, split in two
             model(torch.randn(1, 2, 576))  # 663,552: oneDNN
     finally:
         torch.set_num_threads(threads)
-    assert 576 * 576 < linears.ONEDNN_MIN_PRODUCT <= 2 * 576 * 576
+    assert 576 * 576 < tensor_ops.ONEDNN_MIN_PRODUCT <= 2 * 576 * 576
     assert calls == [(1, 2, 576)]
     assert splits == [2]
 
@@ -109,22 +117,23 @@ def test_onednn_rows_do_not_depend_on_their_companions(out_features, in_features
     bias = torch.randn(out_features, generator=generator)
     row = torch.randn(in_features, generator=generator)
     for rows in (2, 4, 7, 128):
-        same = linears.onednn_linear(row.expand(rows, in_features).contiguous(), weight, bias)
+        same = tensor_ops.onednn_linear(row.expand(rows, in_features).contiguous(), weight, bias)
         assert (same == same[0]).all(), rows
         mixed = torch.randn(rows, in_features, generator=generator)
         mixed[rows // 2] = row
-        assert torch.equal(linears.onednn_linear(mixed, weight, bias)[rows // 2], same[0]), rows
-        assert torch.equal(linears.onednn_linear(mixed.view(1, rows, in_features), weight, bias)[0],
-                           linears.onednn_linear(mixed, weight, bias)), rows
+        assert torch.equal(tensor_ops.onednn_linear(mixed, weight, bias)[rows // 2], same[0]), rows
+        assert torch.equal(tensor_ops.onednn_linear(mixed.view(1, rows, in_features), weight, bias)[0],
+                           tensor_ops.onednn_linear(mixed, weight, bias)), rows
     # close to F.linear: other kernels, the same product
     x = torch.randn(3, in_features, generator=generator)
-    torch.testing.assert_close(linears.onednn_linear(x, weight, bias), F.linear(x, weight, bias))
+    torch.testing.assert_close(tensor_ops.onednn_linear(x, weight, bias), F.linear(x, weight, bias))
 
 
 def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_bits(wide_model, monkeypatch):
     loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable")
-    assert loaded.engine.linears is LinearKernels.ONEDNN_AVX2
-    loaded.engine.chain = None  # oneDNN's products on oneDNN itself, counted (its kernel: test_chain.py)
+    assert loaded.engine.kernels.policy is Policy.ONEDNN_AVX2
+    # oneDNN's products on oneDNN itself, counted (the fixed-order kernel: test_chain.py)
+    loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, fixed_order=None)
     calls: dict[str, int] = {"onednn": 0, "split": 0}
 
     def counted(name, function):
@@ -133,8 +142,8 @@ def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_b
             return function(*args)
         return call
 
-    monkeypatch.setattr(linears, "onednn_linear", counted("onednn", linears.onednn_linear))
-    monkeypatch.setattr(linears, "split_linear", counted("split", linears.split_linear))
+    monkeypatch.setattr(tensor_ops, "onednn_linear", counted("onednn", tensor_ops.onednn_linear))
+    monkeypatch.setattr(tensor_ops, "split_linear", counted("split", tensor_ops.split_linear))
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("1x128"), 6, 0))
     prompts = ["Once upon a time", "The capital of France is"]
     splits = torch.get_num_threads() >= 2
@@ -142,19 +151,19 @@ def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_b
     # the key/value projections (256x1024) at one row stay on MKL's reproducible branch, split
     assert calls["onednn"] and bool(calls["split"]) == splits, calls
     with monkeypatch.context() as unsplit:
-        unsplit.setattr(linears, "blocks_for", lambda weight, threads: 0)
+        unsplit.setattr(tensor_ops, "blocks_for", lambda weight, threads: 0)
         calls.update(onednn=0, split=0)
         whole = llm.generate(prompts)
         assert calls["onednn"] and not calls["split"], calls
     # compatible numerics' route (MKL's reproducible branch is in force here too): the one-row split
     # has the bits of F.linear on the whole model
     results = {}
-    for kernels in (LinearKernels.SPLIT_ONE_ROW, LinearKernels.LINEAR):
-        loaded.engine.linears = kernels
+    for kernels in (Policy.SPLIT_ONE_ROW, Policy.LINEAR):
+        loaded.engine.kernels = Kernels(kernels)
         calls.update(onednn=0, split=0)
         results[kernels] = llm.generate(prompts)
         assert not calls["onednn"]
-        assert bool(calls["split"]) == (splits and kernels is LinearKernels.SPLIT_ONE_ROW)
-    split, plain = results[LinearKernels.SPLIT_ONE_ROW], results[LinearKernels.LINEAR]
+        assert bool(calls["split"]) == (splits and kernels is Policy.SPLIT_ONE_ROW)
+    split, plain = results[Policy.SPLIT_ONE_ROW], results[Policy.LINEAR]
     for a, b in [*zip(split, plain, strict=True), *zip(portable, whole, strict=True)]:
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)

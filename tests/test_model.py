@@ -272,14 +272,13 @@ def test_a_lone_prompt_runs_unpadded_and_stops_at_eos_as_a_plain_generate_would(
 def test_a_lone_prompt_gives_the_bits_of_a_plain_generate_of_it(make_llm, tiny):
     """No padding and no mask trick: the captured logits are the ones a bare generate() computes (on
     the kernels the pinned numerics run linears on)."""
-    from pytest_llmdeterminism.compute.linears import routed
     from pytest_llmdeterminism.engines.capture import StepCapture
 
     gen = make_llm("1x128", max_new_tokens=6).generate(PROMPT)
     encoded = tiny.tokenizer(PROMPT, return_tensors="pt")
     config = dict(gen.generation_config)
     with torch.inference_mode(), StepCapture(tiny.model, rows=1) as capture, \
-            routed(tiny.model, tiny.engine.linears):
+            tiny.engine.kernels.routed(tiny.model):
         from transformers import GenerationConfig
 
         tiny.model.generate(**encoded, generation_config=GenerationConfig(**config),

@@ -1,45 +1,16 @@
 """CPU numerics: which kernels torch's CPU math takes, pinned so that goldens travel between machines.
 
-Measured with torch 2.13 (MKL 2024.2) on the tiny model and SmolLM2-135M, fp32 and bf16, 4x32:
-
-- ATen dispatches its vectorised kernels by the CPU's SIMD level (AVX512, AVX2, none), and
-  MKL picks its GEMM code path by CPU *and vendor*: the same binaries gave different logit hashes
-  on a native AMD EPYC, an emulated Intel Haswell and an emulated Intel Nehalem, and multithreaded
-  SDPA decode made rows of one batch differ from each other.
-- ``ATEN_CPU_CAPABILITY=default`` plus ``MKL_CBWR=COMPATIBLE`` gives one hash on all of them, at
-  1, 2 and 4 threads, and restores row invariance. Neither variable alone does. (Large GEMMs still
-  differ at 3 or 6 threads: the thread count stays part of a golden's numerics.) That is
-  ``compatible``: any x86-64 CPU, at the generic kernels' cost (prefill about twice native).
-  ``MKL_CBWR=AVX2`` is ignored by MKL on AMD (it falls back to AUTO), so it is not portable:
-  re-measured on an Intel host (``benchmarks/mkl_branches.py``), AVX2 agreed with an emulated
-  Haswell and differed on an emulated EPYC for every ``linear`` shape.
-- oneDNN honours its ISA cap on every vendor. ``portable`` sets ``ATEN_CPU_CAPABILITY=avx2`` and
-  ``ONEDNN_MAX_CPU_ISA=AVX2``, keeps ``MKL_CBWR=COMPATIBLE`` for what still calls MKL, and runs the
-  model's float32 linears on oneDNN (``linears.py``): one hash natively on an AMD EPYC with AVX-512
-  and under emulated Haswell, EPYC and Skylake-Client, at 1 and 2 threads, for a SmolLM2-shaped
-  model's prefill and decode logits. It needs AVX2 and FMA; ATen would take ``avx2`` without asking
-  the CPU, so ``pin`` asks first and pins ATen's generic kernels where they are missing, and
-  ``check`` refuses the run there with the settings that work.
-
-The variables are read lazily, at torch's first CPU kernel, MKL's and oneDNN's first call, so the plugin
-sets them in its earliest hook when the project configures it, otherwise at the first model load
-(``environment.py``), and then *checks* what is in force when the model loads: a run that torch
-started too early is refused, never recorded as portable.
-
-On arm64 (Linux, torch 2.9.1's CPU wheel, measured under qemu-aarch64) torch has no MKL: its GEMMs
-go to OpenBLAS, which picks kernels by core type (read from MIDR_EL1 at load: ``x @ w``, 16x1024 by
-1024x2048, differs between ``OPENBLAS_CORETYPE=ARMV8`` and ``NEOVERSEN1``), or to oneDNN, which torch
-takes for ``matmul``/``bmm`` only on CPUs with BF16 (so the same ``bmm`` gave other bits on an
-emulated A64FX than on a Neoverse-class CPU) and for ``linear`` with SVE-512 or NEON kernels by CPU.
-``OPENBLAS_CORETYPE=ARMV8`` (read when OpenBLAS loads, checked after) plus
-``TORCH_MKLDNN_MATMUL_MIN_DIM`` above any dimension (read at torch's first matmul: every fp32 GEMM
-then goes to OpenBLAS) gave one hash for ``linear``, ``matmul`` and ``bmm`` on all emulated CPUs
-and at 1, 2 and 4 threads; ``ATEN_CPU_CAPABILITY=default`` keeps ATen off its SVE256 kernels.
+One frozen :class:`NumericsProfile` per machine and ``llm_cpu_numerics`` mode says what the mode
+sets before torch starts, what it must then find in force (``check``), whether a fingerprint shows
+it ran (``ran``) and which of the plugin's kernels it supports (``kernels.py`` asks it). The
+variables are read lazily, at torch's first CPU kernel, so the plugin sets them early
+(``environment.py``) and checks them when the model loads. Measurements: ``docs/design/kernels.md``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib
 import os
 import platform
@@ -57,33 +28,108 @@ MODES = (PORTABLE, COMPATIBLE, NATIVE)
 DEFAULT_MODE = PORTABLE
 # MKL's branch that portable and compatible numerics pin on x86-64: the same bits on every CPU.
 MKL_REPRODUCIBLE_BRANCH = "COMPATIBLE"
-# oneDNN's instruction set cap under portable numerics on x86-64 (linears.py sends float32 GEMMs there).
+# oneDNN's instruction set cap under portable numerics on x86-64 (the kernels send float32 GEMMs there).
 ONEDNN_ISA = "AVX2"
-# What each pinned mode sets before torch starts, and must then find in force, per machine.
-_X86_COMPATIBLE = ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "default"},
-                   {"aten_capability": "DEFAULT", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH})
-_X86_PORTABLE = ({"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "avx2",
-                  "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA},
-                 {"aten_capability": "AVX2", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH})
-_ARM64 = ({"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
-           "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"},
-          {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"})
-# Elsewhere (macOS on Apple silicon, ppc64le, ...) ATen's generic kernels; the BLAS is not pinned there.
-_GENERIC = ({"ATEN_CPU_CAPABILITY": "default"}, {"aten_capability": "DEFAULT"})
-_X86 = {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE}
-# arm64 has one profile: OpenBLAS's generic kernels are already the same bits on every arm64 CPU.
-_ARM = {PORTABLE: _ARM64, COMPATIBLE: _ARM64}
-_PINNED_BY_MACHINE: Mapping[str, Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]] = {
-    "x86_64": _X86, "AMD64": _X86, "aarch64": _ARM, "arm64": _ARM,
+# The batch-invariant constructions a profile may support (kernels.py): the prefill on oneDNN, or in
+# tiles of rows on the BLAS; both run decode steps and attention row by row.
+ONEDNN_ROWS = "onednn"
+TILES = "tiles"
+# A fingerprint records effective()'s aten_capability as cpu_capability; the other names are the same.
+_FINGERPRINT_NAMES = {"aten_capability": "cpu_capability"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericsProfile:
+    """The CPU numerics of one machine under one mode: what it sets before torch starts, what it must
+    then find in force, whether a fingerprint shows it ran, and the kernels it supports."""
+
+    mode: str  # the llm_cpu_numerics word (TRAVELLING's name the kernels: arm64's is "portable")
+    machine: str  # "x86-64", "arm64" or "other"
+    environment: Mapping[str, str] = dataclasses.field(default_factory=dict)  # set before torch starts
+    in_force: Mapping[str, str] = dataclasses.field(default_factory=dict)  # must be found (as effective())
+    # the llm_cpu_numerics words a golden computed on these kernels may carry (before portable moved
+    # to AVX2 kernels, "portable" ran the generic ones that compatible pins now)
+    recorded_as: frozenset[str] = frozenset()
+    travels: bool = False  # the same bits on every CPU of the machine (at a thread count)
+    needs_avx2: bool = False  # x86-64-v3: ATen's AVX2 kernels and oneDNN's AVX2 GEMMs
+    onednn_isa: str | None = None  # float32 linears on oneDNN capped at this instruction set
+    batch_invariant: str | None = None  # ONEDNN_ROWS, TILES, or None: no batch-invariant kernels
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the profile pins kernels (portable or compatible; native pins nothing)."""
+        return self.mode != NATIVE
+
+    @property
+    def pins_mkl(self) -> bool:
+        """Whether the profile's kernels rely on MKL's reproducible branch being in force."""
+        return self.in_force.get("mkl_cbwr") == MKL_REPRODUCIBLE_BRANCH
+
+    def ran(self, fingerprint: Mapping[str, Any]) -> bool:
+        """Whether a golden's ``fingerprint`` shows these kernels computed it: a mode word it may carry,
+        and everything the profile must find recorded as found."""
+        return (self.travels and fingerprint.get("cpu_numerics") in self.recorded_as
+                and all(fingerprint.get(_FINGERPRINT_NAMES.get(name, name)) == value
+                        for name, value in self.in_force.items()))
+
+
+_X86_PORTABLE = NumericsProfile(
+    PORTABLE, "x86-64",
+    {"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA},
+    {"aten_capability": "AVX2", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH},
+    recorded_as=frozenset({PORTABLE}), travels=True, needs_avx2=True, onednn_isa=ONEDNN_ISA,
+    batch_invariant=ONEDNN_ROWS)
+_X86_COMPATIBLE = NumericsProfile(
+    COMPATIBLE, "x86-64", {"MKL_CBWR": MKL_REPRODUCIBLE_BRANCH, "ATEN_CPU_CAPABILITY": "default"},
+    {"aten_capability": "DEFAULT", "mkl_cbwr": MKL_REPRODUCIBLE_BRANCH},
+    recorded_as=frozenset({COMPATIBLE, PORTABLE}), travels=True, batch_invariant=TILES)
+# arm64 has one pinned profile: OpenBLAS's generic ARMV8 kernels are the same bits on every arm64 CPU.
+_ARM64_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "default", "OPENBLAS_CORETYPE": "ARMV8",
+                      "TORCH_MKLDNN_MATMUL_MIN_DIM": "1000000000"}
+_ARM64_IN_FORCE = {"aten_capability": "DEFAULT", "blas_coretype": "ARMV8"}
+
+
+def _arm64(batch_invariant: str | None) -> NumericsProfile:
+    return NumericsProfile(PORTABLE, "arm64", _ARM64_ENVIRONMENT, _ARM64_IN_FORCE,
+                           recorded_as=frozenset({PORTABLE, COMPATIBLE}), travels=True,
+                           batch_invariant=batch_invariant)
+
+
+# Linux arm64 (torch's wheels: OpenBLAS) runs the tiles; macOS on Apple silicon has no such kernels.
+_LINUX_ARM64, _OTHER_ARM64 = _arm64(TILES), _arm64(None)
+# Elsewhere (ppc64le, ...) ATen's generic kernels; the BLAS is not pinned there, so nothing travels.
+_GENERIC = NumericsProfile(PORTABLE, "other", {"ATEN_CPU_CAPABILITY": "default"},
+                           {"aten_capability": "DEFAULT"})
+_PROFILES: Mapping[str, Mapping[str, NumericsProfile]] = {
+    "x86_64": {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE},
+    "AMD64": {PORTABLE: _X86_PORTABLE, COMPATIBLE: _X86_COMPATIBLE},
+    "aarch64": {PORTABLE: _LINUX_ARM64, COMPATIBLE: _LINUX_ARM64},
+    "arm64": {PORTABLE: _OTHER_ARM64, COMPATIBLE: _OTHER_ARM64},
 }
-_PINNED = _PINNED_BY_MACHINE.get(platform.machine(), {PORTABLE: _GENERIC, COMPATIBLE: _GENERIC})
-ENVIRONMENTS: Mapping[str, Mapping[str, str]] = {mode: pinned[0] for mode, pinned in _PINNED.items()}
-_EFFECTIVE: Mapping[str, Mapping[str, str]] = {mode: pinned[1] for mode, pinned in _PINNED.items()}
+# The profiles whose bits travel, on any machine: a golden's fingerprint shows which one ran.
+TRAVELLING = (_X86_PORTABLE, _X86_COMPATIBLE, _LINUX_ARM64)
+
+
+def profile(mode: str, machine: str | None = None) -> NumericsProfile:
+    """The profile of ``mode`` on ``machine`` (``platform.machine()``'s name; default: this one)."""
+    machine = platform.machine() if machine is None else machine
+    if mode not in (PORTABLE, COMPATIBLE):
+        family = {"x86_64": "x86-64", "AMD64": "x86-64", "aarch64": "arm64", "arm64": "arm64"}
+        return NumericsProfile(NATIVE, family.get(machine, "other"))
+    found = _PROFILES.get(machine, {PORTABLE: _GENERIC, COMPATIBLE: _GENERIC})[mode]
+    return found if found.mode == mode else dataclasses.replace(found, mode=mode)
+
+
+def profile_that_ran(fingerprint: Mapping[str, Any]) -> NumericsProfile | None:
+    """The travelling profile whose kernels computed a golden with this fingerprint, if any."""
+    return next((candidate for candidate in TRAVELLING if candidate.ran(fingerprint)), None)
+
+
+ENVIRONMENTS: Mapping[str, Mapping[str, str]] = {mode: profile(mode).environment
+                                                 for mode in (PORTABLE, COMPATIBLE)}
 PORTABLE_ENVIRONMENT = ENVIRONMENTS[PORTABLE]
 # Every variable some mode pins (tests and benchmarks start children without them).
 PINNED_VARIABLES = tuple(sorted({name for environment in ENVIRONMENTS.values() for name in environment}))
-# Portable numerics on x86-64 need ATen's AVX2 kernels and oneDNN's AVX2 GEMMs: x86-64-v3.
-_NEEDS_AVX2 = _PINNED is _X86
 
 # MKL's branch codes (mkl_cbwr.h); the STRICT flag is bit 16.
 _MKL_BRANCHES = {0: "UNSET", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
@@ -100,9 +146,9 @@ class CPUNumericsError(LLMDeterminismError):
         self.mode = mode
         self.effective = dict(effective)
         self.pinned_late = pinned_late
-        found = ", ".join(f"{name} is {value!r} ({mode} needs {_EFFECTIVE[mode][name]!r})"
+        found = ", ".join(f"{name} is {value!r} ({mode} needs {profile(mode).in_force[name]!r})"
                           for name, value in wrong.items())
-        environment = " ".join(f"{k}={v}" for k, v in ENVIRONMENTS[mode].items())
+        environment = " ".join(f"{k}={v}" for k, v in profile(mode).environment.items())
         if without_avx2:
             why = (f"This CPU ({cpu_name()}) has no AVX2 and FMA, which portable numerics use on x86-64 "
                    "(x86-64-v3: Intel CPUs since Haswell, 2013; AMD since Excavator, 2015), so this run "
@@ -140,15 +186,16 @@ def parse_mode(raw: str | None, *, setting: str = "llm_cpu_numerics") -> str:
 
 def pinned(mode: str) -> bool:
     """Whether ``mode`` pins kernels whose bits travel between CPUs (portable or compatible)."""
-    return mode in _EFFECTIVE
+    return profile(mode).pinned
 
 
 def pin(mode: str) -> dict[str, str | None]:
     """Set the environment for ``mode`` before torch starts; returns the values it replaced."""
     if not pinned(mode):
         return {}
-    replaced = {name: os.environ.get(name) for name in ENVIRONMENTS[mode]}
-    os.environ.update(ENVIRONMENTS[mode])
+    environment = profile(mode).environment
+    replaced = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
     if _missing_avx2(mode):
         # ATen takes ATEN_CPU_CAPABILITY=avx2 without asking the CPU: its AVX2 kernels would die of an
         # illegal instruction. ATen's generic kernels run instead, and the load refuses the run with
@@ -181,7 +228,7 @@ def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
     __tracebackhide__ = True
     found = effective()
     if pinned(mode):
-        wrong = {name: found[name] for name, wanted in _EFFECTIVE[mode].items()
+        wrong = {name: found[name] for name, wanted in profile(mode).in_force.items()
                  if found[name] is not None and found[name] != wanted}
         if wrong:
             raise CPUNumericsError(mode, found, wrong, pinned_late=pinned_late,
@@ -191,7 +238,7 @@ def check(mode: str, *, pinned_late: bool = False) -> dict[str, Any]:
 
 def _missing_avx2(mode: str) -> bool:
     """``mode`` needs AVX2 and FMA here (portable on x86-64) and the CPU lacks them."""
-    return mode == PORTABLE and _NEEDS_AVX2 and not _has_avx2()
+    return profile(mode).needs_avx2 and not _has_avx2()
 
 
 def _has_avx2() -> bool:
@@ -225,7 +272,7 @@ def _cpu_features() -> Mapping[str, bool] | None:
 def describe(mode: str) -> str:
     """One line for the pytest header."""
     if pinned(mode):
-        variables = ", ".join(f"{k}={v}" for k, v in ENVIRONMENTS[mode].items())
+        variables = ", ".join(f"{k}={v}" for k, v in profile(mode).environment.items())
         return f"cpu numerics: {mode} ({variables}; {platform.machine()})"
     return f"cpu numerics: native (machine-specific kernels; {platform.machine()})"
 

@@ -1,29 +1,12 @@
 """How many threads torch computes on: under pytest-xdist, each worker's share of the cores.
 
-torch starts one thread per core in every process, so ``-n 2`` on 2 cores ran 4 threads on 2
-cores, and each worker loads its own model as well. Measured with the example suite
-(``python -m pytest examples``, tiny model, 2-core Intel Xeon): serial 4.4 s; ``-n 2`` at torch's
-default of 2 threads a worker 16.3 s; ``-n 2`` at 1 thread a worker 11.2 s. So under xdist a
-worker takes ``usable cores // workers`` threads, at least one, rounded down to a power of two,
-set in the environment before torch starts where the plugin pins its numerics early, and with
-``torch.set_num_threads`` whenever the model is handed out. A choice the user made wins:
-``llm_threads``, else ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` (what torch reads for its
-default) in the environment. A plain run keeps torch's default.
-
-Why a power of two: the example suite's goldens (recorded at 2 threads, portable numerics) read
-``IDENTICAL`` at 1, 2, 4 and 8 threads, while at 3, 5 and 6 threads the batch-invariance probe
-refused the run (rows 0 and 3 of a 4x32 batch differed), as large GEMMs under MKL's reproducible
-branch differ at 3 and 6 threads (``numerics.py``). The thread count stays part of a golden's
-numerics (``fingerprint.py``): a check at another count is judged across environments.
-
-**``-n auto`` on a CPU.** Even at one thread a worker, two workers on 2 cores took 11.2 s for what
-one process did in 4.4 s: each worker pays Python, torch, the model load and the probe (about 5 s for
-the tiny model, 20 s for SmolLM2 from its GGUF file), and a model's arithmetic was already spread
-over the cores by torch's threads. So in a project that configures the plugin, with the model on the
-CPU, ``-n auto`` starts one worker per :data:`AUTO_WORKER_CORES` cores, and none (the tests run in
-the pytest process, as without ``-n``) where that makes fewer than two: below 8 cores ``-n auto`` is
-never slower than a serial run, because it is one. ``-n N`` and xdist's
-``PYTEST_XDIST_AUTO_NUM_WORKERS`` still choose the count.
+A worker takes ``usable cores // workers`` threads, at least one, rounded down to a power of two
+(the bits of MKL's reproducible branch hold at 1, 2, 4 and 8 threads, not at 3 or 6), set in the
+environment before torch starts and with ``torch.set_num_threads`` whenever the model is handed out.
+A choice the user made wins: ``llm_threads``, else ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS``. A
+plain run keeps torch's default. In a project that configures the plugin, with the model on the
+CPU, ``-n auto`` starts one worker per :data:`AUTO_WORKER_CORES` cores, and none where that makes
+fewer than two. Measurements: ``docs/design/kernels.md``.
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` a
 from __future__ import annotations
 
 import dataclasses
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_llmdeterminism.compute import chain, linears, numerics
+from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
+from pytest_llmdeterminism.compute.kernels import Kernels
 from pytest_llmdeterminism.engines import cached, hf, hub, llamacpp, openai, vllm
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
@@ -72,13 +72,14 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False, batch_invariant: bool = False, recording: bool = False) -> LoadedModel:
+         pinned_late: bool = False, batch_invariant: bool | None = False,
+         recording: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
-    ``batch_invariant``: on batch-invariant kernels (``batch_invariant.py``), or an error saying why not.
-    Other engines run each prompt alone (or own their kernels): the setting does not touch them.
-    ``recording``: a run that records goldens computes oneDNN's products on oneDNN itself, so no
-    golden is made of a product of the plugin's kernel that its sampled re-check did not cover."""
+    ``batch_invariant``: on batch-invariant kernels (True: or an error saying why not; None: where
+    they exist), see ``Kernels.choose``. Other engines run each prompt alone (or own their kernels):
+    the setting does not touch them. ``recording``: a run that records goldens computes oneDNN's
+    products on oneDNN itself."""
     __tracebackhide__ = True
     if engine_of(spec) is not None:
         parsed = EngineSpec.parse(spec)
@@ -93,40 +94,14 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
         # before the load: a run refused here (a CPU without AVX2, torch started first) loads no model
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
     model, tokenizer, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
-    kernels = linears.kernels_for(cpu_numerics, in_force)
-    if batch_invariant:
-        kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)
-    own, why_not = None, ""
-    if kernels in (linears.LinearKernels.ONEDNN_AVX2, linears.LinearKernels.BATCH_INVARIANT):
-        own, why_not = (None, "goldens are recorded from oneDNN itself (--llm-golden-update)") if recording \
-            else chain.build(cached.cache_dir() / "kernels")  # oneDNN's products on it, same bits
-    engine = hf.HFEngine(model, tokenizer, device, linears=kernels, chain=own)
+    kernels = Kernels.choose(numerics.profile(cpu_numerics), in_force=in_force, dtype=dtype, device=device,
+                             batch_invariant=batch_invariant, recording=recording,
+                             folder=cached.cache_dir() / "kernels")
+    engine = hf.HFEngine(model, tokenizer, device, kernels=kernels)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,
                        hub_commit=snapshot.commit if snapshot is not None else None, origin=origin,
-                       slower=f"oneDNN's products stay on oneDNN (the same bits, slower): {why_not}"
-                       if own is None and why_not else "")
-
-
-def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, dtype: str,
-                             device: str) -> linears.LinearKernels:
-    """The batch-invariant kernels, where they exist: float32 under portable or compatible numerics
-    on x86-64."""
-    invariant = {linears.LinearKernels.ONEDNN_AVX2: linears.LinearKernels.BATCH_INVARIANT,
-                 linears.LinearKernels.SPLIT_ONE_ROW: linears.LinearKernels.BATCH_INVARIANT_TILES}
-    if platform.machine() == "aarch64":  # Linux arm64, OpenBLAS: tiles and rows (batch_invariant.py)
-        invariant = {linears.LinearKernels.LINEAR: linears.LinearKernels.BATCH_INVARIANT_TILES}
-    pinned = cpu_numerics in (numerics.PORTABLE, numerics.COMPATIBLE)  # native may inherit MKL's pin
-    if kernels in invariant and dtype == "float32" and pinned and device == "cpu":
-        return invariant[kernels]
-    why = (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
-           f"they run float32, not {dtype}" if dtype != "float32" else
-           f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
-           f"{cpu_numerics!r} on {platform.machine()}")
-    raise ConfigurationError("llm_batch_invariant", "true",
-                             f"batch-invariant kernels are not available here: {why}. Remove the setting "
-                             "(goldens then keep the batch shape), or run float32 on an x86-64 CPU with "
-                             f"{pasteable('llm_cpu_numerics', 'portable')}")
+                       slower=kernels.slower)
 
 
 class ModelCache:
@@ -139,7 +114,7 @@ class ModelCache:
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None, plant_defect: bool = False,
-                 batch_invariant: bool = False, recording: bool = False) -> None:
+                 batch_invariant: bool | None = False, recording: bool = False) -> None:
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded

@@ -256,8 +256,7 @@ def _in_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
         engine = loaded.engine
         assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
         model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
-        copied_engine = HFEngine(model, engine.tokenizer, engine.device,
-                                 linears=engine.linears, chain=engine.chain)
+        copied_engine = HFEngine(model, engine.tokenizer, engine.device, kernels=engine.kernels)
         loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={},
                                                 engine=copied_engine)
     copied: LoadedModel = loaded.cache[key]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.compute.chain import private_folder  # the kernel is loaded from below it
+from pytest_llmdeterminism.compute.fixed_order import private_folder  # the kernel is loaded from below it
 
 _CHUNK = 1 << 24
 CONVERTED = "converted"

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compute import batch_invariant
+from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.cached import cache_dir, file_hash
 
 if TYPE_CHECKING:
@@ -85,25 +85,16 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
 
 
 def _ran_portable(fingerprint: Mapping[str, Any]) -> bool:
-    """A pinned mode asked for and in force: ATen's AVX2 kernels under portable or its generic ones
-    under compatible, with MKL's COMPATIBLE branch (x86-64), or OpenBLAS's generic ARMV8 kernels (arm64)."""
-    mode, capability = fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")
-    if fingerprint.get("blas_coretype") == "ARMV8":
-        return mode == "portable" and capability == "DEFAULT"
-    return fingerprint.get("mkl_cbwr") == "COMPATIBLE" and (mode, capability) in (
-        ("portable", "AVX2"), ("compatible", "DEFAULT"))
+    """A pinned mode asked for and in force: a numerics profile whose bits travel ran (numerics.py)."""
+    return numerics.profile_that_ran(fingerprint) is not None
 
 
 def _profile(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
     """Names the pinned kernels, not the word the ini file used: goldens recorded as ``portable``
     before it moved to AVX2 kernels ran the generic ones, which ``compatible`` pins now; on arm64
     both modes pin the same kernels."""
-    mode, capability = fingerprint.get("cpu_numerics"), fingerprint.get("cpu_capability")
-    if fingerprint.get("blas_coretype") == "ARMV8" and mode == "compatible":
-        return {**fingerprint, "cpu_numerics": "portable"}
-    if fingerprint.get("mkl_cbwr") == "COMPATIBLE" and (mode, capability) == ("portable", "DEFAULT"):
-        return {**fingerprint, "cpu_numerics": "compatible"}
-    return fingerprint
+    ran = numerics.profile_that_ran(fingerprint)
+    return fingerprint if ran is None else {**fingerprint, "cpu_numerics": ran.mode}
 
 
 def _with_legacy_blas(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -160,11 +151,17 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         "weights_hash": _weights_hash(loaded),
         "tokenizer_hash": _tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
-        # only goldens computed on batch-invariant kernels carry the field (batch_invariant.py)
+        # only goldens computed on batch-invariant kernels carry the field (compute/kernels.py)
         **({"batch_invariant": kernels_generation}
-           if (kernels_generation := batch_invariant.generation(getattr(loaded.engine, "linears", None),
-                                                                 found["blas"])) else {}),
+           if (kernels_generation := _kernels_generation(loaded)) else {}),
     }
+
+
+def _kernels_generation(loaded: LoadedModel) -> str | None:
+    """The generation of the kernels the transformers engine chose at load (``Kernels.generation``)."""
+    from pytest_llmdeterminism.engines.hf import HFEngine
+
+    return loaded.engine.kernels.generation if isinstance(loaded.engine, HFEngine) else None
 
 
 def _model_name(loaded: LoadedModel) -> str:

@@ -11,10 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.compute.batch_invariant import batch_invariant
-from pytest_llmdeterminism.compute.chain import ChainKernel
 from pytest_llmdeterminism.compute.determinism import deterministic_state
-from pytest_llmdeterminism.compute.linears import LinearKernels, routed
+from pytest_llmdeterminism.compute.kernels import Kernels
 from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
@@ -41,12 +39,10 @@ class HFEngine:
     hash_definition = HashDefinition.LOGITS
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, *,
-                 linears: LinearKernels = LinearKernels.LINEAR, chain: ChainKernel | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, device: str, *, kernels: Kernels | None = None) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
-        # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py);
-        # oneDNN's products at two or more rows on the plugin's kernel with their bits (chain.py).
-        self.linears, self.chain = linears, chain
+        # the kernels chosen at load (compute/kernels.py): each generation runs inside kernels.routed
+        self.kernels = kernels or Kernels()
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -85,10 +81,7 @@ class HFEngine:
                     StepCapture(model, rows=len(rows), keep_logits=keep_logits,
                                 processed=_has_processors(config) or config.sampling is not None
                                 ) as capture, \
-                    (batch_invariant(model, tiles=self.linears is LinearKernels.BATCH_INVARIANT_TILES,
-                                     chain=self.chain)
-                     if self.linears.batch_invariant
-                     else routed(model, self.linears, self.chain)):
+                    self.kernels.routed(model):
                 processors = capture.logits_processor()
                 if config.sampling is not None:  # last: the draw sees the scores the capture recorded
                     processors.append(draw := _draw_class()(rows, config))

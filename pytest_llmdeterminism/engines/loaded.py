@@ -50,7 +50,7 @@ class LoadedModel:
     cpu_numerics: str = "portable"  # the llm_cpu_numerics mode it runs under (checked at load on CPU)
     hub_commit: str | None = None  # a hub id's commit, as resolved in the local Hugging Face cache
     origin: str = ""  # a .gguf file's: loaded from its converted float32 copy, or converted now (cached.py)
-    slower: str = ""  # why the plugin's own kernel does not run where it could (compute/chain.py), if so
+    slower: str = ""  # why the fixed-order kernel does not run where it could (compute/kernels.py), if so
     cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
     # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
     # for transformers, whose fingerprint the fingerprint module builds itself.

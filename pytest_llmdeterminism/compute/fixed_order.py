@@ -1,28 +1,9 @@
-"""oneDNN's AVX2 GEMM bits at native speed: a kernel of the plugin's own, in one fixed order.
+"""The fixed-order kernel: oneDNN's AVX2 GEMM bits at native speed, in C (``chain_linear.c``).
 
-Portable numerics run a model's larger float32 linears on oneDNN capped at AVX2 (``linears.py``):
-the same bits on every x86-64 CPU, but on an Intel Xeon with AVX-512 about 1.5x the plain test's
-time per call, almost all of it in those products. oneDNN's order is simple (torch 2.13, oneDNN
-3.12, measured for 7 shapes from 50x7 to 2048x2048 with ragged and several blocks of input features,
-1 to 265 rows, 1 to 3 threads, with and without a bias):
-
-- the input features are cut into blocks of 1024, whose sums are added left to right, then the bias;
-- at two or more rows each output's block is one chain of fused multiply-adds over its features;
-- at one row (its one-row kernel) 8 lanes each chain every 8th feature of the block, reduced as
-  ``((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))``.
-
-``chain_linear.c`` computes exactly those orders, reading the weight in place (nothing packed or
-copied): the same bits, at native MKL's speed or better on a decode step.
-
-It is an accelerator, never a new definition of the bits. The kernel is compiled once with the
-machine's C compiler (``$CC``, default ``gcc``) into the plugin's cache folder; where there is none,
-or it fails, the products stay on oneDNN. Before a shape (output and input features, rows, bias,
-threads) runs on it, its first product is computed both ways in the process and compared bit for
-bit, and again on a sample of its later products (the second, then at gaps that double up to about
-``RECHECK_EVERY``); a shape where they differ stays on oneDNN for the rest of the process, and a
-product found to differ is never returned. So a torch whose oneDNN changed its order costs the
-speed, not the goldens. Every call's shapes, dtypes, devices and layouts are checked before a
-pointer goes to C; anything else runs on the reference, as it would without the kernel.
+It computes oneDNN's summation order exactly (``docs/design/kernels.md``) and is an accelerator,
+never a new definition of the bits: each shape is checked against oneDNN on its first product and
+on a sample of later ones, and stays on oneDNN where they differ. Compiled once with ``$CC`` into
+the plugin's cache folder; where there is none, or it fails, the products stay on oneDNN.
 
 Loading code from a cache folder is a trust boundary. The build is named by the SHA-256 of its own
 bytes. It is loaded only from a folder that is the user's own, which neither group nor others may
@@ -49,12 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_llmdeterminism.compute import numerics
+
 if TYPE_CHECKING:
     import torch
 
 SOURCE = Path(__file__).with_name("chain_linear.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
-# oneDNN's block of input features at two or more rows (see the module's note).
+# oneDNN's block of input features at two or more rows (docs/design/kernels.md).
 ONEDNN_KBLOCK = 1024
 # LLMDET_OWN_KERNELS=0 keeps every product on oneDNN (the same bits: for comparisons and benchmarks).
 SWITCH = "LLMDET_OWN_KERNELS"
@@ -76,14 +59,15 @@ Reference = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor | None"], "t
 _LOADED: dict[tuple[int, int], ctypes.CDLL] = {}
 
 
-def build(folder: Path) -> tuple[ChainKernel | None, str]:
+def build(folder: Path) -> tuple[FixedOrderKernel | None, str]:
     """The kernel, compiled into ``folder`` unless a build of this source with these flags is there;
     or ``None`` and why not (no compiler, not x86-64, switched off, a folder others may write)."""
     import platform
 
     if os.environ.get(SWITCH, "1") == "0":
         return None, f"{SWITCH}=0"
-    if platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux":
+    # the order of oneDNN's AVX2 kernels: where portable numerics run them (x86-64), on Linux
+    if numerics.profile(numerics.PORTABLE).onednn_isa != numerics.ONEDNN_ISA or sys.platform != "linux":
         return None, f"built for Linux x86-64 only, not {sys.platform} {platform.machine()}"
     import xxhash
 
@@ -96,7 +80,7 @@ def build(folder: Path) -> tuple[ChainKernel | None, str]:
             opened = _open_build(folder, stem)
         if opened is None:
             return None, f"the kernel built in {folder} is not there, or its bytes do not match its name"
-        return ChainKernel(_load(opened)), f"built in {folder}"
+        return FixedOrderKernel(_load(opened)), f"built in {folder}"
     except OSError as error:
         # A refusal of this module's is a PermissionError without an errno: its text says what, why
         # and the fix. Any other failure of the file system is the system's.
@@ -238,7 +222,7 @@ def private_folder(folder: Path) -> Path:
     return folder
 
 
-class ChainKernel:
+class FixedOrderKernel:
     """``F.linear`` for float32 on the CPU with the bits of oneDNN's AVX2 kernels (its GEMM and its
     one-row kernel), each shape checked against oneDNN on its first product and on a sample of the
     later ones, and used only while every check of it passed."""
