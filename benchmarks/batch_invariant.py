@@ -49,7 +49,7 @@ def main() -> None:
 
     from pytest_llmdeterminism import engines
     from pytest_llmdeterminism.compute.linears import LinearKernels
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = engines.load(args.model, dtype="float32", device="cpu", cpu_numerics=args.numerics)
@@ -61,7 +61,7 @@ def main() -> None:
           f"{torch.__version__}")
 
     def on(kernels: LinearKernels, shape: str, tokens: int) -> LLMModel:
-        loaded.engine.linears, loaded.cache = kernels, {}
+        loaded.engine.linears, loaded.static_fingerprint, loaded.probed = kernels, None, {}
         return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0),
                         verify_batch_invariance=False)
 
@@ -118,7 +118,7 @@ def main() -> None:
     print(f"8 prompts x 16 new tokens on batch-invariant kernels, bit-identical: 8 lone calls "
           f"{lone_time * 1e3:.0f} ms, one 8x64 call {batch_time * 1e3:.0f} ms -> "
           f"{batch_time / lone_time:.2f}x")
-    loaded.engine.linears, loaded.cache = today, {}
+    loaded.engine.linears, loaded.static_fingerprint, loaded.probed = today, None, {}
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from pytest_llmdeterminism.compare import Verdict, compare, input_changes
 from pytest_llmdeterminism.compute import batch_invariant
 from pytest_llmdeterminism.compute.linears import LinearKernels
 from pytest_llmdeterminism.engines.loaded import LoadedModel
-from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 from . import sessions
@@ -192,11 +192,12 @@ def _identical_under_every_shape(loaded: LoadedModel, shapes: tuple[str, ...], t
 @contextmanager
 def kernels(loaded: LoadedModel, chosen: LinearKernels) -> Iterator[None]:
     before = loaded.engine.linears
-    loaded.engine.linears, loaded.cache = chosen, {}  # the fingerprint names the kernels: computed again
+    # the fingerprint names the kernels: computed again
+    loaded.engine.linears, loaded.static_fingerprint, loaded.probed = chosen, None, {}
     try:
         yield
     finally:
-        loaded.engine.linears, loaded.cache = before, {}
+        loaded.engine.linears, loaded.static_fingerprint, loaded.probed = before, None, {}
 
 
 def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):

@@ -21,7 +21,7 @@ import torch
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compute import chain, linears
 from pytest_llmdeterminism.compute.linears import LinearKernels
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 # SmolLM2-135M's products (query/output, key/value, gate/up, down: two blocks of input features),

@@ -13,7 +13,7 @@ import torch
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compute import linears, numerics
 from pytest_llmdeterminism.compute.linears import LinearKernels
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 F = torch.nn.functional

@@ -164,7 +164,7 @@ def test_seeds_must_match_the_prompts(make_llm):
 
 @pytest.mark.parametrize("engine", ["openai", "vllm"])
 def test_engines_that_cannot_own_the_draw_refuse_sampling(tiny, engine):
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     never = SimpleNamespace(name=engine, runs_rows_alone=True, eos_token_ids=lambda: [2],
@@ -310,7 +310,7 @@ def test_bfloat16_drift_flips_sampled_draws_only_at_near_ties_and_changed_weight
 
     from pytest_llmdeterminism.compare import default_tie_margin
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
 
     from .conftest import perturbed_tiny_copy
 

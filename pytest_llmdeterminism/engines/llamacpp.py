@@ -97,6 +97,8 @@ class LlamaCppEngine:
     name = "llamacpp"
     hash_definition = HashDefinition.LOGITS  # llama.cpp hands over the raw float32 logits, like transformers
     runs_rows_alone = True
+    owns_sampling = True  # do_sample=True: the plugin's sampler draws over the raw logits
+    supports_audit = False
 
     def __init__(self, llm: Any, tokenizer: LlamaTokenizer, n_ctx: int) -> None:
         self._llm, self._tokenizer, self._n_ctx = llm, tokenizer, n_ctx

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk
+from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.completions import (
     Completion,
     ModelList,
@@ -63,7 +64,6 @@ from pytest_llmdeterminism.engines.completions import (
     request_body,
     text_only_id,
 )
-from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.secret import Secret
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
@@ -172,6 +172,9 @@ class OpenAIEngine:
     name = "openai"
     hash_definition = HashDefinition.SERVED_TOPK
     runs_rows_alone = True  # one request at a time
+    # a server samples with its own generator, which depends on the batch, the hardware and the version
+    owns_sampling = False
+    supports_audit = False
 
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True,
                  eos: list[int] | None = None) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
-from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer, read_json
+from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer, read_json
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.spec import EngineSpec
 from pytest_llmdeterminism.errors import (
@@ -243,6 +243,9 @@ class VLLMEngine:
 
     name = "vllm"
     hash_definition = HashDefinition.VLLM_TOPK
+    # vLLM samples with its own generator, which depends on the batch, the hardware and the version
+    owns_sampling = False
+    supports_audit = False
 
     def __init__(self, spec: str, path: Path, llm: Any, vllm: Any, tokenizer: Any, knobs: VLLMOptions,
                  flags: Mapping[str, Any]) -> None:
