@@ -141,5 +141,6 @@ def test_each_module_sits_in_the_package_its_layer_block_names():
 
 def test_the_package_root_shows_its_plan_in_a_few_entries():
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
-    # 16: sampling.py, generation's sibling in the core; compute/, how the process computes
-    assert len(entries) <= 16, entries
+    # 16: sampling.py, generation's sibling in the core; compute/, how the process computes;
+    # 17: model/, the llm_model fixture object over the engines (engines/ holds backends only)
+    assert len(entries) <= 17, entries
