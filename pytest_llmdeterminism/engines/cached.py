@@ -28,9 +28,12 @@ import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.chain import private_folder  # the kernel is loaded from below it
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _CHUNK = 1 << 24
 CONVERTED = "converted"
@@ -177,7 +180,7 @@ def _write_digest(folder: Path) -> None:
     os.replace(temp, folder / DIGEST)
 
 
-def keep_converted(model: Any, tokenizer: Any, folder: Path) -> bool:
+def keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> bool:
     """Save what transformers made of a ``.gguf`` file (``model`` in float32, ``tokenizer``) as
     ``folder``; False where it could not be kept (a read-only or full disk: the next load converts
     again, and this one goes on). The model is left as it was."""

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.errors import ModelLoadError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def load_tokenizer(spec: str, path: Path) -> Any:
+
+def load_tokenizer(spec: str, path: Path) -> PreTrainedTokenizerBase:
     """The transformers tokenizer of a local folder or ``.gguf`` file, offline, with a pad token."""
     __tracebackhide__ = True
     from transformers import AutoTokenizer
@@ -43,7 +46,7 @@ def pretrained_arguments(spec: str, path: Path) -> tuple[str, dict[str, Any]]:
     return str(path.parent), {**common, "gguf_file": path.name}
 
 
-def ensure_pad_token(tokenizer: Any) -> None:
+def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
     if tokenizer.pad_token_id is None:
         # Pad positions are masked out, so any id works: EOS where there is one (what most
         # checkpoints expect), else the vocabulary's first token.

@@ -7,7 +7,7 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.batch_invariant import batch_invariant
 from pytest_llmdeterminism.compute.chain import ChainKernel
@@ -23,6 +23,10 @@ from pytest_llmdeterminism.engines.checkpoint import (
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -46,7 +50,7 @@ class HFEngine:
     owns_sampling = True  # do_sample=True: the plugin's sampler draws in a logits processor
     supports_audit = True
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, *,
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str, *,
                  linears: LinearKernels = LinearKernels.LINEAR, chain: ChainKernel | None = None) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         # Under pinned CPU numerics, float32 linears run on the pinned mode's kernels (linears.py);
@@ -178,7 +182,7 @@ def _draw_class() -> type:
             self._step = 0
             self.margins: list[list[float]] = [[] for _ in rows]
 
-        def __call__(self, input_ids: Any, scores: Any) -> Any:
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
             rows = len(self._keys)
             draws = sampling.draw_batch(scores[:rows].float().cpu().numpy(), self._configs, keys=self._keys,
                                         step=self._step)
@@ -225,7 +229,8 @@ def pick_device(spec: str, device: str) -> str:
     return device
 
 
-def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
+def load(spec: str, kind: str, path: Path, *, dtype: str,
+         device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The model on ``device`` (as :func:`pick_device` chose it), its tokenizer, and where a ``.gguf``
     file's float32 weights came from ("" otherwise): its converted copy, or the file, converted now for
     later loads (``cached.py``)."""
@@ -315,7 +320,7 @@ DEFECT_SCALE = 0.5  # relative noise of the planted defect: changes tokens, as l
 DEFECT_SEED = 0
 
 
-def plant_defect(model: Any) -> int:
+def plant_defect(model: torch.nn.Module) -> int:
     """Add ``DEFECT_SCALE * std(w) * N(0, 1)`` to every weight matrix of a loaded model, in place, from
     one generator seeded with ``DEFECT_SEED`` (the same noise in every process): the negative
     control of ``--llm-plant-defect``. Returns how many tensors changed."""

@@ -18,7 +18,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.numerics import cpu_name
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
@@ -27,6 +27,9 @@ from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refuse_beyond
 from pytest_llmdeterminism.shape import GenerationSettings
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines.capture import Logits
 
 INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
 
@@ -128,7 +131,7 @@ class LlamaCppEngine:
         return out
 
     def _greedy(self, ids: list[int], config: GreedyConfig, keep_logits: bool,
-                draws: _Draws | None = None) -> tuple[list[int], RowSteps, list[Any]]:
+                draws: _Draws | None = None) -> tuple[list[int], RowSteps, list[Logits]]:
         import llama_cpp
         import numpy as np
 
@@ -172,7 +175,7 @@ class _Draws:
         self._key = self._config.noise_key(ids)
         self.margins: list[float] = []
 
-    def draw(self, scores: Any, step: int) -> int:
+    def draw(self, scores: Logits, step: int) -> int:
         from pytest_llmdeterminism import sampling
         from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR
 

@@ -39,7 +39,7 @@ from pytest_llmdeterminism.shape import BatchShape
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.capture import Chunk, Logits
     from pytest_llmdeterminism.engines.loaded import LoadedModel
     from pytest_llmdeterminism.model.llm_model import LLMModel
 
@@ -71,7 +71,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
 
     def run(view: _KeptLogits, batch: Sequence[list[int]], row: int,
-            **extra: Any) -> tuple[Generation, list[Any]]:
+            **extra: Any) -> tuple[Generation, list[Logits]]:
         return view.run(batch, row, **{**overrides, **extra})
 
     prompt = ids  # every run below feeds exactly these ids
@@ -122,16 +122,16 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     return AuditReport(text, str(shape), tuple(rows), unique, len(runs), sampling)
 
 
-def _row(source: str, change: str, base: tuple[Generation, list[Any]],
-         other: tuple[Generation, list[Any]]) -> AuditRow:
+def _row(source: str, change: str, base: tuple[Generation, list[Logits]],
+         other: tuple[Generation, list[Logits]]) -> AuditRow:
     changed, first, delta = _difference(base, other)
     margins = base[0].draw_margins
     margin = margins[first] if first is not None and first < len(margins) else None
     return AuditRow(source, change, changed, first, delta, draw_margin=margin)
 
 
-def _difference(a: tuple[Generation, list[Any]],
-                b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
+def _difference(a: tuple[Generation, list[Logits]],
+                b: tuple[Generation, list[Logits]]) -> tuple[bool, int | None, float]:
     import numpy as np
 
     (gen_a, logits_a), (gen_b, logits_b) = a, b
@@ -148,14 +148,14 @@ class _KeptLogits:
     each step's raw logits, per prompt of the last call."""
 
     def __init__(self, llm_model: LLMModel, *, loaded: LoadedModel | None = None, **changes: Any) -> None:
-        self._logits: list[Any] = []
+        self._logits: list[list[Logits]] = []
         settings = dataclasses.replace(llm_model.settings, **changes)
         self._view = llm_model.view(loaded=loaded, settings=settings, on_chunk=self._keep)
 
     def _keep(self, out: Chunk, records: list[Generation]) -> None:
         self._logits += [out.logits[row][: len(record.token_ids)] for row, record in enumerate(records)]
 
-    def run(self, batch: Sequence[list[int]], row: int, **overrides: Any) -> tuple[Generation, list[Any]]:
+    def run(self, batch: Sequence[list[int]], row: int, **overrides: Any) -> tuple[Generation, list[Logits]]:
         """Row ``row`` of a call on ``batch`` (token ids), and its steps' raw logits."""
         self._logits = []
         results = self._view.generate(token_ids=list(batch), **overrides)
