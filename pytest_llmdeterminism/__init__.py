@@ -30,6 +30,7 @@ from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.model.audit import NondeterminismError, audit
 from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.reporting.audit import AuditReport
 from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match
 from pytest_llmdeterminism.run.shards import ShardError
 
