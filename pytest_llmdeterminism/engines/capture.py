@@ -1,17 +1,9 @@
 """Per-step capture of what the model computed: logit hash, top-k logprobs, margin.
 
-Two taps, each keeping a copy of its step's rows and reducing them in blocks of steps (one
-vectorised top-k, one finiteness check, one hash per row and step) once about
-:data:`BLOCK_BYTES` are held, so that memory does not grow with ``max_new_tokens x vocab`` and a
-step costs a copy, not a round of small calls (on the tiny model that round was most of the plugin's
-own time per step):
-
-- a forward hook on the model hashes the model's own output logits, before any logits processor
-  (repetition penalty, suppressed tokens, ...) touched them: the hash identifies the numerics;
-- a logits processor placed last sees the scores greedy decoding picks from, and records their
-  top-k logprobs and the top-1/top-2 margin: how sure the decision was. Without processors
-  (the default greedy config) both see the same numbers, so the raw logits serve for both and no
-  processor is passed (``processed=False``: a processor call costs ~35 us a step on the tiny model).
+A forward hook hashes the model's own logits (before any logits processor: the hash identifies the
+numerics); a logits processor placed last records the top-k logprobs and margin of the scores
+greedy decoding picks from. Both reduce their steps in blocks of :data:`BLOCK_BYTES`. Why, and what
+it costs: ``docs/design/engines.md``.
 """
 
 from __future__ import annotations

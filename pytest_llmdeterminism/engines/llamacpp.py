@@ -1,15 +1,8 @@
 """llama.cpp in the test process (``llamacpp:PATH.gguf``), through llama-cpp-python.
 
-The plugin runs its own greedy loop: evaluate the prompt, then per step read the raw float32
-logits of the last position, hash them (the same definition as transformers), pick the argmax and
-evaluate that one token. No sampler chain is involved, so no server-style penalty or top-k default
-can leak in. Each prompt runs alone on a cleared context, so rows cannot influence each other.
-
-Pinned and recorded: ``threads`` (1 unless set; one count for every machine, so goldens do not
-depend on the core count, and no spinning thread competes with xdist workers for a core),
-``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash attention off, no prompt
-cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
-``n_batch`` 512 vs 2 give bit-identical logits; repeats are bit-identical.
+The plugin runs its own greedy loop over the raw float32 logits (hashed as transformers' are), each
+prompt alone on a cleared context, with threads, batch sizes and context pinned and recorded
+(:class:`LlamaCppOptions`); what is pinned and why: ``docs/design/engines.md``.
 """
 
 from __future__ import annotations
