@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 DEFAULT_REPEATS = 5
 COMPANIONS = ("Hello there, how are you today?", "def add(a, b):", "1 2 3", "The weather today is",
               "Once upon a time, in a land far away,", "Q:")
+
+
 class NondeterminismError(LLMDeterminismError, AssertionError):
     """Repeated identical calls gave different results. ``audit`` holds the full report."""
 
