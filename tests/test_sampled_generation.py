@@ -168,7 +168,8 @@ def test_engines_that_cannot_own_the_draw_refuse_sampling(tiny, engine):
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     never = SimpleNamespace(name=engine, runs_rows_alone=True, owns_sampling=False, supports_audit=False,
-                            eos_token_ids=lambda: [2], run=lambda *args: pytest.fail("a refused call must not run"))
+                            eos_token_ids=lambda: [2],
+                            run=lambda *args: pytest.fail("a refused call must not run"))
     loaded = SimpleNamespace(**{**vars(tiny), "engine": never, "spec": f"{engine}:x"})
     llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0))
     with pytest.raises(ConfigurationError, match=f"sampling is not available on the {engine} engine.*"
