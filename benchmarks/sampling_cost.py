@@ -38,7 +38,7 @@ def main() -> None:
     import torch
 
     from pytest_llmdeterminism import engines
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = engines.load(args.model, dtype="float32", device="cpu")

@@ -14,8 +14,6 @@ import pytest
 
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
 from pytest_llmdeterminism.compute.numerics import CPUNumericsError
-from pytest_llmdeterminism.engines.audit import AuditReport, NondeterminismError, audit
-from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.engines.server_client import HTTPStatusError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
@@ -30,6 +28,9 @@ from pytest_llmdeterminism.errors import (
 )
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
+from pytest_llmdeterminism.model.audit import NondeterminismError, audit
+from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.reporting.audit import AuditReport
 from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match
 from pytest_llmdeterminism.run.shards import ShardError
 

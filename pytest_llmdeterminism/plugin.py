@@ -17,7 +17,7 @@ from pytest_llmdeterminism.run.session import LLMSession
 from pytest_llmdeterminism.shape import MARKER
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
 SESSION = pytest.StashKey[LLMSession]()

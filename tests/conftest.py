@@ -148,7 +148,7 @@ def _import_heavy_libraries_once(tiny):
     imported. Re-importing torch in the same process crashes it, so every torch/transformers
     module a run can touch must already be imported here, where pytester's snapshot keeps it.
     """
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     LLMModel(tiny, GenerationSettings(BatchShape(1, 8), 1, 0)).generate("x")
@@ -166,7 +166,7 @@ def tiny():
 @pytest.fixture
 def make_llm(tiny):
     """Build an LLMModel view on the tiny model with a given shape and token budget."""
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     def make(shape: str = "4x32", max_new_tokens: int = 12, seed: int = 0) -> LLMModel:

@@ -8,13 +8,12 @@ built-in model's real tokenizer, and loaded through the plugin's own loader.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 
 import pytest
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 from pytest_llmdeterminism.strategies import assert_batch_invariant
 
@@ -63,7 +62,7 @@ def threads():
 def test_every_architecture_is_batch_invariant_under_portable_numerics(model_folders, threads, count):
     threads(count)
     for name, folder in model_folders.items():
-        loaded = dataclasses.replace(load(str(folder), dtype="float32", device="cpu"), cache={})
+        loaded = load(str(folder), dtype="float32", device="cpu").fresh()
         notes: list[str] = []
         llm = LLMModel(loaded, GenerationSettings(BatchShape(4, 32), 4, 0), note=notes.append)
         llm.generate("The capital of France is")  # the plugin's own probe: raises if rows differ

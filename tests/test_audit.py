@@ -5,8 +5,9 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism import ConfigurationError
-from pytest_llmdeterminism.engines.audit import AuditReport, AuditRow, audit
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.audit import audit
+from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow
 from pytest_llmdeterminism.shape import BatchShape
 from pytest_llmdeterminism.strategies import (
     BatchComposition,

@@ -25,8 +25,8 @@ from pytest_llmdeterminism.compute import kernels as chosen_kernels
 from pytest_llmdeterminism.compute import tensor_ops
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy
 from pytest_llmdeterminism.engines.loaded import LoadedModel
-from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 from . import sessions
@@ -194,11 +194,12 @@ def _identical_under_every_shape(loaded: LoadedModel, shapes: tuple[str, ...], t
 @contextmanager
 def kernels(loaded: LoadedModel, chosen: Policy) -> Iterator[None]:
     before = loaded.engine.kernels
-    loaded.engine.kernels, loaded.cache = dataclasses.replace(before, policy=chosen), {}  # the fingerprint
-    try:  # names the kernels: computed again
+    # the fingerprint names the kernels: computed again
+    loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = dataclasses.replace(before, policy=chosen), None, {}
+    try:
         yield
     finally:
-        loaded.engine.kernels, loaded.cache = before, {}
+        loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = before, None, {}
 
 
 def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):

@@ -22,7 +22,7 @@ import torch
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compute import fixed_order, tensor_ops
 from pytest_llmdeterminism.compute.kernels import Policy
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 # SmolLM2-135M's products (query/output, key/value, gate/up, down: two blocks of input features),

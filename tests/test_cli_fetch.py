@@ -236,8 +236,8 @@ def test_hub_cache_puts_the_model_where_a_hub_id_finds_it_offline(pinned_offline
                                                                    tmp_path, capsys, make_llm, umask_022):
     from pytest_llmdeterminism import engines
     from pytest_llmdeterminism.engines import hub
-    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.engines.spec import HubId
+    from pytest_llmdeterminism.model.llm_model import LLMModel
 
     assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
     out, err = capsys.readouterr()

@@ -23,7 +23,7 @@ def weights(folder):
 
 def generations(spec, make_llm):
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
 
     view = make_llm()
     return LLMModel(load(str(spec), dtype="float32", device="cpu"), view.settings).generate(PROMPTS)

@@ -12,7 +12,7 @@ import pytest
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from pytest_llmdeterminism.engines.cached import DIGEST, copy_damage
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 PROMPTS = ["Q: What is the capital of Japan? A:", "def fibonacci(n):"]

@@ -27,7 +27,7 @@ import pytest
 
 import pytest_llmdeterminism
 from pytest_llmdeterminism.compute import numerics
-from pytest_llmdeterminism.engines.fingerprint import cache_dir
+from pytest_llmdeterminism.engines.cached import cache_dir
 
 from . import sessions
 from .conftest import ATTENTION_PROBE, dequantized_copy, perturbed_tiny_copy

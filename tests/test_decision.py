@@ -14,7 +14,7 @@ from pytest_llmdeterminism.tolerance import Profile, ProfileName
 
 @pytest.fixture(scope="module")
 def run(tiny):
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     return LLMModel(tiny, GenerationSettings(BatchShape(4, 32), 6, 0)).generate("Once upon a time")

@@ -221,13 +221,13 @@ def test_the_gguf_hint_installs_what_the_gguf_extra_installs(monkeypatch):
         import tomli as tomllib
 
     from pytest_llmdeterminism import ModelLoadError
-    from pytest_llmdeterminism.engines import hf
+    from pytest_llmdeterminism.engines import checkpoint
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelLoadError) as raised:
-        hf._require_gguf_support("model.gguf")
+        checkpoint.require_gguf_support("model.gguf")
     assert str(raised.value) == ("cannot load llm_model 'model.gguf': loading .gguf files needs gguf and "
                                  "accelerate: pip install 'gguf>=0.10' 'accelerate>=1.0'")
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
         "optional-dependencies"]["gguf"]
-    assert extra == [f"{name}{version}" for name, version in hf.GGUF_REQUIREMENTS.items()]
+    assert extra == [f"{name}{version}" for name, version in checkpoint.GGUF_REQUIREMENTS.items()]

@@ -17,10 +17,10 @@ from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadErro
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 from pytest_llmdeterminism.engines.completions import Completion, parse_choice, request_body, text_only_id
-from pytest_llmdeterminism.engines.fingerprint import numerics_changes
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
+from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
 from pytest_llmdeterminism.reporting.failure import mismatch
 
 from .strategies_for_tests import generations

@@ -121,7 +121,7 @@ def test_a_served_generation_does_not_depend_on_the_request_before_it(smollm2_gg
     """llama-cpp-python's server reuses the previous request's prompt cache for a shared prefix and
     then gives other logprobs; the one-token reset request before each generation prevents that."""
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     server = llama_server(smollm2_gguf)
@@ -141,7 +141,7 @@ def test_a_served_generation_does_not_depend_on_the_request_before_it(smollm2_gg
 def test_what_only_transformers_does_is_refused_by_name_on_llamacpp(smollm2_gguf):
     from pytest_llmdeterminism import ConfigurationError
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     with pytest.raises(ConfigurationError,
@@ -163,7 +163,7 @@ def test_llamacpp_samples_with_the_plugins_sampler(smollm2_gguf):
     """do_sample=True in process on llama.cpp: the plugin's seeded draw over llama.cpp's raw logits (its
     own sampler unused), so the same seed gives the same sample bit for bit and other seeds others."""
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = load(f"llamacpp:{smollm2_gguf}", dtype="float32", device="cpu")

@@ -46,7 +46,7 @@ def serve():
 
 @pytest.fixture(scope="module")
 def pieces():
-    from pytest_llmdeterminism.engines.hf import load_tokenizer
+    from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
 
     tokenizer = load_tokenizer("tiny", TINY)
     return {i: tokenizer.decode([i]) for i in GREEDY}
@@ -92,7 +92,7 @@ def routes(pieces, lie=None, **special):
 
 
 def generate(spec_text: str, max_new_tokens: int = 4):
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     loaded = load(spec_text, dtype="float32", device="cpu")

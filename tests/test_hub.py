@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, hub, load
-from pytest_llmdeterminism.engines.fingerprint import fingerprint
-from pytest_llmdeterminism.engines.model import LLMModel
 from pytest_llmdeterminism.engines.spec import HubId, hub_id
 from pytest_llmdeterminism.errors import ModelLoadError
+from pytest_llmdeterminism.model.fingerprint import fingerprint
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 from .conftest import in_hub_cache, perturbed_tiny_copy

@@ -87,7 +87,7 @@ def test_the_types_a_user_annotates_or_matches_on_are_exported():
 
     import pytest_llmdeterminism as package
     from pytest_llmdeterminism.compare import Comparison, Verdict
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
     names = ("Comparison", "Verdict", "LLMModel", "GoldenTokens")

@@ -16,7 +16,7 @@ import torch
 from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.compute import numerics, tensor_ops
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 F = torch.nn.functional

@@ -130,8 +130,8 @@ def test_nan_logits_are_a_clear_error(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
-    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.errors import NonFiniteLogitsError
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     broken = tmp_path / "nan-tiny"
@@ -198,8 +198,8 @@ def test_a_tokenizer_without_a_chat_template_says_what_to_pass_instead(tmp_path)
     import shutil
 
     from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
-    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.errors import ConfigurationError
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     plain = tmp_path / "plain"
@@ -335,7 +335,7 @@ class _CountingTokenizer:
 
 @pytest.mark.parametrize("as_chat", [False, True])
 def test_a_prompt_too_long_for_any_tokenisation_is_refused_before_it_is_tokenised(tiny, as_chat):
-    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.model import inputs
     from pytest_llmdeterminism.shape import GenerationSettings
 
     tokenizer = _CountingTokenizer(tiny.tokenizer)
@@ -355,7 +355,7 @@ def test_a_prompt_over_the_length_bound_is_counted_unless_too_long_to_count(tiny
     """Past the bound, a text a shape could hold is tokenised: the error gives its real count and a
     shape that holds it. A text too long to count (over COUNTED_CHARACTERS) says its count is a bound
     from its length and suggests no shape to paste: one from the bound would be too small."""
-    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.model import inputs
     from pytest_llmdeterminism.shape import GenerationSettings
 
     settings = GenerationSettings(BatchShape(2, 4), 2, 0)
@@ -379,7 +379,7 @@ def test_a_prompt_over_the_length_bound_is_counted_unless_too_long_to_count(tiny
 
 def test_the_length_bound_never_refuses_a_prompt_that_fits(make_llm, tiny):
     """The densest text there is: the longest vocabulary entry, over and over, fits in as many tokens."""
-    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.model import inputs
 
     vocabulary = tiny.tokenizer.get_vocab()
     longest = max(vocabulary, key=len)
@@ -395,7 +395,7 @@ def test_the_length_bound_never_refuses_a_prompt_that_fits(make_llm, tiny):
 
 @given(text=st.text(min_size=1, max_size=200))
 def test_the_length_bound_is_a_true_lower_bound_on_the_tokens(tiny, text):
-    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.model import inputs
 
     ids = tiny.tokenizer(text)["input_ids"]
     assert len(ids) * inputs.characters_per_token(tiny.tokenizer) >= len(text)
@@ -406,7 +406,7 @@ def test_a_tokenizer_that_may_drop_characters_gets_no_length_bound():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from pytest_llmdeterminism.engines import inputs
+    from pytest_llmdeterminism.model import inputs
     from pytest_llmdeterminism.shape import GenerationSettings
 
     backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -14,7 +13,7 @@ import pytest
 from pytest_llmdeterminism import BatchInvarianceProbeError, engines
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines import hf
-from pytest_llmdeterminism.engines.fingerprint import numerics_changes
+from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
 
 from .conftest import usage_error
 
@@ -210,11 +209,11 @@ def test_torch_started_before_the_plugin_is_refused_never_recorded_as_portable(p
 @pytest.fixture
 def fresh_tiny(tiny):
     """The loaded tiny model with an empty probe cache, so the next generation probes again."""
-    return dataclasses.replace(tiny, cache={})
+    return tiny.fresh()
 
 
 def _llm(loaded, shape="4x32"):
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), 3, 0))
@@ -257,7 +256,7 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
         handle.remove()
     assert info.value.nondeterministic and "--llm-audit" in str(info.value)
     notes = []
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0),

@@ -68,8 +68,8 @@ def test_a_gguf_file_is_converted_once_and_later_loads_read_its_float32_copy(smo
     cache that cannot be written costs the copy, not the load."""
     from pytest_llmdeterminism import engines
     from pytest_llmdeterminism.engines.cached import keep_converted
-    from pytest_llmdeterminism.engines.fingerprint import fingerprint
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.fingerprint import fingerprint
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))

@@ -164,10 +164,11 @@ def test_seeds_must_match_the_prompts(make_llm):
 
 @pytest.mark.parametrize("engine", ["openai", "vllm"])
 def test_engines_that_cannot_own_the_draw_refuse_sampling(tiny, engine):
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    never = SimpleNamespace(name=engine, runs_rows_alone=True, eos_token_ids=lambda: [2],
+    never = SimpleNamespace(name=engine, runs_rows_alone=True, owns_sampling=False, supports_audit=False,
+                            eos_token_ids=lambda: [2],
                             run=lambda *args: pytest.fail("a refused call must not run"))
     loaded = SimpleNamespace(**{**vars(tiny), "engine": never, "spec": f"{engine}:x"})
     llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 4, 0))
@@ -310,7 +311,7 @@ def test_bfloat16_drift_flips_sampled_draws_only_at_near_ties_and_changed_weight
 
     from pytest_llmdeterminism.compare import default_tie_margin
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
 
     from .conftest import perturbed_tiny_copy
 

@@ -47,8 +47,8 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
     lines that fail are exactly those whose tokens changed, found here by generating each prompt
     alone with the changed model."""
     from pytest_llmdeterminism.engines import load
-    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.goldens import schema
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     from .conftest import boosted_token_copy
@@ -75,7 +75,7 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
 
 COUNT_GENERATE_CALLS = """
 import pytest
-from pytest_llmdeterminism.engines.model import LLMModel
+from pytest_llmdeterminism.model.llm_model import LLMModel
 
 CALLS = []
 _generate = LLMModel.generate

@@ -15,7 +15,7 @@ import xxhash
 from pytest_llmdeterminism import engines as backends
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from pytest_llmdeterminism.engines import vllm as adapter
-from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids
+from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError, NonFiniteLogitsError
 from pytest_llmdeterminism.generation import resolve_generation_config
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -209,7 +209,7 @@ def on_a_fake_h200(monkeypatch):
 def test_load_pins_the_engine_and_generation_records_vllm_steps(on_a_fake_h200):
     import os
 
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
 
     loaded = backends.load(f"vllm:{TINY}#max_model_len=512", dtype="float32", device="auto")
     (name, kwargs), = on_a_fake_h200

@@ -9,7 +9,7 @@ The spec chooses the engine:
 - ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``openai.py``);
 - ``vllm:MODEL``: vLLM's offline engine (``vllm.py``, needs a GPU).
 
-Each engine implements :class:`Engine`; everything above this package (comparison, goldens,
+Each engine implements :class:`Engine`; everything above this package (the ``model/`` layer, goldens,
 reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` an engine returns.
 :class:`ModelCache` loads each spec once per process and remembers a failure as well.
 """

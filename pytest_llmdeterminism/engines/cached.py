@@ -1,23 +1,10 @@
 """What the plugin keeps in its cache folder: file hashes, and GGUF files converted once for transformers.
 
-**Converted GGUF files.** transformers reads a ``.gguf`` file three times per load (configuration,
-tokenizer, weights), parsing its metadata in Python each time: SmolLM2-135M took 15-18 s to load
-from its 100 MB file, in every session and every xdist worker, against 0.2 s from the same weights
-as a safetensors folder. So the first float32 load of a ``.gguf`` file saves what transformers made
-of it (the dequantised float32 weights, the configuration, the tokenizer) into
-``<cache>/converted/<file name>-<key>/``, and later loads read that folder: the same tensors, the same
-tokenizer (``tests/test_engine_units.py`` compares both, and a golden's logit hashes). The key is the
-file's xxh3 and the versions of transformers, gguf and numpy (which dequantise) and the machine, so
-another file, another library or another architecture converts again. A golden still fingerprints
-the ``.gguf`` file itself. The folder is written beside its final name and renamed into place, so
-a crash or a second process never leaves half of one; delete ``<cache>/converted`` to reclaim the
-space (about 4 bytes per weight).
-
-The copy is data the plugin did not check when it was read back, so its last file,
-``llmdet-digest.json``, records each file's size and xxh3, and every load checks them before
-transformers reads anything (about 0.1 s per 500 MB of copy, read from the page cache the load then
-uses). A copy that differs (a changed, cut or stray file, or no digest: written by an older version)
-is moved aside and converted again from the ``.gguf`` file, and the load says so.
+The first float32 load of a ``.gguf`` file saves what transformers made of it into
+``<cache>/converted/<file name>-<key>/`` (keyed by the file's hash, the converting libraries'
+versions and the machine), written beside its final name and renamed into place; later loads read
+that folder after checking its digest (``llmdet-digest.json``). Why, and what it saves:
+``docs/design/engines.md``.
 """
 
 from __future__ import annotations
@@ -28,9 +15,12 @@ import platform
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.fixed_order import private_folder  # the kernel is loaded from below it
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _CHUNK = 1 << 24
 CONVERTED = "converted"
@@ -177,7 +167,7 @@ def _write_digest(folder: Path) -> None:
     os.replace(temp, folder / DIGEST)
 
 
-def keep_converted(model: Any, tokenizer: Any, folder: Path) -> bool:
+def keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> bool:
     """Save what transformers made of a ``.gguf`` file (``model`` in float32, ``tokenizer``) as
     ``folder``; False where it could not be kept (a read-only or full disk: the next load converts
     again, and this one goes on). The model is left as it was."""

@@ -1,17 +1,9 @@
 """Per-step capture of what the model computed: logit hash, top-k logprobs, margin.
 
-Two taps, each keeping a copy of its step's rows and reducing them in blocks of steps (one
-vectorised top-k, one finiteness check, one hash per row and step) once about
-:data:`BLOCK_BYTES` are held, so that memory does not grow with ``max_new_tokens x vocab`` and a
-step costs a copy, not a round of small calls (on the tiny model that round was most of the plugin's
-own time per step):
-
-- a forward hook on the model hashes the model's own output logits, before any logits processor
-  (repetition penalty, suppressed tokens, ...) touched them: the hash identifies the numerics;
-- a logits processor placed last sees the scores greedy decoding picks from, and records their
-  top-k logprobs and the top-1/top-2 margin: how sure the decision was. Without processors
-  (the default greedy config) both see the same numbers, so the raw logits serve for both and no
-  processor is passed (``processed=False``: a processor call costs ~35 us a step on the tiny model).
+A forward hook hashes the model's own logits (before any logits processor: the hash identifies the
+numerics); a logits processor placed last records the top-k logprobs and margin of the scores
+greedy decoding picks from. Both reduce their steps in blocks of :data:`BLOCK_BYTES`. Why, and what
+it costs: ``docs/design/engines.md``.
 """
 
 from __future__ import annotations
@@ -26,7 +18,12 @@ from pytest_llmdeterminism.errors import NonFiniteLogitsError
 from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR, TOP_K
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import torch
+    from torch.utils.hooks import RemovableHandle
+
+    Logits = npt.NDArray[np.float32]  # one step's raw float32 logits of one row (or rows x vocab)
 
 # Steps' rows a tap holds before it reduces them: a block of steps at a time, memory bounded.
 BLOCK_BYTES = 16 << 20
@@ -57,7 +54,7 @@ class Chunk:
     tokens: list[list[int]]  # the generated ids, up to the engine's stop (an EOS included)
     steps: list[RowSteps]
     flags: dict[str, Any] = field(default_factory=dict)  # determinism settings in force for the call
-    logits: list[list[Any]] = field(default_factory=list)  # per row, per step: raw logits (keep_logits)
+    logits: list[list[Logits]] = field(default_factory=list)  # per row, per step: raw logits (keep_logits)
     draw_margins: list[list[float]] = field(default_factory=list)  # per row, per step: do_sample=True only
     # Where the engine decodes and stops by itself (a server): its text, pieces and finish reasons.
     texts: list[str] | None = None
@@ -65,7 +62,7 @@ class Chunk:
     finish_reasons: list[str] | None = None
 
 
-def logits_step(raw: Any, step: int, top_k: int = TOP_K) -> tuple[str, list[int], list[float]]:
+def logits_step(raw: Logits, step: int, top_k: int = TOP_K) -> tuple[str, list[int], list[float]]:
     """Hash, top-k ids and logprobs of one float32 logits row (numpy), for engines that hand over raw
     logits one row at a time (llama.cpp). The hash is :data:`LOGIT_HASH_DEFINITION`'s."""
     import numpy as np
@@ -104,7 +101,7 @@ class StepCapture:
         self._model = model
         self._keep_logits = keep_logits
         self._processed = processed  # logits processors change the scores: record them apart
-        self.logits: list[Any] = []  # per step, rows x vocab float32 (only with keep_logits, for audits)
+        self.logits: list[Logits] = []  # per step, rows x vocab float32 (only with keep_logits, for audits)
         self._top_k = top_k
         self._n_rows = rows
         self._hashes: list[list[int]] = []  # per step, per row: xxh3_64 as an integer
@@ -113,7 +110,7 @@ class StepCapture:
         self._raw: list[torch.Tensor] = []  # steps not reduced yet: rows x vocab float32 copies
         self._scores: list[torch.Tensor] = []
         self._non_finite: tuple[int, int] | None = None
-        self._handle: Any = None
+        self._handle: RemovableHandle | None = None
         self.rows: list[RowSteps] = []
         # Bound once: the hook and the processor run at every step of every call.
         self._numpy, self._torch, self._digest = numpy, torch, xxhash.xxh3_64_intdigest
@@ -123,6 +120,7 @@ class StepCapture:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        assert self._handle is not None
         self._handle.remove()
         if exc[0] is None:
             self._reduce_raw()
@@ -137,7 +135,7 @@ class StepCapture:
 
         return LogitsProcessorList([_record_scores_class()(self._on_scores)] if self._processed else [])
 
-    def _on_forward(self, module: Any, args: Any, output: Any) -> None:
+    def _on_forward(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         logits = output.logits if hasattr(output, "logits") else output[0]
         self._raw.append(logits[: self._n_rows, -1, :].to(self._torch.float32, copy=True))
         if not self._processed:
@@ -216,10 +214,10 @@ def _record_scores_class() -> type:
     from transformers import LogitsProcessor
 
     class _RecordScores(LogitsProcessor):  # type: ignore[misc]
-        def __init__(self, record: Callable[[Any], None]) -> None:
+        def __init__(self, record: Callable[[torch.Tensor], None]) -> None:
             self._record = record
 
-        def __call__(self, input_ids: Any, scores: Any) -> Any:
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
             self._record(scores)
             return scores
 

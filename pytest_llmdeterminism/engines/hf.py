@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.kernels import Kernels
 from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
+from pytest_llmdeterminism.engines.checkpoint import (
+    ensure_pad_token,
+    pretrained_arguments,
+    silence_gguf_progress_bar,
+)
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -38,11 +45,24 @@ class HFEngine:
     name = "transformers"
     hash_definition = HashDefinition.LOGITS
     runs_rows_alone = False  # rows share a batch: batch invariance must be verified
+    owns_sampling = True  # do_sample=True: the plugin's sampler draws in a logits processor
+    supports_audit = True
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, *, kernels: Kernels | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: str, *,
+                 kernels: Kernels | None = None) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         # the kernels chosen at load (compute/kernels.py): each generation runs inside kernels.routed
         self.kernels = kernels or Kernels()
+
+    def in_dtype(self, dtype: str) -> HFEngine:
+        """This engine on a copy of the weights cast to ``dtype`` (the audit's dtype row), on the same
+        kernels."""
+        import copy
+
+        import torch
+
+        model = copy.deepcopy(self.model).to(getattr(torch, dtype))
+        return HFEngine(model, self.tokenizer, self.device, kernels=self.kernels)
 
     def eos_token_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -156,7 +176,7 @@ def _draw_class() -> type:
             self._step = 0
             self.margins: list[list[float]] = [[] for _ in rows]
 
-        def __call__(self, input_ids: Any, scores: Any) -> Any:
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
             rows = len(self._keys)
             draws = sampling.draw_batch(scores[:rows].float().cpu().numpy(), self._configs, keys=self._keys,
                                         step=self._step)
@@ -203,7 +223,8 @@ def pick_device(spec: str, device: str) -> str:
     return device
 
 
-def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[Any, Any, str]:
+def load(spec: str, kind: str, path: Path, *, dtype: str,
+         device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The model on ``device`` (as :func:`pick_device` chose it), its tokenizer, and where a ``.gguf``
     file's float32 weights came from ("" otherwise): its converted copy, or the file, converted now for
     later loads (``cached.py``)."""
@@ -212,7 +233,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    source, common = _pretrained_arguments(spec, path)
+    source, common = pretrained_arguments(spec, path)
     copy = converted_copy(path) if kind == "gguf" and dtype == "float32" else None
     converted = copy.folder if copy is not None else None
     from_gguf = kind == "gguf"
@@ -236,7 +257,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             )
     progress_bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one model load per session; its progress bar is noise in test output
-    gguf_bar = _silence_gguf_progress_bar() if from_gguf else None
+    gguf_bar = silence_gguf_progress_bar() if from_gguf else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **common)
         model = AutoModelForCausalLM.from_pretrained(
@@ -260,7 +281,7 @@ def load(spec: str, kind: str, path: Path, *, dtype: str, device: str) -> tuple[
             gguf_bar()
     model.to(device)
     model.eval()
-    _ensure_pad_token(tokenizer)
+    ensure_pad_token(tokenizer)
     return model, tokenizer, origin
 
 
@@ -293,7 +314,7 @@ DEFECT_SCALE = 0.5  # relative noise of the planted defect: changes tokens, as l
 DEFECT_SEED = 0
 
 
-def plant_defect(model: Any) -> int:
+def plant_defect(model: torch.nn.Module) -> int:
     """Add ``DEFECT_SCALE * std(w) * N(0, 1)`` to every weight matrix of a loaded model, in place, from
     one generator seeded with ``DEFECT_SEED`` (the same noise in every process): the negative
     control of ``--llm-plant-defect``. Returns how many tensors changed."""
@@ -309,96 +330,3 @@ def plant_defect(model: Any) -> int:
                 weight.add_(scaled.to(weight.device, weight.dtype))
                 changed += 1
     return changed
-
-
-def load_tokenizer(spec: str, path: Path) -> Any:
-    """The transformers tokenizer of a local folder or ``.gguf`` file, offline, with a pad token."""
-    __tracebackhide__ = True
-    from transformers import AutoTokenizer
-
-    source, common = _pretrained_arguments(spec, path)
-    gguf_bar = _silence_gguf_progress_bar() if "gguf_file" in common else None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **common)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(spec, f"could not load the tokenizer at {str(path)!r}: {type(error).__name__}: "
-                             f"{error}") from error
-    finally:
-        if gguf_bar is not None:
-            gguf_bar()
-    _ensure_pad_token(tokenizer)
-    return tokenizer
-
-
-def _pretrained_arguments(spec: str, path: Path) -> tuple[str, dict[str, Any]]:
-    """``from_pretrained``'s source and keywords for a folder or a ``.gguf`` file: offline, no remote
-    code. ``local_files_only`` keeps loading offline (the hub library reads HF_HUB_OFFLINE only at
-    import)."""
-    __tracebackhide__ = True
-    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-    if not (path.suffix == ".gguf" and path.is_file()):
-        return str(path), common
-    _require_gguf_support(spec)
-    return str(path.parent), {**common, "gguf_file": path.name}
-
-
-def _ensure_pad_token(tokenizer: Any) -> None:
-    if tokenizer.pad_token_id is None:
-        # Pad positions are masked out, so any id works: EOS where there is one (what most
-        # checkpoints expect), else the vocabulary's first token.
-        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token_id is not None \
-            else tokenizer.convert_ids_to_tokens(0)
-
-
-# What the [gguf] extra installs (pyproject.toml), as the hint for a missing one names it.
-GGUF_REQUIREMENTS = {"gguf": ">=0.10", "accelerate": ">=1.0"}
-
-
-def _require_gguf_support(spec: str) -> None:
-    import importlib.util
-
-    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
-    if missing:
-        # The packages themselves, not the [gguf] extra: a plugin installed from a path or a wheel
-        # is not on the index under its name. The versions are the extra's (pyproject.toml).
-        wanted = " ".join(f"'{name}{GGUF_REQUIREMENTS[name]}'" for name in missing)
-        raise ModelLoadError(spec, f"loading .gguf files needs {' and '.join(missing)}: pip install {wanted}")
-
-
-def _silence_gguf_progress_bar() -> Callable[[], None] | None:
-    """transformers' GGUF conversion shows a tqdm bar that ignores its own progress-bar switch; it
-    would land in the captured stderr of the first failing test. Returns what restores it."""
-    import functools
-
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:
-        return None
-    original = getattr(gguf_utils, "tqdm", None)
-    if original is None:
-        return None
-    gguf_utils.tqdm = functools.partial(original, disable=True)
-
-    def restore() -> None:
-        gguf_utils.tqdm = original
-
-    return restore
-
-
-def checkpoint_eos_ids(path: Path, tokenizer: Any) -> list[int]:
-    """The EOS ids the transformers backend uses for ``path`` (a folder): the generation config's,
-    else the model config's, else the tokenizer's. Other engines stop on the same ids, so a golden
-    of one engine and a check on another run the same generation config."""
-    for name in ("generation_config.json", "config.json"):
-        eos = read_json(path / name).get("eos_token_id")
-        if eos is not None:
-            return [eos] if isinstance(eos, int) else [int(t) for t in eos]
-    return [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -1,15 +1,8 @@
 """llama.cpp in the test process (``llamacpp:PATH.gguf``), through llama-cpp-python.
 
-The plugin runs its own greedy loop: evaluate the prompt, then per step read the raw float32
-logits of the last position, hash them (the same definition as transformers), pick the argmax and
-evaluate that one token. No sampler chain is involved, so no server-style penalty or top-k default
-can leak in. Each prompt runs alone on a cleared context, so rows cannot influence each other.
-
-Pinned and recorded: ``threads`` (1 unless set; one count for every machine, so goldens do not
-depend on the core count, and no spinning thread competes with xdist workers for a core),
-``n_batch`` and ``n_ubatch`` (512), ``n_ctx`` (2048), the seed, flash attention off, no prompt
-cache, no GPU offload. Measured on SmolLM2-135M Q4_1: 1 vs 2 threads and
-``n_batch`` 512 vs 2 give bit-identical logits; repeats are bit-identical.
+The plugin runs its own greedy loop over the raw float32 logits (hashed as transformers' are), each
+prompt alone on a cleared context, with threads, batch sizes and context pinned and recorded
+(:class:`LlamaCppOptions`); what is pinned and why: ``docs/design/engines.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.numerics import cpu_name
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
@@ -27,6 +20,9 @@ from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refuse_beyond
 from pytest_llmdeterminism.shape import GenerationSettings
+
+if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines.capture import Logits
 
 INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
 
@@ -97,6 +93,8 @@ class LlamaCppEngine:
     name = "llamacpp"
     hash_definition = HashDefinition.LOGITS  # llama.cpp hands over the raw float32 logits, like transformers
     runs_rows_alone = True
+    owns_sampling = True  # do_sample=True: the plugin's sampler draws over the raw logits
+    supports_audit = False
 
     def __init__(self, llm: Any, tokenizer: LlamaTokenizer, n_ctx: int) -> None:
         self._llm, self._tokenizer, self._n_ctx = llm, tokenizer, n_ctx
@@ -126,7 +124,7 @@ class LlamaCppEngine:
         return out
 
     def _greedy(self, ids: list[int], config: GreedyConfig, keep_logits: bool,
-                draws: _Draws | None = None) -> tuple[list[int], RowSteps, list[Any]]:
+                draws: _Draws | None = None) -> tuple[list[int], RowSteps, list[Logits]]:
         import llama_cpp
         import numpy as np
 
@@ -170,7 +168,7 @@ class _Draws:
         self._key = self._config.noise_key(ids)
         self.margins: list[float] = []
 
-    def draw(self, scores: Any, step: int) -> int:
+    def draw(self, scores: Logits, step: int) -> int:
         from pytest_llmdeterminism import sampling
         from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR
 

@@ -1,25 +1,30 @@
-"""What every engine hands the layers above: an :class:`Engine` to generate with, in a
-:class:`LoadedModel` with what fingerprints it."""
+"""What every engine hands the layers above: an :class:`Engine` to generate with (and what it can
+do), in a :class:`LoadedModel` with what fingerprints it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.spec import EngineSpec
+    from pytest_llmdeterminism.errors import BatchInvarianceProbeError
     from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
     from pytest_llmdeterminism.shape import GenerationSettings
 
 
 class Engine(Protocol):
-    """What the model layer needs of an engine: greedy generation with per-step capture."""
+    """What the model layer needs of an engine: greedy generation with per-step capture, and what
+    the engine can do (callers ask these, never the engine's name)."""
 
     name: str  # "transformers", "llamacpp", "openai", "vllm": the variant's prefix (none for transformers)
     hash_definition: HashDefinition  # what its step hashes hash
     runs_rows_alone: bool  # each prompt runs alone, so companions cannot change it: nothing to probe
+    owns_sampling: bool  # do_sample=True: the plugin's own sampler draws over the engine's full logits
+    supports_audit: bool  # --llm-audit: batch shape, padding, threads and dtype can be varied in process
 
     def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk: ...
@@ -27,6 +32,17 @@ class Engine(Protocol):
     def eos_token_ids(self) -> list[int]: ...
 
     def vocab_size(self) -> int: ...
+
+
+@runtime_checkable
+class AuditedEngine(Engine, Protocol):
+    """An engine the audit can run (``supports_audit``): it also makes a copy of itself in another dtype."""
+
+    model: Any  # the engine's own model object (for a copy, the copy's)
+
+    def in_dtype(self, dtype: str) -> AuditedEngine:
+        """This engine on a copy of its weights cast to ``dtype``."""
+        ...
 
 
 class EngineModule(Protocol):
@@ -51,7 +67,20 @@ class LoadedModel:
     hub_commit: str | None = None  # a hub id's commit, as resolved in the local Hugging Face cache
     origin: str = ""  # a .gguf file's: loaded from its converted float32 copy, or converted now (cached.py)
     slower: str = ""  # why the fixed-order kernel does not run where it could (compute/kernels.py), if so
-    cache: dict[str, Any] = field(default_factory=dict)  # lazily computed fingerprint parts
     # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
     # for transformers, whose fingerprint the fingerprint module builds itself.
     describe: dict[str, Any] | None = None
+    # Computed once per loaded model by the layer above, each by its one owner:
+    # model/fingerprint.py: the fingerprint but for the flags of a call
+    static_fingerprint: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    # model/probe.py: what the batch-invariance probe found, by shape and thread count
+    probed: dict[str, str | BatchInvarianceProbeError] = field(default_factory=dict, repr=False,
+                                                               compare=False)
+    # model/audit.py: copies of the weights in another dtype, by dtype
+    in_dtypes: dict[str, LoadedModel] = field(default_factory=dict, repr=False, compare=False)
+
+    def fresh(self, **changes: Any) -> LoadedModel:
+        """A copy, with ``changes``, that has computed nothing yet: its fingerprint, probe and copies
+        are made again when asked for."""
+        return dataclasses.replace(self, **{"static_fingerprint": None, "probed": {}, "in_dtypes": {},
+                                            **changes})

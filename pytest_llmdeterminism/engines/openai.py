@@ -1,49 +1,11 @@
 """Any OpenAI-compatible server (``openai:URL#model=NAME&tokenizer=PATH``): the model as it is served.
 
-A server returns tokens as text and the top-k logprobs of each step, never raw logits, so that is
-what gets recorded: the step hash is :data:`~generation.SERVED_HASH_DEFINITION` (over the returned
-texts and logprobs), and a golden says so; hashes of two definitions are never compared.
-
-The plugin needs the served model's tokenizer locally (``tokenizer=``: a folder or ``.gguf``): it
-tokenises prompts and renders chat templates exactly as the transformers backend does, and maps
-each returned token text back to its id, so goldens of a server and of an in-process engine line
-up. Each request is checked: the server must count the prompt's tokens as the local tokenizer does,
-and each step's token must be the best of the returned top-k (greedy), else the test fails naming
-what to check.
-
-Pinned per request, one request at a time: ``temperature=0``, ``top_p=1``, no penalties
-(``frequency_penalty``/``presence_penalty`` 0, and the llama.cpp and vLLM extensions
-``repeat_penalty``/``repetition_penalty`` 1: llama-cpp-python's server defaults to 1.1), ``n=1``,
-the test's ``seed``, ``logprobs=5``, ``cache_prompt=false`` (llama.cpp's own server). Recorded: the
-served model id, the server's version where it offers ``/version``, and each response's
-``system_fingerprint``.
-
-A server may reuse the previous request's prompt cache for a shared prefix, and then evaluates
-the rest of the prompt in another split, with other numerics: llama-cpp-python's server always
-does (measured on SmolLM2 Q4_1: the same request gives logprob -1.6317 after itself and -1.7045
-after another prompt), so a golden would depend on the order tests ran in. Before each request
-the plugin therefore sends a one-token request that starts with another token (``reset_prefix=1``,
-the default; ``#reset_prefix=0`` turns it off), so every prompt is evaluated whole.
-
-The server is an untrusted peer. Each request goes to the spec's URL only: no redirect is
-followed (a 3xx fails naming its ``Location``) and no proxy is used, so the API key (read from the
-environment variable ``api_key_env=`` names; a URL with ``USER:PASSWORD@`` is refused) reaches that
-origin alone. The key is a :class:`~secret.Secret`: ``***`` in every frame's locals (``pytest -l``)
-and wherever a message quotes the server, in any encoding :meth:`~secret.Secret.mask` recognises
-(verbatim or in another case, JSON- or URL-escaped, hex, base64, split by punctuation or lines),
-generated text included: in the text and in each token a form of the key touches, however the
-tokens split it. Each request has one total deadline, from connecting to the last byte
-(``timeout=``, 120 s by default; the DNS lookup and the TLS handshake aside; retries of a 429, 502,
-503 or 504 included), and a size limit (``max_response_mb=``, 16 MB by default), both enforced
-while reading. A transient answer never decides anything: the prompt goes as text only where the
-server refused the first token-id prompt (400, 422, or an older llama-cpp-python's 500). Every
-answer is decoded into typed structures and checked against the request before anything is
-recorded: the requested model; one choice; as many top-k lists as tokens, and no more tokens than
-``max_tokens`` (llama-cpp-python may add up to 3 that finish a character it cut); 1 to
-``logprobs + 1`` candidates per step; finite logprobs at most 0 (up to 1e-3 above it, a float32
-rounding, recorded as 0); ``token_id:N`` ids inside the tokenizer's vocabulary; a ``text`` that its
-tokens spell. Any failure, JSON nested too deep to decode included, is one :class:`EngineError`
-naming the server and the request.
+A server returns token texts and top-k logprobs, never raw logits: they are recorded under
+:data:`~generation.SERVED_HASH_DEFINITION`, with the served model's local tokenizer (``tokenizer=``)
+mapping texts back to ids. Requests are pinned greedy, one at a time, each after a prefix reset
+(``reset_prefix=1``); the server is an untrusted peer (``server_client.py``) whose every answer is
+checked before anything is recorded (``completions.py``). What is pinned, checked and measured:
+``docs/design/engines.md``.
 """
 
 from __future__ import annotations
@@ -55,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk
+from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.completions import (
     Completion,
     ModelList,
@@ -63,7 +26,6 @@ from pytest_llmdeterminism.engines.completions import (
     request_body,
     text_only_id,
 )
-from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.secret import Secret
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
@@ -172,6 +134,9 @@ class OpenAIEngine:
     name = "openai"
     hash_definition = HashDefinition.SERVED_TOPK
     runs_rows_alone = True  # one request at a time
+    # a server samples with its own generator, which depends on the batch, the hardware and the version
+    owns_sampling = False
+    supports_audit = False
 
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True,
                  eos: list[int] | None = None) -> None:

@@ -1,19 +1,9 @@
 """vLLM's offline engine in the test process (``vllm:MODEL``, a local folder; needs an NVIDIA GPU).
 
-vLLM hands over no raw logits, only each step's top-k logprobs, so that is what gets recorded:
-the step hash is :data:`~generation.VLLM_HASH_DEFINITION` (over the chosen id and the top-k ids
-and logprobs), and a golden says so; hashes of two definitions are never compared. The logprobs
-are vLLM's ``processed_logprobs``: the scores greedy decoding picked from (after a repetition
-penalty or ``min_new_tokens``), as the transformers backend records them, so every step is checked
-to be the best of its top-k.
-
-Pinned, from vLLM's reproducibility and batch-invariance guidance, and recorded in the fingerprint:
-the engine seed (0) and each request's seed (the test's), eager execution (no CUDA graphs), no
-prefix caching, no chunked prefill, ``max_num_seqs`` (1: prompts run one at a time, so companions
-cannot change them), the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-safetensors weights only, no remote code, no hub access (``HF_HUB_OFFLINE=1``), and
-``VLLM_BATCH_INVARIANT=1`` on GPUs of compute capability 9.0 and above. An environment variable
-the user already set is kept, and recorded as it is.
+vLLM hands over each step's top-k logprobs, not raw logits: they are recorded under
+:data:`~generation.VLLM_HASH_DEFINITION` and each step is checked greedy. The engine's settings
+(seeds, eager execution, no prefix caching, one sequence at a time, batch invariance where the GPU
+has it) are pinned and recorded; the list and its sources: ``docs/design/engines.md``.
 
 Knobs after ``#``: ``tensor_parallel_size`` (1), ``max_num_seqs`` (1), ``gpu_memory_utilization``
 (0.5) and ``max_model_len`` (2048), e.g. ``vllm:models/NAME#max_model_len=4096``.
@@ -33,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
-from pytest_llmdeterminism.engines.hf import checkpoint_eos_ids, load_tokenizer, read_json
+from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer, read_json
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.spec import EngineSpec
 from pytest_llmdeterminism.errors import (
@@ -243,6 +233,9 @@ class VLLMEngine:
 
     name = "vllm"
     hash_definition = HashDefinition.VLLM_TOPK
+    # vLLM samples with its own generator, which depends on the batch, the hardware and the version
+    owns_sampling = False
+    supports_audit = False
 
     def __init__(self, spec: str, path: Path, llm: Any, vllm: Any, tokenizer: Any, knobs: VLLMOptions,
                  flags: Mapping[str, Any]) -> None:

@@ -280,7 +280,7 @@ def _top(top: TopK, decode: Decode) -> str:
 
 
 def _fingerprint_changes(expected: Generation, actual: Generation) -> list[str]:
-    from pytest_llmdeterminism.engines.fingerprint import diff
+    from pytest_llmdeterminism.goldens.fingerprint import diff
 
     changes = diff(expected.fingerprint, actual.fingerprint)
     if not changes:

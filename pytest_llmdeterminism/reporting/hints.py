@@ -36,7 +36,7 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
     record; another thread count (pytest-xdist's share of the cores) is pinned with ``llm_threads``;
     a library upgrade is accepted by re-recording; another machine can be re-recorded to compare
     exactly."""
-    from pytest_llmdeterminism.engines.fingerprint import describe_changes
+    from pytest_llmdeterminism.goldens.fingerprint import describe_changes
 
     line = (f"compared across environments: {describe_changes(list(changes))}; "
             f"tolerance {tolerance} {'as set' if explicit else 'by default'}")

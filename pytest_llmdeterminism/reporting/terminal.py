@@ -94,7 +94,7 @@ def planted_defect_summary(checks: Sequence[CheckRecord], *, ignored: Sequence[s
 
 def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     """One table per audited generation, then which sources moved results, across the session."""
-    from pytest_llmdeterminism.engines.audit import AuditReport
+    from pytest_llmdeterminism.reporting.audit import AuditReport
 
     if not audits:
         return []

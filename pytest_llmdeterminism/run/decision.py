@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
-from pytest_llmdeterminism.engines.fingerprint import numerics_changes
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
 from pytest_llmdeterminism.reporting import hints
 from pytest_llmdeterminism.tolerance import Profile, default_profile
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
-from pytest_llmdeterminism.engines.fingerprint import diff
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
+from pytest_llmdeterminism.goldens.fingerprint import diff
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.run.decision import Decision, decide, judge

@@ -34,7 +34,7 @@ from pytest_llmdeterminism.shape import MARKER
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.markers import ItemSettings
 
@@ -79,8 +79,8 @@ class LLMSession:
     def llm_model(self, item: pytest.Item) -> LLMModel:
         """The ``llm_model`` fixture's object for ``item``: the loaded model under its settings."""
         __tracebackhide__ = True
-        from pytest_llmdeterminism.engines.audit import after_generate_hook
-        from pytest_llmdeterminism.engines.model import LLMModel
+        from pytest_llmdeterminism.model.audit import after_generate_hook
+        from pytest_llmdeterminism.model.llm_model import LLMModel
 
         resolved = self.settings(item)
         outcomes = self.outcomes(item)

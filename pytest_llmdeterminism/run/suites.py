@@ -33,8 +33,8 @@ from pytest_llmdeterminism.tolerance import parse_profile
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr  # the type pytest.Item.repr_failure returns; not exported
 
-    from pytest_llmdeterminism.engines.model import LLMModel
     from pytest_llmdeterminism.generation import Generation
+    from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
 SUFFIX = ".llm.jsonl"

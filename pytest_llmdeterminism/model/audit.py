@@ -25,40 +25,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
-from pytest_llmdeterminism.engines.inputs import fits, is_token_ids
+from pytest_llmdeterminism.engines.loaded import AuditedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.sampling import MAX_SEED, settings_text
+from pytest_llmdeterminism.model.inputs import fits, is_token_ids
+from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow
+from pytest_llmdeterminism.sampling import MAX_SEED
 from pytest_llmdeterminism.shape import BatchShape
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.capture import Chunk, Logits
     from pytest_llmdeterminism.engines.loaded import LoadedModel
-    from pytest_llmdeterminism.engines.model import LLMModel
+    from pytest_llmdeterminism.model.llm_model import LLMModel
 
 DEFAULT_REPEATS = 5
 COMPANIONS = ("Hello there, how are you today?", "def add(a, b):", "1 2 3", "The weather today is",
               "Once upon a time, in a land far away,", "Q:")
-EXPLANATIONS = {
-    "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
-              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in "
-              "eval()",
-    "batch": "other prompts in the batch changed the numerics: run every generation at one fixed shape",
-    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's "
-                  "identity)",
-    "padding": "padded length changes numerics: keep L in llm_batch_shape fixed",
-    "cache": "KV cache on/off takes another numeric path: keep use_cache pinned",
-    "threads": "thread count changes CPU reduction order: pin torch.set_num_threads / OMP_NUM_THREADS",
-    "dtype": "dtype changes rounding: keep llm_dtype fixed and record one golden variant per dtype",
-    "seed": "another seed draws another sample: keep seed= (or @deterministic(seed=...)) fixed; it is "
-            "part of a sampled golden's identity",
-}
 
 
 class NondeterminismError(LLMDeterminismError, AssertionError):
@@ -67,72 +54,6 @@ class NondeterminismError(LLMDeterminismError, AssertionError):
     def __init__(self, audit: AuditReport) -> None:
         self.audit = audit
         super().__init__("NONDETERMINISTIC: " + "\n".join(audit.lines()))
-
-
-@dataclass(frozen=True)
-class AuditRow:
-    source: str
-    change: str  # what was varied, e.g. "4 -> 1"
-    tokens_changed: bool
-    first_step: int | None  # first step whose token differs
-    max_logit_delta: float  # max |Δlogit| over the steps before the tokens part ways
-    ran: bool = True  # False when the change does not apply (e.g. no companions at B=1)
-    # sampled generations: the draw margin of this audit's own result at ``first_step`` (how near a
-    # tie the draw was where the tokens parted); None for greedy ones or unchanged tokens
-    draw_margin: float | None = None
-
-    @property
-    def moved(self) -> bool:
-        return self.ran and (self.tokens_changed or self.max_logit_delta > 0)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class AuditReport:
-    """What :func:`audit` found for one prompt: a row per source of change, and how many distinct
-    results ``repeats`` identical calls gave (more than one is nondeterministic)."""
-
-    prompt: str
-    batch_shape: str
-    rows: tuple[AuditRow, ...]
-    unique: int
-    repeats: int
-    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)  # a sampled one's settings
-
-    @property
-    def nondeterministic(self) -> bool:
-        return self.unique > 1
-
-    def lines(self) -> list[str]:
-        drawn = f", {settings_text(self.sampling)}" if self.sampling else ""
-        head = f"audit of {self.prompt!r} at {self.batch_shape}{drawn}:"
-        table = [f"  {'source':<12}{'change':<26}{'tokens':<16}{'max |Δlogit|':<14}what it means"]
-        for row in self.rows:
-            if not row.ran:
-                tokens, delta, meaning = "-", "-", "not run: " + row.change
-                change = ""
-            else:
-                tokens = f"changed at {row.first_step}" if row.tokens_changed else "same"
-                delta = f"{row.max_logit_delta:.2g}" if row.max_logit_delta else "0"
-                meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
-                if row.draw_margin is not None and row.source != "seed":
-                    meaning += (f" (the draw at step {row.first_step} was {row.draw_margin:.2g} "
-                                "from its runner-up)")
-                change = row.change
-            table.append(f"  {row.source:<12}{change:<26}{tokens:<16}{delta:<14}{meaning}")
-        return [head, *table]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "batch_shape": self.batch_shape, "unique": self.unique,
-                "repeats": self.repeats, "rows": [row.to_json() for row in self.rows],
-                "sampling": self.sampling}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AuditReport:
-        return cls(data["prompt"], data["batch_shape"], tuple(AuditRow(**r) for r in data["rows"]),
-                   data["unique"], data["repeats"], data.get("sampling", {}))
 
 
 def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], *,
@@ -152,7 +73,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
 
     def run(view: _KeptLogits, batch: Sequence[list[int]], row: int,
-            **extra: Any) -> tuple[Generation, list[Any]]:
+            **extra: Any) -> tuple[Generation, list[Logits]]:
         return view.run(batch, row, **{**overrides, **extra})
 
     prompt = ids  # every run below feeds exactly these ids
@@ -203,16 +124,16 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     return AuditReport(text, str(shape), tuple(rows), unique, len(runs), sampling)
 
 
-def _row(source: str, change: str, base: tuple[Generation, list[Any]],
-         other: tuple[Generation, list[Any]]) -> AuditRow:
+def _row(source: str, change: str, base: tuple[Generation, list[Logits]],
+         other: tuple[Generation, list[Logits]]) -> AuditRow:
     changed, first, delta = _difference(base, other)
     margins = base[0].draw_margins
     margin = margins[first] if first is not None and first < len(margins) else None
     return AuditRow(source, change, changed, first, delta, draw_margin=margin)
 
 
-def _difference(a: tuple[Generation, list[Any]],
-                b: tuple[Generation, list[Any]]) -> tuple[bool, int | None, float]:
+def _difference(a: tuple[Generation, list[Logits]],
+                b: tuple[Generation, list[Logits]]) -> tuple[bool, int | None, float]:
     import numpy as np
 
     (gen_a, logits_a), (gen_b, logits_b) = a, b
@@ -229,14 +150,14 @@ class _KeptLogits:
     each step's raw logits, per prompt of the last call."""
 
     def __init__(self, llm_model: LLMModel, *, loaded: LoadedModel | None = None, **changes: Any) -> None:
-        self._logits: list[Any] = []
+        self._logits: list[list[Logits]] = []
         settings = dataclasses.replace(llm_model.settings, **changes)
         self._view = llm_model.view(loaded=loaded, settings=settings, on_chunk=self._keep)
 
     def _keep(self, out: Chunk, records: list[Generation]) -> None:
         self._logits += [out.logits[row][: len(record.token_ids)] for row, record in enumerate(records)]
 
-    def run(self, batch: Sequence[list[int]], row: int, **overrides: Any) -> tuple[Generation, list[Any]]:
+    def run(self, batch: Sequence[list[int]], row: int, **overrides: Any) -> tuple[Generation, list[Logits]]:
         """Row ``row`` of a call on ``batch`` (token ids), and its steps' raw logits."""
         self._logits = []
         results = self._view.generate(token_ids=list(batch), **overrides)
@@ -244,23 +165,14 @@ class _KeptLogits:
 
 
 def _in_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
-    """The same weights cast to ``dtype``: a copy, made once per loaded model."""
-    import copy
-
-    import torch
-
-    from pytest_llmdeterminism.engines.hf import HFEngine
-
-    key = f"dtype-copy:{dtype}"
-    if key not in loaded.cache:
+    """The same weights cast to ``dtype``: a copy the engine makes, once per loaded model."""
+    if dtype not in loaded.in_dtypes:
         engine = loaded.engine
-        assert isinstance(engine, HFEngine)  # the audit runs on transformers only: generate() refuses others
-        model = copy.deepcopy(engine.model).to(getattr(torch, dtype))
-        copied_engine = HFEngine(model, engine.tokenizer, engine.device, kernels=engine.kernels)
-        loaded.cache[key] = dataclasses.replace(loaded, model=model, dtype=dtype, cache={},
-                                                engine=copied_engine)
-    copied: LoadedModel = loaded.cache[key]
-    return copied
+        # the audit runs only where the engine supports it: generate() refuses the others
+        assert isinstance(engine, AuditedEngine) and engine.supports_audit
+        copied = engine.in_dtype(dtype)
+        loaded.in_dtypes[dtype] = loaded.fresh(model=copied.model, dtype=dtype, engine=copied)
+    return loaded.in_dtypes[dtype]
 
 
 def _fitting(llm_model: LLMModel, prompts: Sequence[str], shape: BatchShape) -> list[list[int]]:

@@ -13,13 +13,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from pytest_llmdeterminism.engines import inputs
 from pytest_llmdeterminism.engines.capture import Chunk
-from pytest_llmdeterminism.engines.fingerprint import fingerprint
-from pytest_llmdeterminism.engines.inputs import Conversation
-from pytest_llmdeterminism.engines.probe import verify_batch_invariance
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Generation, GreedyConfig, PromptForm, resolve_generation_config
+from pytest_llmdeterminism.model import inputs
+from pytest_llmdeterminism.model.fingerprint import fingerprint
+from pytest_llmdeterminism.model.inputs import Conversation
+from pytest_llmdeterminism.model.probe import verify_batch_invariance
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class LLMModel:
         )
         if config.sampling is not None:
             self._refuse_sampling_where_not_owned(config, len(given))
-        if self._after_generate is not None and self._loaded.engine.name != "transformers":
+        if self._after_generate is not None and not self._loaded.engine.supports_audit:
             raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
                                      f"and dtype of the transformers backend; {self._loaded.spec} runs on "
                                      f"{self._loaded.engine.name}. Audit the same model without the engine "
@@ -161,12 +161,12 @@ class LLMModel:
         """``do_sample=True`` runs the plugin's own sampler over the full logits: the transformers and
         llama.cpp engines in process; one seed or one per prompt."""
         __tracebackhide__ = True
-        engine = self._loaded.engine.name
-        if engine not in ("transformers", "llamacpp"):
+        engine = self._loaded.engine
+        if not engine.owns_sampling:
             raise ConfigurationError("llm_model.generate(do_sample=True)", True,
-                                     f"sampling is not available on the {engine} engine: the plugin cannot "
-                                     "own the draw of a server or vLLM, whose sampling is seeded by their "
-                                     "own generator, which depends on the batch, the hardware and the "
+                                     f"sampling is not available on the {engine.name} engine: the plugin "
+                                     "cannot own the draw of a server or vLLM, whose sampling is seeded by "
+                                     "their own generator, which depends on the batch, the hardware and the "
                                      "version. "
                                      "Test sampled generation on the transformers backend (llm_model = the "
                                      "model's folder or .gguf file, without an engine prefix) or in process "

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
-from pytest_llmdeterminism.engines.fingerprint import fingerprint
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
 from pytest_llmdeterminism.generation import Generation, GreedyConfig, resolve_generation_config
+from pytest_llmdeterminism.model.fingerprint import fingerprint
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def verify_batch_invariance(loaded: LoadedModel, settings: GenerationSettings, p
     import torch
 
     key = f"{settings.batch_shape}@{torch.get_num_threads()}"  # natively, threads decide it too
-    probed = loaded.cache.setdefault("batch_invariance", {})
+    probed = loaded.probed
     outcome = probed.get(key) or _probe(loaded, settings, prompt, ids, run_chunk, other)
     if not (isinstance(outcome, BatchInvarianceProbeError) and outcome.nondeterministic):
         probed[key] = outcome  # randomness may come from this test alone (a hook): probe again next time

@@ -1,0 +1,93 @@
+"""The audit's report (``model/audit.py`` measures it): a row per source of change, as data (JSON for
+the run's records) and as the table a failure and the run's summary show."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_llmdeterminism.sampling import settings_text
+
+__all__ = ["EXPLANATIONS", "AuditReport", "AuditRow"]
+
+EXPLANATIONS = {
+    "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
+              "randomness (dropout, sampling); keep torch.use_deterministic_algorithms on and the model in "
+              "eval()",
+    "batch": "other prompts in the batch changed the numerics: run every generation at one fixed shape",
+    "batch_size": "batch size changes numerics: keep llm_batch_shape fixed (B is part of a golden's "
+                  "identity)",
+    "padding": "padded length changes numerics: keep L in llm_batch_shape fixed",
+    "cache": "KV cache on/off takes another numeric path: keep use_cache pinned",
+    "threads": "thread count changes CPU reduction order: pin torch.set_num_threads / OMP_NUM_THREADS",
+    "dtype": "dtype changes rounding: keep llm_dtype fixed and record one golden variant per dtype",
+    "seed": "another seed draws another sample: keep seed= (or @deterministic(seed=...)) fixed; it is "
+            "part of a sampled golden's identity",
+}
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    source: str
+    change: str  # what was varied, e.g. "4 -> 1"
+    tokens_changed: bool
+    first_step: int | None  # first step whose token differs
+    max_logit_delta: float  # max |Δlogit| over the steps before the tokens part ways
+    ran: bool = True  # False when the change does not apply (e.g. no companions at B=1)
+    # sampled generations: the draw margin of this audit's own result at ``first_step`` (how near a
+    # tie the draw was where the tokens parted); None for greedy ones or unchanged tokens
+    draw_margin: float | None = None
+
+    @property
+    def moved(self) -> bool:
+        return self.ran and (self.tokens_changed or self.max_logit_delta > 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What :func:`audit` found for one prompt: a row per source of change, and how many distinct
+    results ``repeats`` identical calls gave (more than one is nondeterministic)."""
+
+    prompt: str
+    batch_shape: str
+    rows: tuple[AuditRow, ...]
+    unique: int
+    repeats: int
+    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)  # a sampled one's settings
+
+    @property
+    def nondeterministic(self) -> bool:
+        return self.unique > 1
+
+    def lines(self) -> list[str]:
+        drawn = f", {settings_text(self.sampling)}" if self.sampling else ""
+        head = f"audit of {self.prompt!r} at {self.batch_shape}{drawn}:"
+        table = [f"  {'source':<12}{'change':<26}{'tokens':<16}{'max |Δlogit|':<14}what it means"]
+        for row in self.rows:
+            if not row.ran:
+                tokens, delta, meaning = "-", "-", "not run: " + row.change
+                change = ""
+            else:
+                tokens = f"changed at {row.first_step}" if row.tokens_changed else "same"
+                delta = f"{row.max_logit_delta:.2g}" if row.max_logit_delta else "0"
+                meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
+                if row.draw_margin is not None and row.source != "seed":
+                    meaning += (f" (the draw at step {row.first_step} was {row.draw_margin:.2g} "
+                                "from its runner-up)")
+                change = row.change
+            table.append(f"  {row.source:<12}{change:<26}{tokens:<16}{delta:<14}{meaning}")
+        return [head, *table]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "batch_shape": self.batch_shape, "unique": self.unique,
+                "repeats": self.repeats, "rows": [row.to_json() for row in self.rows],
+                "sampling": self.sampling}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AuditReport:
+        return cls(data["prompt"], data["batch_shape"], tuple(AuditRow(**r) for r in data["rows"]),
+                   data["unique"], data["repeats"], data.get("sampling", {}))
