@@ -195,7 +195,8 @@ def _identical_under_every_shape(loaded: LoadedModel, shapes: tuple[str, ...], t
 def kernels(loaded: LoadedModel, chosen: Policy) -> Iterator[None]:
     before = loaded.engine.kernels
     # the fingerprint names the kernels: computed again
-    loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = dataclasses.replace(before, policy=chosen), None, {}
+    chosen_kernels = dataclasses.replace(before, policy=chosen)
+    loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = chosen_kernels, None, {}
     try:
         yield
     finally:
