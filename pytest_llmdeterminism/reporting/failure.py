@@ -1,6 +1,7 @@
 """The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
-confident), nondeterministic across attempts, and ``assert a == b`` on two generations. Built from
-data; nothing here prints or raises."""
+confident), nondeterministic across attempts (:func:`message` picks the one a
+:class:`~pytest_llmdeterminism.reporting.records.Decision` needs), and ``assert a == b`` on two
+generations. Built from data; nothing here prints or raises."""
 
 from __future__ import annotations
 
@@ -9,16 +10,36 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
-from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
+from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
 from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.reporting.records import Outcome
+    from pytest_llmdeterminism.reporting.records import Decision, Outcome
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
+
+
+def message(decision: Decision, key: str, *, location: str, nodeid: str, attempt: int,
+            tokenizer: Any = None) -> str:
+    """The failure text of a check that ``decision`` failed: golden ``key`` at ``location``, this
+    test's ``attempt``; ``nodeid``: the test id and the run's options, shell-quoted; ``tokenizer``
+    decodes top-k ids that neither side generated."""
+    comparison, expected, actual = decision.comparison, decision.expected, decision.actual
+    if expected is None:
+        return missing(key, location, nodeid, decision.others)
+    decode = decoder_for(expected, actual, tokenizer)
+    if decision.earlier is not None and decision.between is not None:
+        return nondeterministic(key, location, nodeid, decision.between, expected, actual, decode,
+                                attempts=(decision.earlier.number, attempt),
+                                earlier_outcome=decision.earlier.outcome)
+    assert decision.profile is not None  # a check judged against a golden
+    note = across(decision)
+    wider = wider_tolerance(comparison, dtype=decision.dtype) if decision.environment else ""
+    return mismatch(key, location, nodeid, comparison, expected, actual, decode, profile=decision.profile,
+                    dtype=decision.dtype, across=f"{note}; {wider}" if wider else note)
 
 
 def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
@@ -92,12 +113,6 @@ def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, 
     lines.append(f"  golden: {location}")
     lines.append(f"Find what varies with: pytest {nodeid} --llm-audit")
     return "\n".join(lines)
-
-
-def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:
-    """The summary's line for a golden check whose output changed between attempts of its test."""
-    return (f"NONDETERMINISTIC: {nodeid} generated other output for {key!r} on attempt {attempts[1]} than on "
-            f"attempt {attempts[0]} (rerun in the same process); it fails, whatever a rerun gives")
 
 
 def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
