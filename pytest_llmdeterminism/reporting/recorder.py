@@ -19,6 +19,8 @@ from pytest_llmdeterminism.reporting.records import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pytest_llmdeterminism.generation import Generation
 
 
@@ -62,6 +64,12 @@ class TestOutcomes:
         """What earlier attempts of this test generated for ``key``, oldest first; [] on a first attempt."""
         return list(self._earlier.get(key, ()))
 
+    def look_up(self, path: Path, key: str) -> list[Attempt]:
+        """A check looks up golden ``key`` of ``path`` (kept for the unused-goldens rule): what earlier
+        attempts of this test generated for it (:meth:`earlier`)."""
+        self.used(path, key)
+        return self.earlier(key)
+
     def record(self, path: Path, key: str, generation: Generation, *, written: Written,
                overwrote: Verdict | None = None) -> None:
         """A golden to write at the end of the run; ``overwrote``: the verdict of the one it replaces."""
@@ -83,19 +91,21 @@ class TestOutcomes:
     def used(self, path: Path, key: str) -> None:
         self.data.used.append((str(path), key))
 
-    def decided(self, path: Path, key: str, decision: Decision) -> None:
+    def decided(self, path: Path, key: str, decision: Decision, *, notes: Sequence[str] = ()) -> None:
         """Record one check's decision: the golden an update writes instead, or the check's record
-        and, where it leaves one, the candidate for ``--llm-golden-artifacts``."""
+        and, where it leaves one, the candidate for ``--llm-golden-artifacts``; and its ``notes``
+        for the run's summary. A failing check's failure follows with :meth:`fail`."""
         if decision.write is not None:
             overwrote = decision.comparison.verdict if decision.write is Written.UPDATED else None
             self.record(path, key, decision.actual, written=decision.write, overwrote=overwrote)
-            return
-        outcome = Outcome(decision.comparison.verdict, passed=decision.passed)
-        self.data.outcomes.append(outcome)
-        self._outputs[key] = Attempt(self.attempt, decision.actual, outcome)
-        self.data.checks.append(CheckRecord.of(decision, name=key))
-        if decision.candidate:
-            self.candidate(path, key, decision.actual)
+        else:
+            outcome = Outcome(decision.comparison.verdict, passed=decision.passed)
+            self.data.outcomes.append(outcome)
+            self._outputs[key] = Attempt(self.attempt, decision.actual, outcome)
+            self.data.checks.append(CheckRecord.of(decision, name=key))
+            if decision.candidate:
+                self.candidate(path, key, decision.actual)
+        self.data.notes.extend(notes)
 
     def fail(self, error: GoldenMismatchError, site: Site | None, *, accept: str) -> None:
         """A failing check: kept for the end of the test's body, or raised now outside it.

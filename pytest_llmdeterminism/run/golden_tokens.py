@@ -84,7 +84,7 @@ class GoldenTokens:
 
     def _decide(self, key: str, generation: Generation) -> Decision:
         """Look up what the decision needs (the key's goldens, the earlier attempts' outputs); decide."""
-        self._outcomes.used(self._path, key)
+        earlier = self._outcomes.look_up(self._path, key)
         variants = self._files.read(self._path).get(key, {})
         variant = generation.variant
         update = self._options.update
@@ -94,20 +94,22 @@ class GoldenTokens:
         explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
         return decide(generation, golden=None if stored is None else schema.from_entry(stored),
-                      variant=variant, explicit=explicit, update=update,
-                      earlier=self._outcomes.earlier(key), others=sorted(variants))
+                      variant=variant, explicit=explicit, update=update, earlier=earlier,
+                      others=sorted(variants))
 
     def _apply(self, decision: Decision, key: str, site: Site | None) -> Comparison | None:
-        """Record ``decision``, add its notes to the run's summary, and fail the test where it failed."""
+        """Record ``decision`` with its notes for the run's summary, then report a failing one: its
+        failure fails the test (at the end of its body)."""
         __tracebackhide__ = True
-        self._outcomes.decided(self._path, key, decision)
-        for line in hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt,
-                                accept=self.accept_command):
-            self._outcomes.note(line)
-        if decision.write is Written.RECORDED:
-            return None
-        if not decision.fails:
-            return decision.comparison
+        notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt,
+                            accept=self.accept_command)
+        self._outcomes.decided(self._path, key, decision, notes=notes)
+        if decision.fails:
+            self._outcomes.fail(self._failure(decision, key), site, accept=self.accept_command)
+        return None if decision.write is Written.RECORDED else decision.comparison
+
+    def _failure(self, decision: Decision, key: str) -> GoldenMismatchError:
+        """The error a failing check raises, with the text ``reporting`` words for it."""
         location = f"{self._files.display(self._path)} [{key!r}][{decision.variant!r}]"
         # Only a failure that shows tokens needs the tokenizer (top-k ids neither side generated).
         tokenizer = None if decision.expected is None else self._models.get(self._nodeid).tokenizer
@@ -115,9 +117,7 @@ class GoldenTokens:
                                   attempt=self._outcomes.attempt, tokenizer=tokenizer)
         sides: dict[str, Any] = {} if decision.expected is None else {
             "expected": decision.expected, "actual": decision.actual}
-        error = GoldenMismatchError(message, decision.comparison, key=key, path=self._path, **sides)
-        self._outcomes.fail(error, site, accept=self.accept_command)
-        return decision.comparison
+        return GoldenMismatchError(message, decision.comparison, key=key, path=self._path, **sides)
 
     def _key(self, name: str | None) -> str:
         __tracebackhide__ = True
