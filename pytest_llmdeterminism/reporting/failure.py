@@ -16,7 +16,7 @@ from pytest_llmdeterminism.sampling import default_change_note, settings_text
 from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.reporting.records import Decision, Outcome
+    from pytest_llmdeterminism.reporting.records import Change, Decision, Outcome
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -39,7 +39,8 @@ def message(decision: Decision, key: str, *, location: str, nodeid: str, attempt
     note = across(decision)
     wider = wider_tolerance(comparison, dtype=decision.dtype) if decision.environment else ""
     return mismatch(key, location, nodeid, comparison, expected, actual, decode, profile=decision.profile,
-                    dtype=decision.dtype, across=f"{note}; {wider}" if wider else note)
+                    dtype=decision.dtype, across=f"{note}; {wider}" if wider else note,
+                    changed=decision.changed)
 
 
 def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
@@ -53,10 +54,11 @@ def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] 
 
 def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
              expected: Generation, actual: Generation, decode: Decode, *, profile: Profile | str,
-             dtype: str = "float32", across: str = "") -> str:
+             dtype: str = "float32", across: str = "", changed: Sequence[Change] | None = None) -> str:
     """A failure message of bounded length: verdict, where and how confident, what changed, the fix.
     ``profile``: the tolerance that failed it (with ``dtype``, the thresholds it applied, so the
-    headline names the condition that failed), or its description alone."""
+    headline names the condition that failed), or its description alone; ``changed``: the
+    fingerprint fields that differ, where the caller knows them."""
     failed = _failed_condition(comparison, profile, dtype) if isinstance(profile, Profile) else ""
     shown = profile.describe(dtype) if isinstance(profile, Profile) else profile
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode, failed)} — fails under {shown!r}"]
@@ -85,7 +87,7 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     budget = budget_note(comparison)
     if budget:
         lines.append(f"  {budget}")
-    lines += _fingerprint_changes(expected, actual)
+    lines += _fingerprint_changes(expected, actual, changed)
     lines.append(f"  golden: {location}")
     if nodeid is not None:
         lines.append(f"Accept with: {accept_command(nodeid)}")
@@ -294,10 +296,12 @@ def _top(top: TopK, decode: Decode) -> str:
     return ", ".join(f"{decode(t)!r} {lp:.3f}" for t, lp in top) or "(none: output had ended)"
 
 
-def _fingerprint_changes(expected: Generation, actual: Generation) -> list[str]:
-    from pytest_llmdeterminism.engines.fingerprint import diff
+def _fingerprint_changes(expected: Generation, actual: Generation,
+                         changes: Sequence[Change] | None = None) -> list[str]:
+    if changes is None:
+        from pytest_llmdeterminism.engines.fingerprint import diff
 
-    changes = diff(expected.fingerprint, actual.fingerprint)
+        changes = diff(expected.fingerprint, actual.fingerprint)
     if not changes:
         return ["  environment: the same on both sides"]
     return ["  environment changed (expected -> got):"] + [
