@@ -46,6 +46,7 @@ class GoldenTokens:
         self._nodeid = nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = files.path_for(test_path)
+        self._shown_path = files.display(self._path)  # as a failure names it
         self._models = models
         self._tolerance = tolerance
         self._used: set[str] = set()
@@ -101,16 +102,16 @@ class GoldenTokens:
         """Record ``decision`` with its notes for the run's summary, then report a failing one: its
         failure fails the test (at the end of its body)."""
         __tracebackhide__ = True
-        notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt,
-                            accept=self.accept_command)
+        accept = self.accept_command
+        notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt, accept=accept)
         self._outcomes.decided(self._path, key, decision, notes=notes)
         if decision.fails:
-            self._outcomes.fail(self._failure(decision, key), site, accept=self.accept_command)
+            self._outcomes.fail(self._failure(decision, key), site, accept=accept)
         return None if decision.write is Written.RECORDED else decision.comparison
 
     def _failure(self, decision: Decision, key: str) -> GoldenMismatchError:
         """The error a failing check raises, with the text ``reporting`` words for it."""
-        location = f"{self._files.display(self._path)} [{key!r}][{decision.variant!r}]"
+        location = f"{self._shown_path} [{key!r}][{decision.variant!r}]"
         # Only a failure that shows tokens needs the tokenizer (top-k ids neither side generated).
         tokenizer = None if decision.expected is None else self._models.get(self._nodeid).tokenizer
         message = failure.message(decision, key, location=location, nodeid=self._target,
