@@ -1,5 +1,6 @@
-"""The ``golden_tokens`` fixture object. ``check()`` is the one check engine for missing / record /
-compare / fail, in one direction: look up (the golden, the earlier attempts' outputs), decide
+"""The ``golden_tokens`` fixture object: one check engine for missing / record / compare / fail.
+
+``check()`` runs in one direction: look up (the golden, the earlier attempts' outputs), decide
 (:func:`~pytest_llmdeterminism.run.decision.decide`, pure), record (the test's recorder), report
 (``reporting`` words the decision; a failing check fails the test). ``assert_tokens_match`` is the
 same judgement for two generations in memory.
