@@ -70,6 +70,8 @@ def test_an_update_rerecords_failures_and_passing_flips_and_nothing_else(run):
 def test_a_check_against_another_variant_leaves_a_candidate_even_when_it_passes(run):
     other = decided(run, run, variant="cpu/bfloat16")
     assert other.passed and other.candidate
+    assert hints.notes(other, "k", nodeid="t.py::t", attempt=1, accept="a") == [
+        f"'k': no {run.variant!r} golden; compared with 'cpu/bfloat16' (--llm-golden-fallback)"]
     assert decided(_flipped(run, 5.0), run).comparison.verdict is Verdict.REGRESSION
 
 
