@@ -93,11 +93,11 @@ class GoldenTokens:
         if variant not in variants and not update and self._options.golden_fallback:
             variant = fallback_variant(variant, variants) or variant
         stored = variants.get(variant)
+        golden = None if stored is None else schema.from_entry(stored)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
-        return decide(generation, golden=None if stored is None else schema.from_entry(stored),
-                      variant=variant, explicit=explicit, update=update, earlier=earlier,
-                      others=sorted(variants))
+        return decide(generation, golden=golden, variant=variant, explicit=explicit, update=update,
+                      earlier=earlier, others=sorted(variants))
 
     def _apply(self, decision: Decision, key: str, site: Site | None) -> Comparison | None:
         """Record ``decision`` with its notes for the run's summary, then report a failing one: its
