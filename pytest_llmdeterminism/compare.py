@@ -20,7 +20,7 @@ DEFAULT_TIE_MARGIN = {"float32": 0.05, "float16": 0.25, "bfloat16": 0.5}
 class Verdict(enum.Enum):
     """What one golden check found; the tolerance profile decides whether it passes."""
 
-    MISSING = "MISSING"  # no golden to compare with: the check (run.golden_tokens) says so, not compare()
+    MISSING = "MISSING"  # no golden to compare with: decided by run.decision.decide, not compare()
     INPUT_CHANGED = "INPUT_CHANGED"
     IDENTICAL = "IDENTICAL"
     LOGIT_DRIFT = "LOGIT_DRIFT"
@@ -31,7 +31,7 @@ class Verdict(enum.Enum):
     SAMPLE_FLIP = "SAMPLE_FLIP"
     REGRESSION = "REGRESSION"
     # Not from compare() either: a rerun of a test (pytest-rerunfailures) in the same process whose
-    # output for a key differs from an earlier attempt's (run.golden_tokens), so a rerun never passes.
+    # output for a key differs from an earlier attempt's (run.decision.decide), so a rerun never passes.
     NONDETERMINISTIC = "NONDETERMINISTIC"
 
 

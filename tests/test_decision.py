@@ -1,5 +1,6 @@
 """The pure decision of one golden check (run/decision.py): verdict, profile, pass, re-record,
-candidate and notes, from the golden, the generation and the run's settings alone."""
+candidate, as data, from the generation, what ``check()`` looked up and the run's settings alone;
+and the words ``reporting`` gives it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import dataclasses
 import pytest
 
 from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.reporting import failure, hints
+from pytest_llmdeterminism.reporting.records import Attempt, CheckRecord, Outcome, Written
 from pytest_llmdeterminism.run.decision import decide
 from pytest_llmdeterminism.tolerance import Profile, ProfileName
 
@@ -20,10 +23,9 @@ def run(tiny):
     return LLMModel(tiny, GenerationSettings(BatchShape(4, 32), 6, 0)).generate("Once upon a time")
 
 
-def decided(expected, actual, *, explicit=None, update=None, variant=None):
-    return decide(expected, actual, explicit=explicit, update=update,
-                  compared_variant=variant or actual.variant,
-                  accept_command="pytest t.py --llm-golden-update")
+def decided(expected, actual, *, explicit=None, update=None, variant=None, earlier=()):
+    return decide(actual, golden=expected, variant=variant or actual.variant, explicit=explicit,
+                  update=update, earlier=earlier)
 
 
 def _drifted(run):
@@ -42,7 +44,7 @@ def test_the_same_environment_is_judged_exactly_and_passes_only_identical(run):
     same = decided(run, run)
     assert same.comparison.verdict is Verdict.IDENTICAL and same.passed
     assert same.profile.name is ProfileName.EXACT
-    assert not (same.rerecord or same.candidate or same.across or same.environment)
+    assert not (same.rerecord or same.candidate or hints.across(same) or same.environment)
     drift = decided(_drifted(run), run)
     assert drift.comparison.verdict is Verdict.LOGIT_DRIFT and not drift.passed and drift.candidate
 
@@ -52,7 +54,7 @@ def test_another_environment_gets_the_near_tie_default_and_a_note_naming_what_ch
     across = decided(older, run)
     assert across.profile.name is ProfileName.NEAR_TIE and across.passed
     assert [name for name, _, _ in across.environment] == ["torch"]
-    assert across.across.startswith("compared across environments: torch '2.12.0+cpu' →")
+    assert hints.across(across).startswith("compared across environments: torch '2.12.0+cpu' →")
     assert not decided(older, run, explicit=Profile(ProfileName.EXACT)).passed  # a set profile wins
 
 
@@ -68,4 +70,39 @@ def test_an_update_rerecords_failures_and_passing_flips_and_nothing_else(run):
 def test_a_check_against_another_variant_leaves_a_candidate_even_when_it_passes(run):
     other = decided(run, run, variant="cpu/bfloat16")
     assert other.passed and other.candidate
+    assert hints.notes(other, "k", nodeid="t.py::t", attempt=1, accept="a") == [
+        f"'k': no {run.variant!r} golden; compared with 'cpu/bfloat16' (--llm-golden-fallback)"]
     assert decided(_flipped(run, 5.0), run).comparison.verdict is Verdict.REGRESSION
+
+
+def test_a_missing_golden_is_decided_as_data_a_candidate_or_under_update_a_recording(run):
+    missing = decided(None, run)
+    assert missing.comparison.verdict is Verdict.MISSING and not missing.passed and missing.fails
+    assert missing.candidate and missing.expected is None and missing.write is None
+    assert missing.profile is None
+    assert decided(None, run, update="new").write is Written.RECORDED
+    recorded = decided(None, run, update="all")
+    assert recorded.write is Written.RECORDED and not recorded.fails and not recorded.candidate
+    with_others = decide(run, golden=None, variant=run.variant, explicit=None, update=None,
+                         others=["cuda/bfloat16"])
+    assert with_others.others == ("cuda/bfloat16",)
+    text = failure.message(with_others, "k", location="g.json", nodeid="t.py::t", attempt=1)
+    assert text.startswith("no golden recorded for 'k' in g.json (this test has goldens for 'cuda/bfloat16'")
+    record = CheckRecord.of(missing, name="k")
+    assert (record.verdict, record.passed, record.expected_text, record.profile) == \
+        ("MISSING", False, None, "")
+
+
+def test_an_attempt_that_contradicts_an_earlier_one_is_nondeterministic_whatever_the_golden_says(run):
+    earlier = Attempt(1, _drifted(run), Outcome(Verdict.IDENTICAL, passed=True))
+    for golden, update in ((run, None), (None, None), (run, "all"), (None, "all")):
+        decision = decided(golden, run, update=update, earlier=[earlier])
+        assert decision.comparison.verdict is Verdict.NONDETERMINISTIC and decision.fails
+        assert decision.between.verdict is Verdict.LOGIT_DRIFT  # how the two attempts differ
+        assert decision.earlier is earlier and decision.expected is earlier.output
+        assert not decision.candidate and decision.write is None and decision.profile is None
+    same = Attempt(1, run, Outcome(Verdict.IDENTICAL, passed=True))
+    # the same output as before: judged against the golden as on a first attempt
+    assert decided(run, run, earlier=[same]).comparison.verdict is Verdict.IDENTICAL
+    notes = hints.notes(decided(run, run, earlier=[earlier]), "k", nodeid="t.py::t", attempt=2, accept="a")
+    assert notes == [hints.rerun_note("k", "t.py::t", (1, 2))]

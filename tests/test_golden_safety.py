@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import re
 import stat
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, codec, schema, store
 from pytest_llmdeterminism.reporting import documents
+from pytest_llmdeterminism.reporting.records import Decision
 from pytest_llmdeterminism.run.session import TestOutcomes
 
 from .strategies_for_tests import generations, sample_generation
@@ -206,8 +208,7 @@ def _survives(tmp_path, data: bytes) -> None:
             generation = schema.from_entry(entry)
             comparison = compare(generation, generation)
             outcomes = TestOutcomes()
-            outcomes.checked("k", "cpu/float32", comparison, passed=True, expected=generation,
-                             actual=generation)
+            outcomes.decided(path, "k", Decision(comparison, True, generation, generation, "cpu/float32"))
             document = documents.run_report([msgspec.structs.replace(check, test="test_fuzz.py::t")
                                           for check in outcomes.data.checks], [])
             json.dumps(document, allow_nan=False)
@@ -379,8 +380,8 @@ def test_reports_are_strict_json_and_inert_markdown():
     comparison = compare(other, generation)  # the golden stopped where the actual went on: margin inf
     assert comparison.divergence.golden_margin == math.inf
     outcomes = TestOutcomes()
-    outcomes.checked(HOSTILE, "cpu/float32", comparison, passed=False,
-                     changed=[("torch", HOSTILE, "2.13|0")], expected=other, actual=generation)
+    outcomes.decided(Path("g.json"), HOSTILE, Decision(comparison, False, generation, other, "cpu/float32",
+                                                       changed=(("torch", HOSTILE, "2.13|0"),)))
     document = documents.run_report(
         [msgspec.structs.replace(check, test=HOSTILE) for check in outcomes.data.checks], [])
     text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
@@ -409,9 +410,10 @@ def test_markdown_shows_expected_and_got_text_inert_and_cut_around_the_change():
     actual = dataclasses.replace(generation, text=prefix + " Lyon\n``` " + HOSTILE + " " + "y" * 500,
                                  prompt="What is the capital? |")
     outcomes = TestOutcomes()
-    outcomes.checked("test_capital", "cpu/float32", comparison, passed=False, expected=expected,
-                     actual=actual)
-    outcomes.checked("test_new", "cpu/float32", Comparison(Verdict.MISSING), passed=False, actual=actual)
+    outcomes.decided(Path("g.json"), "test_capital",
+                     Decision(comparison, False, actual, expected, "cpu/float32"))
+    outcomes.decided(Path("g.json"), "test_new", Decision(Comparison(Verdict.MISSING), False, actual, None,
+                                                          "cpu/float32"))
     document = documents.run_report(
         [msgspec.structs.replace(check, test="t.py::t") for check in outcomes.data.checks], [])
     lines = documents.run_report_markdown(document).splitlines()
@@ -534,7 +536,8 @@ def test_a_hostile_verdict_in_a_merged_report_is_inert_in_the_markdown():
     generation = sample_generation()
     comparison = compare(schema.from_entry(schema.to_entry(generation)), generation)
     outcomes = TestOutcomes()
-    outcomes.checked("test_capital", "cpu/float32", comparison, passed=False, actual=generation)
+    outcomes.decided(Path("g.json"), "test_capital",
+                     Decision(comparison, False, generation, None, "cpu/float32"))
     document = documents.run_report(
         [msgspec.structs.replace(check, test="t.py::t", verdict="X` " + HOSTILE)
          for check in outcomes.data.checks], [])

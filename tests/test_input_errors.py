@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -160,6 +161,7 @@ def test_the_text_limit_is_the_same_for_writing_and_reading(tmp_path):
 def test_every_report_renders_huge_infinite_and_nan_numbers(huge):
     from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
     from pytest_llmdeterminism.reporting import documents
+    from pytest_llmdeterminism.reporting.records import Decision
     from pytest_llmdeterminism.run.session import TestOutcomes
 
     golden = dataclasses.replace(sample_generation(), margins=(huge, huge))
@@ -171,9 +173,9 @@ def test_every_report_renders_huge_infinite_and_nan_numbers(huge):
                                                                       draw_margin=huge),
                             max_logprob_delta=huge, tie_margin=huge)
     outcomes = TestOutcomes()
-    outcomes.checked("test_x", "cpu/float32", comparison, passed=False, expected=golden, actual=actual)
-    outcomes.checked("test_y", "cpu/float32", dataclasses.replace(comparison, verdict=Verdict.LOGIT_DRIFT),
-                     passed=True, expected=golden, actual=golden)
+    outcomes.decided(Path("g.json"), "test_x", Decision(comparison, False, actual, golden, "cpu/float32"))
+    drift = dataclasses.replace(comparison, verdict=Verdict.LOGIT_DRIFT)
+    outcomes.decided(Path("g.json"), "test_y", Decision(drift, True, golden, golden, "cpu/float32"))
     document = documents.run_report([msgspec.structs.replace(check, test="t.py::t")
                                      for check in outcomes.data.checks], [])
     text = documents.json_text(document)  # strict JSON: a number that is not finite is null

@@ -43,17 +43,18 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
 
     from pytest_llmdeterminism.compare import Verdict
     from pytest_llmdeterminism.goldens import schema
+    from pytest_llmdeterminism.run.decision import contradicted
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
     generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
     drifted = dataclasses.replace(generation, logit_hashes=("0" * 16,) * len(generation.logit_hashes))
     outcomes = TestOutcomes()
     outcomes.record(tmp_path / "g.json", "k", generation, written=Written.RECORDED)
-    assert outcomes.other_output("k", drifted) is None  # a first attempt has nothing to contradict
+    assert contradicted(outcomes.earlier("k"), drifted) is None  # a first attempt has nothing to contradict
     outcomes.end_attempt()
     assert outcomes.to_json() is None and outcomes.attempt == 2
-    assert outcomes.other_output("k", generation) is None
-    earlier, between = outcomes.other_output("k", drifted)
+    assert contradicted(outcomes.earlier("k"), generation) is None
+    earlier, between = contradicted(outcomes.earlier("k"), drifted)
     assert (earlier.number, str(earlier.outcome), between.verdict) == (1, "recorded", Verdict.LOGIT_DRIFT)
 
 

@@ -134,8 +134,12 @@ def to_entry(generation: Generation) -> dict[str, Any]:
 
 
 def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
-    """``entry`` as a validated :class:`Entry`; ``msgspec.ValidationError`` says what is wrong."""
-    converted = entry if isinstance(entry, Entry) else msgspec.convert(entry, Entry)
+    """``entry`` as a validated :class:`Entry`; ``msgspec.ValidationError`` says what is wrong. An
+    :class:`Entry` was validated where it entered (parsed from a golden file, or captured from a
+    generation by this function): it is returned as it is."""
+    if isinstance(entry, Entry):
+        return entry
+    converted = msgspec.convert(entry, Entry)
     problem = semantic_problem(converted)
     if problem:
         raise msgspec.ValidationError(problem)

@@ -1,6 +1,7 @@
 """The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
-confident), nondeterministic across attempts, and ``assert a == b`` on two generations. Built from
-data; nothing here prints or raises."""
+confident), nondeterministic across attempts (:func:`message` picks the one a
+:class:`~pytest_llmdeterminism.reporting.records.Decision` needs), and ``assert a == b`` on two
+generations. Built from data; nothing here prints or raises."""
 
 from __future__ import annotations
 
@@ -9,16 +10,37 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
-from pytest_llmdeterminism.reporting.hints import accept_command, budget_note
+from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
 from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.reporting.records import Outcome
+    from pytest_llmdeterminism.reporting.records import Change, Decision, Outcome
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
+
+
+def message(decision: Decision, key: str, *, location: str, nodeid: str, attempt: int,
+            tokenizer: Any = None) -> str:
+    """The failure text of a check that ``decision`` failed: golden ``key`` at ``location``, this
+    test's ``attempt``; ``nodeid``: the test id and the run's options, shell-quoted; ``tokenizer``
+    decodes top-k ids that neither side generated."""
+    comparison, expected, actual = decision.comparison, decision.expected, decision.actual
+    if expected is None:
+        return missing(key, location, nodeid, decision.others)
+    decode = decoder_for(expected, actual, tokenizer)
+    if decision.earlier is not None and decision.between is not None:
+        return nondeterministic(key, location, nodeid, decision.between, expected, actual, decode,
+                                attempts=(decision.earlier.number, attempt),
+                                earlier_outcome=decision.earlier.outcome)
+    assert decision.profile is not None  # a check judged against a golden
+    note = across(decision)
+    wider = wider_tolerance(comparison, dtype=decision.dtype) if decision.environment else ""
+    return mismatch(key, location, nodeid, comparison, expected, actual, decode, profile=decision.profile,
+                    dtype=decision.dtype, across=f"{note}; {wider}" if wider else note,
+                    changed=decision.changed)
 
 
 def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] = ()) -> str:
@@ -32,10 +54,11 @@ def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] 
 
 def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
              expected: Generation, actual: Generation, decode: Decode, *, profile: Profile | str,
-             dtype: str = "float32", across: str = "") -> str:
+             dtype: str = "float32", across: str = "", changed: Sequence[Change] | None = None) -> str:
     """A failure message of bounded length: verdict, where and how confident, what changed, the fix.
     ``profile``: the tolerance that failed it (with ``dtype``, the thresholds it applied, so the
-    headline names the condition that failed), or its description alone."""
+    headline names the condition that failed), or its description alone; ``changed``: the
+    fingerprint fields that differ, where the caller knows them."""
     failed = _failed_condition(comparison, profile, dtype) if isinstance(profile, Profile) else ""
     shown = profile.describe(dtype) if isinstance(profile, Profile) else profile
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode, failed)} — fails under {shown!r}"]
@@ -64,7 +87,7 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     budget = budget_note(comparison)
     if budget:
         lines.append(f"  {budget}")
-    lines += _fingerprint_changes(expected, actual)
+    lines += _fingerprint_changes(expected, actual, changed)
     lines.append(f"  golden: {location}")
     if nodeid is not None:
         lines.append(f"Accept with: {accept_command(nodeid)}")
@@ -92,12 +115,6 @@ def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, 
     lines.append(f"  golden: {location}")
     lines.append(f"Find what varies with: pytest {nodeid} --llm-audit")
     return "\n".join(lines)
-
-
-def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:
-    """The summary's line for a golden check whose output changed between attempts of its test."""
-    return (f"NONDETERMINISTIC: {nodeid} generated other output for {key!r} on attempt {attempts[1]} than on "
-            f"attempt {attempts[0]} (rerun in the same process); it fails, whatever a rerun gives")
 
 
 def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
@@ -279,10 +296,12 @@ def _top(top: TopK, decode: Decode) -> str:
     return ", ".join(f"{decode(t)!r} {lp:.3f}" for t, lp in top) or "(none: output had ended)"
 
 
-def _fingerprint_changes(expected: Generation, actual: Generation) -> list[str]:
-    from pytest_llmdeterminism.goldens.fingerprint import diff
+def _fingerprint_changes(expected: Generation, actual: Generation,
+                         changes: Sequence[Change] | None = None) -> list[str]:
+    if changes is None:
+        from pytest_llmdeterminism.goldens.fingerprint import diff
 
-    changes = diff(expected.fingerprint, actual.fingerprint)
+        changes = diff(expected.fingerprint, actual.fingerprint)
     if not changes:
         return ["  environment: the same on both sides"]
     return ["  environment changed (expected -> got):"] + [

@@ -1,6 +1,8 @@
-"""Hints that go with a golden check's result: the command that accepts it, what a comparison
-across environments means and how to fix it, a tolerance that would pass a drift, and what a
-changed ``max_new_tokens`` left unjudged. Built from data; nothing here prints or raises."""
+"""Hints that go with a golden check's result: the run summary's notes on a
+:class:`~pytest_llmdeterminism.reporting.records.Decision` (:func:`notes`), the command that accepts
+it, what a comparison across environments means and how to fix it, a tolerance that would pass a
+drift, and what a changed ``max_new_tokens`` left unjudged. Built from data; nothing here prints or
+raises."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import pasteable
-from pytest_llmdeterminism.reporting.records import CheckRecord
+from pytest_llmdeterminism.reporting.records import CheckRecord, Decision
 from pytest_llmdeterminism.reporting.text import delta
 
 
@@ -18,6 +20,41 @@ def accept_command(rerun: str) -> str:
     """``rerun`` is the test id and the run's own ``--llm-*`` options, shell-quoted."""
     # The flag goes last: it takes an optional value and would swallow a path placed after it.
     return f"pytest {rerun} --llm-golden-update"
+
+
+def notes(decision: Decision, key: str, *, nodeid: str, attempt: int, accept: str) -> list[str]:
+    """The run summary's lines on golden ``key``'s ``decision``, at this test's ``attempt``:
+    the variant it fell back to, the attempt it contradicts, the environments it was compared
+    across, what a changed budget left unjudged. ``accept``: the command that re-records it."""
+    lines = []
+    if decision.variant != decision.actual.variant:
+        lines.append(f"{key!r}: no {decision.actual.variant!r} golden; compared with {decision.variant!r} "
+                     "(--llm-golden-fallback)")
+    if decision.earlier is not None:
+        lines.append(rerun_note(key, nodeid, (decision.earlier.number, attempt)))
+        return lines
+    note = across(decision)
+    if note:
+        lines.append(note)
+    budget = budget_note(decision.comparison, accept) if decision.passed and decision.write is None else ""
+    if budget:
+        lines.append(f"{key!r}: {budget}")
+    return lines
+
+
+def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:
+    """The summary's line for a golden check whose output changed between attempts of its test."""
+    return (f"NONDETERMINISTIC: {nodeid} generated other output for {key!r} on attempt {attempts[1]} than on "
+            f"attempt {attempts[0]} (rerun in the same process); it fails, whatever a rerun gives")
+
+
+def across(decision: Decision) -> str:
+    """The "compared across environments" line of a check judged across environments, or ""."""
+    if not decision.environment or decision.profile is None:
+        return ""
+    return across_environments(list(decision.environment), explicit=decision.explicit,
+                               tolerance=decision.profile.describe(decision.dtype),
+                               run_variant=decision.actual.variant)
 
 
 # Fields whose change makes the golden another variant (its key says device class and dtype, and

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict, compare, first_token_divergence
+from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict
 from pytest_llmdeterminism.reporting.records import (
+    Attempt,
     CheckRecord,
+    Decision,
     GoldenWrite,
-    InputRecord,
     Outcome,
     TestRecords,
     Written,
@@ -20,20 +21,10 @@ from pytest_llmdeterminism.reporting.records import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_llmdeterminism.compare import Comparison
     from pytest_llmdeterminism.generation import Generation
 
 
 Site = tuple[types.FrameType, int, int]  # the frame that called check(), its instruction and line
-
-
-class Attempt(NamedTuple):
-    """What one earlier attempt of a test (pytest-rerunfailures runs a failed test again in the same
-    process) generated for one golden key, and how its check ended."""
-
-    number: int
-    output: Generation
-    outcome: Outcome
 
 
 class TestOutcomes:
@@ -46,8 +37,8 @@ class TestOutcomes:
 
     A test run again in the same process (pytest-rerunfailures) is one recorder over several
     attempts: :meth:`end_attempt` starts the next one afresh, so only the last attempt's records
-    reach the run, and keeps what each key generated, so a later attempt that generates something
-    else is told (:meth:`other_output`): a rerun never turns a failing golden check into a pass.
+    reach the run, and keeps what each key generated (:meth:`earlier`), so the decision of a later
+    attempt that generates something else says so: a rerun never turns a failing golden check into a pass.
     """
 
     __test__ = False  # not a pytest test class
@@ -69,14 +60,15 @@ class TestOutcomes:
         self.clear_failures()
         self.attempt += 1
 
-    def other_output(self, key: str, generation: Generation) -> tuple[Attempt, Comparison] | None:
-        """An earlier attempt of this test whose output for ``key`` differs from ``generation``
-        (inputs, tokens or logit hashes), with how it differs; None on a first attempt."""
-        for attempt in self._earlier.get(key, []):
-            comparison = compare(attempt.output, generation)
-            if comparison.verdict is not Verdict.IDENTICAL:
-                return attempt, comparison
-        return None
+    def earlier(self, key: str) -> list[Attempt]:
+        """What earlier attempts of this test generated for ``key``, oldest first; [] on a first attempt."""
+        return list(self._earlier.get(key, ()))
+
+    def look_up(self, path: Path, key: str) -> list[Attempt]:
+        """A check looks up golden ``key`` of ``path`` (kept for the unused-goldens rule): what earlier
+        attempts of this test generated for it (:meth:`earlier`)."""
+        self.used(path, key)
+        return self.earlier(key)
 
     def record(self, path: Path, key: str, generation: Generation, *, written: Written,
                overwrote: Verdict | None = None) -> None:
@@ -99,46 +91,21 @@ class TestOutcomes:
     def used(self, path: Path, key: str) -> None:
         self.data.used.append((str(path), key))
 
-    def checked(self, key: str, variant: str, comparison: Comparison, *, passed: bool, profile: str = "",
-                changed: Sequence[tuple[str, Any, Any]] = (), numerics_changed: Sequence[str] = (),
-                expected: Generation | None = None, actual: Generation | None = None) -> None:
-        """One golden comparison's result, as the machine-readable report lists it."""
-        verdict = comparison.verdict.value
-        outcome = Outcome(comparison.verdict, passed=passed)
-        self.data.outcomes.append(outcome)
-        if actual is not None:
-            self._outputs[key] = Attempt(self.attempt, actual, outcome)
-        divergence = comparison.divergence
-        run_variant = actual.variant if actual is not None and actual.variant != variant else ""
-        shown = actual or expected
-        inputs: dict[str, InputRecord] = {}
-        first_input = None
-        if comparison.verdict is Verdict.INPUT_CHANGED and expected is not None and actual is not None:
-            first_input = first_token_divergence(expected.prompt_token_ids, actual.prompt_token_ids)
-            inputs = {side: InputRecord.of(gen, first_input) for side, gen in (("expected", expected),
-                                                                               ("actual", actual))}
-        self.data.checks.append(CheckRecord(
-            name=key, variant=variant, run_variant=run_variant, verdict=verdict, passed=passed,
-            profile=profile,
-            prompt=shown.prompt if shown is not None else "",
-            expected_text=expected.text if expected is not None else None,
-            actual_text=actual.text if actual is not None else None,
-            first_divergence=divergence.step if divergence else comparison.first_hash_step,
-            golden_margin=divergence.golden_margin if divergence else None,
-            sampling=shown.sampling if shown is not None else {},
-            draw_margin=divergence.draw_margin if divergence else None,
-            max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
-            input_changes=[field for field, _, _ in comparison.input_changes],
-            changed_fingerprint={field: (old, new) for field, old, new in changed},
-            numerics_changed=list(numerics_changed),
-            steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
-            inputs=inputs, first_input_difference=first_input,
-            input_diff={field: (old, new) for field, old, new in comparison.input_changes
-                        if field != "prompt_token_ids"},
-            max_new_tokens=comparison.budgets, new_steps=comparison.new_steps,
-            judged_steps=comparison.total_steps - comparison.unchecked_steps if comparison.budgets else 0,
-            unchecked_steps=comparison.unchecked_steps,
-        ))
+    def decided(self, path: Path, key: str, decision: Decision, *, notes: Sequence[str] = ()) -> None:
+        """Record one check's decision: the golden an update writes instead, or the check's record
+        and, where it leaves one, the candidate for ``--llm-golden-artifacts``; and its ``notes``
+        for the run's summary. A failing check's failure follows with :meth:`fail`."""
+        if decision.write is not None:
+            overwrote = decision.comparison.verdict if decision.write is Written.UPDATED else None
+            self.record(path, key, decision.actual, written=decision.write, overwrote=overwrote)
+        else:
+            outcome = Outcome(decision.comparison.verdict, passed=decision.passed)
+            self.data.outcomes.append(outcome)
+            self._outputs[key] = Attempt(self.attempt, decision.actual, outcome)
+            self.data.checks.append(CheckRecord.of(decision, name=key))
+            if decision.candidate:
+                self.candidate(path, key, decision.actual)
+        self.data.notes.extend(notes)
 
     def fail(self, error: GoldenMismatchError, site: Site | None, *, accept: str) -> None:
         """A failing check: kept for the end of the test's body, or raised now outside it.
@@ -182,9 +149,3 @@ class TestOutcomes:
     def to_json(self) -> dict[str, Any] | None:
         return None if self.data.is_empty() else self.data.to_payload()
 
-
-def _steps(generation: Generation, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
-    """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report."""
-    return [(piece, token, margin, top[0][1] if top else None)
-            for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
-                                                 generation.top_logprobs, strict=False)][:limit]

@@ -1,6 +1,8 @@
 """Typed records of what one test decided, carried from the test to the run's end and into reports.
 
-A test's recorder (:class:`~pytest_llmdeterminism.reporting.recorder.TestOutcomes`) holds a
+A golden check's :class:`Decision` (what ``run.decision.decide`` returns: data, no words) becomes a
+:class:`CheckRecord` with :meth:`CheckRecord.of`. A test's recorder
+(:class:`~pytest_llmdeterminism.reporting.recorder.TestOutcomes`) holds a
 :class:`TestRecords`. Under pytest-xdist that travels to the controller on the test's report as
 plain JSON types (:meth:`TestRecords.to_payload`) and is decoded back, and validated, with
 :meth:`TestRecords.from_payload`: the same types on both sides, the golden entries included.
@@ -9,17 +11,19 @@ plain JSON types (:meth:`TestRecords.to_payload`) and is decoded back, and valid
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Verdict, id_window
+from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_divergence, id_window
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.schema import Entry
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.generation import Generation
+    from pytest_llmdeterminism.tolerance import Profile
 
 
 class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
@@ -98,6 +102,42 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     new_steps: int = 0
     unchecked_steps: int = 0
 
+    @classmethod
+    def of(cls, decision: Decision, *, name: str) -> CheckRecord:
+        """The record of one judged check (not of a golden written instead): its golden key ``name``."""
+        comparison, expected, actual = decision.comparison, decision.expected, decision.actual
+        divergence = comparison.divergence
+        inputs: dict[str, InputRecord] = {}
+        first_input = None
+        if comparison.verdict is Verdict.INPUT_CHANGED and expected is not None:
+            first_input = first_token_divergence(expected.prompt_token_ids, actual.prompt_token_ids)
+            inputs = {side: InputRecord.of(gen, first_input) for side, gen in (("expected", expected),
+                                                                               ("actual", actual))}
+        return cls(
+            name=name, variant=decision.variant,
+            run_variant=actual.variant if actual.variant != decision.variant else "",
+            verdict=comparison.verdict.value, passed=decision.passed,
+            profile=str(decision.profile) if decision.profile is not None else "",
+            prompt=actual.prompt,
+            expected_text=expected.text if expected is not None else None,
+            actual_text=actual.text,
+            first_divergence=divergence.step if divergence else comparison.first_hash_step,
+            golden_margin=divergence.golden_margin if divergence else None,
+            sampling=actual.sampling,
+            draw_margin=divergence.draw_margin if divergence else None,
+            max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
+            input_changes=[field for field, _, _ in comparison.input_changes],
+            changed_fingerprint={field: (old, new) for field, old, new in decision.changed},
+            numerics_changed=[field for field, _, _ in decision.environment],
+            steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
+            inputs=inputs, first_input_difference=first_input,
+            input_diff={field: (old, new) for field, old, new in comparison.input_changes
+                        if field != "prompt_token_ids"},
+            max_new_tokens=comparison.budgets, new_steps=comparison.new_steps,
+            judged_steps=comparison.total_steps - comparison.unchecked_steps if comparison.budgets else 0,
+            unchecked_steps=comparison.unchecked_steps,
+        )
+
 
 class RunRecord(msgspec.Struct, kw_only=True):
     """What one run checked, as the JSON report's ``run`` holds it: enough for ``llm-golden merge``
@@ -143,6 +183,52 @@ class Outcome(msgspec.Struct, frozen=True, array_like=True, gc=False):
         return name if self.passed else f"{name} (failed)"
 
 
+class Attempt(NamedTuple):
+    """What one earlier attempt of a test (pytest-rerunfailures runs a failed test again in the same
+    process) generated for one golden key, and how its check ended."""
+
+    number: int
+    output: Generation
+    outcome: Outcome
+
+
+Change = tuple[str, Any, Any]  # a fingerprint field, the golden's value, this run's
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one golden check decided, as data (``run.decision.decide`` builds it; ``reporting``
+    words it): the verdict and its evidence, whether it passed, the golden it was judged against,
+    and what happens next (a golden written instead, a candidate for the reviewer)."""
+
+    comparison: Comparison  # the verdict and its evidence; MISSING and NONDETERMINISTIC included
+    passed: bool
+    actual: Generation  # this run's generation
+    # The golden it was judged against; for NONDETERMINISTIC the earlier attempt's output; None: MISSING.
+    expected: Generation | None
+    variant: str  # the golden variant looked up (another than ``actual.variant`` under fallback)
+    profile: Profile | None = None  # the tolerance that judged it; None where none did
+    explicit: bool = False  # the profile was set (by the test or the run), not the default
+    dtype: str = "float32"  # the dtype the profile's thresholds were taken for
+    environment: tuple[Change, ...] = ()  # fingerprint fields that decide the bits and differ
+    changed: tuple[Change, ...] = ()  # every fingerprint field that differs
+    write: Written | None = None  # a golden ``--llm-golden-update`` writes instead of the check
+    candidate: bool = False  # the reviewer gets this run's generation as a candidate
+    others: tuple[str, ...] = ()  # MISSING: the variants the test's key does have
+    earlier: Attempt | None = None  # NONDETERMINISTIC: the attempt this one contradicts,
+    between: Comparison | None = None  # and how the two outputs differ
+
+    @property
+    def fails(self) -> bool:
+        """The check fails its test: it did not pass, and no update writes the golden instead."""
+        return not self.passed and self.write is None
+
+    @property
+    def rerecord(self) -> bool:
+        """An update writes this run's generation over the golden it was judged against."""
+        return self.write is Written.UPDATED
+
+
 class TestRecords(msgspec.Struct):
     """Everything one test's golden checks decided."""
 
@@ -168,3 +254,10 @@ class TestRecords(msgspec.Struct):
     def from_payload(cls, payload: Any) -> TestRecords:
         return msgspec.convert(payload, cls)
 
+
+
+def _steps(generation: Generation, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
+    """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report."""
+    return [(piece, token, margin, top[0][1] if top else None)
+            for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
+                                                 generation.top_logprobs, strict=False)][:limit]

@@ -1,35 +1,24 @@
-"""What one golden check decides, as a pure function of the golden, the generation and the run's
-settings: the verdict and its evidence, the tolerance profile that judged it, whether it passes,
-whether an update re-records it, whether the reviewer gets a candidate, and the notes for the run's
-summary. :class:`~pytest_llmdeterminism.run.golden_tokens.GoldenTokens` only applies it (records,
-writes, builds the failure message). A new verdict is one case in ``compare``; a new rule for what
+"""What one golden check decides, as a pure function of this run's generation, what ``check()``
+looked up (the golden, the earlier attempts' outputs) and the run's settings: every verdict
+(MISSING and NONDETERMINISTIC included), its evidence, the tolerance profile that judged it,
+whether it passes, whether an update writes the golden instead, whether the reviewer gets a
+candidate. The result is data (:class:`~pytest_llmdeterminism.reporting.records.Decision`), no
+words: ``reporting`` words it. A new verdict is one case in ``compare``; a new rule for what
 happens to it, one line here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Sequence
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
-from pytest_llmdeterminism.reporting import hints
+from pytest_llmdeterminism.goldens.fingerprint import diff, numerics_changes
+from pytest_llmdeterminism.reporting.records import Attempt, Decision, Written
 from pytest_llmdeterminism.tolerance import Profile, default_profile
 
-
-@dataclass(frozen=True)
-class Decision:
-    """One check's outcome before anything is recorded or raised."""
-
-    comparison: Comparison
-    passed: bool
-    profile: Profile
-    dtype: str
-    environment: tuple[tuple[str, object, object], ...]  # fields that decide the bits and differ
-    across: str  # the "compared across environments" line, or ""
-    rerecord: bool  # an update writes this run's generation over the golden
-    candidate: bool  # the reviewer gets this run's generation as a candidate
-    budget_note: str  # a note on unequal token budgets, for a passing check, or ""
+__all__ = ["Decision", "contradicted", "decide", "judge"]
 
 
 def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:
@@ -40,17 +29,36 @@ def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[C
     return comparison, profile.accepts(comparison, dtype)
 
 
-def decide(expected: Generation, actual: Generation, *, explicit: Profile | None, update: str | None,
-           compared_variant: str, accept_command: str) -> Decision:
-    """The decision for ``actual`` against its golden ``expected`` (the variant ``compared_variant``).
-    ``explicit``: the profile the test or the run set, else the environment's default."""
+def contradicted(earlier: Sequence[Attempt], actual: Generation) -> tuple[Attempt, Comparison] | None:
+    """The first earlier attempt whose output differs from ``actual`` (inputs, tokens or logit
+    hashes), with how it differs; None where every one generated the same (or there is none)."""
+    for attempt in earlier:
+        between = compare(attempt.output, actual)
+        if between.verdict is not Verdict.IDENTICAL:
+            return attempt, between
+    return None
+
+
+def decide(actual: Generation, *, golden: Generation | None, variant: str, explicit: Profile | None,
+           update: str | None, earlier: Sequence[Attempt] = (), others: Sequence[str] = ()) -> Decision:
+    """The decision for ``actual`` against ``golden``, the stored entry of ``variant`` (None: there is
+    none; ``others``: the variants the key does have). ``earlier``: what earlier attempts of the test
+    generated for the key; ``explicit``: the profile the test or the run set, else the environment's
+    default; ``update``: ``--llm-golden-update``'s value, None without it."""
+    contradiction = contradicted(earlier, actual)
+    if contradiction is not None:  # whatever the golden says: this attempt contradicts an earlier one
+        attempt, between = contradiction
+        return Decision(dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC), False, actual,
+                        attempt.output, variant, earlier=attempt, between=between)
+    if golden is None:
+        if update:
+            return Decision(Comparison(Verdict.MISSING), True, actual, None, variant, write=Written.RECORDED)
+        return Decision(Comparison(Verdict.MISSING), False, actual, None, variant, candidate=True,
+                        others=tuple(others))
     dtype = str(actual.fingerprint.get("dtype", "float32"))
-    environment = tuple(numerics_changes(expected.fingerprint, actual.fingerprint))
+    environment = tuple(numerics_changes(golden.fingerprint, actual.fingerprint))
     profile = explicit or default_profile(dtype, same_environment=not environment)
-    across = hints.across_environments(list(environment), tolerance=profile.describe(dtype),
-                                       explicit=explicit is not None,
-                                       run_variant=actual.variant) if environment else ""
-    comparison, passed = judge(expected, actual, profile)
+    comparison, passed = judge(golden, actual, profile)
     # A flip at a near tie may pass, but the golden's continuation after it no longer describes the
     # model: updating re-records it, as it does every failing check. A golden its smaller budget cut
     # short is incomplete: updating records the steps it lacks.
@@ -58,6 +66,8 @@ def decide(expected: Generation, actual: Generation, *, explicit: Profile | None
     rerecord = update == "all" and (not passed or flipped or bool(comparison.new_steps))
     # A check judged against another variant leaves this run's own variant missing: the reviewer gets
     # it as a candidate, passing or not.
-    candidate = not rerecord and (not passed or compared_variant != actual.variant)
-    budget = hints.budget_note(comparison, accept_command) if passed and not rerecord else ""
-    return Decision(comparison, passed, profile, dtype, environment, across, rerecord, candidate, budget)
+    candidate = not rerecord and (not passed or variant != actual.variant)
+    return Decision(comparison, passed, actual, golden, variant, profile=profile,
+                    explicit=explicit is not None, dtype=dtype, environment=environment,
+                    changed=tuple(diff(golden.fingerprint, actual.fingerprint)),
+                    write=Written.UPDATED if rerecord else None, candidate=candidate)

@@ -1,36 +1,44 @@
-"""The ``golden_tokens`` fixture object: one check engine for missing / record / compare / fail."""
+"""The ``golden_tokens`` fixture object: one check engine for missing / record / compare / fail.
+
+``check()`` runs in one direction: look up (the golden, the earlier attempts' outputs), decide
+(:func:`~pytest_llmdeterminism.run.decision.decide`, pure), record (the test's recorder), report
+(``reporting`` words the decision; a failing check fails the test). ``assert_tokens_match`` is the
+same judgement for two generations in memory.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
+import msgspec
+
+from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.goldens.fingerprint import diff
 from pytest_llmdeterminism.reporting import failure, hints
-from pytest_llmdeterminism.reporting.records import Written
-from pytest_llmdeterminism.run.decision import Decision, decide, judge
+from pytest_llmdeterminism.reporting.records import Decision, Written
+from pytest_llmdeterminism.run.decision import decide, judge
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines import ModelCache
     from pytest_llmdeterminism.goldens.files import GoldenFiles
-    from pytest_llmdeterminism.reporting.recorder import Attempt, Site, TestOutcomes
+    from pytest_llmdeterminism.reporting.recorder import Site, TestOutcomes
     from pytest_llmdeterminism.run.options import Options
 
 
 class GoldenTokens:
-    """Compares generations with the test's stored goldens, or records them when updating."""
+    """Compares generations with the test's stored goldens, or records them when updating.
+    ``models``: the run's model cache, asked for the tokenizer only to word a failure."""
 
     def __init__(self, files: GoldenFiles, outcomes: TestOutcomes, options: Options, *, nodeid: str,
-                 test_path: Path, tokenizer: Callable[[], Any], rerun: str | None = None,
+                 test_path: Path, models: ModelCache, rerun: str | None = None,
                  tolerance: Profile | None = None) -> None:
         self._files = files
         self._outcomes = outcomes
@@ -39,7 +47,8 @@ class GoldenTokens:
         self._nodeid = nodeid
         self._test_key = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
         self._path = files.path_for(test_path)
-        self._tokenizer = tokenizer
+        self._shown_path = files.display(self._path)  # as a failure names it
+        self._models = models
         self._tolerance = tolerance
         self._used: set[str] = set()
         self._unnamed = 0
@@ -72,88 +81,45 @@ class GoldenTokens:
                    "generation's fields with plain asserts"))
         site = _caller_site()
         key = self._key(name)
-        self._outcomes.used(self._path, key)
+        decision = self._decide(key, generation)  # look up, then decide
+        return self._apply(decision, key, site)  # record, then report
+
+    def _decide(self, key: str, generation: Generation) -> Decision:
+        """Look up what the decision needs (the key's goldens, the earlier attempts' outputs); decide."""
+        earlier = self._outcomes.look_up(self._path, key)
         variants = self._files.read(self._path).get(key, {})
         variant = generation.variant
         update = self._options.update
         if variant not in variants and not update and self._options.golden_fallback:
             variant = fallback_variant(variant, variants) or variant
-            if variant != generation.variant:
-                self._outcomes.note(f"{key!r}: no {generation.variant!r} golden; compared with "
-                                   f"{variant!r} (--llm-golden-fallback)")
-        location = f"{self._files.display(self._path)} [{key!r}][{variant!r}]"
-        earlier = self._outcomes.other_output(key, generation)
-        if earlier is not None:  # whatever the golden says: this attempt contradicts an earlier one
-            return self._nondeterministic(key, variant, location, generation, *earlier, site=site)
         stored = variants.get(variant)
-        if stored is None:
-            if update:
-                self._outcomes.record(self._path, key, generation, written=Written.RECORDED)
-                return None
-            missing = Comparison(Verdict.MISSING)
-            self._outcomes.checked(key, variant, missing, passed=False, actual=generation)
-            self._outcomes.candidate(self._path, key, generation)
-            message = failure.missing(key, location, self._target, sorted(variants))
-            self._outcomes.fail(GoldenMismatchError(message, missing, key=key, path=self._path), site,
-                               accept=self.accept_command)
-            return missing
-        expected = schema.from_entry(stored)
+        golden = None if stored is None else schema.from_entry(stored)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
-        decision = decide(expected, generation, explicit=explicit, update=update, compared_variant=variant,
-                          accept_command=self.accept_command)
-        return self._apply(decision, key, variant, location, expected, generation, site)
+        return decide(generation, golden=golden, variant=variant, explicit=explicit, update=update,
+                      earlier=earlier, others=sorted(variants))
 
-    def _apply(self, decision: Decision, key: str, variant: str, location: str, expected: Generation,
-               generation: Generation, site: Site | None) -> Comparison:
-        """Carry out a :class:`Decision`: record or report it, and fail the test where it failed."""
+    def _apply(self, decision: Decision, key: str, site: Site | None) -> Comparison | None:
+        """Record ``decision`` with its notes for the run's summary, then report a failing one: its
+        failure fails the test (at the end of its body)."""
         __tracebackhide__ = True
-        comparison = decision.comparison
-        if decision.across:
-            self._outcomes.note(decision.across)
-        if decision.rerecord:
-            self._outcomes.record(self._path, key, generation, written=Written.UPDATED,
-                                  overwrote=comparison.verdict)
-            return comparison
-        self._outcomes.checked(key, variant, comparison, passed=decision.passed,
-                               profile=str(decision.profile),
-                               changed=diff(expected.fingerprint, generation.fingerprint),
-                               numerics_changed=[name for name, _, _ in decision.environment],
-                               expected=expected, actual=generation)
-        if decision.candidate:
-            self._outcomes.candidate(self._path, key, generation)
-        if decision.passed:
-            if decision.budget_note:
-                self._outcomes.note(f"{key!r}: {decision.budget_note}")
-            return comparison
-        across = decision.across
-        wider = hints.wider_tolerance(comparison, dtype=decision.dtype) if decision.environment else ""
-        decode = failure.decoder_for(expected, generation, self._tokenizer())
-        message = failure.mismatch(key, location, self._target, comparison, expected, generation,
-                                  decode, profile=decision.profile, dtype=decision.dtype,
-                                  across=f"{across}; {wider}" if wider else across)
-        error = GoldenMismatchError(message, comparison, key=key, path=self._path, expected=expected,
-                                    actual=generation)
-        self._outcomes.fail(error, site, accept=self.accept_command)
-        return comparison
+        accept = self.accept_command
+        notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt, accept=accept)
+        self._outcomes.decided(self._path, key, decision, notes=notes)
+        if decision.fails:
+            self._outcomes.fail(self._failure(decision, key), site, accept=accept)
+        return None if decision.write is Written.RECORDED else decision.comparison
 
-    def _nondeterministic(self, key: str, variant: str, location: str, generation: Generation,
-                          earlier: Attempt, between: Comparison, *, site: Site | None) -> Comparison:
-        """This test ran before in this process (a rerun) and generated something else for ``key``:
-        NONDETERMINISTIC, and failed, even where this attempt matches the golden."""
-        __tracebackhide__ = True
-        comparison = dataclasses.replace(between, verdict=Verdict.NONDETERMINISTIC)
-        self._outcomes.checked(key, variant, comparison, passed=False, expected=earlier.output,
-                               actual=generation)
-        attempts = (earlier.number, self._outcomes.attempt)
-        self._outcomes.note(failure.rerun_note(key, self._nodeid, attempts))
-        decode = failure.decoder_for(earlier.output, generation, self._tokenizer())
-        message = failure.nondeterministic(key, location, self._target, between, earlier.output, generation,
-                                          decode, attempts=attempts, earlier_outcome=earlier.outcome)
-        self._outcomes.fail(GoldenMismatchError(message, comparison, key=key, path=self._path,
-                                                expected=earlier.output, actual=generation), site,
-                            accept=self.accept_command)
-        return comparison
+    def _failure(self, decision: Decision, key: str) -> GoldenMismatchError:
+        """The error a failing check raises, with the text ``reporting`` words for it."""
+        location = f"{self._shown_path} [{key!r}][{decision.variant!r}]"
+        # Only a failure that shows tokens needs the tokenizer (top-k ids neither side generated).
+        tokenizer = None if decision.expected is None else self._models.get(self._nodeid).tokenizer
+        message = failure.message(decision, key, location=location, nodeid=self._target,
+                                  attempt=self._outcomes.attempt, tokenizer=tokenizer)
+        sides: dict[str, Any] = {} if decision.expected is None else {
+            "expected": decision.expected, "actual": decision.actual}
+        return GoldenMismatchError(message, decision.comparison, key=key, path=self._path, **sides)
 
     def _key(self, name: str | None) -> str:
         __tracebackhide__ = True
@@ -203,11 +169,14 @@ def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, 
     """
     __tracebackhide__ = True
     if not isinstance(expected, Generation):
-        problem = schema.entry_problem(expected)
-        if problem:
+        try:
+            expected = schema.from_entry(expected)  # validated once, here where it enters
+        except (msgspec.ValidationError, TypeError) as error:
+            problem = schema.validation_message(error) if isinstance(error, msgspec.ValidationError) \
+                else error
             raise TypeError(f"assert_tokens_match(expected=...) takes a Generation or one golden entry "
-                            f"(goldens[key][variant], e.g. goldens['test_x']['cpu/float32']): {problem}")
-        expected = schema.from_entry(expected)
+                            f"(goldens[key][variant], e.g. goldens['test_x']['cpu/float32']): {problem}"
+                            ) from None
     profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
     comparison, passed = judge(expected, actual, profile)
     if not passed:

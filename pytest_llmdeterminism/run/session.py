@@ -97,7 +97,7 @@ class LLMSession:
 
         resolved = self.settings(item)
         return GoldenTokens(self.files, self.outcomes(item), self.options, nodeid=item.nodeid,
-                            test_path=item.path, tokenizer=lambda: self.models.get(item.nodeid).tokenizer,
+                            test_path=item.path, models=self.models,
                             rerun=resolved.rerun, tolerance=resolved.tolerance)
 
     def finish(self, session: pytest.Session, exitstatus: int) -> bool:
