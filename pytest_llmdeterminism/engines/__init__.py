@@ -43,8 +43,8 @@ from pytest_llmdeterminism.errors import (
     pasteable,
 )
 
-__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "EngineSpec", "LoadedModel", "ModelCache", "load",
-           "resolve", "worker_cuda_index"]
+__all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "EngineSpec", "LoadedModel", "ModelCache", "kernels_line",
+           "load", "resolve", "why_not_batch_invariant", "worker_cuda_index"]
 
 BUILTIN_MODELS = {"tiny": Path(__file__).parent / "tiny"}
 ENGINES: dict[str, EngineModule] = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # prefix -> module
@@ -72,10 +72,12 @@ def resolve(spec: str) -> tuple[str, Path]:
 
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False, batch_invariant: bool = False, recording: bool = False) -> LoadedModel:
+         pinned_late: bool = False, batch_invariant: bool | None = None, recording: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
-    ``batch_invariant``: on batch-invariant kernels (``batch_invariant.py``), or an error saying why not.
+    ``batch_invariant``: None (the default) runs batch-invariant kernels (``batch_invariant.py``) wherever
+    they exist, else the previous ones; True requires them (an error saying why not); False keeps the
+    previous kernels.
     Other engines run each prompt alone (or own their kernels): the setting does not touch them.
     ``recording``: a run that records goldens computes oneDNN's products on oneDNN itself, so no
     golden is made of a product of the plugin's kernel that its sampled re-check did not cover."""
@@ -94,8 +96,9 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
     model, tokenizer, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
     kernels = linears.kernels_for(cpu_numerics, in_force)
-    if batch_invariant:
-        kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device)
+    if batch_invariant is not False:
+        kernels = _batch_invariant_kernels(kernels, cpu_numerics, dtype, device,
+                                           required=batch_invariant is True)
     own, why_not = None, ""
     if kernels in (linears.LinearKernels.ONEDNN_AVX2, linears.LinearKernels.BATCH_INVARIANT):
         own, why_not = (None, "goldens are recorded from oneDNN itself (--llm-golden-update)") if recording \
@@ -109,24 +112,48 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
 
 
 def _batch_invariant_kernels(kernels: linears.LinearKernels, cpu_numerics: str, dtype: str,
-                             device: str) -> linears.LinearKernels:
-    """The batch-invariant kernels, where they exist: float32 under portable or compatible numerics
-    on x86-64."""
+                             device: str, *, required: bool = True) -> linears.LinearKernels:
+    """The batch-invariant kernels, where they exist: float32 on the CPU under portable or compatible
+    numerics, on x86-64 or Linux arm64. Elsewhere ``kernels`` unchanged, or where ``required`` (the
+    setting says true) an error saying why not."""
     invariant = {linears.LinearKernels.ONEDNN_AVX2: linears.LinearKernels.BATCH_INVARIANT,
                  linears.LinearKernels.SPLIT_ONE_ROW: linears.LinearKernels.BATCH_INVARIANT_TILES}
     if platform.machine() == "aarch64":  # Linux arm64, OpenBLAS: tiles and rows (batch_invariant.py)
         invariant = {linears.LinearKernels.LINEAR: linears.LinearKernels.BATCH_INVARIANT_TILES}
-    pinned = cpu_numerics in (numerics.PORTABLE, numerics.COMPATIBLE)  # native may inherit MKL's pin
-    if kernels in invariant and dtype == "float32" and pinned and device == "cpu":
+    why = why_not_batch_invariant(cpu_numerics, dtype, device)
+    if kernels in invariant and not why:
         return invariant[kernels]
-    why = (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
-           f"they run float32, not {dtype}" if dtype != "float32" else
-           f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
-           f"{cpu_numerics!r} on {platform.machine()}")
+    if not required:
+        return kernels
     raise ConfigurationError("llm_batch_invariant", "true",
-                             f"batch-invariant kernels are not available here: {why}. Remove the setting "
-                             "(goldens then keep the batch shape), or run float32 on an x86-64 CPU with "
+                             f"batch-invariant kernels are not available here: "
+                             f"{why or _numerics_why(cpu_numerics)}. "
+                             "Remove the setting (the previous kernels then run here, and goldens keep the "
+                             "batch shape), or run float32 on an x86-64 CPU with "
                              f"{pasteable('llm_cpu_numerics', 'portable')}")
+
+
+def why_not_batch_invariant(cpu_numerics: str, dtype: str, device: str) -> str:
+    """Why batch-invariant kernels do not run a model loaded so ("" where they do, as far as the
+    settings tell: float32 on the CPU under portable or compatible numerics, x86-64 or Linux arm64)."""
+    pinned = cpu_numerics in (numerics.PORTABLE, numerics.COMPATIBLE)  # native may inherit MKL's pin
+    machine = platform.machine()
+    return (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
+            f"they run float32, not {dtype}" if dtype != "float32" else
+            "" if pinned and machine in ("x86_64", "AMD64", "aarch64") else _numerics_why(cpu_numerics))
+
+
+def _numerics_why(cpu_numerics: str) -> str:
+    return (f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
+            f"{cpu_numerics!r} on {platform.machine()}")
+
+
+def kernels_line(kernels: linears.LinearKernels) -> str:
+    """Which kernels a loaded model runs, and whether its goldens depend on the batch shape."""
+    if kernels.batch_invariant:
+        return (f"kernels {kernels.value}: a prompt gives the same bits alone or in any batch; goldens do "
+                "not depend on the batch shape")
+    return (f"kernels {kernels.value} (not batch-invariant): the batch shape is part of every golden")
 
 
 class ModelCache:
@@ -139,7 +166,7 @@ class ModelCache:
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None, plant_defect: bool = False,
-                 batch_invariant: bool = False, recording: bool = False) -> None:
+                 batch_invariant: bool | None = None, recording: bool = False) -> None:
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded
@@ -201,4 +228,6 @@ class ModelCache:
             self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}{origin}")
             if loaded.slower:
                 self._announce(f"llm: {loaded.slower}")
+            if isinstance(loaded.engine, hf.HFEngine):  # other engines own their kernels (their header line)
+                self._announce(f"llm: {kernels_line(loaded.engine.linears)}")
         return loaded
