@@ -108,7 +108,10 @@ def test_changed_prompt_is_input_changed_and_every_report_shows_both_inputs(reco
 
 
 def test_changed_batch_shape_is_an_input_change_showing_both_inputs(recorded):
-    result = recorded.runpytest("--llm-batch-shape=2x40")
+    """On the previous kernels (llm_batch_invariant = false) the batch shape is part of every golden."""
+    previous = "--llm-batch-invariant=false"
+    recorded.runpytest("--llm-golden-update", previous, "--llm-tolerance=exact").assert_outcomes(passed=1)
+    result = recorded.runpytest("--llm-batch-shape=2x40", previous)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E*INPUT_CHANGED — batch_shape — fails*",
@@ -116,6 +119,16 @@ def test_changed_batch_shape_is_an_input_change_showing_both_inputs(recorded):
         "E*batch_shape: '4x32' -> '2x40'",
         "E*prompt: unchanged, 'The cat sat on the' (* ids, the same)",
     ])
+
+
+def test_by_default_a_changed_batch_shape_is_identical_and_the_golden_keeps_its_shape(recorded):
+    """On the batch-invariant kernels, the default, the shape is informational: the golden recorded at
+    4x32 reads IDENTICAL at 2x40 under exact comparison, and is not rewritten."""
+    before = golden_entry(recorded)
+    result = recorded.runpytest("--llm-batch-shape=2x40", "--llm-tolerance=exact")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["golden checks: 1 IDENTICAL"])
+    assert golden_entry(recorded) == before and before["batch_shape"] == "4x32"
 
 
 def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_ones(suite, tmp_path):

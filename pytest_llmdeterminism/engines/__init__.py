@@ -228,6 +228,6 @@ class ModelCache:
             self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}{origin}")
             if loaded.slower:
                 self._announce(f"llm: {loaded.slower}")
-            if isinstance(loaded.engine, hf.HFEngine):  # other engines own their kernels (their header line)
+            if engine_of(spec) is None and isinstance(loaded.engine, hf.HFEngine):  # others own their kernels
                 self._announce(f"llm: {kernels_line(loaded.engine.linears)}")
         return loaded
