@@ -247,7 +247,8 @@ def test_batch_invariant_kernels_put_the_model_back(tiny):
 
 @pytest.mark.parametrize("numerics, setting, generation", [
     ("portable", (), "cpu-onednn-avx2-rowwise-2"),  # default settings: no llm_batch_invariant
-    ("compatible", ("--llm-batch-invariant=true",), "cpu-mkl-compatible-tiles32-rowwise-1")])
+    ("compatible", ("--llm-batch-invariant=true",), "cpu-mkl-compatible-tiles32-rowwise-1")],
+    ids=["portable-default", "compatible-true"])
 @pytest.mark.subprocess
 def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_and_a_defect_fails(
         tmp_path, numerics, setting, generation):
