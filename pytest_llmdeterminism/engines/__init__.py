@@ -228,6 +228,7 @@ class ModelCache:
             self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}{origin}")
             if loaded.slower:
                 self._announce(f"llm: {loaded.slower}")
-            if engine_of(spec) is None and isinstance(loaded.engine, hf.HFEngine):  # others own their kernels
-                self._announce(f"llm: {kernels_line(loaded.engine.linears)}")
+            engine = getattr(loaded, "engine", None)
+            if engine_of(spec) is None and isinstance(engine, hf.HFEngine):  # others own their kernels
+                self._announce(f"llm: {kernels_line(engine.linears)}")
         return loaded
