@@ -204,8 +204,8 @@ def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
         _identical_under_every_shape(tiny, ("1x32", "4x32", "2x48", "8x64", "3x40", "16x32"), 8)
     # the negative control: the previous kernels give a batched prompt other bits than the prompt alone
     with kernels(tiny, LinearKernels.ONEDNN_AVX2):
-        previous = {shape: _generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)), shape)
-                    for shape in ("1x32", "4x32")}
+        previous = {shape: _generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)),
+                                        shape) for shape in ("1x32", "4x32")}
     assert [g.logit_hashes for g in previous["4x32"]] != [g.logit_hashes for g in previous["1x32"]]
     assert input_changes(previous["1x32"][0], previous["4x32"][0])  # the shape stays part of those goldens
 

@@ -123,7 +123,7 @@ def test_onednn_rows_do_not_depend_on_their_companions(out_features, in_features
 
 def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_bits(wide_model, monkeypatch):
     loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable",
-                          batch_invariant=False)  # the previous kernels: the batch-invariant ones are the default
+                          batch_invariant=False)  # the previous kernels (not the default)
     assert loaded.engine.linears is LinearKernels.ONEDNN_AVX2
     loaded.engine.chain = None  # oneDNN's products on oneDNN itself, counted (its kernel: test_chain.py)
     calls: dict[str, int] = {"onednn": 0, "split": 0}

@@ -71,8 +71,8 @@ def resolve(spec: str) -> tuple[str, Path]:
                          f"{how_to_get(spec)}")
 
 
-def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False, batch_invariant: bool | None = None, recording: bool = False) -> LoadedModel:
+def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable", pinned_late: bool = False,
+         batch_invariant: bool | None = None, recording: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
     ``batch_invariant``: None (the default) runs batch-invariant kernels (``batch_invariant.py``) wherever
