@@ -167,6 +167,9 @@ def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_one
 
 
 def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
+    # the dtype alone changes: the float32 golden on the kernels bfloat16 runs (not batch-invariant)
+    previous = "--llm-batch-invariant=false"
+    recorded.runpytest("--llm-golden-update", previous, "--llm-tolerance=exact").assert_outcomes(passed=1)
     missing = recorded.runpytest("--llm-dtype=bfloat16")
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has "
@@ -208,6 +211,8 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
 def test_bf16_drift_beyond_the_default_tolerance_is_told_to_record_its_variant_not_exact(recorded):
     """Same tokens, logits moved more than bf16's default atol: the fix is a bf16 golden variant or
     a wider tolerance, never --llm-tolerance=exact (which fails every cross-dtype check)."""
+    # the dtype alone changes: the float32 golden on the kernels bfloat16 runs (not batch-invariant)
+    recorded.runpytest("--llm-golden-update", "--llm-batch-invariant=false", "--llm-tolerance=exact")
     path = recorded.path / GOLDEN
     document = json.loads(path.read_text())
     for step in document["goldens"]["test_case"]["cpu/float32"]["steps"]:
@@ -331,14 +336,22 @@ def test_a_changed_chat_template_is_input_changed_showing_both_rendered_prompts(
     ])
 
 
-def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_reason(make_llm):
-    """Goldens of 1xL from before lone prompts ran unpadded: INPUT_CHANGED, saying why, never a drift."""
+def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_reason(make_llm, tiny):
+    """Goldens of 1xL from before lone prompts ran unpadded: INPUT_CHANGED, saying why, never a drift.
+    (Those goldens ran the previous kernels: a padded golden of the batch-invariant ones never existed.)"""
     import dataclasses
+
+    from pytest_llmdeterminism.compute.linears import LinearKernels
 
     from pytest_llmdeterminism.compare import Verdict, compare
     from pytest_llmdeterminism.reporting.failure import mismatch
 
-    now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
+    before_kernels = tiny.engine.linears
+    tiny.engine.linears, tiny.cache = LinearKernels.ONEDNN_AVX2, {}  # the fingerprint names the kernels
+    try:
+        now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
+    finally:
+        tiny.engine.linears, tiny.cache = before_kernels, {}
     before = dataclasses.replace(now, batch_shape="1x128",
                                  logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
     comparison = compare(before, now)
