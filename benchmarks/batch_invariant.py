@@ -1,4 +1,5 @@
-"""What batch-invariant kernels (``llm_batch_invariant = true``) cost and what batching then saves.
+"""What batch-invariant kernels (the default; ``llm_batch_invariant = false``: the previous ones) cost
+and what batching then saves.
 
 Side by side in one process, SmolLM2-135M (or ``--model``) in float32 under portable numerics (or
 ``--numerics compatible``), the rounds alternating so machine noise hits both sides alike:
@@ -53,7 +54,9 @@ def main() -> None:
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    loaded = engines.load(args.model, dtype="float32", device="cpu", cpu_numerics=args.numerics)
+    # the previous kernels ("today"), the batch-invariant ones (the default) swapped in below
+    loaded = engines.load(args.model, dtype="float32", device="cpu", cpu_numerics=args.numerics,
+                          batch_invariant=False)
     today = loaded.engine.kernels.policy
     invariant = (Policy.BATCH_INVARIANT if args.numerics == "portable"
                  else Policy.BATCH_INVARIANT_TILES)

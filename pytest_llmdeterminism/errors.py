@@ -179,8 +179,9 @@ class BatchInvarianceProbeError(LLMDeterminismError):
         elif other_shape is not None:
             what = (f"batch invariance fails here: {shown!r} gives different logits in row 0 of a "
                     f"{batch_shape} batch and in a {other_shape} batch (first at step {step}), though "
-                    "batch-invariant kernels are on (llm_batch_invariant): its goldens would depend on "
-                    "the batch shape")
+                    "batch-invariant kernels are on (the default; llm_batch_invariant = false keeps the "
+                    "previous kernels, whose goldens record the shape): its goldens would depend on the "
+                    "batch shape")
         else:
             what = (f"batch invariance fails here: {shown!r} gives different logits at row 0 and at row "
                     f"{rows - 1} of a {batch_shape} batch with other companions (first at step {step}), so "

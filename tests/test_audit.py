@@ -81,7 +81,25 @@ def test_unseeded_noise_is_reported_nondeterministic(suite):
     ])
 
 
+@pytest.fixture
+def previous_kernels(tiny):
+    """The tiny model on the previous kernels (llm_batch_invariant = false), where the batch shape
+    moves a prompt's logits, for one test."""
+    import dataclasses
+
+    from pytest_llmdeterminism.compute.kernels import Policy
+
+    before = tiny.engine.kernels
+    # the fingerprint names the kernels: computed again
+    tiny.engine.kernels = dataclasses.replace(before, policy=Policy.ONEDNN_AVX2)
+    tiny.static_fingerprint, tiny.probed = None, {}
+    yield
+    tiny.engine.kernels, tiny.static_fingerprint, tiny.probed = before, None, {}
+
+
+@pytest.mark.usefixtures("previous_kernels")
 def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
+    """On the previous kernels (llm_batch_invariant = false) the batch size moves the logits."""
     found = audit(make_llm("4x32", max_new_tokens=6), "Once upon a time")
     rows = {row.source: row for row in found.rows}
     assert found.unique == 1 and not found.nondeterministic
@@ -90,6 +108,12 @@ def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
     assert rows["batch_size"].max_logit_delta > 0
     assert 0 < rows["batch_size"].max_logit_delta < 1e-3
     assert set(rows) == {"repeat", "batch", "batch_size", "padding", "cache", "threads"}
+
+
+def test_on_the_default_kernels_the_batch_size_moves_nothing(make_llm):
+    rows = {row.source: row for row in audit(make_llm("4x32", max_new_tokens=6), "Once upon a time").rows}
+    assert rows["batch_size"].max_logit_delta == 0 and not rows["batch_size"].tokens_changed
+    assert rows["padding"].max_logit_delta == 0
 
 
 @given(data=st.data())
@@ -115,7 +139,9 @@ class ShapeVarying:
         return results[0] if isinstance(prompt, str) else results
 
 
+@pytest.mark.usefixtures("previous_kernels")
 def test_shape_varying_runner_is_caught_and_shrunk_to_a_minimal_batch(tiny):
+    """On the previous kernels; on the batch-invariant ones, the default, such a runner is not broken."""
     from pytest_llmdeterminism.shape import GenerationSettings
 
     llm = LLMModel(tiny, GenerationSettings(BatchShape(4, 32), 3, 0))

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_llmdeterminism import engines
+from pytest_llmdeterminism import ConfigurationError, engines
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
 from pytest_llmdeterminism.compute import kernels as chosen_kernels
-from pytest_llmdeterminism.compute import tensor_ops
-from pytest_llmdeterminism.compute.kernels import Kernels, Policy
+from pytest_llmdeterminism.compute import numerics, tensor_ops
+from pytest_llmdeterminism.compute.kernels import Kernels, Policy, why_not_batch_invariant
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.model.llm_model import LLMModel
@@ -206,16 +206,36 @@ def kernels(loaded: LoadedModel, chosen: Policy) -> Iterator[None]:
 def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
     with kernels(tiny, Policy.BATCH_INVARIANT):
         _identical_under_every_shape(tiny, ("1x32", "4x32", "2x48", "8x64", "3x40", "16x32"), 8)
-    # the negative control: today's kernels give a batched prompt other bits than the prompt alone
-    default = {shape: _generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)), shape)
-               for shape in ("1x32", "4x32")}
-    assert [g.logit_hashes for g in default["4x32"]] != [g.logit_hashes for g in default["1x32"]]
-    assert input_changes(default["1x32"][0], default["4x32"][0])  # the shape stays part of those goldens
+    # the negative control: the previous kernels give a batched prompt other bits than the prompt alone
+    with kernels(tiny, Policy.ONEDNN_AVX2):
+        previous = {shape: _generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)),
+                                        shape) for shape in ("1x32", "4x32")}
+    assert [g.logit_hashes for g in previous["4x32"]] != [g.logit_hashes for g in previous["1x32"]]
+    assert input_changes(previous["1x32"][0], previous["4x32"][0])  # the shape stays part of those goldens
+
+
+def test_the_default_load_runs_the_batch_invariant_kernels_and_false_the_previous_ones():
+    """Unset (None), the setting chooses the batch-invariant kernels wherever they run; false keeps the
+    previous kernels; where they do not run (native numerics) the default falls back silently and true
+    is an error."""
+    default = engines.load("builtin:tiny", dtype="float32", device="cpu")
+    assert default.engine.kernels.policy is Policy.BATCH_INVARIANT
+    previous = engines.load("builtin:tiny", dtype="float32", device="cpu", batch_invariant=False)
+    assert previous.engine.kernels.policy is Policy.ONEDNN_AVX2
+    assert why_not_batch_invariant(numerics.profile("portable"), "float32", "cpu") == ""
+    assert "float32, not bfloat16" in why_not_batch_invariant(numerics.profile("portable"), "bfloat16", "cpu")
+    assert "cpu numerics 'native'" in why_not_batch_invariant(numerics.profile("native"), "float32", "cpu")
+    native = {"profile": numerics.profile("native"), "in_force": {"mkl_cbwr": "OFF"}, "dtype": "float32",
+              "device": "cpu"}
+    assert Kernels.choose(**native, batch_invariant=None).policy is Policy.LINEAR
+    with pytest.raises(ConfigurationError, match="batch-invariant kernels are not available here"):
+        Kernels.choose(**native, batch_invariant=True)
 
 
 def test_smollm2s_goldens_do_not_depend_on_the_batch_shape(smollm2_gguf):
-    """The real model: recorded alone (one call per prompt), IDENTICAL batched at four other shapes."""
-    loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu", batch_invariant=True)
+    """The real model with default settings: recorded alone (one call per prompt), IDENTICAL batched at
+    four other shapes."""
+    loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu")  # the default kernels
     assert loaded.engine.kernels.policy is Policy.BATCH_INVARIANT
     _identical_under_every_shape(loaded, ("1x32", "4x32", "2x48", "8x64", "3x40"), 6)
 
@@ -230,20 +250,22 @@ def test_batch_invariant_kernels_put_the_model_back(tiny):
     assert all("forward" not in vars(module) for module in model.modules())
 
 
-@pytest.mark.parametrize("numerics, generation", [("portable", "cpu-onednn-avx2-rowwise-2"),
-                                                   ("compatible", "cpu-mkl-compatible-tiles32-rowwise-1")])
+@pytest.mark.parametrize("numerics, setting, generation", [
+    ("portable", (), "cpu-onednn-avx2-rowwise-2"),  # default settings: no llm_batch_invariant
+    ("compatible", ("--llm-batch-invariant=true",), "cpu-mkl-compatible-tiles32-rowwise-1")],
+    ids=["portable-default", "compatible-true"])
 @pytest.mark.subprocess
 def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_and_a_defect_fails(
-        tmp_path, numerics, generation):
-    """The setting end to end, under portable numerics (oneDNN for the prefill) and compatible ones
-    (MKL tiles): recorded at 4x32 under llm_batch_invariant, the example suite reads IDENTICAL at
-    1x32, 2x48, 8x64 and 3x40; a planted defect is a REGRESSION there; a run without the setting is
-    another environment and says how to compare exactly again."""
+        tmp_path, numerics, setting, generation):
+    """The batch-invariant kernels end to end, under portable numerics (oneDNN for the prefill) with
+    default settings and compatible ones (MKL tiles) with llm_batch_invariant = true: recorded at 4x32,
+    the example suite reads IDENTICAL at 1x32, 2x48, 8x64 and 3x40; a planted defect is a REGRESSION
+    there; a run on the previous kernels (false) is another environment and says how to compare
+    exactly again."""
     for name in ("pytest.ini", "test_tiny_model.py"):
         shutil.copy(ROOT / "examples" / name, tmp_path / name)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--llm-batch-invariant=true",
-               f"--llm-cpu-numerics={numerics}"]
+    options = ["-p", "no:cacheprovider", "-p", "no:randomly", *setting, f"--llm-cpu-numerics={numerics}"]
 
     def child(*runs: tuple[str, ...]) -> list[tuple[int, str]]:
         """The runs as sessions of one child Python (tests/sessions.py): each one's exit status and output."""
@@ -301,3 +323,43 @@ def test_the_setting_says_where_it_cannot_hold(suite, ini, why):
     result = suite.runpytest_subprocess("-p", "no:randomly")
     assert result.ret != 0
     assert why in result.stdout.str() + result.stderr.str()
+
+
+def test_by_default_goldens_of_the_previous_kernels_are_judged_across_environments_and_re_recorded_once(
+        suite):
+    """Default settings (no llm_batch_invariant line): goldens recorded on the previous kernels
+    (``false``) read as a numerics change, tokens judged, passing as LOGIT_DRIFT and never rewritten by
+    a plain update; the summary says how to re-record once, after which the goldens read IDENTICAL at
+    four other shapes; the session's probe checked a second shape."""
+    suite.makepyfile(test_prompts="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic
+        def test_prompts(llm_model, golden_tokens):
+            prompts = ["Count: one,", "The colour of the sky is", "def add(a, b):"]
+            for prompt, result in zip(prompts, llm_model.generate(prompts), strict=True):
+                golden_tokens.check(result, name=prompt)
+    """)
+    golden = suite.path / "__golden__" / "test_prompts.json"
+    suite.runpytest("--llm-golden-update", "--llm-batch-invariant=false").assert_outcomes(passed=1)
+    previous = golden.read_bytes()
+    assert b'"batch_invariant"' not in previous
+
+    for update in ((), ("--llm-golden-update",)):  # a check, then a plain update: judged, not rewritten
+        result = suite.runpytest(*update)
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines([
+            "golden checks: 3 LOGIT_DRIFT",
+            "*verified at 4x32 (row 0 vs row 3, and against 1x*",
+            "compared across environments: batch_invariant None → 'cpu-onednn-avx2-rowwise-2'; *the golden "
+            "was computed on the previous kernels (shape-dependent), before batch-invariant kernels became "
+            "the default: re-record once with --llm-golden-update --llm-tolerance=exact*or keep the "
+            "previous kernels with --llm-batch-invariant=false*"])
+        assert golden.read_bytes() == previous
+
+    suite.runpytest("--llm-golden-update", "--llm-tolerance=exact").assert_outcomes(passed=1)  # once
+    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-2"' in golden.read_bytes()
+    for shape in ("4x32", "1x32", "2x48", "8x64", "3x40"):
+        result = suite.runpytest(f"--llm-batch-shape={shape}", "--llm-tolerance=exact")
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(["golden checks: 3 IDENTICAL"])

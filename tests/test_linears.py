@@ -130,7 +130,8 @@ def test_onednn_rows_do_not_depend_on_their_companions(out_features, in_features
 
 
 def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_bits(wide_model, monkeypatch):
-    loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable")
+    loaded = engines.load(str(wide_model), dtype="float32", device="cpu", cpu_numerics="portable",
+                          batch_invariant=False)  # the previous kernels (not the default)
     assert loaded.engine.kernels.policy is Policy.ONEDNN_AVX2
     # oneDNN's products on oneDNN itself, counted (the fixed-order kernel: test_chain.py)
     loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, fixed_order=None)

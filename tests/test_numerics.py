@@ -138,7 +138,8 @@ def test_header_names_the_numerics_and_goldens_record_them(suite):
         "llm: model=builtin:tiny shape=4x32 dtype=float32 device=auto seed=0 *",
         "llm cpu numerics: portable (MKL_CBWR=COMPATIBLE, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; "
         f"{platform.machine()})*",
-        "batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)",
+        # on the batch-invariant kernels, the default, the probe checks a second shape too
+        "batch invariance: verified at 4x32 (row 0 vs row 3, and against 1x*, 3 steps)",
     ])
     path = suite.path / "__golden__" / "test_header_names_the_numerics_and_goldens_record_them.json"
     golden = json.loads(path.read_text())["goldens"]["test_one"]["cpu/float32"]["fingerprint"]
@@ -261,7 +262,7 @@ def test_randomness_in_the_forward_pass_is_named_nondeterministic_and_not_rememb
 
     LLMModel(fresh_tiny, GenerationSettings(BatchShape(4, 32), 3, 0),
              note=notes.append).generate("The sky is")
-    assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"]
+    assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, and against 1x4, 3 steps)"]
 
 
 def test_tokenizer_without_pad_and_eos_tokens_gets_a_safe_pad(tmp_path):

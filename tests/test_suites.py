@@ -157,8 +157,9 @@ def test_a_failing_line_prints_the_message_only_and_module_fixtures_work(suite):
     """)
     (suite.path / "test_two.llm.jsonl").write_text('{"id": "one", "prompt": "The sky is"}\n'
                                                    '{"id": "two", "prompt": "Count: one,"}\n')
-    suite.runpytest("--llm-golden-update").assert_outcomes(passed=2)
-    result = suite.runpytest("--llm-batch-shape=2x40")
+    # on the previous kernels the batch shape is part of every golden: changing it fails both lines
+    suite.runpytest("--llm-golden-update", "--llm-batch-invariant=false").assert_outcomes(passed=2)
+    result = suite.runpytest("--llm-batch-shape=2x40", "--llm-batch-invariant=false")
     result.assert_outcomes(failed=2)
     failures = result.stdout.str().split("= FAILURES =")[1].split("- llm goldens -")[0]
     assert "pluggy" not in failures and "_pytest" not in failures and "Traceback" not in failures

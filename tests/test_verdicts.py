@@ -108,7 +108,10 @@ def test_changed_prompt_is_input_changed_and_every_report_shows_both_inputs(reco
 
 
 def test_changed_batch_shape_is_an_input_change_showing_both_inputs(recorded):
-    result = recorded.runpytest("--llm-batch-shape=2x40")
+    """On the previous kernels (llm_batch_invariant = false) the batch shape is part of every golden."""
+    previous = "--llm-batch-invariant=false"
+    recorded.runpytest("--llm-golden-update", previous, "--llm-tolerance=exact").assert_outcomes(passed=1)
+    result = recorded.runpytest("--llm-batch-shape=2x40", previous)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E*INPUT_CHANGED — batch_shape — fails*",
@@ -116,6 +119,16 @@ def test_changed_batch_shape_is_an_input_change_showing_both_inputs(recorded):
         "E*batch_shape: '4x32' -> '2x40'",
         "E*prompt: unchanged, 'The cat sat on the' (* ids, the same)",
     ])
+
+
+def test_by_default_a_changed_batch_shape_is_identical_and_the_golden_keeps_its_shape(recorded):
+    """On the batch-invariant kernels, the default, the shape is informational: the golden recorded at
+    4x32 reads IDENTICAL at 2x40 under exact comparison, and is not rewritten."""
+    before = golden_entry(recorded)
+    result = recorded.runpytest("--llm-batch-shape=2x40", "--llm-tolerance=exact")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["golden checks: 1 IDENTICAL"])
+    assert golden_entry(recorded) == before and before["batch_shape"] == "4x32"
 
 
 def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_ones(suite, tmp_path):
@@ -154,6 +167,9 @@ def test_a_larger_budget_judges_the_goldens_steps_and_asks_to_record_the_new_one
 
 
 def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(recorded):
+    # the dtype alone changes: the float32 golden on the kernels bfloat16 runs (not batch-invariant)
+    previous = "--llm-batch-invariant=false"
+    recorded.runpytest("--llm-golden-update", previous, "--llm-tolerance=exact").assert_outcomes(passed=1)
     missing = recorded.runpytest("--llm-dtype=bfloat16")
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines([("E*no golden recorded for 'test_case'*[[]'cpu/bfloat16'] (this test has "
@@ -195,6 +211,8 @@ def test_bf16_against_an_fp32_golden_names_the_dtype_and_variants_coexist(record
 def test_bf16_drift_beyond_the_default_tolerance_is_told_to_record_its_variant_not_exact(recorded):
     """Same tokens, logits moved more than bf16's default atol: the fix is a bf16 golden variant or
     a wider tolerance, never --llm-tolerance=exact (which fails every cross-dtype check)."""
+    # the dtype alone changes: the float32 golden on the kernels bfloat16 runs (not batch-invariant)
+    recorded.runpytest("--llm-golden-update", "--llm-batch-invariant=false", "--llm-tolerance=exact")
     path = recorded.path / GOLDEN
     document = json.loads(path.read_text())
     for step in document["goldens"]["test_case"]["cpu/float32"]["steps"]:
@@ -318,14 +336,22 @@ def test_a_changed_chat_template_is_input_changed_showing_both_rendered_prompts(
     ])
 
 
-def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_reason(make_llm):
-    """Goldens of 1xL from before lone prompts ran unpadded: INPUT_CHANGED, saying why, never a drift."""
+def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_reason(make_llm, tiny):
+    """Goldens of 1xL from before lone prompts ran unpadded: INPUT_CHANGED, saying why, never a drift.
+    (Those goldens ran the previous kernels: a padded golden of the batch-invariant ones never existed.)"""
     import dataclasses
+
+    from pytest_llmdeterminism.compute.linears import LinearKernels
 
     from pytest_llmdeterminism.compare import Verdict, compare
     from pytest_llmdeterminism.reporting.failure import mismatch
 
-    now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
+    before_kernels = tiny.engine.linears
+    tiny.engine.linears, tiny.cache = LinearKernels.ONEDNN_AVX2, {}  # the fingerprint names the kernels
+    try:
+        now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
+    finally:
+        tiny.engine.linears, tiny.cache = before_kernels, {}
     before = dataclasses.replace(now, batch_shape="1x128",
                                  logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
     comparison = compare(before, now)

@@ -107,9 +107,11 @@ class Kernels:
         return GENERATION_OPENBLAS if self.openblas else GENERATIONS.get(self.policy)
 
     def describe(self) -> str:
-        """The kernels in a few words, for the header and reports."""
-        where = " on the fixed-order kernel" if self.fixed_order is not None else ""
-        return f"{self.policy.value}{where}"
+        """Which kernels run, and whether goldens depend on the batch shape (the load's line)."""
+        if self.batch_invariant:
+            return (f"kernels {self.policy.value}: a prompt gives the same bits alone or in any batch; "
+                    "goldens do not depend on the batch shape")
+        return f"kernels {self.policy.value} (not batch-invariant): the batch shape is part of every golden"
 
     @contextmanager
     def routed(self, model: Any) -> Iterator[int]:
@@ -204,14 +206,23 @@ def _invariant(profile: NumericsProfile, previous: Policy, dtype: str, device: s
         else Policy.BATCH_INVARIANT_TILES
 
 
+def why_not_batch_invariant(profile: NumericsProfile, dtype: str, device: str) -> str:
+    """Why batch-invariant kernels do not run a model loaded so ("" where they do, as far as the
+    settings tell: float32 on the CPU under portable or compatible numerics, x86-64 or Linux arm64)."""
+    return (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
+            f"they run float32, not {dtype}" if dtype != "float32" else
+            "" if profile.batch_invariant is not None else
+            f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
+            f"{profile.mode!r} on {platform.machine()}")
+
+
 def _unavailable(profile: NumericsProfile, dtype: str, device: str) -> ConfigurationError:
-    why = (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
-           f"they run float32, not {dtype}" if dtype != "float32" else
-           f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
-           f"{profile.mode!r} on {platform.machine()}")
+    why = why_not_batch_invariant(profile, dtype, device) or (
+        "torch has no MKL reproducible branch here (a build without MKL on x86-64)")
     return ConfigurationError("llm_batch_invariant", "true",
                               f"batch-invariant kernels are not available here: {why}. Remove the setting "
-                              "(goldens then keep the batch shape), or run float32 on an x86-64 CPU with "
+                              "(the previous kernels then run here, and goldens keep the batch shape), or "
+                              "run float32 on an x86-64 CPU with "
                               f"{pasteable('llm_cpu_numerics', 'portable')}")
 
 

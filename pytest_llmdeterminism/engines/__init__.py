@@ -71,15 +71,15 @@ def resolve(spec: str) -> tuple[str, Path]:
                          f"{how_to_get(spec)}")
 
 
-def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable",
-         pinned_late: bool = False, batch_invariant: bool | None = False,
-         recording: bool = False) -> LoadedModel:
+def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable", pinned_late: bool = False,
+         batch_invariant: bool | None = None, recording: bool = False) -> LoadedModel:
     """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
-    ``batch_invariant``: on batch-invariant kernels (True: or an error saying why not; None: where
-    they exist), see ``Kernels.choose``. Other engines run each prompt alone (or own their kernels):
-    the setting does not touch them. ``recording``: a run that records goldens computes oneDNN's
-    products on oneDNN itself."""
+    ``batch_invariant``: None (the default) runs batch-invariant kernels wherever they exist, else the
+    previous ones; True requires them (an error saying why not); False keeps the previous kernels
+    (``Kernels.choose``). Other engines run each prompt alone (or own their kernels): the setting does
+    not touch them. ``recording``: a run that records goldens computes oneDNN's products on oneDNN
+    itself."""
     __tracebackhide__ = True
     if engine_of(spec) is not None:
         parsed = EngineSpec.parse(spec)
@@ -114,7 +114,7 @@ class ModelCache:
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None, plant_defect: bool = False,
-                 batch_invariant: bool | None = False, recording: bool = False) -> None:
+                 batch_invariant: bool | None = None, recording: bool = False) -> None:
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded
@@ -176,4 +176,7 @@ class ModelCache:
             self._announce(f"llm: loaded {spec}{commit} in {took} on {loaded.device}{origin}")
             if loaded.slower:
                 self._announce(f"llm: {loaded.slower}")
+            engine = getattr(loaded, "engine", None)
+            if engine_of(spec) is None and isinstance(engine, hf.HFEngine):  # others own their kernels
+                self._announce(f"llm: {engine.kernels.describe()}")
         return loaded

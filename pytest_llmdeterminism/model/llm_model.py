@@ -139,7 +139,7 @@ class LLMModel:
                                      "prefix")
         if self._verify and not self._loaded.engine.runs_rows_alone:
             found = verify_batch_invariance(self._loaded, self.settings, given[0].text, given[0].ids,
-                                            self._generate_chunk, self._other_shape())
+                                            self._generate_chunk, self._other_shape(len(given[0].ids)))
             if self._note is not None and not self._noted:
                 self._noted = True
                 self._note(found)
@@ -175,12 +175,14 @@ class LLMModel:
             raise ConfigurationError("llm_model.generate(seed=...)", list(config.seeds),
                                      f"expected one seed per prompt ({prompts}), or one integer for all")
 
-    def _other_shape(self) -> tuple[BatchShape, Callable[..., list[Generation]]] | None:
-        """Under batch-invariant kernels, another shape for the probe (the prompt alone, or two rows)."""
+    def _other_shape(self, prompt_tokens: int) -> tuple[BatchShape, Callable[..., list[Generation]]] | None:
+        """Under batch-invariant kernels, another shape for the probe (the prompt alone, or two rows: as
+        long as the prompt of ``prompt_tokens``, which at one row runs at its own length past L)."""
         if not fingerprint(self._loaded).get("batch_invariant"):
             return None
         shape = self.settings.batch_shape
-        other = BatchShape(1, shape.length) if shape.rows > 1 else BatchShape(2, shape.length)
+        other = BatchShape(1, shape.length) if shape.rows > 1 else \
+            BatchShape(2, max(shape.length, prompt_tokens))
         return other, self.with_settings(batch_shape=other)._generate_chunk
 
     def encode(self, prompt: str | Conversation) -> list[int]:

@@ -1,8 +1,9 @@
 """The batch-invariance probe: does a prompt give the same bits at the first and the last row of a
 batch, among other companions? Everything the fixed shape promises rests on it, so it runs once per
 loaded model, shape and thread count, before the first generation that shares a batch. Under
-batch-invariant kernels (``llm_batch_invariant``) goldens do not carry the shape, so the probe also
-runs the prompt in another shape: alone when the batch has several rows, else in a batch of two."""
+batch-invariant kernels (the default wherever they run; ``llm_batch_invariant``) goldens do not carry
+the shape, so the probe also runs the prompt in another shape: alone when the batch has several rows,
+else in a batch of two."""
 
 from __future__ import annotations
 

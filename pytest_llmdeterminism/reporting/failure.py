@@ -212,6 +212,12 @@ def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: 
                 "once)")]
     if field == "batch_shape":
         kernels = [gen.fingerprint.get("batch_invariant") for gen in (expected, actual)]
+        if kernels[1] and not kernels[0]:
+            return [(f"    {field}: {short(old)} -> {short(new)} (the golden was computed on the previous, "
+                     "shape-dependent kernels, so its shape is part of it; re-record it once with "
+                     "--llm-golden-update on the batch-invariant kernels, now the default, and the shape is "
+                     "informational from then on; or keep the previous kernels with "
+                     "llm_batch_invariant = false)")]
         if any(kernels):
             return [(f"    {field}: {short(old)} -> {short(new)} (the shape is informational only where the "
                      f"golden and the run both ran batch-invariant kernels: golden {_kernels(kernels[0])}, "

@@ -102,6 +102,12 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
                 f"{pasteable('llm_cpu_numerics', profiles[0])}, or re-record with --llm-golden-update "
                 "--llm-tolerance=exact")
     kernels = {name: (old, new) for name, old, new in changes}.get("batch_invariant")
+    if kernels is not None and kernels[1] and not kernels[0]:  # whatever else changed with them
+        return (f"{line}; the golden was computed on the previous kernels (shape-dependent), before "
+                "batch-invariant kernels became the default: re-record once with --llm-golden-update "
+                "--llm-tolerance=exact (it re-records every check that is not IDENTICAL; the new goldens do "
+                "not depend on the batch shape), or keep the previous kernels with "
+                f"{pasteable('llm_batch_invariant', 'false')}")
     if kernels is not None and names == ["batch_invariant"]:
         recorded = "true" if kernels[0] else "false"
         return (f"{line}; the golden was computed {'with' if kernels[0] else 'without'} batch-invariant "

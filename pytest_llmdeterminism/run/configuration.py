@@ -99,7 +99,9 @@ def read(config: pytest.Config) -> Options:
                            if config.getoption(s.ini) is not None),
         threads=parse_threads(value("llm_threads")),
         xdist_workers=xdist_workers(config),
-        batch_invariant=parse_boolean("llm_batch_invariant", value("llm_batch_invariant")),
+        # unset: None, batch-invariant kernels wherever they run (engines.load chooses)
+        batch_invariant=None if value("llm_batch_invariant") is None
+        else parse_boolean("llm_batch_invariant", value("llm_batch_invariant")),
     )
 
 

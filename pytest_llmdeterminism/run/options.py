@@ -65,7 +65,9 @@ class Options:
     threads: int | None = None  # llm_threads, or None for auto (compute/threads.py)
     xdist_workers: int | None = None  # the pytest-xdist workers this process starts (the controller)
     plant_defect: bool = False  # --llm-plant-defect or LLMDET_PLANT_DEFECT=1: the negative control
-    batch_invariant: bool = False  # llm_batch_invariant: kernels whose logits do not depend on the batch
+    # llm_batch_invariant: kernels whose logits do not depend on the batch. None (unset): where the
+    # numerics support them, else the previous kernels; True: required; False: the previous kernels
+    batch_invariant: bool | None = None
     repro: Path | None = None  # --llm-repro: a repro pack per failing golden check under this folder
     # Every setting in force that is not its default, as (ini name, value): what a repro pack's
     # command passes again; the model and golden folder relative to the rootdir where inside it.
@@ -116,11 +118,12 @@ SETTINGS = (
              "MKL_NUM_THREADS you set is kept under auto",
              "auto"),
     _Setting("llm_batch_invariant", "--llm-batch-invariant",
-             "true: batch-invariant CPU kernels (pinned numerics, x86-64 or arm64), so a prompt "
-             "gives the same bits alone or in any batch, goldens do not depend on llm_batch_shape and it "
-             "becomes a speed setting; false (default): today's kernels, the batch shape is part of every "
-             "golden",
-             "false"),
+             "batch-invariant CPU kernels, so a prompt gives the same bits alone or in any batch and "
+             "goldens do not depend on llm_batch_shape (it becomes a speed setting). Unset (default): "
+             "on wherever they run (float32 on the CPU under portable or compatible numerics, x86-64 or "
+             "Linux arm64), else the previous kernels; true: required, an error where they do not run; "
+             "false: the previous kernels, the batch shape part of every golden",
+             None),
 )
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from pytest_llmdeterminism.compute import numerics, threads
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
+from pytest_llmdeterminism.compute.kernels import why_not_batch_invariant
 from pytest_llmdeterminism.engines import ModelCache
 from pytest_llmdeterminism.engines.hf import DEFECT_SCALE
 from pytest_llmdeterminism.engines.spec import engine_of
@@ -129,14 +130,27 @@ class LLMSession:
         return [
             first,
             *defect,
-            (f"llm {numerics.describe(options.cpu_numerics)}; " + (
-                "batch-invariant kernels: a prompt gives the same bits alone or in any batch (verified at "
-                "the first generation, against another shape); goldens do not depend on the batch shape"
-                if options.batch_invariant else
-                "batch invariance is verified at the first generation of each shape")) if engine is None else
+            f"llm {numerics.describe(options.cpu_numerics)}; {self._kernels()}" if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
         ]
+
+    def _kernels(self) -> str:
+        """Which kernels the model will run, as far as the settings tell before it loads (the load line
+        says which run: ``Kernels.describe``), and whether goldens depend on the batch shape."""
+        options = self.options
+        why_not = why_not_batch_invariant(numerics.profile(options.cpu_numerics), options.dtype,
+                                          "cpu" if options.device == "auto" else options.device)
+        if options.batch_invariant is False or why_not:
+            kept = ("llm_batch_invariant = false" if options.batch_invariant is False
+                    else f"batch-invariant kernels do not run here: {why_not}")
+            return (f"the previous kernels ({kept}): batch invariance is verified at the first generation "
+                    "of each shape, and the batch shape is part of every golden")
+        where = " where the model loads on the CPU" if options.device == "auto" else ""
+        return ("batch-invariant kernels" + (" (llm_batch_invariant = true)" if options.batch_invariant else
+                                             f" (the default{where})")
+                + ": a prompt gives the same bits alone or in any batch (verified at the first generation, "
+                "against another shape); goldens do not depend on the batch shape")
 
     def thread_choice(self) -> threads.ThreadChoice:
         """The thread count the tests run on: this process's, or as the xdist controller (which runs
