@@ -341,17 +341,18 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
     (Those goldens ran the previous kernels: a padded golden of the batch-invariant ones never existed.)"""
     import dataclasses
 
-    from pytest_llmdeterminism.compute.linears import LinearKernels
-
     from pytest_llmdeterminism.compare import Verdict, compare
+    from pytest_llmdeterminism.compute.kernels import Policy
     from pytest_llmdeterminism.reporting.failure import mismatch
 
-    before_kernels = tiny.engine.linears
-    tiny.engine.linears, tiny.cache = LinearKernels.ONEDNN_AVX2, {}  # the fingerprint names the kernels
+    before_kernels = tiny.engine.kernels
+    # the fingerprint names the kernels: computed again
+    tiny.engine.kernels = dataclasses.replace(before_kernels, policy=Policy.ONEDNN_AVX2)
+    tiny.static_fingerprint, tiny.probed = None, {}
     try:
         now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
     finally:
-        tiny.engine.linears, tiny.cache = before_kernels, {}
+        tiny.engine.kernels, tiny.static_fingerprint, tiny.probed = before_kernels, None, {}
     before = dataclasses.replace(now, batch_shape="1x128",
                                  logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
     comparison = compare(before, now)

@@ -211,14 +211,16 @@ def why_not_batch_invariant(profile: NumericsProfile, dtype: str, device: str) -
     settings tell: float32 on the CPU under portable or compatible numerics, x86-64 or Linux arm64)."""
     return (f"the model runs on {device}, where the CPU's kernels do not compute it" if device != "cpu" else
             f"they run float32, not {dtype}" if dtype != "float32" else
-            "" if profile.batch_invariant is not None else
-            f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
+            "" if profile.batch_invariant is not None else _where_they_run(profile))
+
+
+def _where_they_run(profile: NumericsProfile) -> str:
+    return (f"they run under portable or compatible numerics on x86-64 or arm64; this run has cpu numerics "
             f"{profile.mode!r} on {platform.machine()}")
 
 
 def _unavailable(profile: NumericsProfile, dtype: str, device: str) -> ConfigurationError:
-    why = why_not_batch_invariant(profile, dtype, device) or (
-        "torch has no MKL reproducible branch here (a build without MKL on x86-64)")
+    why = why_not_batch_invariant(profile, dtype, device) or _where_they_run(profile)
     return ConfigurationError("llm_batch_invariant", "true",
                               f"batch-invariant kernels are not available here: {why}. Remove the setting "
                               "(the previous kernels then run here, and goldens keep the batch shape), or "
