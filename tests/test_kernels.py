@@ -84,7 +84,8 @@ def test_the_fixed_order_kernel_is_built_only_for_onednns_products_and_never_whe
     assert split.fixed_order is None and split.slower == ""  # no oneDNN products: nothing slower
     assert not list(tmp_path.iterdir())
     assert Kernels().policy is Policy.LINEAR
-    assert Kernels().describe() == "kernels F.linear (not batch-invariant): the batch shape is part of every golden"
+    assert Kernels().describe() == ("kernels F.linear (not batch-invariant): the batch shape is part of "
+                                    "every golden")
 
 
 def test_each_machine_and_mode_has_one_profile_with_what_it_sets_and_must_find():

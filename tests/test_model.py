@@ -473,7 +473,8 @@ def test_no_processor_runs_unless_a_setting_needs_one(make_llm, monkeypatch):
     monkeypatch.setattr(GenerationMixin, "_get_logits_processor", spy)
     llm = make_llm("1x32", max_new_tokens=8)
     early = llm.generate(PROMPT)  # the tiny model stops after three tokens (the probe's calls too)
-    assert seen and all(processors == [] for processors in seen) and early.finish_reason == "eos" and len(early.token_ids) < 6
+    assert seen and all(processors == [] for processors in seen)
+    assert early.finish_reason == "eos" and len(early.token_ids) < 6
     held = llm.generate(PROMPT, min_new_tokens=6)
     assert "MinNewTokensLengthLogitsProcessor" in seen[-1] and seen[-1][-1] == "_RecordScores"
     assert len(held.token_ids) >= 6
