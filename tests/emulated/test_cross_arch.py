@@ -28,9 +28,9 @@ import pytest
 import pytest_llmdeterminism
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines.fingerprint import cache_dir
-
-from . import sessions
-from .conftest import ATTENTION_PROBE, dequantized_copy, perturbed_tiny_copy
+from tests.helpers import sessions
+from tests.helpers.models import dequantized_copy, perturbed_tiny_copy
+from tests.helpers.probes import ATTENTION_PROBE
 
 QEMU = shutil.which("qemu-aarch64")
 ARM64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))

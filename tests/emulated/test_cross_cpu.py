@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism.compute import chain, numerics
-
-from .conftest import ATTENTION_PROBE
+from tests.helpers.probes import ATTENTION_PROBE
 
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = [

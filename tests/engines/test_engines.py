@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import perturbed_gguf
-from tests.test_cli import llm_golden
-from tests.test_real_model import REAL_SUITE, goldens_of
+from tests.helpers.models import perturbed_gguf
+from tests.helpers.projects import REAL_GOLDEN, REAL_SUITE, llm_golden, read_goldens
 
 # Quantised to Q4_1 in llama.cpp, the model answers the chat question otherwise ("L'Étoile, ...").
 SUITE = REAL_SUITE.replace(' and "Paris" in result.text', "")
@@ -29,7 +28,7 @@ def record_and_reproduce(pytester, spec: str, variant: str) -> dict:
     checked = pytester.runpytest_subprocess()
     checked.assert_outcomes(passed=3)
     checked.stdout.fnmatch_lines(["golden checks: 5 IDENTICAL"])
-    goldens = goldens_of(pytester)
+    goldens = read_goldens(pytester, REAL_GOLDEN)
     assert {v for variants in goldens.values() for v in variants} == {variant}
     return goldens
 

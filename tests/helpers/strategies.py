@@ -44,3 +44,8 @@ def sample_generation(steps: int = 2) -> Generation:
         margins=(2.4,) * steps, finish_reason="length", generation_config={"max_new_tokens": steps},
         batch_shape="1x8", pieces=("a", "b", "c", "d")[:steps], fingerprint={"dtype": "float32"},
     )
+
+
+# The last one holds 40+ tokens: too long for 4x32, fine at the default 1x128.
+POOL = ["The sky is", "Count: one,", " ".join(["the"] * 20 + ["000000 0000000 00000000"] * 4)]
+PROMPT = "The capital of France is"

@@ -2,27 +2,18 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from .conftest import perturbed_tiny_copy
-from .test_workflow import SUITE, golden_keys
+from tests.helpers.models import perturbed_tiny_copy
+from tests.helpers.projects import SUITE, golden_keys, llm_golden, suite_project
 
 GOLDEN = "__golden__/test_suite.json"
 
 
-def llm_golden(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "pytest_llmdeterminism.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, check=False)
-
-
 @pytest.fixture
 def project(suite):
-    suite.makepyfile(test_suite=SUITE)
-    suite.runpytest("--llm-golden-update").assert_outcomes(passed=4)
-    return suite
+    return suite_project(suite, recorded=True)
 
 
 def test_candidates_written_in_ci_are_accepted_locally_then_pass(project, tmp_path, monkeypatch):

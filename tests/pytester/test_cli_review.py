@@ -5,16 +5,13 @@ import json
 import os
 import re
 import select
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from .conftest import perturbed_tiny_copy
-from .test_cli import llm_golden
-from .test_workflow import SUITE
+from tests.helpers.models import perturbed_tiny_copy
+from tests.helpers.projects import SUITE, llm_golden, read_goldens
 
 GOLDEN = "tests/__golden__/test_suite.json"
 CANDIDATE = "llm-candidates/" + GOLDEN
@@ -47,10 +44,6 @@ def verdicts(project):
     return {case[2]: case[1] for case in cases if case}
 
 
-def goldens(project, path=GOLDEN):
-    return json.loads((project.path / path).read_text())["goldens"]
-
-
 def test_the_mixed_project_has_both_verdicts(mixed):
     found = verdicts(mixed)
     assert found["test_capital"] == "INPUT_CHANGED"
@@ -62,7 +55,7 @@ def test_the_mixed_project_has_both_verdicts(mixed):
 
 
 def test_accept_only_a_verdict_takes_those_cases_and_lists_each_case_left(mixed):
-    before, candidates = goldens(mixed), goldens(mixed, CANDIDATE)
+    before, candidates = read_goldens(mixed, GOLDEN), read_goldens(mixed, CANDIDATE)
     found = verdicts(mixed)
     regressions = sorted(key for key, verdict in found.items() if verdict == "REGRESSION")
     accepted = llm_golden("accept", "llm-candidates", "--only", "regression", cwd=mixed.path)
@@ -74,7 +67,7 @@ def test_accept_only_a_verdict_takes_those_cases_and_lists_each_case_left(mixed)
     assert f"left     INPUT_CHANGED  {GOLDEN} ['test_capital']['cpu/float32']" in left
     assert len(left) == len(found) - len(regressions)
     assert lines[-1] == f"summary: accepted {len(regressions)} case(s), left {len(left)} in llm-candidates"
-    after = goldens(mixed)
+    after = read_goldens(mixed, GOLDEN)
     for key in found:
         assert after[key] == (candidates[key] if key in regressions else before[key]), key
     # What is left is what diff still flags: the prompt change, the drift.
@@ -83,71 +76,42 @@ def test_accept_only_a_verdict_takes_those_cases_and_lists_each_case_left(mixed)
 
 
 def test_accept_k_takes_the_cases_whose_test_key_contains_it(mixed):
-    before, candidates = goldens(mixed), goldens(mixed, CANDIDATE)
+    before, candidates = read_goldens(mixed, GOLDEN), read_goldens(mixed, CANDIDATE)
     accepted = llm_golden("accept", "llm-candidates", "-k", "two_checks", "--except", "LOGIT_DRIFT",
                           cwd=mixed.path)
     assert accepted.returncode == 1, accepted.stdout + accepted.stderr
     assert [line.split()[3] for line in accepted.stdout.splitlines() if line.startswith("accepted ")] == [
         "['test_two_checks#2']['cpu/float32']"]
-    after = goldens(mixed)
+    after = read_goldens(mixed, GOLDEN)
     assert after["test_two_checks#2"] == candidates["test_two_checks#2"]
     assert {key: after[key] for key in after if key != "test_two_checks#2"} == \
         {key: before[key] for key in before if key != "test_two_checks#2"}
     nothing = llm_golden("accept", "llm-candidates", "-k", "no such test", cwd=mixed.path)
     assert nothing.returncode == 1
     assert "nothing was accepted: no case of llm-candidates matches -k no such test" in nothing.stdout
-    assert goldens(mixed) == after
+    assert read_goldens(mixed, GOLDEN) == after
 
 
 def test_accept_one_candidate_file_or_a_subfolder_maps_it_under_the_root(mixed, tmp_path):
     """Both were refused before: the file as "not a folder", the subfolder with advice to remove
     a valid candidate."""
-    before, candidates = goldens(mixed), goldens(mixed, CANDIDATE)
+    before, candidates = read_goldens(mixed, GOLDEN), read_goldens(mixed, CANDIDATE)
     one = llm_golden("accept", CANDIDATE, "--only", "INPUT_CHANGED", cwd=mixed.path)
     assert one.returncode == 1, one.stdout + one.stderr
     lines = one.stdout.splitlines()
     assert lines[1] == f"candidates: llm-candidates (mirrors the root; {CANDIDATE} is inside it)"
     assert f"accepted INPUT_CHANGED  {GOLDEN} ['test_capital']['cpu/float32']" in lines
-    assert goldens(mixed)["test_capital"] == candidates["test_capital"]
-    assert goldens(mixed)["test_two_checks"] == before["test_two_checks"]
+    assert read_goldens(mixed, GOLDEN)["test_capital"] == candidates["test_capital"]
+    assert read_goldens(mixed, GOLDEN)["test_two_checks"] == before["test_two_checks"]
     assert not (mixed.path / "__golden__").exists()
     assert not (mixed.path / "tests/__golden__/__golden__").exists()
 
     folder = llm_golden("accept", "llm-candidates/tests/__golden__", cwd=mixed.path)
     assert folder.returncode == 0, folder.stdout + folder.stderr  # every case of the folder taken
     assert "\nleft " not in folder.stdout
-    assert goldens(mixed) == candidates
+    assert read_goldens(mixed, GOLDEN) == candidates
     changed = perturbed_tiny_copy(tmp_path / "again", scale=0.5, seed=0)
     mixed.runpytest("tests", f"--llm-model={changed}").assert_outcomes(passed=4)
-
-
-def test_which_folder_mirrors_the_root_is_asked_for_when_two_fit(tmp_path, monkeypatch, capsys):
-    from pytest_llmdeterminism import cli
-
-    recorded = (Path(__file__).parent / "data/test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
-    root = tmp_path / "root"
-    (root / "tests").mkdir(parents=True)
-    (root / "tox.ini").write_text("[pytest]\n")
-    for module in ("test_x.py", "tests/test_x.py"):  # a test_x module at the top and one in tests/
-        (root / module).write_text("")
-    golden = root / "cands" / "tests" / "__golden__" / "test_x.json"
-    golden.parent.mkdir(parents=True)
-    golden.write_bytes(recorded)
-    monkeypatch.chdir(root)
-    assert cli.main(["accept", "cands/tests/__golden__/test_x.json"]) == 2
-    err = capsys.readouterr().err
-    assert "'cands/tests', 'cands' fit equally well). Give it: --candidates-root DIR." in err
-    assert not (root / "__golden__").exists() and not (root / "tests" / "__golden__").exists()
-    assert cli.main(["accept", "cands/tests/__golden__/test_x.json", "--candidates-root", "cands"]) == 0
-    assert (root / "tests" / "__golden__" / "test_x.json").read_bytes() != b""
-    assert not (root / "__golden__").exists()
-
-
-def test_an_unknown_verdict_is_a_usage_error_that_lists_the_verdicts(tmp_path):
-    wrong = llm_golden("accept", tmp_path, "--only", "REGRESSON", cwd=tmp_path)
-    assert wrong.returncode == 2
-    assert ("'REGRESSON' is not a verdict: give one or more of NEW,IDENTICAL,LOGIT_DRIFT,TIE_FLIP,"
-            "SAMPLE_FLIP,REGRESSION,INPUT_CHANGED, separated by commas") in wrong.stderr
 
 
 # -- review: case by case on a terminal -----------------------------------------------------------
@@ -197,7 +161,7 @@ class Terminal:
 
 
 def test_review_asks_case_by_case_riskiest_first_and_writes_only_at_the_end(mixed):
-    original, candidates = (mixed.path / GOLDEN).read_bytes(), goldens(mixed, CANDIDATE)
+    original, candidates = (mixed.path / GOLDEN).read_bytes(), read_goldens(mixed, CANDIDATE)
     found = verdicts(mixed)
     terminal = Terminal("review", cwd=mixed.path)
     shown = terminal.read_until("accept? [a/s/d/q] ")
@@ -220,7 +184,7 @@ def test_review_asks_case_by_case_riskiest_first_and_writes_only_at_the_end(mixe
     assert ("accepted REGRESSION     tests/__golden__/test_suite.json ['test_param[Count: one,]']"
             "['cpu/float32']") in terminal.output
     assert f"summary: accepted 1 case(s), left {len(found) - 1} in llm-candidates" in terminal.output
-    after, before = goldens(mixed), json.loads(original)["goldens"]
+    after, before = read_goldens(mixed, GOLDEN), json.loads(original)["goldens"]
     assert after["test_param[Count: one,]"] == candidates["test_param[Count: one,]"]
     assert {k: v for k, v in after.items() if k != "test_param[Count: one,]"} == \
         {k: v for k, v in before.items() if k != "test_param[Count: one,]"}
@@ -240,17 +204,6 @@ def test_ctrl_c_or_quit_in_review_writes_nothing(mixed, keys, status, said):
     assert terminal.finish() == status, terminal.output
     assert said in terminal.output and "\naccepted " not in terminal.output
     assert (mixed.path / GOLDEN).read_bytes() == original
-
-
-def test_review_without_a_terminal_names_accept_only_and_k(tmp_path):
-    command = [sys.executable, "-m", "pytest_llmdeterminism.cli", "review", "llm-candidates"]
-    result = subprocess.run(command, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            check=False)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == (
-        "llm-golden review: needs a terminal to ask case by case, and its input is not one. Choose the cases "
-        "to accept instead with: llm-golden accept llm-candidates --only VERDICT[,...] (or --except, or -k "
-        "SUBSTRING of the test key); `llm-golden diff` lists the verdicts.\n")
 
 
 # -- diff reads goldens only ----------------------------------------------------------------------

@@ -1,25 +1,11 @@
 """docs/writing-tests.md, "Testing your app's own generation code": its files, as the page shows them,
 are a project that records, then passes, and fails on a changed model; its production path runs."""
 
-import re
-from pathlib import Path
 
 import pytest
 
-from .conftest import perturbed_tiny_copy
-
-PAGE = Path(__file__).parent.parent / "docs" / "writing-tests.md"
-SECTION = "## Testing your app's own generation code"
-
-
-def section_files() -> dict[str, str]:
-    """The section's code blocks that name their file (```python title="myapp.py"), by file name."""
-    text = PAGE.read_text(encoding="utf-8").split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r'```\w+ title="([^"]+)"\n(.*?)```', text, re.DOTALL))
-
-
-def test_the_section_shows_the_app_its_adapter_its_tests_and_its_jsonl_cases():
-    assert set(section_files()) == {"myapp.py", "conftest.py", "test_myapp.py", "questions.jsonl"}
+from tests.helpers.docs_app_code import section_files
+from tests.helpers.models import perturbed_tiny_copy
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ import shutil
 import subprocess
 import sys
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 pytestmark = pytest.mark.subprocess  # every test here runs pytest on examples/
 
-ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
 
 

@@ -12,8 +12,7 @@ import json
 import pytest
 
 from pytest_llmdeterminism import cli
-
-from .conftest import in_hub_cache, perturbed_tiny_copy
+from tests.helpers.models import in_hub_cache, perturbed_tiny_copy
 
 pytest.importorskip("pytest_split")
 

@@ -5,31 +5,18 @@ prints in full once."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.engines import resolve
-from pytest_llmdeterminism.errors import ModelLoadError, pasteable
+from tests.helpers import ROOT
+from tests.helpers.models import in_hub_cache
+from tests.helpers.pasteable import README, config_blocks
 
-from .conftest import in_hub_cache
-
-README = Path(__file__).parent.parent / "README.md"
-DOCS = sorted((Path(__file__).parent.parent / "docs").rglob("*.md"))
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
 LOADS_THE_MODEL = """
 def test_configured(llm_model):
     assert llm_model.tokenizer is not None
 """
-
-
-def config_blocks(path: Path) -> list[tuple[str, str]]:
-    """(language, text) of every ```ini and ```toml block in a Markdown file."""
-    text = path.read_text(encoding="utf-8")
-    return re.findall(r"^```(ini|toml)\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
-
-
-def readme_config_blocks() -> list[tuple[str, str]]:
-    return config_blocks(README)
 
 
 DOC_BLOCKS = [(path, *block) for path in [README, *DOCS] for block in config_blocks(path)]
@@ -41,10 +28,6 @@ def write_config(pytester: pytest.Pytester, language: str, text: str) -> None:
                                    else f"[tool.pytest.ini_options]\n{text}")
     else:  # a fragment (one setting) goes under [pytest]
         pytester.makefile(".ini", pytest=text if "[pytest]" in text else f"[pytest]\n{text}")
-
-
-def test_the_readme_has_config_blocks_of_both_kinds():
-    assert {language for language, _ in readme_config_blocks()} == {"ini", "toml"}
 
 
 @pytest.mark.parametrize(("path", "language", "text"), DOC_BLOCKS,
@@ -66,12 +49,6 @@ def _suggested(message: str) -> dict[str, str]:
                       message)
     assert match, message
     return {"flag": match[1], "ini": match[2], "toml": match[3]}
-
-
-def test_pasteable_shows_the_flag_the_ini_line_and_the_toml_line():
-    assert pasteable("llm_batch_shape", "2x64") == (
-        '--llm-batch-shape=2x64 (pytest.ini: llm_batch_shape = 2x64; pyproject.toml: '
-        'llm_batch_shape = "2x64")')
 
 
 TOO_LONG = """
@@ -137,17 +114,6 @@ def test_a_truncated_or_misspelled_option_names_the_real_one(pytester, typed, li
     result = pytester.runpytest(typed)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([line])
-
-
-def test_a_missing_smollm2_file_suggests_llm_golden_fetch(tmp_path):
-    missing = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    with pytest.raises(ModelLoadError) as refused:
-        resolve(str(missing))
-    assert f"`llm-golden fetch smollm2 {missing.parent}`" in str(refused.value)
-    assert "hf download" not in str(refused.value)
-    with pytest.raises(ModelLoadError,
-                       match=r"`hf download ORG/NAME --local-dir models/NAME`.*--llm-model=models/NAME"):
-        resolve(str(tmp_path / "other.gguf"))
 
 
 CHANGED_INPUT = """

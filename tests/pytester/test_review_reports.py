@@ -12,10 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmdeterminism.compare import Verdict
-from pytest_llmdeterminism.reporting.records import Outcome, Written
-from pytest_llmdeterminism.reporting.terminal import summary
-
 SUITE = '''
 from pytest_llmdeterminism import deterministic
 
@@ -79,14 +75,6 @@ def two_runs(suite):
     after = suite.runpytest("--llm-report=b.json", "--llm-report=b.md", "--llm-report=b.html")
     after.assert_outcomes(failed=2)
     return suite, after
-
-
-def test_summary_counts_each_verdict_once_saying_how_many_failed():
-    counts = {Outcome(Verdict.TIE_FLIP, True): 1, Outcome(Verdict.TIE_FLIP, False): 1,
-              Outcome(Verdict.REGRESSION, False): 2, Outcome(Verdict.IDENTICAL, True): 3,
-              Outcome(Verdict.REGRESSION, False, Written.UPDATED): 1}
-    assert summary(counts, [], [])[0] == ("golden checks: 3 IDENTICAL, 2 REGRESSION (failed), "
-                                          "2 TIE_FLIP (1 failed), 1 updated (over 1 REGRESSION)")
 
 
 def test_failures_name_the_condition_that_failed_and_the_markdown_ranks_by_the_deciding_margin(

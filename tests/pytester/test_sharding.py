@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.reporting.records import RunRecord
-from pytest_llmdeterminism.run.shards import coverage
-
-from .conftest import perturbed_tiny_copy
+from tests.helpers.models import perturbed_tiny_copy
 
 pytest.importorskip("pytest_split")
 
@@ -219,17 +216,3 @@ def test_an_xdist_shard_reports_the_same_suite_as_a_plain_one(project):
     with_xdist = read_json(project.path / "xdist/report.json")["run"]
     for field in ("suite", "selected", "outcomes", "golden_files", "used"):
         assert with_xdist[field] == plain[field], field
-
-
-def _run(suite, outcomes):
-    return RunRecord(suite=suite, selected=list(outcomes), outcomes=outcomes, golden_files={}, used=[],
-                     stopped=[], partial=[], failed=False)
-
-
-def test_coverage_is_the_union_of_the_shards_suites_against_the_tests_that_finished():
-    runs = [_run(["a::1", "a::2", "b::1"], {"a::1": "passed"}),
-            _run(["a::1", "a::2", "b::1"], {"b::1": "skipped", "a::1": "passed"})]
-    covered = coverage(runs)
-    assert covered.suite == ["a::1", "a::2", "b::1"]
-    assert covered.not_run == ["a::2"]
-    assert covered.twice == ["a::1"]

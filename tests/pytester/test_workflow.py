@@ -4,39 +4,13 @@ import json
 
 import pytest
 
-from .conftest import perturbed_tiny_copy
-
-SUITE = """
-import pytest
-from pytest_llmdeterminism import deterministic
-
-@deterministic(max_new_tokens=6)
-def test_capital(llm_model, golden_tokens):
-    golden_tokens.check(llm_model.generate("Q: What is the capital of Japan? A:"))
-
-@deterministic
-@pytest.mark.parametrize("prompt", ["Count: one,", "The cat sat on the"])
-def test_param(llm_model, golden_tokens, prompt):
-    golden_tokens.check(llm_model.generate(prompt))
-
-@deterministic
-def test_two_checks(llm_model, golden_tokens):
-    first, second = llm_model.generate(["The colour of the sky is", "Hello, world!"])
-    golden_tokens.check(first)
-    golden_tokens.check(second)
-    golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")
-"""
-GOLDEN = "__golden__/test_suite.json"
+from tests.helpers.models import perturbed_tiny_copy
+from tests.helpers.projects import GOLDEN, golden_keys, suite_project
 
 
 @pytest.fixture
 def project(suite):
-    suite.makepyfile(test_suite=SUITE)
-    return suite
-
-
-def golden_keys(project):
-    return sorted(json.loads((project.path / GOLDEN).read_text())["goldens"])
+    return suite_project(suite)
 
 
 class Runner:
@@ -546,18 +520,6 @@ def test_html_report_is_self_contained_and_shows_every_check(project, tmp_path):
     assert "Q:·What·is·the·capital·of·Japan?·A:" in page and "·Tokyo" in page
     drifted = [c for c in checks if c["verdict"] == "LOGIT_DRIFT"]
     assert drifted and all(f"max |Δlogprob| in top-k {c['max_logprob_delta']:.3g}" in page for c in drifted)
-
-
-def test_html_report_shows_new_lines_and_the_variant_actually_compared():
-    from pytest_llmdeterminism.reporting import documents
-    from pytest_llmdeterminism.reporting.records import CheckRecord
-
-    check = CheckRecord(test="t.py::test_x", name="test_x", variant="cpu/float32", run_variant="cpu/bfloat16",
-                        verdict="LOGIT_DRIFT", passed=True, prompt="def f():\n", max_logprob_delta=0.02,
-                        steps={"actual": [("\n", 13, 2.0, -0.1), ("    ", 220, 3.0, -0.05)]})
-    page = documents.run_report_html(documents.run_report([check], []))
-    assert "def·f():↵" in page and ">↵<" in page and ">····<" in page
-    assert "cpu/bfloat16 run, compared with cpu/float32" in page
 
 
 def test_a_skip_after_a_failing_check_does_not_hide_it_and_hidden_helpers_point_at_the_test(suite):

@@ -4,38 +4,10 @@ Two separate pytest processes: the first records goldens, the second must reprod
 and every logit hash bit for bit.
 """
 
-import json
 
 import pytest
 
-REAL_SUITE = """
-from pytest_llmdeterminism import deterministic
-
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "The three primary colours are"]
-
-@deterministic(max_new_tokens=12)
-def test_capital(llm_model, golden_tokens):
-    result = llm_model.generate("The capital of France is")
-    assert "Paris" in result.text
-    golden_tokens.check(result)
-
-@deterministic(max_new_tokens=8)
-def test_batch_matches_alone(llm_model, golden_tokens):
-    batched = llm_model.generate(PROMPTS)
-    for prompt, result in zip(PROMPTS, batched):
-        assert llm_model.generate(prompt) == result
-        golden_tokens.check(result, name=prompt)
-
-@deterministic(max_new_tokens=8, batch_shape="2x64")
-def test_chat(llm_model, golden_tokens):
-    result = llm_model.generate([{"role": "user", "content": "What is the capital of France?"}])
-    assert result.prompt.endswith("<|im_start|>assistant\\n") and "Paris" in result.text
-    golden_tokens.check(result)
-"""
-
-
-def goldens_of(pytester):
-    return json.loads((pytester.path / "__golden__" / "test_real.json").read_text())["goldens"]
+from tests.helpers.projects import REAL_GOLDEN, REAL_SUITE, read_goldens
 
 
 @pytest.mark.subprocess
@@ -48,9 +20,9 @@ def test_smollm2_goldens_reproduce_bitwise_in_a_second_process(pytester, smollm2
                                    "llm: loaded *SmolLM2-135M-Instruct.Q4_1.gguf in * s on cpu*",
                                    "golden checks: 5 recorded"])
     assert "de-quantizing" not in recorded.stdout.str() + recorded.stderr.str()  # no third-party bar
-    assert goldens_of(pytester)["test_chat"]["cpu/float32"]["prompt_form"] == "chat"
+    assert read_goldens(pytester, REAL_GOLDEN)["test_chat"]["cpu/float32"]["prompt_form"] == "chat"
 
-    goldens = goldens_of(pytester)
+    goldens = read_goldens(pytester, REAL_GOLDEN)
     capital = goldens["test_capital"]["cpu/float32"]
     assert "Paris" in capital["text"]
     assert capital["fingerprint"]["model"] == smollm2_gguf.name

@@ -7,32 +7,22 @@ control (they do not). The suite pins portable numerics for itself (pyproject.to
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
 
-from pytest_llmdeterminism import engines
-from pytest_llmdeterminism.compare import Verdict, compare, input_changes
+from pytest_llmdeterminism.compare import input_changes
 from pytest_llmdeterminism.compute import batch_invariant
 from pytest_llmdeterminism.compute.linears import LinearKernels
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.model import LLMModel
-from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+from tests.helpers.batch_invariant import PROMPTS, generations_at, identical_under_every_shape
 
-from . import sessions
-
-ROOT = Path(__file__).resolve().parent.parent
 # SmolLM2-135M's projections (query/output, key/value, gate/up, down) and the tiny model's.
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (64, 64)]
-PROMPTS = ["Once upon a time", "The capital of France is", "def add(a, b):", "Hello there, how"]
 
 
 @pytest.fixture
@@ -114,7 +104,7 @@ def test_without_a_cache_every_forward_is_a_prefill_and_stays_invariant(tiny):
     """use_cache=False: every forward holds every position (none is a decode step), and a prompt's
     bits alone and batched still agree."""
     with kernels(tiny, LinearKernels.BATCH_INVARIANT):
-        alone, batched = (_generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 5, 0)),
+        alone, batched = (generations_at(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 5, 0)),
                                        shape) for shape in ("1x32", "4x32"))
         assert [g.logit_hashes for g in alone] == [g.logit_hashes for g in batched]
         cached = LLMModel(tiny, GenerationSettings(BatchShape.parse("4x32"), 5, 0)).generate(PROMPTS)
@@ -172,23 +162,6 @@ def test_a_padded_rows_attention_has_the_bits_of_the_row_alone(count, threads):
         assert torch.equal(step[row], decoded[0]), row
 
 
-def _generations(llm: LLMModel, shape: str) -> list[Generation]:
-    if shape.startswith("1x"):
-        return [llm.generate([prompt])[0] for prompt in PROMPTS]  # each alone, unpadded
-    return llm.generate(PROMPTS)
-
-
-def _identical_under_every_shape(loaded: LoadedModel, shapes: tuple[str, ...], tokens: int) -> None:
-    """Generations at the first shape are the goldens; every other shape reads IDENTICAL against them,
-    the shape only informational."""
-    found = {shape: _generations(LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0)),
-                                 shape) for shape in shapes}
-    for shape in shapes[1:]:
-        for golden, now in zip(found[shapes[0]], found[shape], strict=True):
-            assert input_changes(golden, now) == (), shape
-            assert compare(golden, now).verdict is Verdict.IDENTICAL, (shape, golden.prompt)
-
-
 @contextmanager
 def kernels(loaded: LoadedModel, chosen: LinearKernels) -> Iterator[None]:
     before = loaded.engine.linears
@@ -201,19 +174,12 @@ def kernels(loaded: LoadedModel, chosen: LinearKernels) -> Iterator[None]:
 
 def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
     with kernels(tiny, LinearKernels.BATCH_INVARIANT):
-        _identical_under_every_shape(tiny, ("1x32", "4x32", "2x48", "8x64", "3x40", "16x32"), 8)
+        identical_under_every_shape(tiny, ("1x32", "4x32", "2x48", "8x64", "3x40", "16x32"), 8)
     # the negative control: today's kernels give a batched prompt other bits than the prompt alone
-    default = {shape: _generations(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)), shape)
+    default = {shape: generations_at(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)), shape)
                for shape in ("1x32", "4x32")}
     assert [g.logit_hashes for g in default["4x32"]] != [g.logit_hashes for g in default["1x32"]]
     assert input_changes(default["1x32"][0], default["4x32"][0])  # the shape stays part of those goldens
-
-
-def test_smollm2s_goldens_do_not_depend_on_the_batch_shape(smollm2_gguf):
-    """The real model: recorded alone (one call per prompt), IDENTICAL batched at four other shapes."""
-    loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu", batch_invariant=True)
-    assert loaded.engine.linears is LinearKernels.BATCH_INVARIANT
-    _identical_under_every_shape(loaded, ("1x32", "4x32", "2x48", "8x64", "3x40"), 6)
 
 
 def test_batch_invariant_kernels_put_the_model_back(tiny):
@@ -224,76 +190,3 @@ def test_batch_invariant_kernels_put_the_model_back(tiny):
         assert model.config._attn_implementation == batch_invariant.ATTENTION
     assert model.config._attn_implementation == before
     assert all("forward" not in vars(module) for module in model.modules())
-
-
-@pytest.mark.parametrize("numerics, generation", [("portable", "cpu-onednn-avx2-rowwise-2"),
-                                                   ("compatible", "cpu-mkl-compatible-tiles32-rowwise-1")])
-@pytest.mark.subprocess
-def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_and_a_defect_fails(
-        tmp_path, numerics, generation):
-    """The setting end to end, under portable numerics (oneDNN for the prefill) and compatible ones
-    (MKL tiles): recorded at 4x32 under llm_batch_invariant, the example suite reads IDENTICAL at
-    1x32, 2x48, 8x64 and 3x40; a planted defect is a REGRESSION there; a run without the setting is
-    another environment and says how to compare exactly again."""
-    for name in ("pytest.ini", "test_tiny_model.py"):
-        shutil.copy(ROOT / "examples" / name, tmp_path / name)
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
-    options = ["-p", "no:cacheprovider", "-p", "no:randomly", "--llm-batch-invariant=true",
-               f"--llm-cpu-numerics={numerics}"]
-
-    def child(*runs: tuple[str, ...]) -> list[tuple[int, str]]:
-        """The runs as sessions of one child Python (tests/sessions.py): each one's exit status and output."""
-        command = sessions.command([sys.executable], [(tmp_path, [*options, *args]) for args in runs])
-        run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                             env=env)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        outputs, codes = sessions.split(run.stdout)
-        return list(zip(codes, outputs, strict=True))
-
-    [(code, recorded)] = child(("--llm-golden-update",))  # a process of its own
-    assert code == 0, recorded[-3000:]
-    assert "golden checks: 9 recorded" in recorded
-    assert "(verified at the first generation, against another shape)" in recorded
-    golden = (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes()
-    assert f'"batch_invariant": "{generation}"'.encode() in golden
-
-    # the checks, in one process of their own
-    checks = {shape: ("--llm-tolerance=exact", f"--llm-batch-shape={shape}")
-              for shape in ("1x32", "2x48", "8x64", "3x40")}
-    checks["defect"] = ("--llm-batch-shape=2x48", "--llm-plant-defect")
-    checks["default kernels"] = ("--llm-batch-invariant=false",)  # at the recorded shape: another environment
-    results = dict(zip(checks, child(*checks.values()), strict=True))
-    for shape in ("1x32", "2x48", "8x64", "3x40"):
-        code, output = results[shape]
-        assert code == 0, (shape, output[-3000:])
-        assert "golden checks: 9 IDENTICAL" in output, shape
-    code, output = results["defect"]
-    assert code == 1 and "REGRESSION" in output, output[-3000:]
-    assert "INPUT_CHANGED" not in output  # the shape is not what it reports
-    code, output = results["default kernels"]
-    assert code == 0, output[-3000:]
-    assert "golden checks: 9 LOGIT_DRIFT" in output
-    assert "compare exactly again with --llm-batch-invariant=true" in output
-    assert (tmp_path / "__golden__" / "test_tiny_model.json").read_bytes() == golden
-
-
-@pytest.mark.parametrize("ini, why", [
-    ("llm_batch_invariant = yes", "expected true or false"),
-    ("llm_batch_invariant = true\nllm_cpu_numerics = native",
-     "batch-invariant kernels are not available here: they run under portable or compatible numerics on "
-     "x86-64 or arm64"),
-    ("llm_batch_invariant = true\nllm_dtype = bfloat16", "they run float32, not bfloat16"),
-])
-@pytest.mark.subprocess
-def test_the_setting_says_where_it_cannot_hold(suite, ini, why):
-    suite.makeini(f"[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n{ini}\n")
-    suite.makepyfile("""
-        import pytest
-
-        @pytest.mark.deterministic
-        def test_one(llm_model):
-            llm_model.generate("hello")
-    """)
-    result = suite.runpytest_subprocess("-p", "no:randomly")
-    assert result.ret != 0
-    assert why in result.stdout.str() + result.stderr.str()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+from tests.helpers import ROOT
+
 FILES = sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("examples/*.py")])
 
 

@@ -39,19 +39,6 @@ int chain_linear(const float *x, const float *w, const float *bias, float *y, in
 """
 
 
-@pytest.fixture(scope="module")
-def kernels_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("kernels")
-    built, why = chain.build(folder)
-    assert built is not None, why
-    return folder
-
-
-@pytest.fixture(scope="module")
-def kernel(kernels_folder):
-    return chain.build(kernels_folder)[0]
-
-
 @pytest.fixture
 def fresh_kernel(kernels_folder):
     """The kernel with no shape checked yet (the module's ``kernel`` keeps its checks)."""
@@ -360,22 +347,6 @@ def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(w
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
 
 
-def test_smollm2_generates_the_same_bits_on_the_kernel_as_on_onednn(smollm2_gguf, tmp_path, monkeypatch):
-    loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu", cpu_numerics="portable")
-    assert loaded.engine.chain is not None, loaded.slower
-    llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x32"), 12, 0))
-    prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
-    fast = llm.generate(prompts)
-    assert loaded.engine.chain.checked and all(loaded.engine.chain.checked.values())
-    kernel, loaded.engine.chain = loaded.engine.chain, None
-    try:
-        slow = llm.generate(prompts)
-    finally:
-        loaded.engine.chain = kernel
-    for a, b in zip(fast, slow, strict=True):
-        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
-
-
 def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_model, tmp_path, monkeypatch):
     """llm_batch_invariant's prefill and LM head run oneDNN with at least two rows: on the kernel too."""
     monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
@@ -392,28 +363,6 @@ def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_mod
     slow = llm.generate(prompts)
     for a, b in zip(fast, slow, strict=True):
         assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
-
-
-def test_a_run_that_records_goldens_computes_them_on_onednn_itself(suite):
-    """Goldens are never made of a product of the kernel that its sampled re-check did not cover:
-    an update run leaves oneDNN's products on oneDNN (the same bits), a check run uses the kernel."""
-    suite.makepyfile(test_one="""
-        from pytest_llmdeterminism import deterministic
-
-        @deterministic(max_new_tokens=2)
-        def test_one(llm_model, golden_tokens):
-            golden_tokens.check(llm_model.generate("The sky is"))
-            engine = llm_model.loaded.engine
-            print("KERNEL", engine.chain is not None)
-    """)
-    recorded = suite.runpytest("--llm-golden-update", "-s")
-    recorded.assert_outcomes(passed=1)
-    recorded.stdout.fnmatch_lines(["llm: oneDNN's products stay on oneDNN (the same bits, slower): goldens "
-                                   "are recorded from oneDNN itself (--llm-golden-update)", "*KERNEL False*"])
-    checked = suite.runpytest("-s")
-    checked.assert_outcomes(passed=1)
-    checked.stdout.fnmatch_lines(["*KERNEL True*"])
-    assert "goldens are recorded from oneDNN itself" not in checked.stdout.str()
 
 
 def test_the_cache_folder_made_under_a_group_umask_still_takes_the_kernel(tmp_path, monkeypatch):

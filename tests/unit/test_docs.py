@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from pytest_llmdeterminism.run.options import SETTINGS
+from tests.helpers import ROOT
+from tests.helpers.docs import first_block
 
-ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
 
 
@@ -141,25 +141,6 @@ def test_the_verdicts_page_lists_every_verdict_in_the_order_the_code_decides_the
     assert set(re.findall(r"`([A-Z_]+)`", home.split(" See", 1)[0])) == set(decided)
 
 
-def _first_block(text: str, language: str) -> str:
-    return text.split(f"```{language}\n", 1)[1].split("```", 1)[0]
-
-
-@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
-def test_the_header_a_page_shows_is_the_one_its_own_config_prints(pytester, page):
-    """The page's pytest.ini, as the reader just wrote it, prints the header line the page shows."""
-    text = (ROOT / page).read_text(encoding="utf-8")
-    (shown,) = [line for line in text.splitlines() if line.startswith("llm: model=")]
-    pytester.makeini(_first_block(text, "ini"))
-    pytester.makepyfile(test_capital=_first_block(text, "python"))
-    result = pytester.runpytest("--collect-only", "-p", "no:randomly")
-    assert result.ret == pytest.ExitCode.OK
-    printed = [line for line in result.outlines if line.startswith("llm: model=")]
-    # The core count is this machine's; the page shows the 2-core machine the docs were written on.
-    printed = [re.sub(r"\(\d+ cores\)", "(2 cores)", line) for line in printed]
-    assert printed == [shown], f"{page} shows {shown!r}; its own config prints {printed}: update the page"
-
-
 # --- one install instruction -------------------------------------------------------------------------
 
 TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
@@ -190,7 +171,7 @@ def test_the_sharding_workflow_is_complete():
     """Checkout, Python, CPU torch, the plugin, the model on the runner, the shards with their
     artifacts, and a merge job that reads them."""
     yaml = pytest.importorskip("yaml")
-    workflow = yaml.safe_load(_first_block((DOCS / "ci" / "sharding.md").read_text(encoding="utf-8"), "yaml"))
+    workflow = yaml.safe_load(first_block((DOCS / "ci" / "sharding.md").read_text(encoding="utf-8"), "yaml"))
     shards, review = workflow["jobs"]["llm-tests"], workflow["jobs"]["llm-review"]
 
     def steps(job: dict) -> list[str]:

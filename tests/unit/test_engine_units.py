@@ -22,8 +22,7 @@ from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_c
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
 from pytest_llmdeterminism.reporting.failure import mismatch
-
-from .strategies_for_tests import generations
+from tests.helpers.strategies import generations
 
 IDS = {" Paris": 7042, ".": 30, " the": 260, " London": 4649, ",": 28}
 
@@ -119,20 +118,6 @@ def test_an_unreachable_server_fails_at_load_with_one_clear_message():
     with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:9/v1 did not answer GET "
                                           r"/v1/models \(.*\)\. Is it running, at this URL\?"):
         load(f"openai:http://127.0.0.1:9/v1#tokenizer={tokenizer}&timeout=2", dtype="float32", device="auto")
-
-
-def test_engine_specs_in_an_ini_file_resolve_their_local_paths_relative_to_it(pytester):
-    (pytester.path / "models").mkdir()
-    pytester.makeini("[pytest]\nllm_model = "
-                     "openai:http://127.0.0.1:9/v1#model=m&tokenizer=models/tok&timeout=1&x\n")
-    pytester.makeconftest("""
-def pytest_configure(config):
-    from pytest_llmdeterminism.run.configuration import read
-    print("SPEC", read(config).model)
-""")
-    result = pytester.runpytest("-s", "--co")
-    resolved = f"{pytester.path}/models/tok"
-    result.stdout.fnmatch_lines([f"SPEC openai:http://127.0.0.1:9/v1#model=m&tokenizer={resolved}&timeout=1&x"])
 
 
 @given(generations())

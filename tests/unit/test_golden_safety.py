@@ -20,8 +20,8 @@ from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, codec, schema, store
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.run.session import TestOutcomes
-
-from .strategies_for_tests import generations, sample_generation
+from tests.helpers.golden_safety import BAD_GOLDENS, VALID_GOLDEN
+from tests.helpers.strategies import generations, sample_generation
 
 
 def _valid_document(steps: int = 2) -> dict:
@@ -94,7 +94,7 @@ def test_duplicate_keys_are_an_error_at_any_depth(tmp_path):
 
 def test_a_duplicate_hidden_by_a_missing_field_is_still_found(tmp_path):
     """A missing field must never let one duplicate key balance the key count."""
-    text = _VALID.decode()
+    text = VALID_GOLDEN.decode()
     no_fingerprint = re.sub(r'"fingerprint": \{.*?\n        \},\n', "", text, count=1, flags=re.DOTALL)
     assert '"fingerprint"' not in no_fingerprint
     twice = no_fingerprint.replace('"text": "', '"text": "FAKE", "text": "', 1)
@@ -171,7 +171,7 @@ def test_a_served_tokens_text_only_ids_are_token_ids(tmp_path):
 ])
 def test_a_byte_order_mark_is_named_with_the_fix(tmp_path, mark, named, fix):
     path = tmp_path / "test_m.json"
-    path.write_bytes(mark + _VALID)
+    path.write_bytes(mark + VALID_GOLDEN)
     assert _rejected(path, named).args[0].count(fix) == 1
 
 
@@ -184,7 +184,6 @@ _json = st.recursive(
                       | st.dictionaries(st.text(max_size=6), children, max_size=4)),
     max_leaves=12,
 )
-_VALID = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation(3))}}).encode()
 _FIELD_PATHS = [("batch_shape",), ("finish_reason",), ("fingerprint",), ("fingerprint", "dtype"),
                 ("fingerprint", "device_class"), ("generation_config",),
                 ("generation_config", "eos_token_id"),
@@ -223,7 +222,7 @@ _FUZZ = settings(max_examples=1000, deadline=None,
 @_FUZZ
 @given(data=st.data())
 def test_fuzz_whole_document_byte_mutations(tmp_path, data):
-    raw = bytearray(_VALID)
+    raw = bytearray(VALID_GOLDEN)
     for _ in range(data.draw(st.integers(1, 4))):
         if not raw:
             break
@@ -244,7 +243,7 @@ def test_fuzz_whole_document_byte_mutations(tmp_path, data):
 @_FUZZ
 @given(path=st.sampled_from(_FIELD_PATHS), value=_json)
 def test_fuzz_typed_field_mutations(tmp_path, path, value):
-    document = json.loads(_VALID)
+    document = json.loads(VALID_GOLDEN)
     holder = document["goldens"]["test_x"]["cpu/float32"]
     for part in path[:-1]:
         holder = holder[part]
@@ -429,103 +428,19 @@ def test_markdown_shows_expected_and_got_text_inert_and_cut_around_the_change():
     assert next(line for line in section if "no golden; got:" in line).startswith("  - no golden; got: `")
 
 
-# -- a bad golden everywhere it can be read ------------------------------------------------------
-
-_BAD_GOLDENS = {
-    "nan": _VALID.decode().replace('"margin":2.4', '"margin":NaN', 1),
-    "duplicate": _VALID.decode().replace('    "test_x": {', '    "test_x": {},\n    "test_x": {', 1),
-    "string schema": _VALID.decode().replace(f'"schema": "{codec.FORMAT}"', '"schema": "2"'),
-}
-
-
-@pytest.mark.parametrize("bad", sorted(_BAD_GOLDENS))
+@pytest.mark.parametrize("bad", sorted(BAD_GOLDENS))
 def test_llm_golden_diff_and_accept_name_the_bad_file(tmp_path, capsys, bad):
     good = tmp_path / "base" / "test_m.json"
     good.parent.mkdir()
-    good.write_bytes(_VALID)
+    good.write_bytes(VALID_GOLDEN)
     broken = tmp_path / "candidates" / "test_m.json"
     broken.parent.mkdir()
-    broken.write_text(_BAD_GOLDENS[bad])
+    broken.write_text(BAD_GOLDENS[bad])
     assert cli.main(["diff", str(good), str(broken)]) == 2
     assert cli.main(["accept", str(broken.parent), "--root", str(tmp_path / "base")]) == 2
     err = capsys.readouterr().err
     assert err.count("llm-golden: golden file") == 2 and "candidates/test_m.json" in err
-    assert good.read_bytes() == _VALID
-
-
-def test_a_bad_golden_no_test_reads_does_not_crash_the_end_of_a_green_run(suite):
-    suite.makepyfile(test_unread="def test_plain():\n    pass\n")
-    (suite.path / "__golden__").mkdir()
-    (suite.path / "__golden__" / "test_unread.json").write_text(_BAD_GOLDENS["nan"])
-    result = suite.runpytest("--llm-report=report.html")
-    result.assert_outcomes(passed=1)
-    assert result.ret == 0
-    pruned = suite.runpytest("--llm-golden-prune")
-    assert pruned.ret == 0 and "Traceback" not in pruned.stdout.str()
-    assert (suite.path / "__golden__" / "test_unread.json").read_text() == _BAD_GOLDENS["nan"]
-
-
-# -- updates write only inside the root (DESIGN.md §11) -------------------------------------------
-
-_ONE_CHECK = """
-from pytest_llmdeterminism import deterministic
-
-@deterministic(max_new_tokens=2)
-def test_capital(llm_model, golden_tokens):
-    golden_tokens.check(llm_model.generate("The capital of France is"))
-"""
-
-
-def test_an_update_refuses_a_golden_folder_that_links_out_of_the_root(suite, tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    suite.makepyfile(test_m=_ONE_CHECK)
-    (suite.path / "__golden__").symlink_to(outside)
-    result = suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    assert list(outside.iterdir()) == []
-    result.stdout.fnmatch_lines([
-        f"NOT written: __golden__/test_m.json: {suite.path}/__golden__ is a symbolic link: "
-        f"{suite.path}/__golden__/test_m.json resolves to {outside}/test_m.json, outside {suite.path}, and "
-        "goldens are written only inside it (*). Replace the link with a real folder, or remove it."])
-
-
-def test_an_update_refuses_a_golden_file_that_links_out_of_the_root(suite, tmp_path):
-    secret = tmp_path / "outside" / "new.json"  # a link to a file yet to be made: a write would create it
-    secret.parent.mkdir()
-    suite.makepyfile(test_m=_ONE_CHECK)
-    (suite.path / "__golden__").mkdir()
-    (suite.path / "__golden__" / "test_m.json").symlink_to(secret)
-    result = suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    assert not secret.exists()
-    result.stdout.fnmatch_lines([
-        f"NOT written: __golden__/test_m.json: {suite.path}/__golden__/test_m.json is a symbolic link: "
-        f"* outside {suite.path}, * Replace the link with a real file, or remove it."])
-
-
-def test_an_update_still_writes_through_a_link_that_stays_inside_the_root(suite):
-    suite.makepyfile(test_m=_ONE_CHECK)
-    (suite.path / "goldens").mkdir()
-    (suite.path / "__golden__").symlink_to(suite.path / "goldens")
-    suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider").assert_outcomes(passed=1)
-    assert "test_capital" in store.read(suite.path / "goldens" / "test_m.json")
-
-
-def test_prune_refuses_a_golden_folder_that_links_out_of_the_root(suite, tmp_path):
-    second = '\n@deterministic(max_new_tokens=2)\ndef test_gone(llm_model, golden_tokens):\n' \
-             '    golden_tokens.check(llm_model.generate("Hello"))\n'
-    suite.makepyfile(test_m=_ONE_CHECK + second)
-    suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider").assert_outcomes(passed=2)
-    suite.makepyfile(test_m=_ONE_CHECK)  # test_gone's golden is now unused
-    outside = tmp_path / "outside"
-    (suite.path / "__golden__").rename(outside)
-    (suite.path / "__golden__").symlink_to(outside)
-    result = suite.runpytest("--llm-golden-prune", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    assert sorted(store.read(outside / "test_m.json")) == ["test_capital", "test_gone"]
-    result.stdout.fnmatch_lines([f"NOT written: __golden__/test_m.json: not pruned: {suite.path}/__golden__ "
-                                 "is a symbolic link: * Replace the link with a real folder, or remove it."])
+    assert good.read_bytes() == VALID_GOLDEN
 
 
 def test_a_hostile_verdict_in_a_merged_report_is_inert_in_the_markdown():

@@ -15,8 +15,10 @@ from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.goldens.review import plan_accept
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
+from tests.helpers import DATA
+from tests.helpers.projects import llm_golden
 
-VALID = (Path(__file__).parent / "data" / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
+VALID = (DATA / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
 NEWER_SCHEMA = VALID.replace(b'"schema": 1', b'"schema": 2')
 
 
@@ -194,11 +196,6 @@ def test_the_plan_names_every_problem_at_once(tmp_path, root):
 
 
 # -- show and diff read only regular files -------------------------------------------------------
-
-
-def llm_golden(*args):
-    return subprocess.run([sys.executable, "-m", "pytest_llmdeterminism.cli", *map(str, args)],
-                          capture_output=True, text=True, check=False, timeout=60)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")

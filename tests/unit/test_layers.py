@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).parent.parent / "pytest_llmdeterminism"
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "pytest_llmdeterminism"
 
 # Each package is a block of layers, lowest first; a line may import only from the lines above it.
 # The pure core sits flat at the package root; ``strategies`` and ``plugin`` are its top, and the

@@ -6,13 +6,14 @@ from pytest_llmdeterminism.goldens.store import read
 from pytest_llmdeterminism.reporting.recorder import TestOutcomes
 from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.run.ledger import Ledger
+from tests.helpers import ROOT
 
 
 def recorded_payload(tmp_path: Path, key: str) -> dict:
     """A real recorded golden: the example suite's first entry, recorded again under ``key``."""
     from pytest_llmdeterminism.goldens import schema
 
-    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    examples = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
     entry = next(iter(read(examples).values()))["cpu/float32"]
     outcomes = TestOutcomes()
     outcomes.record(tmp_path / "g.json", key, schema.from_entry(entry), written=Written.RECORDED)
@@ -44,7 +45,7 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
     from pytest_llmdeterminism.compare import Verdict
     from pytest_llmdeterminism.goldens import schema
 
-    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    examples = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
     generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
     drifted = dataclasses.replace(generation, logit_hashes=("0" * 16,) * len(generation.logit_hashes))
     outcomes = TestOutcomes()
@@ -62,7 +63,7 @@ def test_counts_are_honest_about_held_back_goldens_and_updates_name_what_they_re
     from pytest_llmdeterminism.goldens import schema
     from pytest_llmdeterminism.reporting.terminal import summary
 
-    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    examples = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
     generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
     ledger = Ledger()
     for nodeid, verdict, outcome in (("t.py::ok", Verdict.REGRESSION, "passed"),

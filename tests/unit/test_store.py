@@ -4,7 +4,6 @@ import dataclasses
 import difflib
 import json
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -13,8 +12,8 @@ from hypothesis import strategies as st
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import HashDefinition
 from pytest_llmdeterminism.goldens import codec, schema, store
-
-from .strategies_for_tests import generations
+from tests.helpers import ROOT
+from tests.helpers.strategies import generations
 
 
 @given(generations())
@@ -85,7 +84,7 @@ def test_changed_hash_definition_is_a_schema_error(tmp_path):
 
 
 def test_a_golden_file_names_its_format_by_a_versioned_id_not_a_sentence(tmp_path):
-    from .strategies_for_tests import sample_generation
+    from tests.helpers.strategies import sample_generation
 
     text = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_generation())}})
     document = json.loads(text)
@@ -99,7 +98,7 @@ def test_a_golden_file_names_its_format_by_a_versioned_id_not_a_sentence(tmp_pat
 @pytest.mark.parametrize("engine", ["served-topk", "vllm-topk"])
 def test_a_server_golden_says_what_its_own_hashes_hash(engine):
     """Format 1's header named the logits for the whole file, false for an entry of a server."""
-    from .strategies_for_tests import sample_generation
+    from tests.helpers.strategies import sample_generation
 
     generation = dataclasses.replace(sample_generation(), hash_definition=HashDefinition(engine))
     document = json.loads(codec.dumps({"test_x": {"cpu/float32": schema.to_entry(generation)}}))
@@ -111,7 +110,7 @@ def test_a_server_golden_says_what_its_own_hashes_hash(engine):
                                   "tests/data/test_tiny_model.intel-avx512-native-0.1.0.json",
                                   "tests/data/test_tiny_model.portable-generic-0.2.json"])
 def test_format_1_goldens_still_read_and_are_rewritten_in_format_2_only_when_written(tmp_path, name):
-    committed = Path(__file__).parents[1] / name
+    committed = ROOT / name
     legacy = committed.read_text()
     assert '  "schema": 1\n' in legacy and '"logit_hash": ' in legacy
     goldens = store.read(committed)
@@ -125,7 +124,7 @@ def test_format_1_goldens_still_read_and_are_rewritten_in_format_2_only_when_wri
 
 def test_rewriting_a_format_1_golden_changes_only_its_header(tmp_path):
     """No churn: a format-1 file keeps its entries' lines when it is next written."""
-    legacy = (Path(__file__).parents[1] / "examples/__golden__/test_tiny_model.json").read_text()
+    legacy = (ROOT / "examples/__golden__/test_tiny_model.json").read_text()
     copy = tmp_path / "test_m.json"
     copy.write_text(legacy)
     store.merge(copy, {})
@@ -178,7 +177,7 @@ def test_malformed_entry_is_named(tmp_path):
     (lambda step: step.update(token=-3), r"steps\[0\].token: Expected `int` >= 0"),
 ])
 def test_hand_edited_step_is_named(tmp_path, edit, problem):
-    from .strategies_for_tests import sample_generation
+    from tests.helpers.strategies import sample_generation
 
     entry = schema.to_entry(sample_generation())
     edit(entry["steps"][0])

@@ -16,8 +16,6 @@ from pytest_llmdeterminism.tolerance import (
     parse_setting,
 )
 
-from .conftest import usage_error
-
 
 @pytest.mark.parametrize(("text", "profile"), [
     ("exact", Profile(ProfileName.EXACT)),
@@ -84,12 +82,6 @@ def test_device_mapping_and_defaults():
     assert cuda_bf16.margin > cuda_fp32.margin and cuda_bf16.atol > cuda_fp32.atol
     with pytest.raises(ConfigurationError, match="expected 'device: profile' pairs"):
         parse_setting("gpu: exact")
-
-
-def test_bad_ini_tolerance_is_a_usage_error(pytester):
-    result = usage_error(pytester, "llm_tolerance = fuzzy")
-    result.stderr.fnmatch_lines(
-        ["ERROR: llm_tolerance = 'fuzzy': expected one of exact, tokens, close, near_tie*"])
 
 
 def _comparison(verdict, delta, golden_margin=0.01, tie_margin=0.05):
