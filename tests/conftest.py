@@ -1,4 +1,6 @@
-"""Shared fixtures: the real tiny model, perturbed copies of it, and the SmolLM2 GGUF file."""
+"""The suite's fixtures and hooks: the test tiers (by folder), the tiny model loaded once, the SmolLM2
+GGUF file, a llama.cpp server, and the environment every test and the pytest runs it starts get.
+What tests share besides fixtures is in ``tests.helpers``."""
 
 from __future__ import annotations
 
@@ -24,22 +26,32 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # child natively, and several seconds of each emulated one. Children cache their bytecode instead.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-
-
-
-# Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the inner-loop command).
-# Marked here from what a test uses, so a new test lands in its tier without a decorator; tests that
-# start pytest in a child process carry @pytest.mark.subprocess (a fixture below checks the mark).
+# Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the loops' commands). A test
+# lives in the folder of its heaviest tier, so `pytest tests/unit` is the inner loop and `pytest
+# tests/pytester -m "not subprocess"` the workflow loop. Its markers: its folder's tier (what it needs
+# is a machine's, not a fixture's: qemu, llama.cpp), the tiers of the fixtures it uses, and the marks
+# written on it (subprocess: it starts pytest in a child process, which a fixture below checks).
+TIER_FOLDERS = ("emulated", "slow", "engines", "real_model", "pytester", "unit")  # heaviest first
+FOLDER_OF_TIER = {"subprocess": "pytester"}  # child-process runs live beside the in-process ones
 TIER_BY_FIXTURE = {
     "pytester": "pytester",  # runs pytest on a project it writes, in this process or a child
     "smollm2_gguf": "real_model",  # the real SmolLM2-135M
     "llama_server": "engines",  # a llama.cpp OpenAI-compatible server process
 }
-TIER_BY_FILE = {
-    "test_engines.py": "engines",  # llama.cpp in process and served
-    "test_cross_cpu.py": "emulated",  # qemu-x86_64 runs pytest under other CPUs
-    "test_cross_arch.py": "emulated",  # qemu-aarch64 runs an arm64 Python
-}
+MARKED_BY_FOLDER = ("emulated", "slow", "engines", "real_model")  # pytester/ holds subprocess ones too
+TESTS = Path(__file__).parent
+
+
+def _folder(item: pytest.Item) -> str:
+    """The tier folder ``item`` lives in (its first folder under tests/), or ``""``."""
+    parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 else ""
+
+
+def _belongs_in(item: pytest.Item) -> str:
+    """The folder of the heaviest tier ``item`` is marked with."""
+    folders = {FOLDER_OF_TIER.get(mark.name, mark.name) for mark in item.iter_markers()}
+    return next(folder for folder in TIER_FOLDERS if folder in folders or folder == "unit")
 
 
 # The order tests start in: the longest first, so that under xdist (one test at a time to each
@@ -59,10 +71,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         tiers = {tier for fixture, tier in TIER_BY_FIXTURE.items() if fixture in fixtures}
-        tiers.update(tier for name, tier in TIER_BY_FILE.items() if item.path.name == name)
+        if _folder(item) in MARKED_BY_FOLDER:
+            tiers.add(_folder(item))
         for tier in sorted(tiers):
             item.add_marker(tier)
     items.sort(key=_start_rank)  # stable: every xdist worker collects the same order
+
+
+@pytest.fixture(autouse=True)
+def _in_its_tier_folder(request):
+    """A test lives in the folder of its heaviest tier: one that uses ``pytester`` (or is marked
+    ``subprocess``) in tests/unit would slow the inner loop unnoticed, so it fails saying where it goes.
+    (First of the autouse fixtures: nothing heavy is set up for a test in the wrong place.)"""
+    folder, belongs = _folder(request.node), _belongs_in(request.node)
+    if folder != belongs:
+        pytest.fail(f"{request.node.nodeid} is a {belongs} test: move it to tests/{belongs}/ "
+                    "(tests/conftest.py, TIER_FOLDERS)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
