@@ -153,7 +153,8 @@ CHILD_PYTEST_ADDOPTS = "-p no:unraisableexception"
 @pytest.fixture(autouse=True)
 def _child_runs_as_written(request, monkeypatch):
     """pytest-randomly (in the test extra) would shuffle every project pytester runs: they keep the
-    order they are written in unless a test asks for it with ``-p randomly`` (tests/test_neighbours.py).
+    order they are written in unless a test asks for it with ``-p randomly``
+    (tests/pytester/test_neighbours.py).
     Set after pytester's own setup, which clears ``PYTEST_ADDOPTS``. Every child pytest, pytester's or
     a test's own, runs without the unraisableexception plugin (``CHILD_PYTEST_ADDOPTS``)."""
     if "pytester" in request.fixturenames:

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-
-PACKAGE = ROOT / "pytest_llmdeterminism"
+# By its path, not tests.helpers: docs/hooks.py loads this file from its path to draw the map.
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmdeterminism"
 
 # Each package is a block of layers, lowest first; a line may import only from the lines above it.
 # The pure core sits flat at the package root; ``strategies`` and ``plugin`` are its top, and the

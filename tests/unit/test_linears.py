@@ -2,7 +2,7 @@
 threads give the bits of ``F.linear``; oneDNN's capped GEMM keeps rows independent of their batch.
 
 The suite pins portable numerics for itself (pyproject.toml), so these run under MKL's reproducible
-branch with oneDNN capped at AVX2. tests/test_cross_cpu.py checks the same bits under emulated CPUs.
+branch with oneDNN capped at AVX2. tests/emulated/test_cross_cpu.py checks the same bits under emulated CPUs.
 """
 
 from __future__ import annotations
