@@ -85,8 +85,8 @@ def _in_its_tier_folder(request):
     (First of the autouse fixtures: nothing heavy is set up for a test in the wrong place.)"""
     folder, belongs = _folder(request.node), _belongs_in(request.node)
     if folder != belongs:
-        pytest.fail(f"{request.node.nodeid} is a {belongs} test: move it to tests/{belongs}/ "
-                    "(tests/conftest.py, TIER_FOLDERS)", pytrace=False)
+        pytest.fail(f"{request.node.nodeid} belongs in tests/{belongs}/, the folder of its heaviest tier "
+                    "(tests/conftest.py, TIER_FOLDERS): move it there", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

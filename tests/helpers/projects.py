@@ -75,7 +75,7 @@ def suite_project(suite: pytest.Pytester, *, recorded: bool = False) -> pytest.P
 def read_goldens(project: pytest.Pytester | Path, path: str = GOLDEN) -> dict[str, Any]:
     """The ``goldens`` of the golden file at ``path`` in a pytester project (or a folder)."""
     root = project.path if isinstance(project, pytest.Pytester) else project
-    return json.loads((root / path).read_text())["goldens"]  # type: ignore[no-any-return]
+    return json.loads((root / path).read_text())["goldens"]
 
 
 def golden_keys(project: pytest.Pytester | Path, path: str = GOLDEN) -> list[str]:
