@@ -79,7 +79,7 @@ class Run:
             # The plugin comes from this source tree, not from an installed distribution.
             python = [str(QEMU), "-L", str(ARM64 / "ROOT"), *(["-cpu", cpu] if cpu else []),
                       str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11")]
-            # later sessions share the process (tests/sessions.py): ~20 s of imports under emulation
+            # later sessions share the process (tests/helpers/sessions.py): ~20 s of imports under emulation
             plugin = ("-p", "pytest_llmdeterminism.plugin")
             command = sessions.command(python, [(path, [*options, *session, *plugin])
                                                 for path, session in [(project, args), *then]])
@@ -182,7 +182,7 @@ def test_capital(llm_model, golden_tokens):
 @pytest.mark.slow
 def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path, smollm2_gguf):
     """The tiny model and SmolLM2-135M, whose GEMMs are large enough for native core types to change
-    bits. Runs with the same emulated CPU and OPENBLAS_CORETYPE share one process (tests/sessions.py):
+    bits. Runs with the same emulated CPU and OPENBLAS_CORETYPE share one process (tests/helpers/sessions.py):
     the records, then the native checks; the portable checks run under CPUs of their own."""
     tiny = project(tmp_path / "tiny")
     # Dequantised here, natively: parsing the GGUF file under emulation would add about 3 min a run.

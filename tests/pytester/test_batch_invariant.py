@@ -33,7 +33,8 @@ def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_an
                f"--llm-cpu-numerics={numerics}"]
 
     def child(*runs: tuple[str, ...]) -> list[tuple[int, str]]:
-        """The runs as sessions of one child Python (tests/sessions.py): each one's exit status and output."""
+        """The runs as sessions of one child Python (tests/helpers/sessions.py): each one's exit status
+        and output."""
         command = sessions.command([sys.executable], [(tmp_path, [*options, *args]) for args in runs])
         run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
                              env=env)
