@@ -1,4 +1,5 @@
-"""The user's journey through pytest itself (pytester): record, check, catch a changed model, accept."""
+"""The user's journey, the part that needs no pytest run: the HTML report's lines and variants
+(the journey through pytest itself: tests/pytester/test_workflow.py)."""
 
 
 def test_html_report_shows_new_lines_and_the_variant_actually_compared():
