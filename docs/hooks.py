@@ -9,14 +9,14 @@ file, never by hand::
 
 ``python docs/hooks.py --write`` rewrites every block in ``docs/`` from the code, so a reader on
 GitHub sees the full reference; ``--check`` lists the pages whose blocks differ (exit 1), as
-``tests/test_docs.py`` does. As an mkdocs hook it renders the blocks again at build time, so the site
+``tests/unit/test_docs.py`` does. As an mkdocs hook it renders the blocks again at build time, so the site
 always documents the code it was built from. The blocks:
 
 - ``<!-- generated: options -->``: every ``--llm-*`` option and ini setting, read from a real
   ``pytest.Parser`` that the plugin's ``run.options.register`` filled;
 - ``<!-- generated: cli -->``: the help of ``llm-golden`` and of each of its commands, from its
   argparse parser;
-- ``<!-- generated: layers -->``: the package map, from ``tests/test_layers.py``'s ``PACKAGES`` table
+- ``<!-- generated: layers -->``: the package map, from ``tests/unit/test_layers.py``'s ``PACKAGES`` table
   and the first sentence of each module's docstring;
 - ``<!-- generated: api -->``: the names in ``pytest_llmdeterminism.__all__`` with their summaries.
 """
@@ -208,7 +208,8 @@ def cli() -> str:
 
 
 def _layers_table() -> dict[str, list[list[str]]]:
-    spec = importlib.util.spec_from_file_location("_docs_test_layers", ROOT / "tests" / "test_layers.py")
+    spec = importlib.util.spec_from_file_location("_docs_test_layers",
+                                                  ROOT / "tests" / "unit" / "test_layers.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # An arm64 Python 3.11 with torch, run under qemu-aarch64 user mode on an x86-64 machine, for
-# tests/test_cross_arch.py. Prepared once into a cache folder (about 1 GB, a few minutes) and reused:
+# tests/emulated/test_cross_arch.py. Prepared once into a cache folder (about 1 GB, a few minutes) and reused:
 #
 #   ROOT/       Debian bookworm's arm64 Python 3.11 and the C libraries it and torch need, unpacked
 #               with `dpkg -x` (no maintainer scripts run, nothing is installed on this machine)

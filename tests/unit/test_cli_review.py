@@ -1,0 +1,48 @@
+"""The weekly review loop: accept some candidates (by verdict, test key, folder or file), review
+them case by case on a terminal, and `diff` that reads goldens only."""
+
+import subprocess
+import sys
+
+from tests.helpers import DATA
+from tests.helpers.projects import llm_golden
+
+
+def test_which_folder_mirrors_the_root_is_asked_for_when_two_fit(tmp_path, monkeypatch, capsys):
+    from pytest_llmdeterminism import cli
+
+    recorded = (DATA / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
+    root = tmp_path / "root"
+    (root / "tests").mkdir(parents=True)
+    (root / "tox.ini").write_text("[pytest]\n")
+    for module in ("test_x.py", "tests/test_x.py"):  # a test_x module at the top and one in tests/
+        (root / module).write_text("")
+    golden = root / "cands" / "tests" / "__golden__" / "test_x.json"
+    golden.parent.mkdir(parents=True)
+    golden.write_bytes(recorded)
+    monkeypatch.chdir(root)
+    assert cli.main(["accept", "cands/tests/__golden__/test_x.json"]) == 2
+    err = capsys.readouterr().err
+    assert "'cands/tests', 'cands' fit equally well). Give it: --candidates-root DIR." in err
+    assert not (root / "__golden__").exists() and not (root / "tests" / "__golden__").exists()
+    assert cli.main(["accept", "cands/tests/__golden__/test_x.json", "--candidates-root", "cands"]) == 0
+    assert (root / "tests" / "__golden__" / "test_x.json").read_bytes() != b""
+    assert not (root / "__golden__").exists()
+
+
+def test_an_unknown_verdict_is_a_usage_error_that_lists_the_verdicts(tmp_path):
+    wrong = llm_golden("accept", tmp_path, "--only", "REGRESSON", cwd=tmp_path)
+    assert wrong.returncode == 2
+    assert ("'REGRESSON' is not a verdict: give one or more of NEW,IDENTICAL,LOGIT_DRIFT,TIE_FLIP,"
+            "SAMPLE_FLIP,REGRESSION,INPUT_CHANGED, separated by commas") in wrong.stderr
+
+
+def test_review_without_a_terminal_names_accept_only_and_k(tmp_path):
+    command = [sys.executable, "-m", "pytest_llmdeterminism.cli", "review", "llm-candidates"]
+    result = subprocess.run(command, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "llm-golden review: needs a terminal to ask case by case, and its input is not one. Choose the cases "
+        "to accept instead with: llm-golden accept llm-candidates --only VERDICT[,...] (or --except, or -k "
+        "SUBSTRING of the test key); `llm-golden diff` lists the verdicts.\n")

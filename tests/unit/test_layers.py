@@ -1,0 +1,148 @@
+"""The package's house: every module sits on a layer and imports only from layers below it.
+
+Any import counts: absolute or relative, at module level, inside a function, under
+``TYPE_CHECKING``, from the package root, or through ``importlib.import_module`` with a literal
+name. A strict order of layers also rules out every import cycle. A new module must be given its
+layer here (the docs' design page renders this table), so the picture cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+# By its path, not tests.helpers: docs/hooks.py loads this file from its path to draw the map.
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmdeterminism"
+
+# Each package is a block of layers, lowest first; a line may import only from the lines above it.
+# The pure core sits flat at the package root; ``strategies`` and ``plugin`` are its top, and the
+# root's ``__init__`` (the public surface, which exports from every layer) sits above them.
+PACKAGES = {
+    "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
+    "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
+                ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
+                ["compute"]],
+    "engines": [["engines.secret", "engines.cached", "engines.checkpoint"],
+                ["engines.capture", "engines.spec"],
+                ["engines.hf", "engines.hub", "engines.loaded", "engines.completions"],
+                ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.openai"],
+                ["engines"]],
+    "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"], ["goldens.codec"],
+                ["goldens.store"], ["goldens.files"], ["goldens.review"]],
+    "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit"],
+                  ["reporting.recorder", "reporting.hints"],
+                  ["reporting.failure", "reporting.terminal", "reporting.documents"],
+                  ["reporting.run_comparison"]],
+    # The llm_model fixture object over the engines, and the audit on top of it.
+    "model": [["model", "model.inputs"], ["model.fingerprint"], ["model.probe"], ["model.llm_model"],
+              ["model.audit"]],
+    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"],
+            ["run.configuration", "run.repro"],
+            ["run.markers", "run.golden_tokens", "run.writer"],
+            ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
+    "cli": [["cli.project"], ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb",
+                              "cli.compare"], ["cli.review"], ["cli"], ["cli.__main__"]],
+    "top": [["strategies", "plugin"], ["__init__"]],
+}
+LAYERS = [line for block in PACKAGES.values() for line in block]
+PACKAGE_OF = {module: name for name, block in PACKAGES.items() for line in block for module in line}
+LAYER = {module: number for number, modules in enumerate(LAYERS) for module in modules}
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _module_of(name: str) -> str:
+    """The module of this package that ``pytest_llmdeterminism[.a.b]`` names: the longest known
+    prefix; the package itself, or a name taken from it, is ``__init__``."""
+    module = name.removeprefix("pytest_llmdeterminism").lstrip(".")
+    while module and module not in LAYER:  # a name imported from a module: the module
+        module = module.rpartition(".")[0]
+    return module or "__init__"
+
+
+def package_imports(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
+    """(line, module) for every import of a module of this package in ``path``."""
+    package = ["pytest_llmdeterminism", *path.parent.relative_to(root).parts]  # what `.` means here
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and getattr(node.func, "attr", getattr(node.func, "id", ""))
+              in ("import_module", "__import__")):
+            names = [str(node.args[0].value)]
+        else:
+            continue
+        modules = {_module_of(name) for name in names
+                   if name == "pytest_llmdeterminism" or name.startswith("pytest_llmdeterminism.")}
+        found += [(node.lineno, module) for module in sorted(modules)]
+    return found
+
+
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "tiny" not in p.parts)
+
+
+def test_every_module_has_a_layer():
+    assert sorted(module_name(p) for p in SOURCES if module_name(p) not in LAYER) == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=module_name)
+def test_imports_only_go_down(path):
+    source = module_name(path)
+    upward = [f"{path.name}:{line} imports {target} (layer {LAYER[target]}, "
+              f"not below {source}'s {LAYER[source]})"
+              for line, target in package_imports(path)
+              if target != source and LAYER[target] >= LAYER[source]]
+    assert upward == []
+
+
+@pytest.mark.parametrize(("planted", "target"), [
+    ("def f():\n    from pytest_llmdeterminism.run.session import LLMSession\n", "run.session"),
+    ("from ..run.session import LLMSession\n", "run.session"),
+    ("from ..run import session\n", "run.session"),
+    ("from . import hf\n", "engines.hf"),
+    ("from pytest_llmdeterminism.model.llm_model import LLMModel\n", "model.llm_model"),
+    ("from pytest_llmdeterminism import GoldenMismatchError\n", "__init__"),
+    ("import pytest_llmdeterminism\n", "__init__"),
+    ("import pytest_llmdeterminism.run.session as s\n", "run.session"),
+    ("import importlib\nimportlib.import_module('pytest_llmdeterminism.goldens.store')\n", "goldens.store"),
+])
+def test_the_checker_sees_upward_imports(tmp_path, planted, target):
+    """Negative control: an upward import, in any spelling and across packages, is found."""
+    root = tmp_path / "pytest_llmdeterminism"
+    (root / "engines").mkdir(parents=True)
+    fake = root / "engines" / "capture.py"
+    fake.write_text((PACKAGE / "engines" / "capture.py").read_text() + "\n" + planted)
+    source = module_name(fake, root)
+    assert source == "engines.capture"
+    assert [t for _, t in package_imports(fake, root) if LAYER[t] >= LAYER[source]] == [target]
+
+
+def test_each_module_sits_in_the_package_its_layer_block_names():
+    """The table's packages are the folders: a module moved to another folder needs a new place."""
+    def folder(name: str) -> str:
+        first = name.split(".")[0]
+        top = {module for line in PACKAGES["top"] for module in line}
+        return first if first in PACKAGES else "top" if name in top else "core"
+    misplaced = [f"{name} is in the {PACKAGE_OF[name]!r} block" for name in map(module_name, SOURCES)
+                 if PACKAGE_OF[name] != folder(name)]
+    assert misplaced == []
+
+
+def test_the_package_root_shows_its_plan_in_a_few_entries():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    # 16: sampling.py, generation's sibling in the core; compute/, how the process computes;
+    # 17: model/, the llm_model fixture object over the engines (engines/ holds backends only)
+    assert len(entries) <= 17, entries
