@@ -3,7 +3,7 @@ GEMM (its one-row kernel and its GEMM), each shape checked once in the process, 
 kernel cannot run.
 
 The suite pins portable numerics for itself (pyproject.toml), so oneDNN runs capped at AVX2 here.
-tests/test_cross_cpu.py checks the kernel's bits under emulated CPUs of the other vendor.
+tests/emulated/test_cross_cpu.py checks the kernel's bits under emulated CPUs of the other vendor.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 real tiny model: a row's sample depends on its seed and its own prompt alone (not its companions, its
 row, the batch shape or the thread count), goldens record the settings and the draw margins, and a
 changed model, seed or setting is caught. The sampler's faithfulness (chi-square over many seeds,
-and a wrong temperature as the negative control) is tested in ``tests/test_sampling.py``."""
+and a wrong temperature as the negative control) is tested in ``tests/unit/test_sampling.py``."""
 
 from __future__ import annotations
 

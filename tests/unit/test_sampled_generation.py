@@ -2,7 +2,7 @@
 real tiny model: a row's sample depends on its seed and its own prompt alone (not its companions, its
 row, the batch shape or the thread count), goldens record the settings and the draw margins, and a
 changed model, seed or setting is caught. The sampler's faithfulness (chi-square over many seeds,
-and a wrong temperature as the negative control) is tested in ``tests/test_sampling.py``."""
+and a wrong temperature as the negative control) is tested in ``tests/unit/test_sampling.py``."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_bfloat16_drift_flips_sampled_draws_only_at_near_ties_and_changed_weight
     from pytest_llmdeterminism.engines import load
     from pytest_llmdeterminism.model.llm_model import LLMModel
 
-    from .conftest import perturbed_tiny_copy
+    from tests.helpers.models import perturbed_tiny_copy
 
     llm = make_llm("8x32", max_new_tokens=12)
     tie_margin = default_tie_margin("bfloat16")
