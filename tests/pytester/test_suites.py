@@ -50,7 +50,6 @@ def test_a_changed_model_fails_the_affected_lines_only(suite, tmp_path, tiny):
     from pytest_llmdeterminism.goldens import schema
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
-
     from tests.helpers.models import boosted_token_copy
 
     write_suite(suite)

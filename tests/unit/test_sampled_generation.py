@@ -163,7 +163,6 @@ def test_bfloat16_drift_flips_sampled_draws_only_at_near_ties_and_changed_weight
     from pytest_llmdeterminism.compare import default_tie_margin
     from pytest_llmdeterminism.engines import load
     from pytest_llmdeterminism.model.llm_model import LLMModel
-
     from tests.helpers.models import perturbed_tiny_copy
 
     llm = make_llm("8x32", max_new_tokens=12)
