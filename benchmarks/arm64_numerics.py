@@ -79,7 +79,7 @@ def child(mode: str, smollm2: bool) -> None:
             [("smollm2", str(SMOLLM2), BatchShape(2, 16))] if smollm2 else []):
         llm = LLMModel(load(spec, dtype="float32", device="cpu", cpu_numerics=mode),
                        GenerationSettings(shape, 8, 0))
-        hashes = [h for result in llm.generate(PROMPTS) for h in result.logit_hashes]
+        hashes = [h for result in llm.generate(PROMPTS) for h in result.step_hashes]
         row[name] = xxhash.xxh3_64_hexdigest("".join(hashes).encode())[:8]
     print("ROW " + json.dumps(row), flush=True)
 

@@ -11,7 +11,7 @@ not) of one product, each over 30 distinct weights so they stream from memory as
   at or above ``ONEDNN_MIN_PRODUCT`` multiply-adds, else MKL's reproducible branch), and oneDNN with
   a weight packed once (``torch.ops.mkldnn._reorder_linear_weight``), with whether it gives the bits
   of oneDNN on the plain weight (the routed kernel where the shape goes to oneDNN);
-- the plugin's kernel (``compute/fixed_order.py``), which the plugin runs for oneDNN's products where it
+- the fixed-order kernel (``compute/fixed_order.py``), which the plugin runs for oneDNN's products where it
   gives oneDNN's bits, with whether it does.
 
     python benchmarks/linear_kernels.py                # 3 alternating rounds, one thread
@@ -51,7 +51,7 @@ def measure(mode: str, threads: int) -> None:
     torch.set_num_threads(threads)
     own, why = fixed_order.build(Path(tempfile.mkdtemp()))
     if own is None:
-        raise SystemExit(f"the plugin's kernel did not build: {why}")
+        raise SystemExit(f"the fixed-order kernel did not build: {why}")
     torch.manual_seed(0)
     portable = mode == numerics.PORTABLE
     if portable:

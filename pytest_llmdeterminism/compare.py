@@ -96,7 +96,7 @@ def compare(expected: Generation, actual: Generation, *, tie_margin: float | Non
         first_hash: int | None = 0
     else:
         definitions, first_hash = None, next(
-            (t for t in range(hashed) if expected.logit_hashes[t] != actual.logit_hashes[t]), None)
+            (t for t in range(hashed) if expected.step_hashes[t] != actual.step_hashes[t]), None)
     delta = _max_logprob_delta(expected.top_logprobs[:compared], actual.top_logprobs[:compared])
     dtype = expected.fingerprint.get("dtype", "")
     margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)

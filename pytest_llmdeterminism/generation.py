@@ -127,7 +127,7 @@ def _is_neutral(name: str, value: Any) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GreedyConfig:
+class DecodingConfig:
     """The effective decoding config: what every engine runs, and what a golden records (:meth:`as_dict`,
     in this field order). Greedy, or with ``do_sample=True`` the plugin's seeded sampler's settings in
     ``sampling`` (decoding stays greedy, over perturbed scores); ``num_beams`` is always 1."""
@@ -168,7 +168,7 @@ SAMPLING_ARGUMENTS = ("temperature", "top_k", "top_p", "min_p", "seed")
 
 def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: int,
                               eos_token_ids: list[int], pad_token_id: int,
-                              seed: int = 0, vocab_size: int | None = None) -> GreedyConfig:
+                              seed: int = 0, vocab_size: int | None = None) -> DecodingConfig:
     """The effective config: defaults, then accepted overrides. Sampling arguments are refused unless
     ``do_sample=True`` asks for the plugin's own sampler; then a sampling argument not given (or
     ``None``) takes transformers' library default (``SamplingConfig``: ``top_k=50``), ``seed`` (the
@@ -196,13 +196,13 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
                 f"it is not a recorded greedy setting (accepted: {', '.join(ACCEPTED_OVERRIDES)})",
             )
         accepted[name] = _checked_override(name, value, vocab_size)
-    defaults = GreedyConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
-                            pad_token_id=pad_token_id)
+    defaults = DecodingConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
+                              pad_token_id=pad_token_id)
     return dataclasses.replace(defaults, **accepted)
 
 
 def _sampled(overrides: Mapping[str, Any], *, max_new_tokens: int, eos_token_ids: list[int],
-             pad_token_id: int, seed: int, vocab_size: int | None) -> GreedyConfig:
+             pad_token_id: int, seed: int, vocab_size: int | None) -> DecodingConfig:
     __tracebackhide__ = True
     # None is "not given", as in transformers' generate(): the default applies.
     settings = {name: overrides[name] for name in SAMPLING_ARGUMENTS if overrides.get(name) is not None}
@@ -223,7 +223,7 @@ def _sampled(overrides: Mapping[str, Any], *, max_new_tokens: int, eos_token_ids
     return dataclasses.replace(config, do_sample=True, sampling=sampling, seeds=seeds)
 
 
-def refuse_beyond(engine: str, config: GreedyConfig, *, keep_logits: bool = False, has_logits: bool = True,
+def refuse_beyond(engine: str, config: DecodingConfig, *, keep_logits: bool = False, has_logits: bool = True,
                   logprobs_after_penalties: bool = True, context: tuple[int, str, str] | None = None,
                   longest_prompt: int = 0) -> None:
     """What ``engine`` cannot do, refused by name before anything runs: an n-gram block (a
@@ -300,7 +300,7 @@ class Generation:
     """One prompt's continuation (greedy, or drawn by the seeded sampler) and what the model
     computed at each step.
 
-    Step ``t`` holds: the chosen token ``token_ids[t]``, ``logit_hashes[t]`` (xxh3-64 of the raw
+    Step ``t`` holds: the chosen token ``token_ids[t]``, ``step_hashes[t]`` (xxh3-64 of the raw
     logits row, see :data:`LOGIT_HASH_DEFINITION`),
     ``top_logprobs[t]`` (the k best ``(token id, logprob)`` pairs) and ``margins[t]`` (top-1 minus
     top-2 logprob: how sure the model was).
@@ -310,7 +310,7 @@ class Generation:
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     text: str
-    logit_hashes: tuple[str, ...]
+    step_hashes: tuple[str, ...]
     top_logprobs: tuple[TopK, ...]
     margins: tuple[float, ...]
     finish_reason: str
@@ -319,7 +319,7 @@ class Generation:
     pieces: tuple[str, ...] = ()
     fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
     prompt_form: PromptForm = PromptForm.TEXT
-    hash_definition: HashDefinition = HashDefinition.LOGITS  # what ``logit_hashes`` hash
+    hash_definition: HashDefinition = HashDefinition.LOGITS  # what ``step_hashes`` hash
     # Sampled generations (``do_sample=True``): per step, how close the draw was to another token
     # (sampling.Draw.margin: the runner-up's distance, or the cut boundary's where nearer); empty for
     # greedy ones.
@@ -327,11 +327,17 @@ class Generation:
 
     def __post_init__(self) -> None:
         steps = len(self.token_ids)
-        lengths = {len(self.logit_hashes), len(self.top_logprobs), len(self.margins)}
+        lengths = {len(self.step_hashes), len(self.top_logprobs), len(self.margins)}
         if self.draw_margins:
             lengths.add(len(self.draw_margins))
         if lengths != {steps} or (self.pieces and len(self.pieces) != steps):
             raise ValueError(f"Generation has inconsistent per-step lengths: {steps} tokens, {lengths}")
+
+    @property
+    def logit_hashes(self) -> tuple[str, ...]:
+        """Deprecated: ``logit_hashes`` is :attr:`step_hashes`'s earlier name (a step's hash is not
+        always of logits: see :attr:`hash_definition`)."""
+        return self.step_hashes
 
     @property
     def sampling(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import msgspec
 
 from pytest_llmdeterminism.engines.capture import RowSteps
 from pytest_llmdeterminism.errors import EngineError
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, GreedyConfig
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, DecodingConfig
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.secret import Secret
@@ -81,7 +81,7 @@ def text_only_id(text: str) -> int:
     return TEXT_ONLY_IDS + xxhash.xxh32_intdigest(text.encode())
 
 
-def request_body(model: str, prompt: str | list[int], config: GreedyConfig, seed: int) -> dict[str, Any]:
+def request_body(model: str, prompt: str | list[int], config: DecodingConfig, seed: int) -> dict[str, Any]:
     """One greedy completion request: every sampler knob a known server reads, set to neutral."""
     return {
         "model": model,

@@ -19,7 +19,7 @@ from pytest_llmdeterminism.engines.checkpoint import (
     silence_gguf_progress_bar,
 )
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
-from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
+from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class HFEngine:
     def vocab_size(self) -> int:
         return min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
 
-    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         import torch
         from transformers import GenerationConfig
@@ -140,7 +140,7 @@ class HFEngine:
                                  f"context of {context} (max_position_embeddings in its config); {fix}")
 
 
-def _transformers_arguments(config: GreedyConfig) -> dict[str, Any]:
+def _transformers_arguments(config: DecodingConfig) -> dict[str, Any]:
     """``config`` as ``GenerationConfig`` keywords. ``min_new_tokens=0`` is left out: transformers would
     turn it into ``min_length`` = the prompt's length and run a ``MinLengthLogitsProcessor`` at every
     step that never changes a score (the prompt is always that long): ~20 us a step, with its signature."""
@@ -168,7 +168,7 @@ def _draw_class() -> type:
     from pytest_llmdeterminism.generation import LOGPROB_DECIMALS, LOGPROB_FLOOR
 
     class _Draw(LogitsProcessor):  # type: ignore[misc]
-        def __init__(self, rows: list[list[int]], config: GreedyConfig) -> None:
+        def __init__(self, rows: list[list[int]], config: DecodingConfig) -> None:
             assert config.sampling is not None
             self._configs = [dataclasses.replace(config.sampling, seed=config.seed_of(row))
                              for row in range(len(rows))]
@@ -192,7 +192,7 @@ def _draw_class() -> type:
     return _Draw
 
 
-def _has_processors(config: GreedyConfig) -> bool:
+def _has_processors(config: DecodingConfig) -> bool:
     """Whether transformers runs a logits processor for ``config`` (greedy, on a clean
     ``GenerationConfig``): only these settings add one, so otherwise its scores are the raw logits."""
     return bool(config.min_new_tokens or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size)

@@ -18,7 +18,7 @@ from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
-from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
 from pytest_llmdeterminism.shape import GenerationSettings
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class LlamaCppEngine:
     def vocab_size(self) -> int:
         return len(self._tokenizer)
 
-    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
         refuse_beyond("llama.cpp", config, keep_logits=keep_logits, longest_prompt=max(map(len, rows)),
@@ -123,7 +123,7 @@ class LlamaCppEngine:
                 out.draw_margins.append(draws.margins)
         return out
 
-    def _greedy(self, ids: list[int], config: GreedyConfig, keep_logits: bool,
+    def _greedy(self, ids: list[int], config: DecodingConfig, keep_logits: bool,
                 draws: _Draws | None = None) -> tuple[list[int], RowSteps, list[Logits]]:
         import llama_cpp
         import numpy as np
@@ -162,7 +162,7 @@ class _Draws:
     """One row's draws with the plugin's sampler (``sampling.py``): the same noise, keyed by the seed
     and the row's own prompt ids, that the transformers engine applies, over llama.cpp's logits."""
 
-    def __init__(self, config: GreedyConfig, row: int, ids: list[int]) -> None:
+    def __init__(self, config: DecodingConfig, row: int, ids: list[int]) -> None:
         assert config.sampling is not None
         self._config = dataclasses.replace(config.sampling, seed=config.seed_of(row))
         self._key = self._config.noise_key(ids)

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.spec import EngineSpec
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
-    from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition
+    from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
     from pytest_llmdeterminism.shape import GenerationSettings
 
 
@@ -26,7 +26,7 @@ class Engine(Protocol):
     owns_sampling: bool  # do_sample=True: the plugin's own sampler draws over the engine's full logits
     supports_audit: bool  # --llm-audit: batch shape, padding, threads and dtype can be varied in process
 
-    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk: ...
 
     def eos_token_ids(self) -> list[int]: ...

@@ -31,7 +31,7 @@ from pytest_llmdeterminism.engines.secret import Secret
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
-from pytest_llmdeterminism.generation import GreedyConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
 from pytest_llmdeterminism.shape import GenerationSettings
 
 __all__ = ["OpenAIEngine", "OpenAIOptions", "load"]
@@ -161,7 +161,7 @@ class OpenAIEngine:
     def vocab_size(self) -> int:
         return len(self._tokenizer)
 
-    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
         refuse_beyond("an OpenAI-compatible server", config, keep_logits=keep_logits, has_logits=False,
@@ -189,7 +189,7 @@ class OpenAIEngine:
                          "prompt_sent_as": "token ids" if self._send_ids else "text"}
         return out
 
-    def _complete(self, ids: list[int], config: GreedyConfig, seed: int) -> Completion:
+    def _complete(self, ids: list[int], config: DecodingConfig, seed: int) -> Completion:
         """The completion, the prompt sent as its token ids where the server takes them (the API allows
         it; vLLM does), else as text, which the server tokenises (llama-cpp-python). Only a refusal of
         the first id prompt (:data:`PROMPT_IDS_REFUSED`) switches to text, for the session."""

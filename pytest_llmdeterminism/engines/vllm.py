@@ -33,7 +33,7 @@ from pytest_llmdeterminism.errors import (
     NonFiniteLogitsError,
     pasteable,
 )
-from pytest_llmdeterminism.generation import TOP_K, GreedyConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.generation import TOP_K, DecodingConfig, HashDefinition, refuse_beyond
 from pytest_llmdeterminism.shape import GenerationSettings
 
 INSTALL = "pip install vllm (needs an NVIDIA GPU)"
@@ -85,7 +85,7 @@ def engine_arguments(target: str, knobs: VLLMOptions, dtype: str, seed: int) -> 
     }
 
 
-def sampling_arguments(config: GreedyConfig, *, seed: int) -> dict[str, Any]:
+def sampling_arguments(config: DecodingConfig, *, seed: int) -> dict[str, Any]:
     """The keyword arguments for ``vllm.SamplingParams``: greedy, every sampler knob neutral.
 
     Only ``config.eos_token_id`` stops a row (``ignore_eos`` drops vLLM's own EOS rule), as in
@@ -254,7 +254,7 @@ class VLLMEngine:
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def run(self, rows: list[list[int]], config: GreedyConfig, settings: GenerationSettings,
+    def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:
         __tracebackhide__ = True
         refuse_beyond("vLLM", config, keep_logits=keep_logits, has_logits=False,

@@ -66,7 +66,7 @@ MAX_TEXT_CHARS = 1_000_000
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Logprob = Annotated[float, msgspec.Meta(ge=LOGPROB_FLOOR, le=0.0)]
 Margin = Annotated[float, msgspec.Meta(ge=0.0, le=-LOGPROB_FLOOR)]
-LogitHash = Annotated[str, msgspec.Meta(min_length=16, max_length=16)]  # xxh3-64, hex
+StepHash = Annotated[str, msgspec.Meta(min_length=16, max_length=16)]  # xxh3-64, hex
 Scalar = Union[str, int, float, bool, None]  # noqa: UP007 - msgspec reads the annotation at run time
 # The fingerprint is two levels deep at most (``flags`` -> ``fp32_precision`` -> knob).
 FingerprintValue = Union[Scalar, dict[str, Union[Scalar, dict[str, Scalar]]]]  # noqa: UP007
@@ -76,7 +76,7 @@ FingerprintValue = Union[Scalar, dict[str, Union[Scalar, dict[str, Scalar]]]]  #
 # fast duplicate-key proof can count keys from the types alone.
 class Step(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     # Fields in sorted order: a step is written as msgspec encodes it, one compact line.
-    hash: LogitHash
+    hash: StepHash
     margin: Margin
     piece: str
     token: TokenId
@@ -115,7 +115,7 @@ def to_entry(generation: Generation) -> dict[str, Any]:
         {"hash": h, "margin": m, "piece": p, "token": t, "top": [list(pair) for pair in top]}
         for t, p, h, m, top in zip(
             generation.token_ids, generation.pieces or [""] * len(generation.token_ids),
-            generation.logit_hashes, generation.margins, generation.top_logprobs, strict=True,
+            generation.step_hashes, generation.margins, generation.top_logprobs, strict=True,
         )
     ]
     return {
@@ -154,7 +154,7 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
         prompt_token_ids=entry.prompt_token_ids,
         token_ids=tuple(s.token for s in steps),
         text=entry.text,
-        logit_hashes=tuple(s.hash for s in steps),
+        step_hashes=tuple(s.hash for s in steps),
         top_logprobs=tuple(s.top for s in steps),
         margins=tuple(s.margin for s in steps),
         finish_reason=entry.finish_reason,

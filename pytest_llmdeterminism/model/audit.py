@@ -80,7 +80,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
 
     runs = [run(probe, [prompt], 0) for _ in range(max(repeats, 1))]
     base = runs[0]
-    unique = len({(g.token_ids, g.logit_hashes) for g, _ in runs})
+    unique = len({(g.token_ids, g.step_hashes) for g, _ in runs})
     rows = [_row("repeat", f"{unique} unique of {len(runs)}", base,
                  max(runs[1:], key=lambda r: _difference(base, r)[2], default=base))]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.engines.capture import Chunk
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.generation import Generation, GreedyConfig, PromptForm, resolve_generation_config
+from pytest_llmdeterminism.generation import DecodingConfig, Generation, PromptForm, resolve_generation_config
 from pytest_llmdeterminism.model import inputs
 from pytest_llmdeterminism.model.fingerprint import fingerprint
 from pytest_llmdeterminism.model.inputs import Conversation
@@ -157,7 +157,7 @@ class LLMModel:
             self._after_generate(self, results, overrides)
         return results[0] if single else results
 
-    def _refuse_sampling_where_not_owned(self, config: GreedyConfig, prompts: int) -> None:
+    def _refuse_sampling_where_not_owned(self, config: DecodingConfig, prompts: int) -> None:
         """``do_sample=True`` runs the plugin's own sampler over the full logits: the transformers and
         llama.cpp engines in process; one seed or one per prompt."""
         __tracebackhide__ = True
@@ -191,7 +191,7 @@ class LLMModel:
         return inputs.encoded(prompt, tokenizer=self.tokenizer, settings=self.settings,
                               spec=self._loaded.spec).ids
 
-    def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: GreedyConfig) -> list[Generation]:
+    def _generate_chunk(self, chunk: list[tuple[str, list[int]]], config: DecodingConfig) -> list[Generation]:
         engine = self._loaded.engine
         out = engine.run([ids for _, ids in chunk], config, self.settings, self._on_chunk is not None)
         fingerprint_now = fingerprint(self._loaded, out.flags)
@@ -205,7 +205,7 @@ class LLMModel:
         return records
 
     def _record(self, prompt: str, prompt_ids: list[int], out: Chunk, row: int,
-                config: GreedyConfig, eos: set[int], fingerprint_now: dict[str, Any]) -> Generation:
+                config: DecodingConfig, eos: set[int], fingerprint_now: dict[str, Any]) -> Generation:
         tokens, steps = out.tokens[row], out.steps[row]
         finish_reason = "length"
         for index, token in enumerate(tokens):
@@ -223,7 +223,7 @@ class LLMModel:
             prompt_token_ids=tuple(prompt_ids),
             token_ids=tuple(tokens),
             text=text,
-            logit_hashes=tuple(steps.hashes[:n]),
+            step_hashes=tuple(steps.hashes[:n]),
             top_logprobs=tuple(steps.top[:n]),
             margins=tuple(steps.margins[:n]),
             finish_reason=finish_reason,

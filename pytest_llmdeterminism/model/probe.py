@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
-from pytest_llmdeterminism.generation import Generation, GreedyConfig, resolve_generation_config
+from pytest_llmdeterminism.generation import DecodingConfig, Generation, resolve_generation_config
 from pytest_llmdeterminism.model.fingerprint import fingerprint
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 PROBE_STEPS = 3  # tokens the batch-invariance probe generates per row
 # Runs one chunk of ``(prompt, ids)`` rows at the model's shape: a Generation per row.
-RunChunk = Callable[[list[tuple[str, list[int]]], GreedyConfig], list[Generation]]
+RunChunk = Callable[[list[tuple[str, list[int]]], DecodingConfig], list[Generation]]
 # Another shape and what runs a chunk there: the cross-shape half of the probe.
 OtherShape = tuple[BatchShape, RunChunk]
 

@@ -202,7 +202,7 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     thread count, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
-    kernels = tmp_path / "kernels"  # the plugin's kernel, built once on the host for every run
+    kernels = tmp_path / "kernels"  # the fixed-order kernel, built once on the host for every run
     assert fixed_order.build(kernels)[0] is not None
     other_vendor, old_isa = _foreign_cpus()
     runs = {}

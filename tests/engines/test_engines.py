@@ -170,8 +170,8 @@ def test_llamacpp_samples_with_the_plugins_sampler(smollm2_gguf):
     prompt = "Once upon a time"
     first = llm.generate(prompt, do_sample=True, temperature=1.0, seed=1)
     again = llm.generate(prompt, do_sample=True, temperature=1.0, seed=1)
-    assert (first.token_ids, first.logit_hashes, first.draw_margins) == \
-        (again.token_ids, again.logit_hashes, again.draw_margins)
+    assert (first.token_ids, first.step_hashes, first.draw_margins) == \
+        (again.token_ids, again.step_hashes, again.draw_margins)
     assert len(first.draw_margins) == len(first.token_ids) and first.generation_config["seed"] == 1
     assert "seeded sampler" in first.fingerprint["flags"]["engine_loop"]
     samples = {llm.generate(prompt, do_sample=True, temperature=1.0, seed=seed).token_ids

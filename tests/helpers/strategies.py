@@ -21,8 +21,8 @@ def generations(draw, steps=None):
         prompt_token_ids=tuple(draw(st.lists(st.integers(0, 50_000), min_size=1, max_size=10))),
         token_ids=tuple(top[0][0] for top in tops),
         text=draw(text),
-        logit_hashes=tuple(draw(st.lists(st.text("0123456789abcdef", min_size=16, max_size=16),
-                                         min_size=n, max_size=n))),
+        step_hashes=tuple(draw(st.lists(st.text("0123456789abcdef", min_size=16, max_size=16),
+                                        min_size=n, max_size=n))),
         top_logprobs=tuple(tops),
         margins=tuple(round(top[0][1] - top[1][1], 6) for top in tops),
         finish_reason=draw(st.sampled_from(["eos", "length"])),
@@ -40,7 +40,7 @@ def sample_generation(steps: int = 2) -> Generation:
     tops = tuple(((10 + i, -0.1), (20 + i, -2.5)) for i in range(steps))
     return Generation(
         prompt="p", prompt_token_ids=(1, 2), token_ids=tuple(10 + i for i in range(steps)), text="ab",
-        logit_hashes=tuple(f"{i:016x}" for i in range(steps)), top_logprobs=tops,
+        step_hashes=tuple(f"{i:016x}" for i in range(steps)), top_logprobs=tops,
         margins=(2.4,) * steps, finish_reason="length", generation_config={"max_new_tokens": steps},
         batch_shape="1x8", pieces=("a", "b", "c", "d")[:steps], fingerprint={"dtype": "float32"},
     )

@@ -1,4 +1,4 @@
-"""The plugin's own kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
+"""The fixed-order kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
 GEMM (its one-row kernel and its GEMM), each shape checked once in the process, oneDNN wherever the
 kernel cannot run.
 

@@ -1,4 +1,4 @@
-"""The plugin's own kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
+"""The fixed-order kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
 GEMM (its one-row kernel and its GEMM), each shape checked once in the process, oneDNN wherever the
 kernel cannot run.
 
@@ -31,4 +31,4 @@ def test_smollm2_generates_the_same_bits_on_the_kernel_as_on_onednn(smollm2_gguf
     finally:
         loaded.engine.kernels = kernels
     for a, b in zip(fast, slow, strict=True):
-        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
+        assert (a.token_ids, a.step_hashes, a.top_logprobs) == (b.token_ids, b.step_hashes, b.top_logprobs)

@@ -55,7 +55,7 @@ def test_a_gguf_file_is_converted_once_and_later_loads_read_its_float32_copy(smo
     settings = GenerationSettings(BatchShape(2, 32), 6, 0)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     fresh, copied = (LLMModel(loaded, settings).generate(prompts) for loaded in (first, second))
-    assert [(g.token_ids, g.logit_hashes) for g in fresh] == [(g.token_ids, g.logit_hashes) for g in copied]
+    assert [(g.token_ids, g.step_hashes) for g in fresh] == [(g.token_ids, g.step_hashes) for g in copied]
     assert fingerprint(first) == fingerprint(second)  # the .gguf file's hash, the same tokenizer
     # A copy that cannot be written (here: its folder's parent is a file) is given up, the model intact.
     blocked = tmp_path / "not-a-folder"
@@ -63,5 +63,5 @@ def test_a_gguf_file_is_converted_once_and_later_loads_read_its_float32_copy(smo
     config = dict(first.model.config.to_dict())
     assert keep_converted(first.model, first.tokenizer, blocked / "copy") is False
     assert first.model.config.to_dict() == config and not blocked.read_text()
-    assert [(g.token_ids, g.logit_hashes) for g in LLMModel(first, settings).generate(prompts)] == \
-        [(g.token_ids, g.logit_hashes) for g in fresh]
+    assert [(g.token_ids, g.step_hashes) for g in LLMModel(first, settings).generate(prompts)] == \
+        [(g.token_ids, g.step_hashes) for g in fresh]

@@ -109,13 +109,13 @@ def test_without_a_cache_every_forward_is_a_prefill_and_stays_invariant(tiny):
     with kernels(tiny, Policy.BATCH_INVARIANT):
         alone, batched = (generations_at(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 5, 0)),
                                        shape) for shape in ("1x32", "4x32"))
-        assert [g.logit_hashes for g in alone] == [g.logit_hashes for g in batched]
+        assert [g.step_hashes for g in alone] == [g.step_hashes for g in batched]
         cached = LLMModel(tiny, GenerationSettings(BatchShape.parse("4x32"), 5, 0)).generate(PROMPTS)
         uncached = LLMModel(tiny, GenerationSettings(BatchShape.parse("4x32"), 5, 0)).generate(
             PROMPTS, use_cache=False)
         alone_uncached = [LLMModel(tiny, GenerationSettings(BatchShape.parse("1x32"), 5, 0)).generate(
             [prompt], use_cache=False)[0] for prompt in PROMPTS]
-    assert [g.logit_hashes for g in uncached] == [g.logit_hashes for g in alone_uncached]
+    assert [g.step_hashes for g in uncached] == [g.step_hashes for g in alone_uncached]
     assert [g.token_ids for g in uncached] == [g.token_ids for g in cached]
 
 
@@ -184,7 +184,7 @@ def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
     with kernels(tiny, Policy.ONEDNN_AVX2):
         previous = {shape: generations_at(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)),
                                         shape) for shape in ("1x32", "4x32")}
-    assert [g.logit_hashes for g in previous["4x32"]] != [g.logit_hashes for g in previous["1x32"]]
+    assert [g.step_hashes for g in previous["4x32"]] != [g.step_hashes for g in previous["1x32"]]
     assert input_changes(previous["1x32"][0], previous["4x32"][0])  # the shape stays part of those goldens
 
 

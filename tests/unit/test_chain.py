@@ -1,4 +1,4 @@
-"""The plugin's own kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
+"""The fixed-order kernel for oneDNN's products (compute/chain.py): the same bits as oneDNN's AVX2
 GEMM (its one-row kernel and its GEMM), each shape checked once in the process, oneDNN wherever the
 kernel cannot run.
 
@@ -346,7 +346,7 @@ def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(w
     assert none is None and "no-such-compiler" in slower
     assert "oneDNN's products stay on oneDNN (the same bits, slower)" in slower
     for a, b in zip(fast, slow, strict=True):
-        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
+        assert (a.token_ids, a.step_hashes, a.top_logprobs) == (b.token_ids, b.step_hashes, b.top_logprobs)
 
 
 def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_model, tmp_path, monkeypatch):
@@ -365,7 +365,7 @@ def test_batch_invariant_kernels_give_the_same_bits_with_and_without_it(wide_mod
     loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, fixed_order=None)
     slow = llm.generate(prompts)
     for a, b in zip(fast, slow, strict=True):
-        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
+        assert (a.token_ids, a.step_hashes, a.top_logprobs) == (b.token_ids, b.step_hashes, b.top_logprobs)
 
 
 def test_the_cache_folder_made_under_a_group_umask_still_takes_the_kernel(tmp_path, monkeypatch):

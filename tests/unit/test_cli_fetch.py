@@ -225,8 +225,8 @@ def test_hub_cache_puts_the_model_where_a_hub_id_finds_it_offline(pinned_offline
     assert loaded.hub_commit == commit
     prompts = ["The capital of France is", "Count: one,"]
     by_hub_id = LLMModel(loaded, make_llm().settings).generate(prompts)
-    assert [(g.token_ids, g.logit_hashes) for g in by_hub_id] == \
-        [(g.token_ids, g.logit_hashes) for g in make_llm().generate(prompts)]
+    assert [(g.token_ids, g.step_hashes) for g in by_hub_id] == \
+        [(g.token_ids, g.step_hashes) for g in make_llm().generate(prompts)]
     # A second fetch checks what is there and writes nothing.
     assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 0
     out, err = capsys.readouterr()

@@ -18,7 +18,7 @@ def replace_step(gen, step, *, token=None, hash_=None, top=None):
     if token is not None:
         changes["token_ids"] = swap(gen.token_ids, token)
     if hash_ is not None:
-        changes["logit_hashes"] = swap(gen.logit_hashes, hash_)
+        changes["step_hashes"] = swap(gen.step_hashes, hash_)
     if top is not None:
         changes["top_logprobs"] = swap(gen.top_logprobs, top)
     return dataclasses.replace(gen, **changes)
@@ -35,7 +35,7 @@ def test_identical_inputs_are_identical(gen):
 def test_hash_only_change_is_logit_drift_at_that_step(gen, data):
     step = data.draw(st.integers(0, len(gen.token_ids) - 1))
     actual = replace_step(gen, step, hash_="ffffffffffffffff")
-    assume(actual.logit_hashes[step] != gen.logit_hashes[step])
+    assume(actual.step_hashes[step] != gen.step_hashes[step])
     result = compare(gen, actual)
     assert result.verdict is Verdict.LOGIT_DRIFT
     assert result.first_hash_step == step
@@ -51,7 +51,7 @@ def test_divergence_at_step_t_never_inspects_later_steps(gen, data):
     # Rewrite everything after the divergence: the comparison must not change.
     rest = len(gen.token_ids) - step - 1
     later = {"token_ids": diverged.token_ids[: step + 1] + (7,) * rest,
-             "logit_hashes": diverged.logit_hashes[: step + 1] + ("0" * 16,) * rest}
+             "step_hashes": diverged.step_hashes[: step + 1] + ("0" * 16,) * rest}
     assert compare(gen, dataclasses.replace(diverged, **later)) == first
 
 
@@ -59,7 +59,7 @@ def test_confident_divergence_is_a_regression_and_near_tie_is_a_tie_flip():
     def gen(tokens, margins, tops):
         n = len(tokens)
         return Generation(prompt="p", prompt_token_ids=(1, 2), token_ids=tuple(tokens), text="",
-                          logit_hashes=tuple(f"{i:016x}" for i in range(n)), top_logprobs=tuple(tops),
+                          step_hashes=tuple(f"{i:016x}" for i in range(n)), top_logprobs=tuple(tops),
                           margins=tuple(margins), finish_reason="length", generation_config={},
                           batch_shape="1x8", fingerprint={"dtype": "float32"})
 
@@ -97,7 +97,7 @@ def test_input_changes_are_reported_first_and_outputs_not_compared(gen):
 def budgeted(tokens, budget, finish="length", *, hashes=None):
     n = len(tokens)
     return Generation(prompt="p", prompt_token_ids=(1, 2), token_ids=tuple(tokens), text="",
-                      logit_hashes=tuple(hashes or (f"{t:016x}" for t in tokens)),
+                      step_hashes=tuple(hashes or (f"{t:016x}" for t in tokens)),
                       top_logprobs=tuple(((t, -0.1), (t + 1, -3.0)) for t in tokens), margins=(2.9,) * n,
                       finish_reason=finish, generation_config={"max_new_tokens": budget, "eos_token_id": [2]},
                       batch_shape="1x8", fingerprint={"dtype": "float32"})
@@ -139,3 +139,12 @@ def test_a_smaller_budget_judges_the_steps_it_has():
     early = budgeted([5, 2], 6, finish="eos")
     assert compare(early, budgeted([5, 2], 4, finish="eos")).verdict is Verdict.IDENTICAL
     assert compare(early, budgeted([5, 6, 7, 8], 4)).divergence.step == 1
+
+
+def test_the_step_hashes_earlier_name_still_reads_them():
+    """``Generation.logit_hashes`` was the name of ``step_hashes`` (a step's hash is not always of logits):
+    code that reads it keeps working."""
+    from tests.helpers.strategies import sample_generation
+
+    generation = sample_generation()
+    assert generation.logit_hashes == generation.step_hashes and generation.step_hashes

@@ -20,7 +20,7 @@ SETTINGS = GenerationSettings(BatchShape(2, 32), 6, 0)
 
 
 def generated(loaded):
-    return [(g.token_ids, g.logit_hashes) for g in LLMModel(loaded, SETTINGS).generate(PROMPTS)]
+    return [(g.token_ids, g.step_hashes) for g in LLMModel(loaded, SETTINGS).generate(PROMPTS)]
 
 
 def truncate(folder: Path) -> None:

@@ -30,7 +30,7 @@ def decided(expected, actual, *, explicit=None, update=None, variant=None, earli
 
 def _drifted(run):
     """The same tokens, other logits: the first step's hash changed."""
-    return dataclasses.replace(run, logit_hashes=("0" * 16, *run.logit_hashes[1:]))
+    return dataclasses.replace(run, step_hashes=("0" * 16, *run.step_hashes[1:]))
 
 
 def _flipped(run, margin):

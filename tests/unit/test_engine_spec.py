@@ -8,7 +8,7 @@ import pytest
 from pytest_llmdeterminism.engines.spec import EngineSpec, engine_of, with_local_paths
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import (
-    GreedyConfig,
+    DecodingConfig,
     HashDefinition,
     PromptForm,
     resolve_generation_config,
@@ -72,7 +72,7 @@ def test_the_enums_are_the_names_goldens_store():
 def test_the_greedy_config_is_recorded_in_its_field_order():
     config = resolve_generation_config({"eos_token_id": [3, 1]}, max_new_tokens=4, eos_token_ids=[2],
                                        pad_token_id=0)
-    assert isinstance(config, GreedyConfig) and config.eos_token_id == (1, 3)
+    assert isinstance(config, DecodingConfig) and config.eos_token_id == (1, 3)
     assert list(config.as_dict().items()) == [
         ("do_sample", False), ("num_beams", 1), ("max_new_tokens", 4), ("min_new_tokens", 0),
         ("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0), ("eos_token_id", [1, 3]),

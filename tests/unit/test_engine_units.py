@@ -173,7 +173,7 @@ def stopped(tokens, finish, eos=(7, 8), **fingerprint):
 
     n = len(tokens)
     return Generation(prompt="p", prompt_token_ids=(1,), token_ids=tuple(tokens), text="",
-                      logit_hashes=("0" * 16,) * n,
+                      step_hashes=("0" * 16,) * n,
                       top_logprobs=tuple(((t, -0.1), (99, -3.0)) for t in tokens), margins=(2.9,) * n,
                       finish_reason=finish, generation_config={"eos_token_id": list(eos)}, batch_shape="4x32",
                       fingerprint=fingerprint)

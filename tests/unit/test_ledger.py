@@ -48,7 +48,7 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
 
     examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
     generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
-    drifted = dataclasses.replace(generation, logit_hashes=("0" * 16,) * len(generation.logit_hashes))
+    drifted = dataclasses.replace(generation, step_hashes=("0" * 16,) * len(generation.step_hashes))
     outcomes = TestOutcomes()
     outcomes.record(tmp_path / "g.json", "k", generation, written=Written.RECORDED)
     assert contradicted(outcomes.earlier("k"), drifted) is None  # a first attempt has nothing to contradict

@@ -167,4 +167,4 @@ def test_the_plugin_routes_linears_by_its_numerics_and_the_split_keeps_linears_b
         assert bool(calls["split"]) == (splits and kernels is Policy.SPLIT_ONE_ROW)
     split, plain = results[Policy.SPLIT_ONE_ROW], results[Policy.LINEAR]
     for a, b in [*zip(split, plain, strict=True), *zip(portable, whole, strict=True)]:
-        assert (a.token_ids, a.logit_hashes, a.top_logprobs) == (b.token_ids, b.logit_hashes, b.top_logprobs)
+        assert (a.token_ids, a.step_hashes, a.top_logprobs) == (b.token_ids, b.step_hashes, b.top_logprobs)

@@ -85,7 +85,7 @@ def test_logit_hash_is_taken_before_logits_processors(make_llm):
     llm = make_llm(max_new_tokens=4)
     plain = llm.generate("Count: one,")
     penalised = llm.generate("Count: one,", repetition_penalty=5.0)
-    assert penalised.logit_hashes[0] == plain.logit_hashes[0]
+    assert penalised.step_hashes[0] == plain.step_hashes[0]
     assert penalised.generation_config["repetition_penalty"] == 5.0
     assert penalised.token_ids != plain.token_ids  # the penalty did act on the processed scores
 
@@ -93,7 +93,7 @@ def test_logit_hash_is_taken_before_logits_processors(make_llm):
 def test_step_records_are_consistent(make_llm):
     gen = make_llm(max_new_tokens=10).generate("Once upon a time")
     assert gen.finish_reason == "length" and len(gen.token_ids) == 10
-    assert len(set(gen.logit_hashes)) == 10 and all(len(h) == 16 for h in gen.logit_hashes)
+    assert len(set(gen.step_hashes)) == 10 and all(len(h) == 16 for h in gen.step_hashes)
     for top, margin in zip(gen.top_logprobs, gen.margins, strict=True):
         assert len(top) == 5
         assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
@@ -177,7 +177,7 @@ def test_a_conversation_is_rendered_and_tokenised_once_without_a_second_bos(make
     # The same ids given directly give the same bits; a list of conversations gives one result each.
     direct = llm.generate(token_ids=list(result.prompt_token_ids))
     assert direct.prompt_form == "token_ids"
-    assert (direct.token_ids, direct.logit_hashes) == (result.token_ids, result.logit_hashes)
+    assert (direct.token_ids, direct.step_hashes) == (result.token_ids, result.step_hashes)
     both = llm.generate([CONVERSATION, "The sky is"])
     assert [r.prompt_form for r in both] == ["chat", "text"] and both[0].token_ids == result.token_ids
     assert llm.encode(CONVERSATION) == list(result.prompt_token_ids)
@@ -283,7 +283,7 @@ def test_a_lone_prompt_runs_unpadded_and_stops_at_eos_as_a_plain_generate_would(
         handle.remove()
     assert stopped.finish_reason == "eos" and stopped.token_ids == full.token_ids[:step + 1]
     assert len(shapes) == step + 1  # no forward after the EOS
-    assert stopped.logit_hashes == full.logit_hashes[:step + 1]  # the same numerics, only shorter
+    assert stopped.step_hashes == full.step_hashes[:step + 1]  # the same numerics, only shorter
 
 
 @pytest.mark.usefixtures("previous_kernels")
@@ -301,7 +301,7 @@ def test_a_lone_prompt_gives_the_bits_of_a_plain_generate_of_it(make_llm, tiny):
 
         tiny.model.generate(**encoded, generation_config=GenerationConfig(**config),
                             logits_processor=capture.logits_processor())
-    assert tuple(capture.rows[0].hashes) == gen.logit_hashes
+    assert tuple(capture.rows[0].hashes) == gen.step_hashes
 
 
 def test_a_lone_prompt_longer_than_l_runs_at_its_own_length_up_to_the_models_context(make_llm, tiny):

@@ -38,7 +38,7 @@ def test_a_rows_sample_depends_on_its_seed_and_prompt_alone(make_llm, threads):
         # the batch shape moves the logits by ~1e-6 (unless llm_batch_invariant), not the sample
         assert other.draw_margins == pytest.approx(alone.draw_margins, abs=1e-4)
     # within one shape: the same bits at another row, among other companions, at 1 and 2 threads
-    assert batched[2].logit_hashes == first_row[0].logit_hashes == one_thread.logit_hashes
+    assert batched[2].step_hashes == first_row[0].step_hashes == one_thread.step_hashes
     assert batched[2].draw_margins == first_row[0].draw_margins == one_thread.draw_margins
     assert len(alone.draw_margins) == len(alone.token_ids) and all(m >= 0 for m in alone.draw_margins)
     assert alone.generation_config["seed"] == 3 and alone.generation_config["do_sample"] is True

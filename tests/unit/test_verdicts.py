@@ -24,7 +24,7 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
     finally:
         tiny.engine.kernels, tiny.static_fingerprint, tiny.probed = before_kernels, None, {}
     before = dataclasses.replace(now, batch_shape="1x128",
-                                 logit_hashes=tuple("0" * 16 for _ in now.logit_hashes))
+                                 step_hashes=tuple("0" * 16 for _ in now.step_hashes))
     comparison = compare(before, now)
     assert comparison.verdict is Verdict.INPUT_CHANGED
     message = mismatch("test_x", "__golden__/t.json", "t.py::test_x", comparison, before, now, str,
@@ -76,7 +76,7 @@ def test_assert_tokens_match_names_the_condition_that_failed():
     expected = schema.from_entry(read(examples)["test_capital"]["cpu/float32"])
     moved = tuple((token, logprob - 0.25) for token, logprob in expected.top_logprobs[0])
     actual = dataclasses.replace(expected, top_logprobs=(moved, *expected.top_logprobs[1:]),
-                                 logit_hashes=("0" * 16, *expected.logit_hashes[1:]))
+                                 step_hashes=("0" * 16, *expected.step_hashes[1:]))
     with pytest.raises(GoldenMismatchError) as raised:
         assert_tokens_match(expected, actual, tolerance="close(atol=0.01)")
     assert "LOGIT_DRIFT at step 0" in str(raised.value)
