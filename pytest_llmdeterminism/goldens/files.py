@@ -1,14 +1,28 @@
-"""Where golden files live, how they are shown to the user, and each file read once per run."""
+"""Where golden files live, how they are shown to the user, each file read once per run, and a
+check's golden looked up in them (as a :class:`~pytest_llmdeterminism.generation.Generation`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema, store
 
 GOLDEN_FOLDER = "__golden__"
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a check's look-up found: the ``variant`` to compare with (the generation's own, or another
+    one under ``llm_golden_fallback``), its ``golden`` (None: the key has no such variant) and every
+    variant the key has, sorted."""
+
+    variant: str
+    golden: Generation | None
+    variants: tuple[str, ...]
 
 
 class GoldenFiles:
@@ -17,6 +31,7 @@ class GoldenFiles:
         self._rootdir = rootdir
         self._invocation_dir = invocation_dir
         self._read: dict[Path, schema.Goldens] = {}
+        self._generations: dict[tuple[Path, str, str], Generation] = {}  # entries read as generations
 
     def path_for(self, test_path: Path) -> Path:
         """The golden file of a test file: beside it in ``__golden__/``, or mirrored under llm_golden_dir."""
@@ -67,6 +82,22 @@ class GoldenFiles:
         if path not in self._read:
             self._read[path] = store.read(path)
         return self._read[path]
+
+    def look_up(self, path: Path, key: str, variant: str, *, fallback: bool) -> Found:
+        """Golden ``key`` of ``path`` for a generation of ``variant``: that variant's entry, or with
+        ``fallback`` another of the key's variants (:func:`fallback_variant`) where it has none. The
+        entry was validated when its file was parsed; it is read as a :class:`Generation` once a run."""
+        __tracebackhide__ = True
+        variants = self.read(path).get(key, {})
+        if variant not in variants and fallback:
+            variant = fallback_variant(variant, variants) or variant
+        entry = variants.get(variant)
+        if entry is None:
+            return Found(variant, None, tuple(sorted(variants)))
+        golden = self._generations.get((path, key, variant))
+        if golden is None:
+            golden = self._generations[path, key, variant] = schema.from_entry(entry)
+        return Found(variant, golden, tuple(sorted(variants)))
 
 
 def link_out(path: Path, homes: Iterable[Path]) -> str | None:

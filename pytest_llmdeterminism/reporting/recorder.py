@@ -64,11 +64,10 @@ class TestOutcomes:
         """What earlier attempts of this test generated for ``key``, oldest first; [] on a first attempt."""
         return list(self._earlier.get(key, ()))
 
-    def look_up(self, path: Path, key: str) -> list[Attempt]:
-        """A check looks up golden ``key`` of ``path`` (kept for the unused-goldens rule): what earlier
-        attempts of this test generated for it (:meth:`earlier`)."""
-        self.used(path, key)
-        return self.earlier(key)
+    def earlier_attempts(self) -> dict[str, tuple[Attempt, ...]]:
+        """What earlier attempts of this test generated, per golden key (:meth:`earlier`): fixed for
+        the attempt, so its checks take it when the attempt's ``golden_tokens`` is built."""
+        return {key: tuple(attempts) for key, attempts in self._earlier.items()}
 
     def record(self, path: Path, key: str, generation: Generation, *, written: Written,
                overwrote: Verdict | None = None) -> None:
@@ -91,10 +90,17 @@ class TestOutcomes:
     def used(self, path: Path, key: str) -> None:
         self.data.used.append((str(path), key))
 
-    def decided(self, path: Path, key: str, decision: Decision, *, notes: Sequence[str] = ()) -> None:
-        """Record one check's decision: the golden an update writes instead, or the check's record
-        and, where it leaves one, the candidate for ``--llm-golden-artifacts``; and its ``notes``
-        for the run's summary. A failing check's failure follows with :meth:`fail`."""
+    def decided(self, path: Path, key: str, decision: Decision, *, notes: Sequence[str] = (),
+                failure: GoldenMismatchError | None = None, site: Site | None = None,
+                accept: str = "") -> None:
+        """Record one check of golden ``key`` of ``path`` (kept for the unused-goldens rule): the golden
+        an update writes instead, or the check's record and, where it leaves one, the candidate for
+        ``--llm-golden-artifacts``; and its ``notes`` for the run's summary. A failing check's
+        ``failure`` then waits for the end of the test's body (``site``: the line that called the
+        check), or is raised now outside it; ``accept`` is the command that records or accepts the
+        test's goldens."""
+        __tracebackhide__ = True
+        self.used(path, key)
         if decision.write is not None:
             overwrote = decision.comparison.verdict if decision.write is Written.UPDATED else None
             self.record(path, key, decision.actual, written=decision.write, overwrote=overwrote)
@@ -106,14 +112,11 @@ class TestOutcomes:
             if decision.candidate:
                 self.candidate(path, key, decision.actual)
         self.data.notes.extend(notes)
-
-    def fail(self, error: GoldenMismatchError, site: Site | None, *, accept: str) -> None:
-        """A failing check: kept for the end of the test's body, or raised now outside it.
-        ``accept`` is the command that records or accepts the test's goldens."""
-        __tracebackhide__ = True
+        if failure is None:
+            return
         if not self.deferring:
-            raise error
-        self._failures.append((error, site))
+            raise failure
+        self._failures.append((failure, site))
         self._accept = accept
 
     def clear_failures(self) -> str:

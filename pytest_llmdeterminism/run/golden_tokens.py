@@ -1,9 +1,10 @@
 """The ``golden_tokens`` fixture object: one check engine for missing / record / compare / fail.
 
-``check()`` runs in one direction: look up (the golden, the earlier attempts' outputs), decide
-(:func:`~pytest_llmdeterminism.run.decision.decide`, pure), record (the test's recorder), report
-(``reporting`` words the decision; a failing check fails the test). ``assert_tokens_match`` is the
-same judgement for two generations in memory.
+``check()`` runs in one direction, each module once: look up (the golden, from ``goldens.files``),
+decide (:func:`~pytest_llmdeterminism.run.decision.decide`, pure), word (``reporting`` words the
+decision), record (the test's recorder keeps it; a failing check fails the test). The earlier
+attempts' outputs are taken when the object is built. ``assert_tokens_match`` is the same judgement
+for two generations in memory. The path is drawn in docs/design/check-path.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.goldens.files import fallback_variant
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Decision, Written
 from pytest_llmdeterminism.run.decision import decide, judge
@@ -50,6 +50,7 @@ class GoldenTokens:
         self._shown_path = files.display(self._path)  # as a failure names it
         self._models = models
         self._tolerance = tolerance
+        self._earlier = outcomes.earlier_attempts()  # fixed for this attempt of the test
         self._used: set[str] = set()
         self._unnamed = 0
 
@@ -81,33 +82,42 @@ class GoldenTokens:
                    "generation's fields with plain asserts"))
         site = _caller_site()
         key = self._key(name)
-        decision = self._decide(key, generation)  # look up, then decide
-        return self._apply(decision, key, site)  # record, then report
+        try:
+            decision = self._decide(key, generation)  # look up, then decide
+            accept = self.accept_command
+            notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt,
+                                accept=accept)
+        except BaseException:
+            self._outcomes.used(self._path, key)  # stopped before its record: its key was still looked up
+            raise
+        return self._record(decision, key, notes, site, accept)  # word its failure, record (and report it)
 
     def _decide(self, key: str, generation: Generation) -> Decision:
-        """Look up what the decision needs (the key's goldens, the earlier attempts' outputs); decide."""
-        earlier = self._outcomes.look_up(self._path, key)
-        variants = self._files.read(self._path).get(key, {})
-        variant = generation.variant
+        """Look up what the decision needs (the key's golden, the profile the test or the run set);
+        decide."""
         update = self._options.update
-        if variant not in variants and not update and self._options.golden_fallback:
-            variant = fallback_variant(variant, variants) or variant
-        stored = variants.get(variant)
-        golden = None if stored is None else schema.from_entry(stored)
+        found = self._files.look_up(self._path, key, generation.variant,
+                                    fallback=not update and self._options.golden_fallback)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
-        return decide(generation, golden=golden, variant=variant, explicit=explicit, update=update,
-                      earlier=earlier, others=sorted(variants))
+        return decide(generation, golden=found.golden, variant=found.variant, explicit=explicit,
+                      update=update, earlier=self._earlier.get(key, ()), others=found.variants)
 
-    def _apply(self, decision: Decision, key: str, site: Site | None) -> Comparison | None:
-        """Record ``decision`` with its notes for the run's summary, then report a failing one: its
-        failure fails the test (at the end of its body)."""
+    def _record(self, decision: Decision, key: str, notes: list[str], site: Site | None,
+                accept: str) -> Comparison | None:
+        """Word a failing ``decision``'s failure, then record the decision with its ``notes`` (for the
+        run's summary) and that failure in one call: the failure fails the test (at the end of its
+        body; ``accept`` re-records the test's goldens). The failure's words need the tokenizer,
+        which loads the model where no test loaded it yet: where that raises, the decision is
+        recorded without its failure, so a test whose model cannot load still reports its checks."""
         __tracebackhide__ = True
-        accept = self.accept_command
-        notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt, accept=accept)
-        self._outcomes.decided(self._path, key, decision, notes=notes)
-        if decision.fails:
-            self._outcomes.fail(self._failure(decision, key), site, accept=accept)
+        try:
+            error = self._failure(decision, key) if decision.fails else None
+        except BaseException:
+            self._outcomes.decided(self._path, key, decision, notes=notes)
+            raise
+        self._outcomes.decided(self._path, key, decision, notes=notes, failure=error, site=site,
+                               accept=accept)
         return None if decision.write is Written.RECORDED else decision.comparison
 
     def _failure(self, decision: Decision, key: str) -> GoldenMismatchError:
