@@ -46,7 +46,7 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
     from pytest_llmdeterminism.goldens import schema
     from pytest_llmdeterminism.run.decision import contradicted
 
-    examples = Path(__file__).parent.parent / "examples" / "__golden__" / "test_tiny_model.json"
+    examples = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
     generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
     drifted = dataclasses.replace(generation, step_hashes=("0" * 16,) * len(generation.step_hashes))
     outcomes = TestOutcomes()
