@@ -50,7 +50,8 @@ class GoldenTokens:
         self._shown_path = files.display(self._path)  # as a failure names it
         self._models = models
         self._tolerance = tolerance
-        self._earlier = outcomes.earlier_attempts()  # fixed for this attempt of the test
+        # Fixed for this attempt of the test (pytest-rerunfailures builds the fixture again for the next).
+        self._attempt, self._earlier = outcomes.attempt, outcomes.earlier_attempts()
         self._used: set[str] = set()
         self._unnamed = 0
 
@@ -85,7 +86,7 @@ class GoldenTokens:
         try:
             decision = self._decide(key, generation)  # look up, then decide
             accept = self.accept_command
-            notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._outcomes.attempt,
+            notes = hints.notes(decision, key, nodeid=self._nodeid, attempt=self._attempt,
                                 accept=accept)
         except BaseException:
             self._outcomes.used(self._path, key)  # stopped before its record: its key was still looked up
@@ -126,7 +127,7 @@ class GoldenTokens:
         # Only a failure that shows tokens needs the tokenizer (top-k ids neither side generated).
         tokenizer = None if decision.expected is None else self._models.get(self._nodeid).tokenizer
         message = failure.message(decision, key, location=location, nodeid=self._target,
-                                  attempt=self._outcomes.attempt, tokenizer=tokenizer)
+                                  attempt=self._attempt, tokenizer=tokenizer)
         sides: dict[str, Any] = {} if decision.expected is None else {
             "expected": decision.expected, "actual": decision.actual}
         return GoldenMismatchError(message, decision.comparison, key=key, path=self._path, **sides)
