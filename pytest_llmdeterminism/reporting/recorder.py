@@ -99,7 +99,6 @@ class TestOutcomes:
         ``failure`` then waits for the end of the test's body (``site``: the line that called the
         check), or is raised now outside it; ``accept`` is the command that records or accepts the
         test's goldens."""
-        __tracebackhide__ = True
         self.used(path, key)
         if decision.write is not None:
             overwrote = decision.comparison.verdict if decision.write is Written.UPDATED else None
@@ -115,6 +114,7 @@ class TestOutcomes:
         if failure is None:
             return
         if not self.deferring:
+            __tracebackhide__ = True  # the failure points at the check, not here
             raise failure
         self._failures.append((failure, site))
         self._accept = accept
