@@ -22,7 +22,7 @@ import torch
 from pytest_llmdeterminism import ConfigurationError, engines
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
 from pytest_llmdeterminism.compute import kernels as chosen_kernels
-from pytest_llmdeterminism.compute import numerics, tensor_ops
+from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy, why_not_batch_invariant
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.generation import Generation
@@ -88,6 +88,32 @@ def test_a_decode_steps_rows_are_each_a_one_row_product_whatever_their_number(ou
                                    alone[0]), (count, blocks, rows)
     assert all(torch.equal(found[0], other) for other in found), "threads or the split changed the bits"
     assert torch.equal(found[0], torch.nn.functional.linear(row, weight, bias))
+
+
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_a_decode_steps_larger_products_are_each_onednns_one_row_product(out_features, in_features, threads,
+                                                                         tmp_path_factory):
+    """The portable decode kernel for products of at least ``ONEDNN_MIN_PRODUCT`` (``onednn_rows_linear``):
+    a row's bits among 1 to 63 companions, at 1, 2 and 4 threads, on oneDNN and on the fixed-order
+    kernel, are the previous kernels' for that row alone (oneDNN's one-row product)."""
+    fixed, _ = fixed_order.build(tmp_path_factory.mktemp("kernel"))
+    generator = torch.Generator().manual_seed(out_features * in_features + 1)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
+    bias = torch.randn(out_features, generator=generator)
+    row = torch.randn(1, 1, in_features, generator=generator)  # (rows, positions, features) as in decode
+    previous = tensor_ops.onednn_linear(row, weight, bias)
+    for count in (1, 2, 4):
+        threads(count)
+        for kernel in (None, fixed):
+            alone = tensor_ops.onednn_rows_linear(row, weight, bias, kernel)
+            assert torch.equal(alone, previous), (count, kernel)
+            for rows in (2, 3, 8, 17, 64):
+                batch = torch.randn(rows, 1, in_features, generator=generator)
+                batch[rows // 2] = row[0]
+                assert torch.equal(tensor_ops.onednn_rows_linear(batch, weight, bias, kernel)[rows // 2],
+                                   previous[0]), (count, kernel, rows)
+    if fixed is not None:  # every one-row shape the fixed-order kernel ran was checked against oneDNN
+        assert fixed.checked and all(fixed.checked.values()), fixed.checked
 
 
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
@@ -251,7 +277,7 @@ def test_batch_invariant_kernels_put_the_model_back(tiny):
 
 
 @pytest.mark.parametrize("numerics, setting, generation", [
-    ("portable", (), "cpu-onednn-avx2-rowwise-2"),  # default settings: no llm_batch_invariant
+    ("portable", (), "cpu-onednn-avx2-rowwise-3"),  # default settings: no llm_batch_invariant
     ("compatible", ("--llm-batch-invariant=true",), "cpu-mkl-compatible-tiles32-rowwise-1")],
     ids=["portable-default", "compatible-true"])
 @pytest.mark.subprocess
@@ -351,14 +377,14 @@ def test_by_default_goldens_of_the_previous_kernels_are_judged_across_environmen
         result.stdout.fnmatch_lines([
             "golden checks: 3 LOGIT_DRIFT",
             "*verified at 4x32 (row 0 vs row 3, and against 1x*",
-            "compared across environments: batch_invariant None → 'cpu-onednn-avx2-rowwise-2'; *the golden "
+            "compared across environments: batch_invariant None → 'cpu-onednn-avx2-rowwise-3'; *the golden "
             "was computed on the previous kernels (shape-dependent), before batch-invariant kernels became "
             "the default: re-record once with --llm-golden-update --llm-tolerance=exact*or keep the "
             "previous kernels with --llm-batch-invariant=false*"])
         assert golden.read_bytes() == previous
 
     suite.runpytest("--llm-golden-update", "--llm-tolerance=exact").assert_outcomes(passed=1)  # once
-    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-2"' in golden.read_bytes()
+    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-3"' in golden.read_bytes()
     for shape in ("4x32", "1x32", "2x48", "8x64", "3x40"):
         result = suite.runpytest(f"--llm-batch-shape={shape}", "--llm-tolerance=exact")
         result.assert_outcomes(passed=1)
