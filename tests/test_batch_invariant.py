@@ -21,8 +21,8 @@ import torch
 
 from pytest_llmdeterminism import ConfigurationError, engines
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
-from pytest_llmdeterminism.compute import kernels as chosen_kernels
 from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
+from pytest_llmdeterminism.compute import kernels as chosen_kernels
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy, why_not_batch_invariant
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.generation import Generation

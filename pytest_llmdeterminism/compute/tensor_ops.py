@@ -1,9 +1,9 @@
 """The tensor functions the plugin's kernels are made of: pure functions of tensors, no patching.
 
 ``F.linear``'s replacements (oneDNN capped at AVX2, one-row products split over the threads, rows
-each their own one-row product on MKL or oneDNN, rows in fixed tiles), the fixed-order kernel's call in oneDNN's place, and
-attention row by row. Each gives stated bits; ``kernels.py`` decides which runs where, and
-``docs/design/kernels.md`` holds the measurements behind each.
+each their own one-row product on MKL or oneDNN, rows in fixed tiles), the fixed-order kernel's call
+in oneDNN's place, and attention row by row. Each gives stated bits; ``kernels.py`` decides which
+runs where, and ``docs/design/kernels.md`` holds the measurements behind each.
 """
 
 from __future__ import annotations
