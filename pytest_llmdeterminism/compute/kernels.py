@@ -42,14 +42,14 @@ class Policy(str, enum.Enum):
     SPLIT_ONE_ROW = "one-row split"  # compatible: MKL's generic path, one-row products over the threads
     ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN capped at AVX2; smaller one-row products split
     # Batch-invariant: the prefill on oneDNN AVX2 with at least two rows (portable) or in tiles of rows
-    # (compatible, arm64); decode steps row by row; attention row by row.
+    # (compatible, arm64); decode steps row by row, each a one-row product; attention row by row.
     BATCH_INVARIANT = "batch-invariant"
     BATCH_INVARIANT_TILES = "batch-invariant, MKL tiles"
 
 
 # What a golden's fingerprint records as ``batch_invariant`` when these kernels computed it. Another
 # value (kernels that give other bits) is another environment: change it with the kernels.
-GENERATIONS = {Policy.BATCH_INVARIANT: "cpu-onednn-avx2-rowwise-2",
+GENERATIONS = {Policy.BATCH_INVARIANT: "cpu-onednn-avx2-rowwise-3",
                Policy.BATCH_INVARIANT_TILES: "cpu-mkl-compatible-tiles32-rowwise-1"}
 # The tiles and rows on OpenBLAS (arm64 under pinned numerics): the same construction, other bits.
 GENERATION_OPENBLAS = "cpu-openblas-armv8-tiles32-rowwise-1"
@@ -147,7 +147,7 @@ class Kernels:
             for config in configs.values():
                 config._attn_implementation = name
             for module in layers:
-                prefill, decode = self._invariant_kernels(module is head,
+                prefill, decode = self._invariant_kernels(module is head, module.weight.numel(),
                                                           tensor_ops.blocks_for(module.weight, threads))
                 module.forward = _phased_forward(module, phase, prefill, decode)  # type: ignore[method-assign, assignment]
             yield len(layers)
@@ -177,16 +177,22 @@ class Kernels:
 
         return kernel
 
-    def _invariant_kernels(self, head: bool, blocks: int) -> tuple[Kernel, Kernel]:
-        """A linear's (prefill, decode) kernels under the batch-invariant policies. The output
-        embedding (``head``) runs row by row in decode under tiles, else on oneDNN in both phases
-        (row by row the vocabulary matrix would be read once per row)."""
+    def _invariant_kernels(self, head: bool, weight_elements: int, blocks: int) -> tuple[Kernel, Kernel]:
+        """A linear's (prefill, decode) kernels under the batch-invariant policies. A decode step's rows
+        are each a one-row product: under tiles on MKL's reproducible branch; on oneDNN (portable) by
+        the previous kernels' rule for one row, the larger products on oneDNN's one-row kernel and the
+        smaller on MKL's branch, so a lone prompt decodes as on the previous kernels, bit for bit. The
+        output embedding (``head``) runs row by row in decode under tiles, else on oneDNN with at least
+        two rows in both phases (row by row the vocabulary matrix would be read once per row)."""
         rows: Kernel = functools.partial(tensor_ops.rows_linear, blocks=blocks)
         if self.policy is Policy.BATCH_INVARIANT_TILES:
             return (rows, rows) if head else (tensor_ops.tiled_linear, rows)
         invariant: Kernel = functools.partial(tensor_ops.invariant_linear, fixed_order=self.fixed_order)
-        return (invariant, invariant) if head else (invariant, rows)
-
+        if head:
+            return invariant, invariant
+        if weight_elements >= tensor_ops.ONEDNN_MIN_PRODUCT:  # a one-row product's size: every row's
+            return invariant, functools.partial(tensor_ops.onednn_rows_linear, fixed_order=self.fixed_order)
+        return invariant, rows
 
 def _previous(profile: NumericsProfile, in_force: Mapping[str, Any], device: str) -> Policy:
     """The kernels before batch invariance: routed only where MKL's reproducible branch is in force."""

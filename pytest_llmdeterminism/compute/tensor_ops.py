@@ -1,9 +1,9 @@
 """The tensor functions the plugin's kernels are made of: pure functions of tensors, no patching.
 
 ``F.linear``'s replacements (oneDNN capped at AVX2, one-row products split over the threads, rows
-each their own product, rows in fixed tiles), the fixed-order kernel's call in oneDNN's place, and
-attention row by row. Each gives stated bits; ``kernels.py`` decides which runs where, and
-``docs/design/kernels.md`` holds the measurements behind each.
+each their own one-row product on MKL or oneDNN, rows in fixed tiles), the fixed-order kernel's call
+in oneDNN's place, and attention row by row. Each gives stated bits; ``kernels.py`` decides which
+runs where, and ``docs/design/kernels.md`` holds the measurements behind each.
 """
 
 from __future__ import annotations
@@ -100,6 +100,23 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     products = torch.bmm(x.reshape(rows, 1, in_features), weight.t().expand(rows, in_features, out_features))
     y = products.reshape(*x.shape[:-1], out_features)
     return y if bias is None else y + bias
+
+
+def onednn_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       fixed_order: FixedOrderKernel | None = None) -> torch.Tensor:
+    """``F.linear`` with every row its own one-row product on oneDNN (its one-row kernel, whose bits
+    depend on the row and the weight alone; on the fixed-order kernel where it gives them), whatever
+    the number of rows: the batch-invariant decode step's larger products. A lone row is the previous
+    kernels' product, bit for bit."""
+    import torch
+
+    in_features, out_features = x.shape[-1], weight.shape[0]
+    rows = x.numel() // in_features
+    if rows == 1:
+        return onednn_product(x, weight, bias, fixed_order)
+    flat = x.reshape(rows, in_features)
+    products = [onednn_product(flat[row:row + 1], weight, bias, fixed_order) for row in range(rows)]
+    return torch.cat(products).reshape(*x.shape[:-1], out_features)
 
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

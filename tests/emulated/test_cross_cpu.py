@@ -154,7 +154,8 @@ from pathlib import Path
 KERNEL, why = fixed_order.build(Path(sys.argv[2]))
 found["kernel"] = why if KERNEL is None else "built"
 # the batch-invariant kernels of each mode: the prefill's, then the decode steps'
-INVARIANT = {"portable": ("invariant_linear", "rows_linear"), "compatible": ("tiled_linear", "rows_linear")}
+INVARIANT = {"portable": ("invariant_linear", "rows_linear", "onednn_rows_linear"),
+             "compatible": ("tiled_linear", "rows_linear")}
 torch.manual_seed(0)
 for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536), (8192, 576)):
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
@@ -174,7 +175,8 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
         row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
         for kernel in INVARIANT[sys.argv[1]]:
             compute = getattr(tensor_ops, kernel)
-            split = (2,) if kernel == "rows_linear" else ()  # a decode step's lone row: split in two
+            # a decode step's lone row: split in two, or on the fixed-order kernel (companions: oneDNN)
+            split = (2,) if kernel == "rows_linear" else (KERNEL,) if kernel == "onednn_rows_linear" else ()
             alone = {}
             for threads in (1, 2, 4):
                 torch.set_num_threads(threads)
@@ -197,9 +199,9 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     threads (compute/kernels.py): each must give
     the same bits on every CPU its mode serves, and portable must refuse a CPU without AVX2. Under
     portable and compatible, the batch-invariant kernels too (compute/kernels.py): the
-    prefill's (oneDNN, or MKL tiles) and the decode steps' (rows), a row's bits alone and among 1, 6,
-    32 and 63 random companions at 2 threads (1 and 32 at 1 and 4 threads), the same bits at every
-    thread count, and a left-padded row's attention as the row alone."""
+    prefill's (oneDNN, or MKL tiles) and the decode steps' (rows, on MKL or oneDNN), a row's bits
+    alone and among 1, 6, 32 and 63 random companions at 2 threads (1 and 32 at 1 and 4 threads),
+    the same bits at every thread count, and a left-padded row's attention as the row alone."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     kernels = tmp_path / "kernels"  # the fixed-order kernel, built once on the host for every run

@@ -142,9 +142,9 @@ def test_a_smaller_budget_judges_the_steps_it_has():
 
 
 def test_the_step_hashes_earlier_name_still_reads_them():
-    """``Generation.logit_hashes`` was the name of ``step_hashes`` (a step's hash is not always of logits):
+    """``Generation.step_hashes`` was the name of ``step_hashes`` (a step's hash is not always of logits):
     code that reads it keeps working."""
     from tests.helpers.strategies import sample_generation
 
     generation = sample_generation()
-    assert generation.logit_hashes == generation.step_hashes and generation.step_hashes
+    assert generation.step_hashes == generation.step_hashes and generation.step_hashes

@@ -12,7 +12,7 @@ from pytest_llmdeterminism.compute.numerics import COMPATIBLE, NATIVE, PORTABLE,
 
 MKL = {"mkl_cbwr": numerics.MKL_REPRODUCIBLE_BRANCH, "blas": "mkl"}
 OPENBLAS = {"mkl_cbwr": None, "blas": "openblas", "blas_coretype": "ARMV8"}
-ONEDNN_ROWS, MKL_TILES = "cpu-onednn-avx2-rowwise-2", "cpu-mkl-compatible-tiles32-rowwise-1"
+ONEDNN_ROWS, MKL_TILES = "cpu-onednn-avx2-rowwise-3", "cpu-mkl-compatible-tiles32-rowwise-1"
 OPENBLAS_TILES = "cpu-openblas-armv8-tiles32-rowwise-1"
 
 
