@@ -147,4 +147,4 @@ def test_the_step_hashes_earlier_name_still_reads_them():
     from tests.helpers.strategies import sample_generation
 
     generation = sample_generation()
-    assert generation.step_hashes == generation.step_hashes and generation.step_hashes
+    assert generation.logit_hashes == generation.step_hashes and generation.step_hashes
