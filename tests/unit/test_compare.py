@@ -142,7 +142,7 @@ def test_a_smaller_budget_judges_the_steps_it_has():
 
 
 def test_the_step_hashes_earlier_name_still_reads_them():
-    """``Generation.step_hashes`` was the name of ``step_hashes`` (a step's hash is not always of logits):
+    """``Generation.logit_hashes`` was the name of ``step_hashes`` (a step's hash is not always of logits):
     code that reads it keeps working."""
     from tests.helpers.strategies import sample_generation
 
