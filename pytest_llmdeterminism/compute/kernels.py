@@ -66,23 +66,33 @@ class Kernels:
     fixed_order: FixedOrderKernel | None = None
     openblas: bool = False  # the tiles run on OpenBLAS (arm64): other bits, another generation
     slower: str = ""  # why the fixed-order kernel does not run where it could, if so
+    not_invariant: str = ""  # why the batch-invariant kernels, which the profile has, cannot run the model
 
     @classmethod
     def choose(cls, profile: NumericsProfile, *, in_force: Mapping[str, Any], dtype: str, device: str,
                batch_invariant: bool | None = False, recording: bool = False,
-               folder: Path | None = None) -> Kernels:
+               folder: Path | None = None, model: Any = None) -> Kernels:
         """The kernels of a model loaded under ``profile`` with the numerics ``in_force`` (``numerics
         .check``'s; empty off the CPU). ``batch_invariant``: True requires the batch-invariant kernels
         (a :class:`ConfigurationError` saying why not where the profile, dtype or device has none),
         None takes them wherever they exist, False keeps the previous kernels. ``recording``: goldens
         are recorded from oneDNN's own products, so no golden is made of a product of the fixed-order
         kernel that its sampled re-check did not cover. ``folder``: where the fixed-order kernel is
-        built (None: it is not)."""
+        built (None: it is not). ``model``: the loaded model, whose layers the batch-invariant kernels
+        must all be able to route (:func:`not_routable`)."""
         __tracebackhide__ = True
         previous = _previous(profile, in_force, device)
         invariant = _invariant(profile, previous, dtype, device)
         if batch_invariant and invariant is None:
             raise _unavailable(profile, dtype, device)
+        why_not_model = not_routable(model) if invariant is not None and model is not None else ""
+        if why_not_model:
+            if batch_invariant:
+                raise ConfigurationError(
+                    "llm_batch_invariant", "true",
+                    f"batch-invariant kernels cannot run this model: {why_not_model}. Remove the setting "
+                    "(the previous kernels then run it, and goldens keep the batch shape)")
+            invariant = None
         policy = invariant if invariant is not None and batch_invariant is not False else previous
         openblas = policy is Policy.BATCH_INVARIANT_TILES and in_force.get("blas") == "openblas"
         built, why_not = None, ""
@@ -93,7 +103,7 @@ class Kernels:
                 built, why_not = fixed_order.build(folder)  # oneDNN's products on it, same bits
         slower = (f"oneDNN's products stay on oneDNN (the same bits, slower): {why_not}"
                   if built is None and why_not else "")
-        return cls(policy, built, openblas, slower)
+        return cls(policy, built, openblas, slower, why_not_model)
 
     @property
     def batch_invariant(self) -> bool:
@@ -111,7 +121,9 @@ class Kernels:
         if self.batch_invariant:
             return (f"kernels {self.policy.value}: a prompt gives the same bits alone or in any batch; "
                     "goldens do not depend on the batch shape")
-        return f"kernels {self.policy.value} (not batch-invariant): the batch shape is part of every golden"
+        why = f"; {self.not_invariant}" if self.not_invariant else ""
+        return (f"kernels {self.policy.value} (not batch-invariant{why}): the batch shape is part of every "
+                "golden")
 
     @contextmanager
     def routed(self, model: Any) -> Iterator[int]:
@@ -210,6 +222,21 @@ def _invariant(profile: NumericsProfile, previous: Policy, dtype: str, device: s
         return None
     return Policy.BATCH_INVARIANT if profile.batch_invariant == numerics.ONEDNN_ROWS \
         else Policy.BATCH_INVARIANT_TILES
+
+
+def not_routable(model: Any) -> str:
+    """Why the batch-invariant kernels cannot run ``model`` ("" where they can): every product must be
+    an ``nn.Linear`` they route, and its attention one that row-wise attention computes (no sliding
+    window, logit soft-capping or attention sinks)."""
+    if any(type(module).__name__ == "Conv1D" for module in model.modules()):
+        return "its projections are transformers' Conv1D layers (GPT-2's), which they do not route"
+    attention = sorted({name for config in _configs(model) for name, value in (
+        ("a sliding window", getattr(config, "sliding_window", None)
+         if getattr(config, "use_sliding_window", True) is not False else None),
+        ("logit soft-capping", getattr(config, "attn_logit_softcapping", None)),
+        ("attention sinks", getattr(config, "sinks", None))) if value is not None})
+    return f"its attention uses {' and '.join(attention)}, which row-wise attention does not compute" \
+        if attention else ""
 
 
 def why_not_batch_invariant(profile: NumericsProfile, dtype: str, device: str) -> str:

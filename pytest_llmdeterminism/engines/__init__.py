@@ -96,7 +96,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable", 
     model, tokenizer, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
     kernels = Kernels.choose(numerics.profile(cpu_numerics), in_force=in_force, dtype=dtype, device=device,
                              batch_invariant=batch_invariant, recording=recording,
-                             folder=cached.cache_dir() / "kernels")
+                             folder=cached.cache_dir() / "kernels", model=model)
     engine = hf.HFEngine(model, tokenizer, device, kernels=kernels)
     return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
                        device=device, engine=engine, cpu_numerics=cpu_numerics,

@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
+from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 from pytest_llmdeterminism.strategies import assert_batch_invariant
@@ -66,6 +67,20 @@ def test_every_architecture_is_batch_invariant_under_portable_numerics(model_fol
         notes: list[str] = []
         llm = LLMModel(loaded, GenerationSettings(BatchShape(4, 32), 4, 0), note=notes.append)
         llm.generate("The capital of France is")  # the plugin's own probe: raises if rows differ
-        assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"], name
+        # on the batch-invariant kernels, the default where they can run the model, the probe checks the
+        # prompt alone (1x6) too; GPT-2's Conv1D layers and Mistral's sliding window keep the previous ones
+        invariant = name not in ("gpt2", "mistral")
+        assert loaded.engine.kernels.batch_invariant is invariant, name
+        against = ", and against 1x6" if invariant else ""
+        assert notes == [f"batch invariance: verified at 4x32 (row 0 vs row 3{against}, 3 steps)"], name
         assert_batch_invariant(llm, "The capital of France is",
                                ["The sky is", "Count: one, two,", "def add(a, b):"])
+
+
+@pytest.mark.parametrize(("name", "why"), [("gpt2", "Conv1D layers"), ("mistral", "a sliding window")])
+def test_a_model_the_batch_invariant_kernels_cannot_run_keeps_the_previous_ones_and_true_says_why(
+        model_folders, name, why):
+    default = load(str(model_folders[name]), dtype="float32", device="cpu")
+    assert not default.engine.kernels.batch_invariant and why in default.engine.kernels.describe()
+    with pytest.raises(ConfigurationError, match=f"batch-invariant kernels cannot run this model: .*{why}"):
+        load(str(model_folders[name]), dtype="float32", device="cpu", batch_invariant=True)
