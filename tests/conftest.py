@@ -269,6 +269,17 @@ def llama_server(tmp_path_factory):
 # -- fixtures the tiers of one test module share ---------------------------------------------------
 
 
+@pytest.fixture
+def previous_kernels(tiny):
+    """The tiny model on the previous kernels (llm_batch_invariant = false) for one test: there the
+    batch shape moves a prompt's logits, and a lone prompt is a plain generate() of it."""
+    from pytest_llmdeterminism.compute.kernels import Policy
+    from tests.helpers.batch_invariant import on_policy
+
+    with on_policy(tiny, Policy.ONEDNN_AVX2):
+        yield
+
+
 @pytest.fixture(scope="module")
 def kernels_folder(tmp_path_factory):
     """A folder with the fixed-order kernel built in it (test_chain.py)."""

@@ -3,11 +3,30 @@ same prompts generated at several shapes read IDENTICAL."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from pytest_llmdeterminism.compare import Verdict, compare, input_changes
+from pytest_llmdeterminism.compute.kernels import Policy
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+
+@contextmanager
+def on_policy(loaded: LoadedModel, chosen: Policy) -> Iterator[None]:
+    """``loaded`` on the kernels of ``chosen`` within the block; its fingerprint and probe results,
+    which name the kernels, are computed again on each side."""
+    before = loaded.engine.kernels
+    loaded.engine.kernels = dataclasses.replace(before, policy=chosen)
+    loaded.static_fingerprint, loaded.probed = None, {}
+    try:
+        yield
+    finally:
+        loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = before, None, {}
+
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def add(a, b):", "Hello there, how"]
 

@@ -20,22 +20,6 @@ from pytest_llmdeterminism.strategies import (
 POOL = ["The sky is", "Count: one,", "Hello, world!", "def add(a, b):", "Q: What is the capital of Peru? A:"]
 
 
-@pytest.fixture
-def previous_kernels(tiny):
-    """The tiny model on the previous kernels (llm_batch_invariant = false), where the batch shape
-    moves a prompt's logits, for one test."""
-    import dataclasses
-
-    from pytest_llmdeterminism.compute.kernels import Policy
-
-    before = tiny.engine.kernels
-    # the fingerprint names the kernels: computed again
-    tiny.engine.kernels = dataclasses.replace(before, policy=Policy.ONEDNN_AVX2)
-    tiny.static_fingerprint, tiny.probed = None, {}
-    yield
-    tiny.engine.kernels, tiny.static_fingerprint, tiny.probed = before, None, {}
-
-
 @pytest.mark.usefixtures("previous_kernels")
 def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
     """On the previous kernels (llm_batch_invariant = false) the batch size moves the logits."""

@@ -7,10 +7,6 @@ control (they do not). The suite pins portable numerics for itself (pyproject.to
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 import torch
 
@@ -19,10 +15,9 @@ from pytest_llmdeterminism.compare import input_changes
 from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
 from pytest_llmdeterminism.compute import kernels as chosen_kernels
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy, why_not_batch_invariant
-from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
-from tests.helpers.batch_invariant import PROMPTS, generations_at, identical_under_every_shape
+from tests.helpers.batch_invariant import PROMPTS, generations_at, identical_under_every_shape, on_policy
 
 # SmolLM2-135M's projections (query/output, key/value, gate/up, down) and the tiny model's.
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (64, 64)]
@@ -132,7 +127,7 @@ def test_a_tiled_rows_bits_do_not_depend_on_how_many_rows_share_the_call(out_fea
 def test_without_a_cache_every_forward_is_a_prefill_and_stays_invariant(tiny):
     """use_cache=False: every forward holds every position (none is a decode step), and a prompt's
     bits alone and batched still agree."""
-    with kernels(tiny, Policy.BATCH_INVARIANT):
+    with on_policy(tiny, Policy.BATCH_INVARIANT):
         alone, batched = (generations_at(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 5, 0)),
                                        shape) for shape in ("1x32", "4x32"))
         assert [g.step_hashes for g in alone] == [g.step_hashes for g in batched]
@@ -191,23 +186,11 @@ def test_a_padded_rows_attention_has_the_bits_of_the_row_alone(count, threads):
         assert torch.equal(step[row], decoded[0]), row
 
 
-@contextmanager
-def kernels(loaded: LoadedModel, chosen: Policy) -> Iterator[None]:
-    before = loaded.engine.kernels
-    # the fingerprint names the kernels: computed again
-    chosen_kernels = dataclasses.replace(before, policy=chosen)
-    loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = chosen_kernels, None, {}
-    try:
-        yield
-    finally:
-        loaded.engine.kernels, loaded.static_fingerprint, loaded.probed = before, None, {}
-
-
 def test_the_tiny_models_goldens_do_not_depend_on_the_batch_shape(tiny):
-    with kernels(tiny, Policy.BATCH_INVARIANT):
+    with on_policy(tiny, Policy.BATCH_INVARIANT):
         identical_under_every_shape(tiny, ("1x32", "4x32", "2x48", "8x64", "3x40", "16x32"), 8)
     # the negative control: the previous kernels give a batched prompt other bits than the prompt alone
-    with kernels(tiny, Policy.ONEDNN_AVX2):
+    with on_policy(tiny, Policy.ONEDNN_AVX2):
         previous = {shape: generations_at(LLMModel(tiny, GenerationSettings(BatchShape.parse(shape), 8, 0)),
                                         shape) for shape in ("1x32", "4x32")}
     assert [g.step_hashes for g in previous["4x32"]] != [g.step_hashes for g in previous["1x32"]]

@@ -242,22 +242,6 @@ def test_max_new_tokens_beyond_the_models_context_is_refused_with_the_numbers(ma
         make_llm("2x32", max_new_tokens=4).generate(PROMPT, max_new_tokens=context - 31)
 
 
-@pytest.fixture
-def previous_kernels(tiny):
-    """The tiny model on the previous (not batch-invariant) kernels for one test: there a lone prompt
-    is a plain generate() of it, with no probe (nothing shares its batch)."""
-    import dataclasses
-
-    from pytest_llmdeterminism.compute.kernels import Policy
-
-    before = tiny.engine.kernels
-    # the fingerprint names the kernels: computed again
-    tiny.engine.kernels = dataclasses.replace(before, policy=Policy.ONEDNN_AVX2)
-    tiny.static_fingerprint, tiny.probed = None, {}
-    yield
-    tiny.engine.kernels, tiny.static_fingerprint, tiny.probed = before, None, {}
-
-
 @pytest.mark.usefixtures("previous_kernels")
 def test_a_lone_prompt_runs_unpadded_and_stops_at_eos_as_a_plain_generate_would(make_llm, tiny):
     """The default shape (1xL) runs the test a user would have written: batch 1, the prompt's own

@@ -14,15 +14,10 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
     from pytest_llmdeterminism.compare import Verdict, compare
     from pytest_llmdeterminism.compute.kernels import Policy
     from pytest_llmdeterminism.reporting.failure import mismatch
+    from tests.helpers.batch_invariant import on_policy
 
-    before_kernels = tiny.engine.kernels
-    # the fingerprint names the kernels: computed again
-    tiny.engine.kernels = dataclasses.replace(before_kernels, policy=Policy.ONEDNN_AVX2)
-    tiny.static_fingerprint, tiny.probed = None, {}
-    try:
+    with on_policy(tiny, Policy.ONEDNN_AVX2):
         now = make_llm("1x128", max_new_tokens=4).generate("Hello there")
-    finally:
-        tiny.engine.kernels, tiny.static_fingerprint, tiny.probed = before_kernels, None, {}
     before = dataclasses.replace(now, batch_shape="1x128",
                                  step_hashes=tuple("0" * 16 for _ in now.step_hashes))
     comparison = compare(before, now)
