@@ -216,7 +216,7 @@ def _previous(profile: NumericsProfile, in_force: Mapping[str, Any], device: str
 def _invariant(profile: NumericsProfile, previous: Policy, dtype: str, device: str) -> Policy | None:
     """The batch-invariant kernels the profile supports here, or None: float32 on the CPU, under
     portable or compatible numerics on x86-64 (MKL's branch in force) or Linux arm64."""
-    if device != "cpu" or dtype != "float32" or profile.batch_invariant is None:
+    if why_not_batch_invariant(profile, dtype, device):
         return None
     if profile.pins_mkl and previous is Policy.LINEAR:  # a torch without MKL's reproducible branch
         return None
