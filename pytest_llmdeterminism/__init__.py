@@ -26,7 +26,7 @@ from pytest_llmdeterminism.errors import (
     PromptTooLongError,
     SamplingRefusedError,
 )
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.model.audit import NondeterminismError, audit
 from pytest_llmdeterminism.model.llm_model import LLMModel
@@ -63,6 +63,7 @@ __all__ = [
     "ProjectConfigError",
     "PromptTooLongError",
     "SamplingRefusedError",
+    "Score",
     "ShardError",
     "UnreadableFileError",
     "Verdict",

@@ -295,6 +295,14 @@ def _checked_eos(value: Any, vocab_size: int | None) -> tuple[int, ...]:
     return tuple(sorted(set(ids)))
 
 
+def variant_of(fingerprint: Mapping[str, Any]) -> str:
+    """The golden variant of a record with this fingerprint: device class and dtype (``cpu/float32``),
+    after the engine unless it is transformers (``llamacpp:cpu/Q4_1``)."""
+    engine = fingerprint.get("engine", DEFAULT_ENGINE)
+    where = f"{fingerprint.get('device_class', 'cpu')}/{fingerprint.get('dtype', 'float32')}"
+    return where if engine == DEFAULT_ENGINE else f"{engine}:{where}"
+
+
 @dataclass(frozen=True)
 class Generation:
     """One prompt's continuation (greedy, or drawn by the seeded sampler) and what the model
@@ -352,6 +360,61 @@ class Generation:
     def variant(self) -> str:
         """The golden variant this generation belongs to: device class and dtype (``cpu/float32``),
         after the engine unless it is transformers (``llamacpp:cpu/Q4_1``)."""
-        engine = self.fingerprint.get("engine", DEFAULT_ENGINE)
-        where = f"{self.fingerprint.get('device_class', 'cpu')}/{self.fingerprint.get('dtype', 'float32')}"
-        return where if engine == DEFAULT_ENGINE else f"{engine}:{where}"
+        return variant_of(self.fingerprint)
+
+
+@dataclass(frozen=True)
+class Score:
+    """The logprobs a model gives a fixed ``continuation`` after ``prompt``, teacher-forced: every
+    position is conditioned on the given tokens before it, so every position stays comparable
+    whatever changed (a :class:`Generation` is comparable only up to its first changed token).
+
+    Position ``t`` holds: the given token ``token_ids[t]``, ``logprobs[t]`` (its logprob given the
+    prompt and ``token_ids[:t]``), ``ranks[t]`` (its rank among the vocabulary, 1 = the model's own
+    choice; ``None`` where the engine does not say and it is outside the top-k), ``step_hashes[t]``
+    (as a generation step's, of the logits row that predicts it), ``top_logprobs[t]`` (the k best
+    ``(token id, logprob)`` pairs) and ``rank_margins[t]`` (the logprob distance from the given token
+    to its nearest neighbour in rank, above or below: how far it was from changing rank; ``None``
+    where unknown). ``prompt_logprobs``: the prompt's own tokens' logprobs (the first has none)
+    when ``prompt_logprobs=True`` asked for them, else ``()``.
+    """
+
+    prompt: str
+    prompt_token_ids: tuple[int, ...]
+    continuation: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    ranks: tuple[int | None, ...]
+    step_hashes: tuple[str, ...]
+    top_logprobs: tuple[TopK, ...]
+    rank_margins: tuple[float | None, ...]
+    batch_shape: str
+    pieces: tuple[str, ...] = ()
+    fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    prompt_form: PromptForm = PromptForm.TEXT
+    hash_definition: HashDefinition = HashDefinition.LOGITS
+    prompt_logprobs: tuple[float | None, ...] = ()
+
+    kind = "score"  # a golden entry's ``kind`` (a generation's is "generation")
+
+    def __post_init__(self) -> None:
+        positions = len(self.token_ids)
+        lengths = {len(self.logprobs), len(self.ranks), len(self.step_hashes), len(self.top_logprobs),
+                   len(self.rank_margins)}
+        if not positions:
+            raise ValueError("a Score needs at least one continuation token")
+        if lengths != {positions} or (self.pieces and len(self.pieces) != positions):
+            raise ValueError(f"Score has inconsistent per-position lengths: {positions} tokens, {lengths}")
+        if self.prompt_logprobs and len(self.prompt_logprobs) != len(self.prompt_token_ids):
+            raise ValueError(f"Score has {len(self.prompt_logprobs)} prompt logprobs for "
+                             f"{len(self.prompt_token_ids)} prompt tokens")
+
+    @property
+    def total(self) -> float:
+        """The continuation's log-likelihood given the prompt: the sum of its logprobs."""
+        return math.fsum(self.logprobs)
+
+    @property
+    def variant(self) -> str:
+        """The golden variant this score belongs to (as :attr:`Generation.variant`)."""
+        return variant_of(self.fingerprint)
