@@ -146,11 +146,15 @@ class LLMSession:
                     else f"batch-invariant kernels do not run here: {why_not}")
             return (f"the previous kernels ({kept}): batch invariance is verified at the first generation "
                     "of each shape, and the batch shape is part of every golden")
-        where = " where the model loads on the CPU" if options.device == "auto" else ""
-        return ("batch-invariant kernels" + (" (llm_batch_invariant = true)" if options.batch_invariant else
-                                             f" (the default{where})")
-                + ": a prompt gives the same bits alone or in any batch (verified at the first generation, "
-                "against another shape); goldens do not depend on the batch shape")
+        same_bits = ("a prompt gives the same bits alone or in any batch (verified at the first generation, "
+                     "against another shape)")
+        if options.batch_invariant:
+            return (f"batch-invariant kernels (llm_batch_invariant = true): {same_bits}; goldens do not "
+                    "depend on the batch shape")
+        where = "loads on the CPU and " if options.device == "auto" else ""
+        return (f"batch-invariant kernels by default, where the model {where}its layers can run them (the "
+                f"load line says which run): {same_bits.replace('a prompt', 'a prompt then')}, and goldens "
+                "do not depend on the batch shape")
 
     def thread_choice(self) -> threads.ThreadChoice:
         """The thread count the tests run on: this process's, or as the xdist controller (which runs
