@@ -166,6 +166,10 @@ class OpenAIEngine:
     def eos_token_ids(self) -> list[int]:
         return list(self._eos)
 
+    @property
+    def resets_prefix(self) -> bool:
+        return self._reset_prefix
+
     def as_served(self, ids: list[int]) -> list[int]:
         """``ids`` as the server will count them: themselves where it takes token ids, else the local
         tokenizer's ids of their text (random ids rarely survive a trip through text)."""

@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
-from pytest_llmdeterminism.engines.loaded import AuditedEngine
+from pytest_llmdeterminism.engines.loaded import AuditedEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
 from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow, ServingAudit, ServingRow
 from pytest_llmdeterminism.sampling import MAX_SEED
@@ -191,6 +191,15 @@ def after_generate_hook(repeats: int, dtype: str | None,
 
     def after_generate(llm: LLMModel, results: list[Generation], overrides: dict[str, Any]) -> None:
         __tracebackhide__ = True
+        if isinstance(llm.loaded.engine, ServedEngine):  # a server: audited as it is served
+            settings = llm.settings
+            config = resolve_generation_config(overrides, max_new_tokens=settings.max_new_tokens,
+                                               eos_token_ids=llm.loaded.engine.eos_token_ids(),
+                                               pad_token_id=llm.tokenizer.pad_token_id, seed=settings.seed)
+            for result in results:
+                record(serving_audit(llm.loaded, result.prompt_token_ids, config, seed=llm.settings.seed,
+                                     text=str(result.prompt)).to_json())
+            return
         for result in results:
             own = {**overrides, "seed": result.sampling["seed"]} if result.sampling else overrides
             found = audit(llm, list(result.prompt_token_ids), repeats=repeats, dtype=dtype, **own)
@@ -218,7 +227,10 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
     from pytest_llmdeterminism.engines import companions as needle
 
     engine, needle_ids = loaded.engine, [int(t) for t in ids]
-    slots = int(getattr(engine, "slots", 0)) or DEFAULT_SLOTS
+    if not isinstance(engine, ServedEngine):
+        raise ConfigurationError("llm_server_checks", True, f"the serving audit sends requests to a server; "
+                                 f"{loaded.spec} runs on {engine.name} in this process")
+    slots = engine.slots or DEFAULT_SLOTS
     reference = needle.alone(engine, needle_ids, config, seed)
     rows: list[ServingRow] = []
     loaded_answers: list[Chunk] = []
@@ -235,23 +247,17 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
                 default=(False, None, 0.0, None))
     rows.append(_serving_row("repeat", f"{unique} unique of {len(loaded_answers)} under load", worst,
                              runs=len(loaded_answers), companions=max(slots, 2)))
-    cached = getattr(engine, "with_prefix_cache", None)
-    if cached is None:
-        rows.append(ServingRow("prefix-cache", f"{engine.name} has no prefix cache to turn on", False, None,
-                               0.0, ran=False))
-    else:
-        on = cached()
-        tail = needle.companion_prompts(random.Random(seed), 1, vocab_size=engine.vocab_size(),
-                                        excluded=set(engine.eos_token_ids()), max_new_tokens=1)[0].ids[:8]
-        # the whole prompt as the prefix of another: the longest a cache can reuse
-        shared = getattr(engine, "as_served", list)(needle_ids + tail)
-        on.run([shared], config, _one_row(config, seed), False)  # fills the cache
-        after = on.run([needle_ids], config, _one_row(config, seed), False)
-        rows.append(_serving_row("prefix-cache", f"after its prompt + {len(tail)} tokens, cache on",
-                                 _chunk_difference(reference, after), runs=1))
+    on = engine.with_prefix_cache()
+    tail = needle.companion_prompts(random.Random(seed), 1, vocab_size=engine.vocab_size(),
+                                    excluded=set(engine.eos_token_ids()), max_new_tokens=1)[0].ids[:8]
+    # the whole prompt as the prefix of another: the longest a cache can reuse
+    on.run([engine.as_served(needle_ids + tail)], config, _one_row(config, seed), False)  # fills the cache
+    after = on.run([needle_ids], config, _one_row(config, seed), False)
+    rows.append(_serving_row("prefix-cache", f"after its prompt + {len(tail)} tokens, cache on",
+                             _chunk_difference(reference, after), runs=1))
     server = str((loaded.describe or {}).get("server", loaded.spec))
     return ServingAudit(text if text is not None else str(loaded.tokenizer.decode(needle_ids)), server,
-                        tuple(rows), seed, prefix_cache_pinned=bool(getattr(engine, "_reset_prefix", True)))
+                        tuple(rows), seed, prefix_cache_pinned=engine.resets_prefix)
 
 
 Difference = tuple[bool, int | None, float, float | None]  # changed, first step, max |Δlogprob|, margin

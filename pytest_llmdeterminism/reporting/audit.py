@@ -162,7 +162,7 @@ class ServingAudit:
                 f"invariant at {most.companions} ({most.runs} rounds)" if not moved else
                 f"{moved[0].verdict} at {moved[0].companions} ({moved[0].runs} rounds)")
         prefix = [row for row in self.rows if row.source == "prefix-cache" and row.ran]
-        pinned = "off" if self.prefix_cache_pinned else "on"
+        pinned = "off" if self.prefix_cache_pinned else "cache_prompt=false only (reset_prefix=0)"
         if prefix:
             verified["prefix_cache"] = f"{pinned}; with it on: " + (
                 "invariant" if prefix[0].verdict == "identical" else prefix[0].verdict)
