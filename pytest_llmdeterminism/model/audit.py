@@ -260,6 +260,26 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
                         tuple(rows), seed, prefix_cache_pinned=engine.resets_prefix)
 
 
+CHECKED_PROMPT = "The capital of France is"  # the request llm_server_checks audits
+CHECKED_TOKENS = 8
+
+
+def verify_serving(loaded: LoadedModel, *, seed: int, rounds: int = SERVING_ROUNDS) -> ServingAudit:
+    """``llm_server_checks``: the serving audit of :data:`CHECKED_PROMPT` on ``loaded``'s server, and
+    what it verified recorded in the fingerprint of every golden recorded with it
+    (``serving_verified``)."""
+    __tracebackhide__ = True
+    engine = loaded.engine
+    ids = [int(t) for t in loaded.tokenizer(CHECKED_PROMPT)["input_ids"]]
+    config = resolve_generation_config({}, max_new_tokens=CHECKED_TOKENS,
+                                       eos_token_ids=engine.eos_token_ids(),
+                                       pad_token_id=loaded.tokenizer.pad_token_id or 0, seed=seed)
+    found = serving_audit(loaded, ids, config, rounds=rounds, seed=seed, text=CHECKED_PROMPT)
+    loaded.describe = {**(loaded.describe or {}), "serving_verified": found.capability()}
+    loaded.static_fingerprint = None  # computed again, with the field
+    return found
+
+
 Difference = tuple[bool, int | None, float, float | None]  # changed, first step, max |Δlogprob|, margin
 
 
