@@ -1,0 +1,104 @@
+"""The serving audit against a real server: llama-cpp-python's OpenAI-compatible server on SmolLM2.
+
+llama-cpp-python's server is the one this suite can start (llama.cpp's own ``llama-server`` is not
+installed here). It has ONE slot and no ``--parallel`` / ``-cb``: every request waits for one lock,
+so concurrent requests are computed one after another, never batched together. So:
+
+- the one-slot run (``#slots=1``, what ``--parallel 1`` is on llama.cpp's server) must verify
+  concurrency invariant, and record it in the golden's fingerprint;
+- a four-slot continuous-batching run cannot be asked of it. The negative control is a workload that
+  is not invariant on it, said here explicitly: companions that share the request's whole prompt
+  (one system prompt for every request) with the prefix cache on (``cache_prompt=true``, the
+  server's own default behaviour, which llama.cpp's server shares). The request is then computed
+  from the companion's cached prompt, its last token alone: measured 0.2 in logprob against the
+  request computed cold, in every round. The audit's ``prefix-cache`` row finds the same drift.
+
+One server for the module; two rounds per condition (the README's test command has little time).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.projects import read_goldens
+
+pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: pip install -e "
+                    "'.[llamacpp]' (.ci/run does)")
+
+PROMPT = "Q: What is the capital of Japan? A:"
+SUITE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=4)
+def test_capital(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Q: What is the capital of Japan? A:"))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf, tmp_path_factory):
+    from tests.helpers.llama_server import LlamaServer
+
+    started = LlamaServer(smollm2_gguf, tmp_path_factory.mktemp("serving") / "server.log")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def one_slot(server, smollm2_gguf):
+    from pytest_llmdeterminism.engines import load
+
+    return load(f"{server.spec(smollm2_gguf)}&slots=1", dtype="float32", device="cpu")
+
+
+def config(loaded):
+    from pytest_llmdeterminism.generation import resolve_generation_config
+
+    return resolve_generation_config({}, max_new_tokens=4, eos_token_ids=loaded.engine.eos_token_ids(),
+                                     pad_token_id=0)
+
+
+def test_one_slot_is_concurrency_invariant_and_its_prefix_cache_is_found_to_drift(one_slot):
+    from pytest_llmdeterminism.model.audit import serving_audit
+
+    ids = list(one_slot.tokenizer(PROMPT)["input_ids"])
+    found = serving_audit(one_slot, ids, config(one_slot), rounds=2, seed=0)
+    rows = {row.source: row for row in found.rows}
+    assert [(row.source, row.companions, row.verdict) for row in found.rows if row.source != "prefix-cache"] \
+        == [("concurrent", 2, "identical"), ("repeat", 2, "identical")], found.lines()
+    # the plugin's requests keep the cache out (a reset before each); with it on, the answer moves
+    assert rows["prefix-cache"].verdict == "drift" and rows["prefix-cache"].max_logprob_delta > 0, found.lines()
+    assert found.capability() == {"concurrency": "invariant at 2 (2 rounds)",
+                                  "prefix_cache": "off; with it on: drift"}
+
+
+def test_negative_control_shared_prompt_companions_with_the_cache_on_move_every_round(one_slot):
+    """No 4-slot batching on this server (see the module docstring): the workload that is not
+    invariant here is companions that share the request's prompt, with the prefix cache on."""
+    from pytest_llmdeterminism.engines.companions import alone, run_among
+    from pytest_llmdeterminism.model.audit import _chunk_difference
+
+    ids = list(one_slot.tokenizer(PROMPT)["input_ids"])
+    reference = alone(one_slot.engine, ids, config(one_slot), seed=1)
+    rounds = run_among(one_slot.engine.with_prefix_cache(), ids, config(one_slot), companions=4, rounds=2,
+                       seed=1, shared_prefix=len(ids))
+    found = [_chunk_difference(reference, r.output) for r in rounds]
+    assert all(changed or delta > 0 for changed, _, delta, _ in found), found
+    # and the same companions with the cache kept out (the plugin's requests): no difference at all
+    pinned = run_among(one_slot.engine, ids, config(one_slot), companions=4, rounds=2, seed=1,
+                       shared_prefix=len(ids))
+    assert [_chunk_difference(reference, r.output) for r in pinned] == [(False, None, 0.0, None)] * 2
+
+
+def test_a_golden_recorded_with_server_checks_records_what_was_verified(pytester, server, smollm2_gguf):
+    pytester.makeini(f"[pytest]\nllm_model = {server.spec(smollm2_gguf)}&slots=1\nllm_server_checks = true\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest("--llm-golden-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llm server checks (llm_server_checks = true): serving audit of "
+                                 "'The capital of France is' on *",
+                                 "  concurrent    among 2,*identical*"])
+    golden = read_goldens(pytester, "__golden__/test_served.json")["test_capital"]
+    (entry,) = golden.values()
+    assert entry["fingerprint"]["serving_verified"] == {"concurrency": "invariant at 2 (3 rounds)",
+                                                        "prefix_cache": "off; with it on: drift"}
