@@ -253,15 +253,15 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
     # the whole prompt as the prefix of another: the longest a cache can reuse
     on.run([engine.as_served(needle_ids + tail)], config, _one_row(config, seed), False)  # fills the cache
     after = on.run([needle_ids], config, _one_row(config, seed), False)
-    rows.append(_serving_row("prefix-cache", f"after its prompt + {len(tail)} tokens, cache on",
+    rows.append(_serving_row("prefix-cache", f"after its prompt+{len(tail)}, cache on",
                              _chunk_difference(reference, after), runs=1))
     server = str((loaded.describe or {}).get("server", loaded.spec))
     return ServingAudit(text if text is not None else str(loaded.tokenizer.decode(needle_ids)), server,
                         tuple(rows), seed, prefix_cache_pinned=engine.resets_prefix)
 
 
-CHECKED_PROMPT = "The capital of France is"  # the request llm_server_checks audits
-CHECKED_TOKENS = 8
+CHECKED_PROMPT = "Q: What is the capital of Japan? A:"  # the request llm_server_checks audits
+CHECKED_TOKENS = 4
 
 
 def verify_serving(loaded: LoadedModel, *, seed: int, rounds: int = SERVING_ROUNDS) -> ServingAudit:
