@@ -12,6 +12,9 @@ so concurrent requests are computed one after another, never batched together. S
   server's own default behaviour, which llama.cpp's server shares). The request is then computed
   from the companion's cached prompt, its last token alone: measured 0.2 in logprob against the
   request computed cold, in every round. The audit's ``prefix-cache`` row finds the same drift.
+  (With the plugin's pin, a reset request before each request, such companions still move it at
+  times: one may be served between the reset and the request. Timing decides, so no test asserts
+  it; docs/serving.md says what to do.)
 
 One server for the module; two rounds per condition (the README's test command has little time).
 """
@@ -45,10 +48,21 @@ def server(smollm2_gguf, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_slot(server, smollm2_gguf):
+def one_slot_spec(server, smollm2_gguf, tmp_path_factory):
+    """The server at one slot, its tokenizer read from the GGUF file once and saved as a folder (a
+    tokenizer is parsed out of a GGUF file in ~15 s here, from a folder in under one)."""
+    from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    load_tokenizer("smollm2", smollm2_gguf).save_pretrained(folder)
+    return f"{server.spec(folder)}&slots=1"
+
+
+@pytest.fixture(scope="module")
+def one_slot(one_slot_spec):
     from pytest_llmdeterminism.engines import load
 
-    return load(f"{server.spec(smollm2_gguf)}&slots=1", dtype="float32", device="cpu")
+    return load(one_slot_spec, dtype="float32", device="cpu")
 
 
 def config(loaded):
@@ -69,18 +83,15 @@ def test_negative_control_shared_prompt_companions_with_the_cache_on_move_every_
     rounds = run_among(one_slot.engine.with_prefix_cache(), ids, config(one_slot), companions=2, rounds=2,
                        seed=1, shared_prefix=len(ids))
     found = [_chunk_difference(reference, r.output) for r in rounds]
+    # every round: the request computed from a companion's cached prompt (or its own), never cold
     assert all(changed or delta > 0 for changed, _, delta, _ in found), found
-    # and the same companions with the cache kept out (the plugin's requests): no difference at all
-    pinned = run_among(one_slot.engine, ids, config(one_slot), companions=2, rounds=1, seed=1,
-                       shared_prefix=len(ids))
-    assert [_chunk_difference(reference, r.output) for r in pinned] == [(False, None, 0.0, None)]
 
 
-def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, server, smollm2_gguf):
+def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, one_slot_spec):
     """llm_server_checks at session start: the header's table, and the golden's serving_verified.
     The plugin's requests keep the prefix cache out (a reset before each); with it on, the answer
     moves: the prefix-cache row finds it."""
-    pytester.makeini(f"[pytest]\nllm_model = {server.spec(smollm2_gguf)}&slots=1\nllm_server_checks = true\n")
+    pytester.makeini(f"[pytest]\nllm_model = {one_slot_spec}\nllm_server_checks = true\n")
     pytester.makepyfile(test_served=SUITE)
     result = pytester.runpytest("--llm-golden-update")
     result.assert_outcomes(passed=1)
