@@ -95,10 +95,11 @@ def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, one_
     pytester.makepyfile(test_served=SUITE)
     result = pytester.runpytest("--llm-golden-update")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"llm server checks (llm_server_checks = true): serving audit of {PROMPT!r} on *",
-                                 "  concurrent    among 2, at *identical    *0 * no effect",
-                                 "  repeat        1 unique of 3 under load*identical*",
-                                 "  prefix-cache  after its prompt+8, cache on*drift*a cached prefix changed*"])
+    result.stdout.fnmatch_lines([
+        f"llm server checks (llm_server_checks = true): serving audit of {PROMPT!r} on *",
+        "  concurrent    among 2, at *identical    *0 * no effect",
+        "  repeat        1 unique of 3 under load*identical*",
+        "  prefix-cache  after its prompt+8, cache on*drift*a cached prefix changed*"])
     golden = read_goldens(pytester, "__golden__/test_served.json")["test_capital"]
     (entry,) = golden.values()
     assert entry["fingerprint"]["serving_verified"] == {"concurrency": "invariant at 2 (3 rounds)",
