@@ -135,3 +135,48 @@ def test_the_report_round_trips_through_json():
                                                          ran=False)), seed=9)
     assert ServingAudit.from_json(found.to_json()) == found
     assert found.capability() == {"concurrency": "changed at 2 (3 rounds)", "prefix_cache": "off"}
+
+
+# --- what a failed server golden's note says, and the run summary's tables ---
+
+def decision(fingerprint, *, passed=False):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(passed=passed, expected=SimpleNamespace(fingerprint=fingerprint))
+
+
+def test_a_failed_server_golden_says_whether_its_serving_was_verified():
+    from pytest_llmdeterminism.reporting.hints import serving_note
+
+    unverified = serving_note(decision({"engine": "openai"}))
+    assert "recorded without verifying how the server serves it" in unverified
+    assert "llm_server_checks = true" in unverified and "--llm-audit" in unverified
+    verified = serving_note(decision({"engine": "openai", "serving_verified": {
+        "concurrency": "invariant at 4 (3 rounds)", "prefix_cache": "off; with it on: drift"}}))
+    assert verified == ("its golden was recorded on a server verified as serving it (concurrency: "
+                        "invariant at 4 (3 rounds); prefix cache: off; with it on: drift)")
+    assert serving_note(decision({"engine": "openai"}, passed=True)) == ""
+    assert serving_note(decision({"engine": "llamacpp"})) == ""
+
+
+def test_the_run_summary_shows_serving_audits_beside_the_others():
+    from pytest_llmdeterminism.reporting.terminal import audit_summary
+
+    rows = (ServingRow("concurrent", "among 2", False, None, 0.5, runs=3, companions=2),
+            ServingRow("prefix-cache", "cache on", False, None, 0.0))
+    found = ServingAudit("p", "http://h/v1", rows, seed=9)
+    lines = audit_summary([("t.py::test_a", found.to_json())])
+    assert lines[0] == "t.py::test_a: serving audit of 'p' on http://h/v1 (companions drawn from seed 9):"
+    assert lines[-1] == ("serving audit summary: 1 request(s); answers moved by concurrent 1/1, "
+                         "prefix-cache 0/1")
+    assert any("drift" in line and "other requests in flight changed the answer" in line for line in lines)
+
+
+def test_llm_server_checks_takes_true_or_false():
+    from pytest_llmdeterminism import ConfigurationError
+    from pytest_llmdeterminism.run.options import SETTINGS, parse_boolean
+
+    assert "llm_server_checks" in {setting.ini for setting in SETTINGS}
+    assert parse_boolean("llm_server_checks", "true") is True
+    with pytest.raises(ConfigurationError, match="llm_server_checks.*expected true or false"):
+        parse_boolean("llm_server_checks", "yes")
