@@ -180,3 +180,24 @@ def test_llm_server_checks_takes_true_or_false():
     assert parse_boolean("llm_server_checks", "true") is True
     with pytest.raises(ConfigurationError, match="llm_server_checks.*expected true or false"):
         parse_boolean("llm_server_checks", "yes")
+
+
+def test_llm_audit_of_a_server_generation_is_the_serving_audit(pieces):
+    from pytest_llmdeterminism.model.audit import after_generate_hook
+    from pytest_llmdeterminism.model.llm_model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+    server = FakeServer(sensitive(pieces, cached=drift), concurrent=True)
+    try:
+        loaded = load(spec(server, reset_prefix=1, slots=3), dtype="float32", device="cpu")
+        recorded: list[dict] = []
+        llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 3, 0),
+                       after_generate=after_generate_hook(5, None, recorded.append))
+        llm.generate("The cat")
+    finally:
+        server.stop()
+    (found,) = map(ServingAudit.from_json, recorded)
+    assert found.prompt == "The cat" and found.server == server.url
+    assert [(row.source, row.companions, row.verdict) for row in found.rows] == [
+        ("concurrent", 2, "identical"), ("concurrent", 3, "identical"), ("repeat", 3, "identical"),
+        ("prefix-cache", 0, "drift")]
