@@ -201,3 +201,26 @@ def test_llm_audit_of_a_server_generation_is_the_serving_audit(pieces):
     assert [(row.source, row.companions, row.verdict) for row in found.rows] == [
         ("concurrent", 2, "identical"), ("concurrent", 3, "identical"), ("repeat", 3, "identical"),
         ("prefix-cache", 0, "drift")]
+
+
+def test_two_answers_differ_by_their_shared_top_k_before_they_part_and_the_margin_where_they_do():
+    from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
+    from pytest_llmdeterminism.model.audit import answer_difference
+
+    def answer(tokens, tops):
+        steps = RowSteps()
+        for top in tops:
+            steps.append("h", [t for t, _ in top], [v for _, v in top])
+        return Chunk(tokens=[tokens], steps=[steps])
+
+    alone = answer([5, 6, 7], [[(5, -0.1), (9, -2.0)], [(6, -0.5), (8, -0.7)], [(7, -0.1), (1, -4.0)]])
+    same = answer([5, 6, 7], [[(5, -0.1), (9, -2.0)], [(6, -0.5), (8, -0.7)], [(7, -0.1), (1, -4.0)]])
+    drifted = answer([5, 6, 7], [[(5, -0.1), (3, -2.5)], [(6, -0.55), (8, -0.7)], [(7, -0.1), (1, -4.0)]])
+    parted = answer([5, 8, 2], [[(5, -0.1), (9, -2.0)], [(8, -0.6), (6, -0.65)], [(2, -9.0), (7, -9.5)]])
+    assert answer_difference(alone, same) == (False, None, 0.0, None)
+    changed, first, delta, margin = answer_difference(alone, drifted)
+    # ids 9 and 3 are in one answer's top-k only: not compared
+    assert (changed, first, margin) == (False, None, None) and delta == pytest.approx(0.05)
+    changed, first, delta, margin = answer_difference(alone, parted)
+    # up to the step they part, not after it (step 2's -9.0 would be 8.9)
+    assert (changed, first) == (True, 1) and delta == pytest.approx(0.15) and margin == pytest.approx(0.2)
