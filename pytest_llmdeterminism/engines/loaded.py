@@ -45,6 +45,27 @@ class AuditedEngine(Engine, Protocol):
         ...
 
 
+@runtime_checkable
+class ServedEngine(Engine, Protocol):
+    """An engine that sends each prompt to a server (``openai:``): the serving audit runs its request
+    among concurrent companions and with the server's prefix cache on (``model/audit.serving_audit``)."""
+
+    slots: int  # requests the server computes at once, as the spec says (#slots=N); 0: not said
+
+    @property
+    def resets_prefix(self) -> bool:
+        """Each request goes after a reset that keeps a cached prefix out of it (``reset_prefix=1``)."""
+        ...
+
+    def as_served(self, ids: list[int]) -> list[int]:
+        """``ids`` as the server counts them (a server given text tokenises it itself)."""
+        ...
+
+    def with_prefix_cache(self) -> ServedEngine:
+        """This engine with the server's prefix cache left on (never for a golden)."""
+        ...
+
+
 class EngineModule(Protocol):
     """An engine's module (``llamacpp``, ``openai``, ``vllm``): it loads the spec that names it."""
 
