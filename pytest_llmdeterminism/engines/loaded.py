@@ -45,6 +45,14 @@ class AuditedEngine(Engine, Protocol):
         ...
 
 
+@runtime_checkable
+class ServedEngine(Engine, Protocol):
+    """An engine whose requests go to a server, which may batch them with others' and draws samples
+    with its own generator: ``@deterministic(concurrency=N)`` and seeded server sampling run on it."""
+
+    sampler: str  # what a golden the server drew records as its sampler: "engine:<server>"
+
+
 class EngineModule(Protocol):
     """An engine's module (``llamacpp``, ``openai``, ``vllm``): it loads the spec that names it."""
 
@@ -78,9 +86,11 @@ class LoadedModel:
                                                                compare=False)
     # model/audit.py: copies of the weights in another dtype, by dtype
     in_dtypes: dict[str, LoadedModel] = field(default_factory=dict, repr=False, compare=False)
+    # model/served_sampling.py: whether the server draws seeded samples per request (verified once)
+    served_sampling: Any = field(default=None, repr=False, compare=False)
 
     def fresh(self, **changes: Any) -> LoadedModel:
         """A copy, with ``changes``, that has computed nothing yet: its fingerprint, probe and copies
         are made again when asked for."""
         return dataclasses.replace(self, **{"static_fingerprint": None, "probed": {}, "in_dtypes": {},
-                                            **changes})
+                                            "served_sampling": None, **changes})
