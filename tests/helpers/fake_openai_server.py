@@ -3,6 +3,9 @@
 One thread serves one connection at a time on 127.0.0.1 (a free port), reads each request and
 hands it to the test's ``answer``, which writes whatever bytes it likes: a good completion, a lie,
 a redirect, a trickle, a flood. Every loop is bounded in count and in time, and ``stop`` ends it.
+``FakeServer(answer, concurrent=True)`` answers each connection in a thread of its own instead, and
+keeps count of the requests in flight (each request's ``in_flight``: the most at once while it was
+being answered, itself included), so a test can see requests overlap.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Request:
     path: str
     headers: dict[str, str]  # names lower-cased
     body: bytes
+    in_flight: int = 1  # concurrent=True: the most requests in flight while this one was answered
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -73,8 +77,12 @@ Answer = Callable[[Request, Connection], None]
 
 
 class FakeServer:
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, *, concurrent: bool = False) -> None:
         self.requests: list[Request] = []
+        self.concurrent = concurrent
+        self.most_in_flight = 0
+        self._in_flight: list[Request] = []
+        self._lock = threading.Lock()
         self.connections: list[Connection] = []
         self._stopping = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -95,16 +103,36 @@ class FakeServer:
                 except OSError:  # the accept timed out: look at the clock and the stop flag again
                     continue
                 served += 1
-                with sock:
-                    sock.settimeout(5)
-                    connection = Connection(sock, self._stopping)
-                    self.connections.append(connection)
-                    try:
-                        request = read_request(sock)
-                    except (OSError, ValueError):
-                        continue
-                    self.requests.append(request)
-                    answer(request, connection)
+                if self.concurrent:
+                    threading.Thread(target=self._answer, args=(sock, answer), daemon=True).start()
+                else:
+                    self._answer(sock, answer)
+
+    def _answer(self, sock: socket.socket, answer: Answer) -> None:
+        with sock:
+            sock.settimeout(5)
+            connection = Connection(sock, self._stopping)
+            self.connections.append(connection)
+            try:
+                request = read_request(sock)
+            except (OSError, ValueError):
+                return
+            with self._lock:
+                self.requests.append(request)
+                self._in_flight.append(request)
+                self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
+                for other in self._in_flight:
+                    other.in_flight = max(other.in_flight, len(self._in_flight))
+            try:
+                answer(request, connection)
+            finally:
+                with self._lock:
+                    self._in_flight.remove(request)
+
+    def in_flight_now(self) -> int:
+        """The requests being answered at this moment (concurrent=True), the caller's own included."""
+        with self._lock:
+            return len(self._in_flight)
 
     def stop(self) -> None:
         self._stopping.set()
