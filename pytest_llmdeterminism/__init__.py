@@ -29,6 +29,7 @@ from pytest_llmdeterminism.errors import (
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.model.audit import NondeterminismError, audit
+from pytest_llmdeterminism.model.concurrency import ConcurrencyError
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.reporting.audit import AuditReport
 from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match
@@ -46,6 +47,7 @@ __all__ = [
     "BatchInvarianceProbeError",
     "CPUNumericsError",
     "Comparison",
+    "ConcurrencyError",
     "ConfigurationError",
     "EngineError",
     "FetchError",

@@ -21,7 +21,8 @@ read them. What each :class:`Behaviour` changes:
   ``ignored`` (seed 42 whatever the request says, as SGLang's fallback); or ``uniform``: one uniform
   per (seed, step) through the prompt's sorted distribution (inverse CDF, as llama.cpp's server draws).
 
-A one-token request is answered at once, not held: the seed row's requests, sent one at a time.
+A one-token request that finds no other in flight is answered at once, not held: the seed row's
+requests, sent one at a time.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
 
 TINY = BUILTIN_MODELS["tiny"]
-HOLD = 0.15  # seconds a completion is held, so that concurrent requests overlap (a batch)
+HOLD = 0.25  # seconds a completion is held, so that concurrent requests overlap (a batch)
 # Ids of single tokens of the tiny tokenizer, none special: the toy's vocabulary.
 CANDIDATES = tuple(range(300, 316))
 TOP = 5  # logprobs returned per step
@@ -163,7 +164,8 @@ class ToyServer:
         with self._lock:
             self._in_flight += 1
             batch = self._in_flight
-        ends = time.monotonic() + (HOLD if int(body["max_tokens"]) > 1 else 0.0)
+        held = int(body["max_tokens"]) > 1 or batch > 1
+        ends = time.monotonic() + (HOLD if held else 0.0)
         while time.monotonic() < ends:  # the most requests in flight while this one was held
             time.sleep(0.01)
             with self._lock:
