@@ -88,10 +88,10 @@ _LAZY = {
 # Failures and fixture values name their types by their public home
 # (`pytest_llmdeterminism.GoldenMismatchError`), not by the module that happens to define them. The
 # data classes (Comparison, Generation, AuditReport) keep theirs: their annotations resolve there.
-for _public in (BatchInvarianceProbeError, CPUNumericsError, ConfigurationError, EngineError,
-                GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError, LLMDeterminismError,
-                LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError, PromptTooLongError,
-                SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
+for _public in (BatchInvarianceProbeError, CPUNumericsError, ConcurrencyError, ConfigurationError,
+                EngineError, GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError,
+                LLMDeterminismError, LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError,
+                PromptTooLongError, SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
     _public.__module__ = __name__
 
 

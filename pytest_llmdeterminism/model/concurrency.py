@@ -71,9 +71,10 @@ class ConcurrencyError(LLMDeterminismError, AssertionError):
         where = (f"in round {found.round} of {found.rounds}, sent at position {found.position} of "
                  f"{found.companions + 1} (among {found.companions} concurrent companion requests, "
                  f"companion seed {seed})")
+        changed = _what_changed(found.comparison, piece)
         super().__init__(
             f"NONDETERMINISTIC under concurrency: {shown!r} was answered differently by {spec} among "
-            f"{found.companions} concurrent requests than alone, {where}: {_what_changed(found.comparison, piece)}. "
+            f"{found.companions} concurrent requests than alone, {where}: {changed}. "
             "The server's batching changes what it computes for a request, so its goldens depend on "
             "the load. Fix the stack: batch-invariant kernels (vLLM: VLLM_BATCH_INVARIANT=1), or one "
             "request at a time (llama.cpp's server: --parallel 1); or drop concurrency= to test the "

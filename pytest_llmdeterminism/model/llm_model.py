@@ -134,7 +134,8 @@ class LLMModel:
         if config.sampling is not None:
             self._refuse_sampling_where_not_owned(config, len(given))
         if self.settings.concurrency:
-            concurrency.refuse_where_not_served(self._loaded.engine, self._loaded.spec, self.settings.concurrency)
+            concurrency.refuse_where_not_served(self._loaded.engine, self._loaded.spec,
+                                                self.settings.concurrency)
         if self._after_generate is not None and not self._loaded.engine.supports_audit:
             raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
                                      f"and dtype of the transformers backend; {self._loaded.spec} runs on "

@@ -120,10 +120,12 @@ def verified_sampler(loaded: LoadedModel) -> str:
         raise AssertionError("the plugin's own sampler draws on this engine")  # callers ask first
     if not isinstance(engine, ServedEngine):
         raise ConfigurationError(SETTING, True, f"sampling is not available on the {engine.name} engine: "
-                                 "the plugin cannot own the draw of vLLM's offline engine, whose sampling is "
-                                 "seeded by its own generator. Test sampled generation on the transformers "
-                                 "backend (llm_model = the model's folder or .gguf file, without an engine "
-                                 "prefix), in process with llamacpp:PATH.gguf, or on a server (openai:URL#...)")
+                                 "the plugin cannot own its draw, which the engine's own generator "
+                                 "seeds (vLLM's offline engine: by the batch, the hardware and the "
+                                 "version), and no server draws it from a per-request seed that could be "
+                                 "verified. Test sampled generation on the transformers backend (llm_model "
+                                 "= the model's folder or .gguf file, without an engine prefix), in process "
+                                 "with llamacpp:PATH.gguf, or on a server (openai:URL#...)")
     if loaded.served_sampling is None:
         loaded.served_sampling = verify(engine, loaded.tokenizer)
     found: ServedSampling = loaded.served_sampling
@@ -170,14 +172,15 @@ def verify(engine: ServedEngine, tokenizer: object) -> ServedSampling:
         if top_k == 0 and len({token for token, _ in a}) == 1:
             rows.append(f"seed: {PROMPTS[0]!r} drew the same token for each of {SEEDS} seeds at temperature "
                         f"{FLAT:g}")
-            return ServedSampling(engine.sampler, f"{where}: the seed row failed: {rows[-1]}: the server ignores "
-                                  "the request's seed (or does not apply its temperature). " + fix, tuple(rows))
+            ignored = (f"{where}: the seed row failed: {rows[-1]}: the server ignores the request's seed (or "
+                       f"does not apply its temperature). {fix}")
+            return ServedSampling(engine.sampler, ignored, tuple(rows))
     shared = [paired for paired in found if paired.shared]
     rows.append("seed: " + "; ".join(paired.evidence().replace(f", below {ALPHA:g}", "") for paired in found))
     if shared:
-        return ServedSampling(engine.sampler, f"{where}: the seed row failed: different prompts sent with one "
-                              f"seed share noise ({PROMPTS[0]!r} and {PROMPTS[1]!r}: "
-                              f"{shared[0].evidence()}). " + fix, tuple(rows))
+        problem = (f"{where}: the seed row failed: different prompts sent with one seed share noise "
+                   f"({PROMPTS[0]!r} and {PROMPTS[1]!r}: {shared[0].evidence()}). {fix}")
+        return ServedSampling(engine.sampler, problem, tuple(rows))
     return ServedSampling(engine.sampler, None, tuple(rows))
 
 
@@ -189,15 +192,15 @@ def _concurrent_row(engine: ServedEngine, ids: list[int], config: DecodingConfig
                                            seed=seed), 1):
         tokens = done.output.tokens[0]
         if tokens != reference:
-            step = next((t for t, (x, y) in enumerate(zip(reference, tokens)) if x != y),
+            step = next((t for t, (x, y) in enumerate(zip(reference, tokens, strict=False)) if x != y),
                         min(len(reference), len(tokens)))
             problem = (f"a sample of {PROMPTS[0]!r} (seed {seed}, temperature {FLAT:g}) drew other tokens "
                        f"among {done.companions} concurrent requests (round {index} of {ROUNDS}, sent at "
                        f"position {done.position}) than alone, first at step {step}: alone {reference}, "
                        f"among companions {tokens}: the server's sample depends on its companions")
             return f"concurrent: {problem}", problem
-    return (f"concurrent: a sample of {NEEDLE_TOKENS} tokens, alone and in {ROUNDS} rounds among {COMPANIONS} "
-            "concurrent requests: identical", None)
+    return (f"concurrent: a sample of {NEEDLE_TOKENS} tokens, alone and in {ROUNDS} rounds among "
+            f"{COMPANIONS} concurrent requests: identical", None)
 
 
 def _first_draw(chunk: Chunk) -> tuple[int, int | None]:

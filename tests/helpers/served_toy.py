@@ -80,7 +80,8 @@ def _logprobs(prompt: list[int], tokens: list[int]) -> list[tuple[int, float]]:
     logits = [4.0 * _unit("logit", prompt, tokens, c) for c in CANDIDATES]
     top = max(logits)
     norm = top + math.log(sum(math.exp(v - top) for v in logits))
-    return sorted(((c, v - norm) for c, v in zip(CANDIDATES, logits, strict=True)), key=lambda p: (-p[1], p[0]))
+    pairs = [(c, v - norm) for c, v in zip(CANDIDATES, logits, strict=True)]
+    return sorted(pairs, key=lambda p: (-p[1], p[0]))
 
 
 def complete(body: dict[str, Any], batch: int, behaviour: Behaviour) -> dict[str, Any]:

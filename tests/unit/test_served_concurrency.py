@@ -101,7 +101,8 @@ def test_concurrency_is_refused_on_an_engine_in_this_process():
 def test_a_bad_concurrency_fails_naming_the_marker(value):
     with pytest.raises(ConfigurationError) as caught:
         validate_marker_kwargs({"concurrency": value}, "t.py::test")
-    assert str(caught.value).startswith(f"@deterministic(concurrency=...) in t.py::test = {value!r}: expected ")
+    expected = f"@deterministic(concurrency=...) in t.py::test = {value!r}: expected "
+    assert str(caught.value).startswith(expected)
 
 
 def test_a_good_concurrency_is_taken():

@@ -30,7 +30,8 @@ def toy():
 
 
 def model(server: ToyServer) -> LLMModel:
-    return LLMModel(load(server.spec(), dtype="float32", device="cpu"), GenerationSettings(BatchShape(1, 32), 3, 7))
+    loaded = load(server.spec(), dtype="float32", device="cpu")
+    return LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 3, 7))
 
 
 def test_the_sign_test_is_exact():
@@ -67,7 +68,7 @@ def test_a_faithful_server_is_verified_once_and_its_sample_recorded_as_its_own(t
     assert server.log.completions[-1]["seed"] == 7 and server.log.completions[-1]["temperature"] == 0.8
     rows = llm.loaded.served_sampling.rows
     assert rows[0].startswith("concurrent: ") and rows[0].endswith("identical")
-    assert rows[1].startswith(f"seed: with one seed, the two prompts drew the same token for ")
+    assert rows[1].startswith("seed: with one seed, the two prompts drew the same token for ")
     seen = len(server.log.completions)
     again = llm.generate(["The cat", "The cat"], do_sample=True, temperature=0.8, seed=[7, 8])
     assert len(server.log.completions) == seen + 2  # verified once: only the two requests
@@ -75,15 +76,16 @@ def test_a_faithful_server_is_verified_once_and_its_sample_recorded_as_its_own(t
     assert [c["seed"] for c in server.log.completions[-2:]] == [7, 8]
 
 
+SHARED = ("the seed row failed: different prompts sent with one seed share noise ('Once upon a time' and "
+          "'The weather today is': with one seed, the two prompts drew the same {} for {} of {} seeds; with "
+          "different seeds, for ")
+
+
 @pytest.mark.parametrize(("noise", "evidence"), [
-    (Noise.SHARED, "the seed row failed: different prompts sent with one seed share noise ('Once upon a "
-                   f"time' and 'The weather today is': with one seed, the two prompts drew the same token for "
-                   f"{SEEDS} of {SEEDS} seeds; with different seeds, for "),
-    (Noise.UNIFORM, "the seed row failed: different prompts sent with one seed share noise ('Once upon a "
-                    f"time' and 'The weather today is': with one seed, the two prompts drew the same rank for "
-                    f"{SEEDS} of {SEEDS} seeds; with different seeds, for "),
-    (Noise.BATCHED, "the concurrent row failed: a sample of 'Once upon a time' (seed 1, temperature 1000) drew "
-                    "other tokens among 3 concurrent requests (round 1 of 2, sent at position "),
+    (Noise.SHARED, SHARED.format("token", SEEDS, SEEDS)),
+    (Noise.UNIFORM, SHARED.format("rank", SEEDS, SEEDS)),
+    (Noise.BATCHED, "the concurrent row failed: a sample of 'Once upon a time' (seed 1, temperature 1000) "
+                    "drew other tokens among 3 concurrent requests (round 1 of 2, sent at position "),
     (Noise.IGNORED, f"the seed row failed: seed: 'Once upon a time' drew the same token for each of {SEEDS} "
                     "seeds at temperature 1000: the server ignores the request's seed"),
 ], ids=lambda v: v.value if isinstance(v, Noise) else "")
@@ -93,8 +95,8 @@ def test_a_server_that_cannot_hold_a_seeded_sample_is_refused_with_the_evidence(
     with pytest.raises(ConfigurationError) as caught:
         llm.generate("The cat", do_sample=True, temperature=0.8)
     text = str(caught.value)
-    assert text.startswith("llm_model.generate(do_sample=True) = True: engine:openai@toy-1 cannot draw seeded "
-                           "samples that a golden can hold, so do_sample=True is refused on it: ")
+    assert text.startswith("llm_model.generate(do_sample=True) = True: engine:openai@toy-1 cannot draw "
+                           "seeded samples that a golden can hold, so do_sample=True is refused on it: ")
     assert evidence in text and "llamacpp:PATH.gguf" in text
     seen = len(server.log.completions)
     with pytest.raises(ConfigurationError, match="refused on it"):
