@@ -213,10 +213,12 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
     row = ParsedRow()
     for step, (text, top) in enumerate(zip(texts, tops, strict=True)):
         ranked = sorted((top or {}).items(), key=lambda p: (-p[1], p[0]))[:TOP_K]
-        if text not in dict(ranked):  # implausible() made sure it has a logprob
+        # A draw's top-k is the model's, with or without the drawn token (as the plugin's sampler records
+        # it); a greedy step's token is its best, checked below.
+        if not sampled and text not in dict(ranked):  # implausible() made sure it has a logprob
             own = chosen[step] if chosen is not None else None
             ranked = ([(text, (top or {})[text] if own is None else own)] + ranked)[:TOP_K]
-        logprob = dict(ranked)[text]
+        logprob = dict(ranked).get(text, 0.0)
         if not sampled and logprob < ranked[0][1] - GREEDY_SLACK:
             raise fail(f"{source} did not decode greedily at step {step}: it chose {_short(text)!r} "
                        f"(logprob {logprob:.4f}) over {_short(ranked[0][0])!r} ({ranked[0][1]:.4f}). A "

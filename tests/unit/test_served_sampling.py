@@ -102,3 +102,20 @@ def test_a_server_that_cannot_hold_a_seeded_sample_is_refused_with_the_evidence(
     with pytest.raises(ConfigurationError, match="refused on it"):
         llm.generate("The cat", do_sample=True, temperature=0.8)
     assert len(server.log.completions) == seen  # the verdict is kept: nothing is sent again
+
+
+def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
+    from pytest_llmdeterminism import EngineError
+    from pytest_llmdeterminism.engines.completions import Completion, parse_choice
+
+    top = {"token_id:300": -0.5, "token_id:301": -1.0}
+    answer = {"choices": [{"logprobs": {"tokens": ["token_id:302"], "token_logprobs": [-2.0],
+                                        "top_logprobs": [top]}}]}
+    import msgspec
+
+    completion = msgspec.convert(answer, Completion)
+    common = {"prompt_tokens": 2, "max_tokens": 1, "vocab_size": 512, "token_id": lambda t: int(t[9:])}
+    row = parse_choice("spec", completion, sampled=True, **common)
+    assert row.tokens == [302] and row.steps.top == [((300, -0.5), (301, -1.0))]  # the model's top-k
+    with pytest.raises(EngineError, match="did not decode greedily at step 0"):
+        parse_choice("spec", completion, **common)
