@@ -108,7 +108,7 @@ def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
     from pytest_llmdeterminism import EngineError
     from pytest_llmdeterminism.engines.completions import Completion, parse_choice
 
-    top = {"token_id:300": -0.5, "token_id:301": -1.0}
+    top = {"token_id:300": -0.5, "token_id:301": -1.0, "token_id:302": -2.0}
     answer = {"choices": [{"logprobs": {"tokens": ["token_id:302"], "token_logprobs": [-2.0],
                                         "top_logprobs": [top]}}]}
     import msgspec
@@ -116,6 +116,6 @@ def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
     completion = msgspec.convert(answer, Completion)
     common = {"prompt_tokens": 2, "max_tokens": 1, "vocab_size": 512, "token_id": lambda t: int(t[9:])}
     row = parse_choice("spec", completion, sampled=True, **common)
-    assert row.tokens == [302] and row.steps.top == [((300, -0.5), (301, -1.0))]  # the model's top-k
+    assert row.tokens == [302] and row.steps.top == [((300, -0.5), (301, -1.0), (302, -2.0))]
     with pytest.raises(EngineError, match="did not decode greedily at step 0"):
         parse_choice("spec", completion, **common)
