@@ -119,3 +119,16 @@ def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
     assert row.tokens == [302] and row.steps.top == [((300, -0.5), (301, -1.0), (302, -2.0))]
     with pytest.raises(EngineError, match="did not decode greedily at step 0"):
         parse_choice("spec", completion, **common)
+
+
+def test_a_drawn_token_outside_the_returned_top_k_leaves_the_top_k_as_the_model_ranked_it():
+    import msgspec
+
+    from pytest_llmdeterminism.engines.completions import Completion, parse_choice
+
+    answer = {"choices": [{"logprobs": {"tokens": ["token_id:309"], "token_logprobs": [-4.0],
+                                        "top_logprobs": [{"token_id:300": -0.5, "token_id:301": -1.0}]}}]}
+    row = parse_choice("spec", msgspec.convert(answer, Completion), sampled=True, prompt_tokens=2,
+                       max_tokens=1, vocab_size=512, token_id=lambda t: int(t[9:]))
+    assert row.tokens == [309] and row.steps.top == [((300, -0.5), (301, -1.0))]
+    assert row.steps.margins == [0.5]
