@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.loaded import Engine
     from pytest_llmdeterminism.generation import DecodingConfig
@@ -34,7 +36,7 @@ __all__ = ["CompanionRound", "alone", "companion_prompts", "run_among"]
 
 # A companion's prompt: this many tokens at least, at most (random in between); its answer: 1 token
 # up to twice the needle's.
-PROMPT_TOKENS = (4, 96)
+PROMPT_TOKENS = (4, 48)
 # Of a vocabulary's ids, a companion draws from those at or above this (below sit most tokenizers'
 # special tokens, which a server may refuse or treat as control tokens in a prompt).
 LOWEST_ID = 256
@@ -81,10 +83,12 @@ def companion_prompts(rng: random.Random, count: int, *, vocab_size: int, exclud
 
 
 def run_among(engine: Engine, ids: list[int], config: DecodingConfig, *, companions: int, rounds: int,
-              seed: int) -> list[CompanionRound]:
+              seed: int, shared_prefix: int = 0) -> list[CompanionRound]:
     """The needle ``ids`` run ``rounds`` times, each time among ``companions`` concurrent requests of
-    random lengths, sent at a random position among them; all drawn from ``seed``. A request that
-    fails raises its error (the needle's first) once every thread has ended."""
+    random lengths, sent at a random position among them; all drawn from ``seed``. ``shared_prefix``:
+    each companion starts with the needle's first tokens, this many (a shared system prompt), then
+    its random ones. A request that fails raises its error (the needle's first) once every thread
+    has ended."""
     __tracebackhide__ = True
     if companions < 0 or rounds < 1:
         raise ValueError(f"companions={companions!r}, rounds={rounds!r}: expected companions >= 0 and "
@@ -92,10 +96,13 @@ def run_among(engine: Engine, ids: list[int], config: DecodingConfig, *, compani
     rng = random.Random(seed)
     excluded = set(engine.eos_token_ids())
     vocab_size = engine.vocab_size()
+    # A server that takes prompts as text counts the ids of their text (engines/openai.py)
+    as_served: Callable[[list[int]], list[int]] = getattr(engine, "as_served", list)
     done = []
     for _ in range(rounds):
-        others = companion_prompts(rng, companions, vocab_size=vocab_size, excluded=excluded,
-                                   max_new_tokens=config.max_new_tokens)
+        others = [dataclasses.replace(c, ids=as_served(ids[:shared_prefix] + c.ids)) for c in
+                  companion_prompts(rng, companions, vocab_size=vocab_size, excluded=excluded,
+                                    max_new_tokens=config.max_new_tokens)]
         position = rng.randrange(companions + 1)
         done.append(CompanionRound(companions, position,
                                    _one_round(engine, list(ids), config, seed, others, position)))

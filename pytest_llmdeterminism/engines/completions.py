@@ -81,10 +81,12 @@ def text_only_id(text: str) -> int:
     return TEXT_ONLY_IDS + xxhash.xxh32_intdigest(text.encode())
 
 
-def request_body(model: str, prompt: str | list[int], config: DecodingConfig, seed: int) -> dict[str, Any]:
+def request_body(model: str, prompt: str | list[int], config: DecodingConfig, seed: int, *,
+                 cache_prompt: bool = False) -> dict[str, Any]:
     """One completion request: greedy, every sampler knob a known server reads set to neutral; or,
     under ``do_sample=True`` (``config.sampling``), drawn by the server with the test's settings and
-    ``seed``, the request's own (:func:`sampled_knobs`)."""
+    ``seed``, the request's own (:func:`sampled_knobs`). ``cache_prompt``: llama.cpp's server may
+    reuse a cached prefix (only the serving audit asks)."""
     return {
         "model": model,
         "prompt": prompt,
@@ -101,7 +103,8 @@ def request_body(model: str, prompt: str | list[int], config: DecodingConfig, se
         "presence_penalty": 0.0,
         "repeat_penalty": config.repetition_penalty,  # llama-cpp-python (its default is 1.1)
         "repetition_penalty": config.repetition_penalty,  # vLLM
-        "cache_prompt": False,  # llama.cpp's server: evaluate the whole prompt, whatever came before
+        # llama.cpp's server: False evaluates the whole prompt, whatever came before
+        "cache_prompt": cache_prompt,
         "return_tokens_as_token_ids": True,  # vLLM: tokens as "token_id:N", exact where text is not
         **sampled_knobs(config),
     }

@@ -47,10 +47,27 @@ class AuditedEngine(Engine, Protocol):
 
 @runtime_checkable
 class ServedEngine(Engine, Protocol):
-    """An engine whose requests go to a server, which may batch them with others' and draws samples
-    with its own generator: ``@deterministic(concurrency=N)`` and seeded server sampling run on it."""
+    """An engine that sends each prompt to a server (``openai:``), which may batch it with others' and
+    draws samples with its own generator: the serving audit runs its request among concurrent
+    companions and with the server's prefix cache on (``model/audit.serving_audit``);
+    ``@deterministic(concurrency=N)`` and seeded server sampling run on it (``model/concurrency.py``,
+    ``model/served_sampling.py``)."""
 
+    slots: int  # requests the server computes at once, as the spec says (#slots=N); 0: not said
     sampler: str  # what a golden the server drew records as its sampler: "engine:<server>"
+
+    @property
+    def resets_prefix(self) -> bool:
+        """Each request goes after a reset that keeps a cached prefix out of it (``reset_prefix=1``)."""
+        ...
+
+    def as_served(self, ids: list[int]) -> list[int]:
+        """``ids`` as the server counts them (a server given text tokenises it itself)."""
+        ...
+
+    def with_prefix_cache(self) -> ServedEngine:
+        """This engine with the server's prefix cache left on (never for a golden)."""
+        ...
 
 
 class EngineModule(Protocol):

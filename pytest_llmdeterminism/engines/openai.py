@@ -10,6 +10,7 @@ checked before anything is recorded (``completions.py``). What is pinned, checke
 
 from __future__ import annotations
 
+import copy as copy_module
 import math
 import os
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class OpenAIOptions:
     max_response_mb: float = 16.0
     api_key_env: str | None = None
     reset_prefix: bool = True
+    slots: int = 0  # requests the server computes at once (llama.cpp: --parallel); 0: not said
 
 
 def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
@@ -116,8 +118,11 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     }
     # A tokenizer folder's generation config names the stop tokens, as it does for transformers.
     eos = checkpoint_eos_ids(tokenizer_path, tokenizer) if tokenizer_path.is_dir() else None
+    if knobs.slots < 0:
+        raise ConfigurationError("llm_model", spec.text, f"option slots={spec.given('slots')!r} must be the "
+                                 "server's number of slots (llama.cpp's --parallel), e.g. #slots=4")
     engine = OpenAIEngine(spec.text, client, model, tokenizer, reset_prefix=knobs.reset_prefix, eos=eos,
-                          version=version)
+                          slots=knobs.slots, version=version)
     return LoadedModel(spec=spec.text, kind="openai", path=tokenizer_path, model=client, tokenizer=tokenizer,
                        dtype=knobs.dtype, device="served", engine=engine, describe=describe)
 
@@ -141,12 +146,14 @@ class OpenAIEngine:
     supports_audit = False
 
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True,
-                 eos: list[int] | None = None, version: str | None = None) -> None:
+                 eos: list[int] | None = None, slots: int = 0, version: str | None = None) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
         # what a golden drawn by this server records as its sampler: the API, and the server's version
         # where it says one (its draw is its own; another version may draw otherwise)
         self.sampler = f"engine:{self.name}" + (f"@{version}" if version else "")
         self._reset_prefix = reset_prefix
+        self._cache_prompt = False
+        self.slots = slots  # the serving audit's most companions; 0: the spec does not say
         own = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
         self._eos = eos if eos is not None else own
         self._send_ids: bool | None = None  # unknown until the first request
@@ -162,6 +169,24 @@ class OpenAIEngine:
 
     def eos_token_ids(self) -> list[int]:
         return list(self._eos)
+
+    @property
+    def resets_prefix(self) -> bool:
+        return self._reset_prefix
+
+    def as_served(self, ids: list[int]) -> list[int]:
+        """``ids`` as the server will count them: themselves where it takes token ids, else the local
+        tokenizer's ids of their text (random ids rarely survive a trip through text)."""
+        if self._send_ids:
+            return list(ids)
+        return [int(t) for t in self._tokenizer(self._tokenizer.decode(ids))["input_ids"]]
+
+    def with_prefix_cache(self) -> OpenAIEngine:
+        """This engine with the server's prefix cache left on (no reset request, ``cache_prompt=true``):
+        the serving audit's ``prefix-cache`` row, never a golden."""
+        copy = copy_module.copy(self)
+        copy._reset_prefix, copy._cache_prompt = False, True
+        return copy
 
     def vocab_size(self) -> int:
         return len(self._tokenizer)
@@ -205,7 +230,8 @@ class OpenAIEngine:
         __tracebackhide__ = True
         if self._send_ids is not False:
             try:
-                response = self._client.post("completions", request_body(self._model, ids, config, seed),
+                response = self._client.post("completions", request_body(self._model, ids, config, seed,
+                                                                          cache_prompt=self._cache_prompt),
                                              Completion)
             except HTTPStatusError as error:
                 if self._send_ids or error.status not in PROMPT_IDS_REFUSED:
@@ -215,7 +241,8 @@ class OpenAIEngine:
                 self._send_ids = True
                 return response
         text = self._tokenizer.decode(ids)
-        return self._client.post("completions", request_body(self._model, text, config, seed), Completion)
+        return self._client.post("completions", request_body(self._model, text, config, seed,
+                                                             cache_prompt=self._cache_prompt), Completion)
 
     def token_id(self, text: str) -> int:
         """The local tokenizer's id for a returned token text: ``token_id:N`` as vLLM returns it (asked

@@ -24,23 +24,25 @@ weights in another dtype; both live here, not in the model everyone else uses.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
-from pytest_llmdeterminism.engines.loaded import AuditedEngine
+from pytest_llmdeterminism.engines.loaded import AuditedEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
-from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow
+from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow, ServingAudit, ServingRow
 from pytest_llmdeterminism.sampling import MAX_SEED
-from pytest_llmdeterminism.shape import BatchShape
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pytest_llmdeterminism.engines.capture import Chunk, Logits
     from pytest_llmdeterminism.engines.loaded import LoadedModel
+    from pytest_llmdeterminism.generation import DecodingConfig
     from pytest_llmdeterminism.model.llm_model import LLMModel
 
 DEFAULT_REPEATS = 5
@@ -189,6 +191,15 @@ def after_generate_hook(repeats: int, dtype: str | None,
 
     def after_generate(llm: LLMModel, results: list[Generation], overrides: dict[str, Any]) -> None:
         __tracebackhide__ = True
+        if isinstance(llm.loaded.engine, ServedEngine):  # a server: audited as it is served
+            settings = llm.settings
+            config = resolve_generation_config(overrides, max_new_tokens=settings.max_new_tokens,
+                                               eos_token_ids=llm.loaded.engine.eos_token_ids(),
+                                               pad_token_id=llm.tokenizer.pad_token_id, seed=settings.seed)
+            for result in results:
+                record(serving_audit(llm.loaded, result.prompt_token_ids, config, seed=llm.settings.seed,
+                                     text=str(result.prompt)).to_json())
+            return
         for result in results:
             own = {**overrides, "seed": result.sampling["seed"]} if result.sampling else overrides
             found = audit(llm, list(result.prompt_token_ids), repeats=repeats, dtype=dtype, **own)
@@ -198,3 +209,91 @@ def after_generate_hook(repeats: int, dtype: str | None,
                 raise NondeterminismError(found)
 
     return after_generate
+
+
+# --- the serving audit: a server engine's request as it is served (engines/companions.py) ---
+
+SERVING_ROUNDS = 3
+DEFAULT_SLOTS = 4  # the most companions where the spec does not say the server's slots (#slots=N)
+
+
+def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfig, *,
+                  rounds: int = SERVING_ROUNDS, seed: int = 0, text: str | None = None) -> ServingAudit:
+    """The request ``ids`` on a server engine, alone and as it is served: ``concurrent`` among 2 up to
+    the server's slots of concurrent requests (each compared with it alone), ``repeat`` (the answers
+    under the most load compared with each other) and ``prefix-cache`` (after a request that shares a
+    long prefix, the server's prefix cache on, compared with it cold). Companions come from ``seed``."""
+    __tracebackhide__ = True
+    from pytest_llmdeterminism.engines import companions as needle
+
+    engine, needle_ids = loaded.engine, [int(t) for t in ids]
+    if not isinstance(engine, ServedEngine):
+        raise ConfigurationError("llm_server_checks", True, f"the serving audit sends requests to a server; "
+                                 f"{loaded.spec} runs on {engine.name} in this process")
+    slots = engine.slots or DEFAULT_SLOTS
+    reference = needle.alone(engine, needle_ids, config, seed)
+    rows: list[ServingRow] = []
+    loaded_answers: list[Chunk] = []
+    for count in sorted({2, max(slots, 2)}):
+        done = needle.run_among(engine, needle_ids, config, companions=count, rounds=rounds,
+                                seed=seed + count)
+        worst = max((_chunk_difference(reference, r.output) for r in done), key=_severity)
+        positions = ", ".join(str(r.position) for r in done)
+        rows.append(_serving_row("concurrent", f"among {count}, at {positions}", worst, runs=len(done),
+                                 companions=count))
+        loaded_answers = [r.output for r in done]
+    unique = len({_answer_key(a) for a in loaded_answers})
+    worst = max((_chunk_difference(loaded_answers[0], a) for a in loaded_answers[1:]), key=_severity,
+                default=(False, None, 0.0, None))
+    rows.append(_serving_row("repeat", f"{unique} unique of {len(loaded_answers)} under load", worst,
+                             runs=len(loaded_answers), companions=max(slots, 2)))
+    on = engine.with_prefix_cache()
+    tail = needle.companion_prompts(random.Random(seed), 1, vocab_size=engine.vocab_size(),
+                                    excluded=set(engine.eos_token_ids()), max_new_tokens=1)[0].ids[:8]
+    # the whole prompt as the prefix of another: the longest a cache can reuse
+    on.run([engine.as_served(needle_ids + tail)], config, _one_row(config, seed), False)  # fills the cache
+    after = on.run([needle_ids], config, _one_row(config, seed), False)
+    rows.append(_serving_row("prefix-cache", f"after its prompt + {len(tail)} tokens, cache on",
+                             _chunk_difference(reference, after), runs=1))
+    server = str((loaded.describe or {}).get("server", loaded.spec))
+    return ServingAudit(text if text is not None else str(loaded.tokenizer.decode(needle_ids)), server,
+                        tuple(rows), seed, prefix_cache_pinned=engine.resets_prefix)
+
+
+Difference = tuple[bool, int | None, float, float | None]  # changed, first step, max |Δlogprob|, margin
+
+
+def _chunk_difference(reference: Chunk, other: Chunk) -> Difference:
+    """Two one-row answers: tokens changed (from which step), the largest logprob difference of the
+    top-k tokens both list over the steps before they part, and the reference's margin there."""
+    a, b = reference.tokens[0], other.tokens[0]
+    first = first_token_divergence(a, b)
+    steps_a, steps_b = reference.steps[0], other.steps[0]
+    upto = min(len(steps_a.top), len(steps_b.top))
+    upto = upto if first is None else min(first + 1, upto)
+    delta = 0.0
+    for step in range(upto):
+        theirs = dict(steps_b.top[step])
+        delta = max([delta, *(abs(value - theirs[token]) for token, value in steps_a.top[step]
+                              if token in theirs)])
+    margin = steps_a.margins[first] if first is not None and first < len(steps_a.margins) else None
+    return first is not None, first, delta, margin
+
+
+def _severity(found: Difference) -> tuple[bool, float]:
+    return found[0], found[2]
+
+
+def _answer_key(chunk: Chunk) -> tuple[tuple[int, ...], tuple[tuple[tuple[int, float], ...], ...]]:
+    return tuple(chunk.tokens[0]), tuple(chunk.steps[0].top)
+
+
+def _serving_row(source: str, change: str, found: Difference, *, runs: int,
+                 companions: int = 0) -> ServingRow:
+    changed, first, delta, margin = found
+    return ServingRow(source, change, changed, first, delta, margin=margin if changed else None, runs=runs,
+                      companions=companions)
+
+
+def _one_row(config: DecodingConfig, seed: int) -> GenerationSettings:
+    return GenerationSettings(batch_shape=BatchShape(1, 1), max_new_tokens=config.max_new_tokens, seed=seed)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.engines.capture import Chunk
+from pytest_llmdeterminism.engines.loaded import ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import DecodingConfig, Generation, PromptForm, resolve_generation_config
 from pytest_llmdeterminism.model import concurrency, inputs
@@ -136,7 +137,9 @@ class LLMModel:
         if self.settings.concurrency:
             concurrency.refuse_where_not_served(self._loaded.engine, self._loaded.spec,
                                                 self.settings.concurrency)
-        if self._after_generate is not None and not self._loaded.engine.supports_audit:
+        engine = self._loaded.engine
+        served = isinstance(engine, ServedEngine)  # audited as it is served (model/audit.serving_audit)
+        if self._after_generate is not None and not (engine.supports_audit or served):
             raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
                                      f"and dtype of the transformers backend; {self._loaded.spec} runs on "
                                      f"{self._loaded.engine.name}. Audit the same model without the engine "

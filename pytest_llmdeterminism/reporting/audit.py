@@ -9,7 +9,7 @@ from typing import Any
 
 from pytest_llmdeterminism.sampling import settings_text
 
-__all__ = ["EXPLANATIONS", "AuditReport", "AuditRow"]
+__all__ = ["EXPLANATIONS", "SERVING_EXPLANATIONS", "AuditReport", "AuditRow", "ServingAudit", "ServingRow"]
 
 EXPLANATIONS = {
     "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
@@ -91,3 +91,107 @@ class AuditReport:
     def from_json(cls, data: dict[str, Any]) -> AuditReport:
         return cls(data["prompt"], data["batch_shape"], tuple(AuditRow(**r) for r in data["rows"]),
                    data["unique"], data["repeats"], data.get("sampling", {}))
+
+
+# --- the serving audit (model/audit.py's serving_audit): a server engine's request as it is served ---
+
+SERVING_EXPLANATIONS = {
+    "concurrent": "other requests in flight changed the answer: the server batches requests together "
+                  "and its kernels are not batch-invariant; run it with one slot (llama.cpp: --parallel 1) "
+                  "or in a batch-invariant mode (vLLM: VLLM_BATCH_INVARIANT=1), or test at concurrency 1",
+    "repeat": "the same request under the same load gave different answers: the answer depends on how "
+              "the server happened to schedule it; see the concurrent row",
+    "prefix-cache": "a cached prefix changed the answer: keep the server's prefix cache out of tested "
+                    "requests (llama.cpp: cache_prompt=false or --no-cache-prompt; vLLM: "
+                    "--no-enable-prefix-caching), as the plugin's requests do",
+}
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One serving condition against the request alone: the answer identical, drifted (the tokens
+    the same, logprobs moved by ``max_logprob_delta``) or changed from ``first_step``, where the
+    reference's margin between its top two tokens was ``margin``."""
+
+    source: str  # "concurrent", "repeat", "prefix-cache"
+    change: str  # what was varied, e.g. "among 4 companions, 3 rounds"
+    tokens_changed: bool
+    first_step: int | None
+    max_logprob_delta: float  # over the steps before the tokens part ways, of the top-k both share
+    margin: float | None = None  # the reference's top-2 margin at first_step
+    ran: bool = True
+    runs: int = 1  # answers compared (rounds)
+    companions: int = 0  # concurrent requests beside it
+
+    @property
+    def verdict(self) -> str:
+        if not self.ran:
+            return "not run"
+        if self.tokens_changed:
+            return "changed"
+        return "drift" if self.max_logprob_delta > 0 else "identical"
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ServingAudit:
+    """What the serving audit found for one request on a server: a row per condition, and the seed
+    that drew its companions (the same seed sends the same ones again)."""
+
+    prompt: str
+    server: str
+    rows: tuple[ServingRow, ...]
+    seed: int
+    prefix_cache_pinned: bool = True  # the plugin's requests keep the prefix cache out
+
+    def invariant(self, source: str) -> bool | None:
+        """Every row of ``source`` identical (None where none ran)."""
+        ran = [row for row in self.rows if row.source == source and row.ran]
+        return all(row.verdict == "identical" for row in ran) if ran else None
+
+    def capability(self) -> dict[str, str]:
+        """What was verified, as a golden's fingerprint records it (``serving_verified``)."""
+        concurrent = [row for row in self.rows if row.source == "concurrent" and row.ran]
+        verified: dict[str, str] = {}
+        if concurrent:
+            moved = [row for row in concurrent if row.verdict != "identical"]
+            most = max(concurrent, key=lambda row: row.companions)
+            verified["concurrency"] = (
+                f"invariant at {most.companions} ({most.runs} rounds)" if not moved else
+                f"{moved[0].verdict} at {moved[0].companions} ({moved[0].runs} rounds)")
+        prefix = [row for row in self.rows if row.source == "prefix-cache" and row.ran]
+        pinned = "off" if self.prefix_cache_pinned else "cache_prompt=false only (reset_prefix=0)"
+        if prefix:
+            verified["prefix_cache"] = f"{pinned}; with it on: " + (
+                "invariant" if prefix[0].verdict == "identical" else prefix[0].verdict)
+        else:
+            verified["prefix_cache"] = pinned
+        return verified
+
+    def lines(self) -> list[str]:
+        head = f"serving audit of {self.prompt!r} on {self.server} (companions drawn from seed {self.seed}):"
+        table = [f"  {'source':<14}{'change':<34}{'answer':<20}{'max |Δlogprob|':<16}what it means"]
+        for row in self.rows:
+            if not row.ran:
+                table.append(f"  {row.source:<14}{'':<34}{'-':<20}{'-':<16}not run: {row.change}")
+                continue
+            answer = (f"changed at {row.first_step}" if row.tokens_changed else row.verdict)
+            delta = f"{row.max_logprob_delta:.2g}" if row.max_logprob_delta else "0"
+            meaning = SERVING_EXPLANATIONS[row.source] if row.verdict != "identical" else "no effect"
+            if row.tokens_changed and row.margin is not None:
+                meaning = (f"the tokens parted at step {row.first_step}, where the request alone had a "
+                           f"margin of {row.margin:.2g} between its top two: {meaning}")
+            table.append(f"  {row.source:<14}{row.change:<34}{answer:<20}{delta:<16}{meaning}")
+        return [head, *table]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "serving", "prompt": self.prompt, "server": self.server, "seed": self.seed,
+                "prefix_cache_pinned": self.prefix_cache_pinned,
+                "rows": [row.to_json() for row in self.rows]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServingAudit:
+        return cls(data["prompt"], data["server"], tuple(ServingRow(**r) for r in data["rows"]), data["seed"],
+                   data.get("prefix_cache_pinned", True))

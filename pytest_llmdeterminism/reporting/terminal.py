@@ -96,10 +96,12 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     """One table per audited generation, then which sources moved results, across the session."""
     from pytest_llmdeterminism.reporting.audit import AuditReport
 
+    serving = [(nodeid, data) for nodeid, data in audits if data.get("kind") == "serving"]
+    audits = [(nodeid, data) for nodeid, data in audits if data.get("kind") != "serving"]
+    lines: list[str] = serving_summary(serving)
     if not audits:
-        return []
+        return lines
     reports = [(nodeid, AuditReport.from_json(data)) for nodeid, data in audits]
-    lines: list[str] = []
     for nodeid, found in reports:
         lines += [f"{nodeid}: " + found.lines()[0], *found.lines()[1:]]
     moved: dict[str, int] = {}
@@ -112,6 +114,28 @@ def audit_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     lines.append(f"audit summary: {len(reports)} generation(s), {nondeterministic} nondeterministic; "
                  "results moved by " + ", ".join(f"{source} {n}/{audited[source]}"
                                                  for source, n in moved.items()))
+    return lines
+
+
+def serving_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The serving audits' tables (a server engine under ``--llm-audit``), then which conditions
+    moved answers, across the session."""
+    from pytest_llmdeterminism.reporting.audit import ServingAudit
+
+    if not audits:
+        return []
+    reports = [(nodeid, ServingAudit.from_json(data)) for nodeid, data in audits]
+    lines: list[str] = []
+    moved: dict[str, int] = {}
+    ran: dict[str, int] = {}
+    for nodeid, found in reports:
+        lines += [f"{nodeid}: " + found.lines()[0], *found.lines()[1:]]
+        for row in found.rows:
+            if row.ran:
+                moved[row.source] = moved.get(row.source, 0) + (row.verdict != "identical")
+                ran[row.source] = ran.get(row.source, 0) + 1
+    lines.append(f"serving audit summary: {len(reports)} request(s); answers moved by "
+                 + ", ".join(f"{source} {n}/{ran[source]}" for source, n in moved.items()))
     return lines
 
 
