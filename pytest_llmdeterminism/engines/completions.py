@@ -111,13 +111,13 @@ def request_body(model: str, prompt: str | list[int], config: DecodingConfig, se
 
 
 def sampled_knobs(config: DecodingConfig) -> dict[str, Any]:
-    """The sampler settings a server reads for a ``do_sample=True`` request (none when greedy): the
-    plugin's names and meanings, but top-k off is -1 (vLLM refuses 0 before 0.8; llama.cpp and
-    SGLang take any value below 1 as off)."""
+    """The sampler settings a server reads for a ``do_sample=True`` request (none when greedy), with
+    the plugin's names and meanings: ``top_k=0`` is off on vLLM (0.8 on), llama.cpp's server and
+    llama-cpp-python (which refuses -1, vLLM's older spelling)."""
     sampling = config.sampling
     if sampling is None:
         return {}
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k or -1, "top_p": sampling.top_p,
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "min_p": sampling.min_p}
 
 

@@ -56,7 +56,7 @@ def test_a_sampled_request_sends_the_test_settings_and_seed_and_a_greedy_one_is_
     assert (greedy["temperature"], greedy["top_p"], greedy["seed"]) == (0.0, 1.0, 5) and "top_k" not in greedy
     sampled = request_body("m", [1, 2], _config(do_sample=True, temperature=0.7, top_k=0, top_p=0.9), 11)
     assert {k: sampled[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")} == \
-        {"temperature": 0.7, "top_k": -1, "top_p": 0.9, "min_p": 0.0, "seed": 11}
+        {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "seed": 11}
 
 
 def test_a_faithful_server_is_verified_once_and_its_sample_recorded_as_its_own(toy):
