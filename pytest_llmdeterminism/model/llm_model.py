@@ -106,7 +106,8 @@ class LLMModel:
         ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``. Sampling arguments
         (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) are refused unless
         ``do_sample=True`` asks for the plugin's own seeded sampler (transformers and llama.cpp
-        engines):
+        engines), or on a server engine for the server's, sent the request's seed once the server is
+        verified to draw from it alone (``served_sampling.py``; ``"sampler": "engine:..."``):
 
         - defaults are transformers' library defaults: ``temperature=1.0``, ``top_k=50``,
           ``top_p=1.0`` (pass ``top_k=0`` for no top-k cut); a checkpoint's
