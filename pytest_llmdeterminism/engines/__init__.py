@@ -114,7 +114,9 @@ class ModelCache:
     def __init__(self, spec: str | None, *, dtype: str, device: str, cpu_numerics: str,
                  announce: Callable[[str], None] | None = None,
                  environment: PinnedEnvironment | None = None, plant_defect: bool = False,
-                 batch_invariant: bool | None = None, recording: bool = False) -> None:
+                 batch_invariant: bool | None = None, recording: bool = False,
+                 after_load: Callable[[LoadedModel], None] | None = None) -> None:
+        self._after_load = after_load  # e.g. the serving audit of llm_server_checks; its error fails the load
         self._environment = environment or PinnedEnvironment(cpu_numerics)
         self._spec = spec
         self._plant_defect = plant_defect  # --llm-plant-defect: perturb the weights once loaded
@@ -146,6 +148,14 @@ class ModelCache:
         self._environment.share_threads()
         return loaded
 
+    def load_now(self) -> LoadedModel | LLMDeterminismError | None:
+        """The model loaded now (or before), or why it could not be: raised by no one here, so that
+        the first test that needs the model still shows the whole error. None: no model configured."""
+        if self._spec is None:
+            return None
+        self._loaded = self._loaded or self._load(self._spec)
+        return self._loaded
+
     def _load(self, spec: str) -> LoadedModel | LLMDeterminismError:
         how = "" if engine_of(spec) else f" ({self._how['dtype']}, device {self._how['device']})"
         self._announce(f"llm: loading {spec}{how} ...")
@@ -156,6 +166,8 @@ class ModelCache:
                 self._environment.pin(early=False)
                 loaded = load(spec, **self._how, pinned_late=not self._environment.early,
                               batch_invariant=self._batch_invariant, recording=self._recording)
+            if self._after_load is not None:
+                self._after_load(loaded)
             if self._plant_defect:
                 changed = hf.plant_defect(loaded.model)
                 self._announce(f"llm: PLANTED DEFECT: noise of relative size {hf.DEFECT_SCALE} on "

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["CompanionRound", "alone", "companion_prompts", "run_among"]
 
 # A companion's prompt: this many tokens at least, at most (random in between); its answer: 1 token
-# up to twice the needle's.
-PROMPT_TOKENS = (4, 48)
+# up to as many as the needle's.
+PROMPT_TOKENS = (4, 32)
 # Of a vocabulary's ids, a companion draws from those at or above this (below sit most tokenizers'
 # special tokens, which a server may refuse or treat as control tokens in a prompt).
 LOWEST_ID = 256
@@ -78,7 +78,7 @@ def companion_prompts(rng: random.Random, count: int, *, vocab_size: int, exclud
             token = rng.randrange(lowest, vocab_size)
             if token not in excluded:
                 ids.append(token)
-        drawn.append(_Companion(ids, rng.randint(1, max(2 * max_new_tokens, 1)), rng.randrange(2**31)))
+        drawn.append(_Companion(ids, rng.randint(1, max(max_new_tokens, 1)), rng.randrange(2**31)))
     return drawn
 
 

@@ -253,11 +253,31 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
     # the whole prompt as the prefix of another: the longest a cache can reuse
     on.run([engine.as_served(needle_ids + tail)], config, _one_row(config, seed), False)  # fills the cache
     after = on.run([needle_ids], config, _one_row(config, seed), False)
-    rows.append(_serving_row("prefix-cache", f"after its prompt + {len(tail)} tokens, cache on",
+    rows.append(_serving_row("prefix-cache", f"after its prompt+{len(tail)}, cache on",
                              _chunk_difference(reference, after), runs=1))
     server = str((loaded.describe or {}).get("server", loaded.spec))
     return ServingAudit(text if text is not None else str(loaded.tokenizer.decode(needle_ids)), server,
                         tuple(rows), seed, prefix_cache_pinned=engine.resets_prefix)
+
+
+CHECKED_PROMPT = "Q: What is the capital of Japan? A:"  # the request llm_server_checks audits
+CHECKED_TOKENS = 4
+
+
+def verify_serving(loaded: LoadedModel, *, seed: int, rounds: int = SERVING_ROUNDS) -> ServingAudit:
+    """``llm_server_checks``: the serving audit of :data:`CHECKED_PROMPT` on ``loaded``'s server, and
+    what it verified recorded in the fingerprint of every golden recorded with it
+    (``serving_verified``)."""
+    __tracebackhide__ = True
+    engine = loaded.engine
+    ids = [int(t) for t in loaded.tokenizer(CHECKED_PROMPT)["input_ids"]]
+    config = resolve_generation_config({}, max_new_tokens=CHECKED_TOKENS,
+                                       eos_token_ids=engine.eos_token_ids(),
+                                       pad_token_id=loaded.tokenizer.pad_token_id or 0, seed=seed)
+    found = serving_audit(loaded, ids, config, rounds=rounds, seed=seed, text=CHECKED_PROMPT)
+    loaded.describe = {**(loaded.describe or {}), "serving_verified": found.capability()}
+    loaded.static_fingerprint = None  # computed again, with the field
+    return found
 
 
 Difference = tuple[bool, int | None, float, float | None]  # changed, first step, max |Δlogprob|, margin

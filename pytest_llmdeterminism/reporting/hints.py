@@ -36,10 +36,30 @@ def notes(decision: Decision, key: str, *, nodeid: str, attempt: int, accept: st
     note = across(decision)
     if note:
         lines.append(note)
+    serving = serving_note(decision)
+    if serving:
+        lines.append(f"{key!r}: {serving}")
     budget = budget_note(decision.comparison, accept) if decision.passed and decision.write is None else ""
     if budget:
         lines.append(f"{key!r}: {budget}")
     return lines
+
+
+def serving_note(decision: Decision) -> str:
+    """For a failed check of a server's golden: whether the golden's serving was verified (its
+    fingerprint's ``serving_verified``, recorded under ``llm_server_checks = true``), and what that
+    leaves possible; "" for a check that passed or is not a server's."""
+    expected = decision.expected
+    if decision.passed or expected is None or expected.fingerprint.get("engine") != "openai":
+        return ""
+    verified = expected.fingerprint.get("serving_verified")
+    if not verified:
+        return ("its golden was recorded without verifying how the server serves it (concurrency, prefix "
+                "cache): other requests the server batched with it may have moved it. Audit the server "
+                "with --llm-audit, or record with llm_server_checks = true, which verifies it and records "
+                "what it found (docs: Testing a serving stack)")
+    found = "; ".join(f"{name.replace('_', ' ')}: {value}" for name, value in sorted(verified.items()))
+    return f"its golden was recorded on a server verified as serving it ({found})"
 
 
 def rerun_note(key: str, nodeid: str, attempts: tuple[int, int]) -> str:

@@ -102,6 +102,7 @@ def read(config: pytest.Config) -> Options:
         # unset: None, batch-invariant kernels wherever they run (engines.load chooses)
         batch_invariant=None if value("llm_batch_invariant") is None
         else parse_boolean("llm_batch_invariant", value("llm_batch_invariant")),
+        server_checks=parse_boolean("llm_server_checks", value("llm_server_checks")),
     )
 
 

@@ -72,6 +72,9 @@ class Options:
     # Every setting in force that is not its default, as (ini name, value): what a repro pack's
     # command passes again; the model and golden folder relative to the rootdir where inside it.
     settings_in_force: tuple[tuple[str, str], ...] = ()
+    # llm_server_checks: a server run starts with the serving audit, whose verified capability each
+    # golden's fingerprint then records (model/audit.serving_audit)
+    server_checks: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,12 @@ SETTINGS = (
              "Linux arm64), else the previous kernels; true: required, an error where they do not run; "
              "false: the previous kernels, the batch shape part of every golden",
              None),
+    _Setting("llm_server_checks", "--llm-server-checks",
+             "true: a run against a server (openai:...) starts with the serving audit of one request "
+             "(alone, among concurrent companions, repeated under load, after a request that fills the "
+             "prefix cache), prints it in the header and records what it verified in each golden's "
+             "fingerprint (serving_verified); false (default): goldens say their serving was not verified",
+             "false"),
 )
 
 

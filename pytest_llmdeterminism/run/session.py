@@ -35,6 +35,7 @@ from pytest_llmdeterminism.shape import MARKER
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pytest_llmdeterminism.engines.loaded import LoadedModel
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.markers import ItemSettings
@@ -52,10 +53,34 @@ class LLMSession:
                                  cpu_numerics=options.cpu_numerics, announce=announce,
                                  environment=self.environment, plant_defect=options.plant_defect,
                                  batch_invariant=options.batch_invariant,
-                                 recording=options.update is not None)
+                                 recording=options.update is not None,
+                                 after_load=self._check_serving if options.server_checks else None)
+        self.serving: list[str] = []  # llm_server_checks: the serving audit's table, for the header
         self.files = GoldenFiles(options.golden_dir, options.rootdir, options.invocation_dir)
         self.ledger = Ledger(options.partial)
         self.output: writer.RunOutput | None = None
+
+    def _check_serving(self, loaded: LoadedModel) -> None:
+        """``llm_server_checks``: a server's serving audited once, as it loads; what it verified goes
+        into every golden's fingerprint."""
+        from pytest_llmdeterminism.engines.loaded import ServedEngine
+        from pytest_llmdeterminism.model.audit import verify_serving
+
+        if isinstance(loaded.engine, ServedEngine):
+            self.serving = verify_serving(loaded, seed=self.options.seed).lines()
+
+    def serving_lines(self) -> list[str]:
+        """The header's lines for ``llm_server_checks``: the model loads now, and is audited."""
+        from pytest_llmdeterminism.errors import LLMDeterminismError
+
+        if not self.options.server_checks or engine_of(self.options.model or "") != "openai":
+            return []
+        loaded = self.models.load_now()
+        if isinstance(loaded, LLMDeterminismError):
+            return [f"llm server checks: not run: {str(loaded).splitlines()[0][:300]} (the first test that "
+                    "needs the model shows the whole error)"]
+        return [f"llm server checks (llm_server_checks = true): {line}" if n == 0 else line
+                for n, line in enumerate(self.serving)]
 
     def settings(self, item: pytest.Item) -> ItemSettings:
         __tracebackhide__ = True
@@ -133,6 +158,7 @@ class LLMSession:
             f"llm {numerics.describe(options.cpu_numerics)}; {self._kernels()}" if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
+            *self.serving_lines(),
         ]
 
     def _kernels(self) -> str:

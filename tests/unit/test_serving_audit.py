@@ -52,7 +52,8 @@ def sensitive(pieces, *, batched=None, cached=None):
 def drift(choice):
     logprobs = choice["logprobs"]
     logprobs["token_logprobs"][0] = -0.125
-    logprobs["top_logprobs"][0] = {t: -0.125 if v == -0.1 else v for t, v in logprobs["top_logprobs"][0].items()}
+    first = logprobs["top_logprobs"][0]
+    logprobs["top_logprobs"][0] = {t: -0.125 if v == -0.1 else v for t, v in first.items()}
 
 
 def other_token(pieces):
@@ -88,8 +89,8 @@ def verdicts(found: ServingAudit) -> list[tuple[str, str]]:
 
 def test_an_invariant_server_is_verified_invariant(audited, pieces):
     found, server = audited(sensitive(pieces), slots=4)
-    assert verdicts(found) == [("concurrent", "identical"), ("concurrent", "identical"), ("repeat", "identical"),
-                               ("prefix-cache", "identical")]
+    assert verdicts(found) == [("concurrent", "identical"), ("concurrent", "identical"),
+                               ("repeat", "identical"), ("prefix-cache", "identical")]
     assert [row.companions for row in found.rows[:2]] == [2, 4]
     assert found.capability() == {"concurrency": "invariant at 4 (2 rounds)",
                                   "prefix_cache": "off; with it on: invariant"}
@@ -113,17 +114,18 @@ def test_a_server_whose_tokens_change_under_load_names_the_step_and_margin(audit
     row = found.rows[0]
     assert (row.source, row.verdict, row.first_step) == ("concurrent", "changed", 1)
     assert row.margin == pytest.approx(2.9)  # the needle alone: -0.1 against " zebra"'s -3.0
-    assert "the tokens parted at step 1, where the request alone had a margin of 2.9" in "\n".join(found.lines())
+    table = "\n".join(found.lines())
+    assert "the tokens parted at step 1, where the request alone had a margin of 2.9" in table
 
 
 def test_a_prefix_cache_that_moves_the_answer_is_found(audited, pieces):
     found, server = audited(sensitive(pieces, cached=drift))
     assert verdicts(found)[-1] == ("prefix-cache", "drift")
     assert found.capability()["prefix_cache"] == "off; with it on: drift"
-    cached = [r.json() for r in server.requests if r.path == "/v1/completions" and r.json().get("cache_prompt")]
+    sent = [r.json() for r in server.requests if r.path == "/v1/completions"]
+    cached = [body for body in sent if body.get("cache_prompt")]
     assert len(cached) == 2 and cached[0]["prompt"][:2] == NEEDLE and cached[1]["prompt"] == NEEDLE
-    pinned = [r.json() for r in server.requests if r.path == "/v1/completions" and not r.json().get("cache_prompt")]
-    assert pinned  # every other request keeps it off
+    assert len(sent) > len(cached)  # every other request keeps it off
 
 
 def test_the_report_round_trips_through_json():
