@@ -43,6 +43,10 @@ def test_an_invariant_server_passes_and_the_request_really_ran_among_its_compani
     assert server.batches()[1] == 1 and len(server.batches()) == 2 + ROUNDS * 4
     needles = [c for c in server.log.completions[2:] if c["prompt"] == list(alone.prompt_token_ids)]
     assert len(needles) == ROUNDS and all(c["batch"] >= 2 for c in needles)
+    # the companions replay from the test's seed: the same requests again
+    first = sorted(tuple(c["prompt"]) for c in server.log.completions[2:])
+    model(server, 3).generate("The cat")
+    assert sorted(tuple(c["prompt"]) for c in server.log.completions[len(first) + 3:]) == first
 
 
 def test_a_server_whose_batching_changes_a_token_fails_saying_where_and_what(toy):
@@ -72,15 +76,6 @@ def test_a_server_whose_batching_moves_only_logprobs_fails_naming_the_drift(toy)
     assert caught.value.finding.comparison.divergence is None
     assert "among 2 concurrent requests than alone" in str(caught.value)
     assert "the same tokens, but logprobs drifted by up to 0.005 (first at step 0)" in str(caught.value)
-
-
-def test_the_companions_replay_from_the_test_seed(toy):
-    server = toy()
-    model(server, 2).generate("The cat")
-    first = [c["prompt"] for c in server.log.completions[1:]]
-    model(server, 2).generate("The cat")
-    again = [c["prompt"] for c in server.log.completions[len(first) + 2:]]
-    assert sorted(map(tuple, first)) == sorted(map(tuple, again))
 
 
 class _InProcess:
