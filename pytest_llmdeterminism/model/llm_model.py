@@ -180,7 +180,7 @@ class LLMModel:
         eos = set(config.eos_token_id)
         concurrency.check_among(
             self._loaded.engine, self._loaded.spec, prompt=prompt, ids=ids, config=one,
-            alone=dataclasses.replace(alone, prompt_form=PromptForm.TEXT),
+            alone=alone,
             companions=self.settings.concurrency, seed=concurrency.companion_seed(self.settings.seed, ids),
             record=lambda chunk: self._record(prompt, ids, chunk, 0, one, eos, fingerprint_now),
             piece=lambda token: str(self.tokenizer.decode([token])))
