@@ -17,6 +17,11 @@ its own prompt, so companions, shape and threads move it only through the logits
 tokens changed, the row keeps the draw margin the first changed step had (how near a tie the draw
 was); the seed row shows the seed is part of the sample's identity.
 
+A server engine (``openai:``) cannot vary any of these: :func:`serving_audit` runs its request as it
+is served instead (``concurrent``, ``repeat`` under load, ``prefix-cache``; docs/serving.md), comparing
+the top-k logprobs the server returns, and :func:`verify_serving` records what it verified in the
+fingerprint (``llm_server_checks``).
+
 Only the audit needs each step's raw logits (a view's ``on_chunk`` keeps them) and a copy of the
 weights in another dtype; both live here, not in the model everyone else uses.
 """
@@ -237,13 +242,13 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
     for count in sorted({2, max(slots, 2)}):
         done = needle.run_among(engine, needle_ids, config, companions=count, rounds=rounds,
                                 seed=seed + count)
-        worst = max((_chunk_difference(reference, r.output) for r in done), key=_severity)
+        worst = max((answer_difference(reference, r.output) for r in done), key=_severity)
         positions = ", ".join(str(r.position) for r in done)
         rows.append(_serving_row("concurrent", f"among {count}, at {positions}", worst, runs=len(done),
                                  companions=count))
         loaded_answers = [r.output for r in done]
     unique = len({_answer_key(a) for a in loaded_answers})
-    worst = max((_chunk_difference(loaded_answers[0], a) for a in loaded_answers[1:]), key=_severity,
+    worst = max((answer_difference(loaded_answers[0], a) for a in loaded_answers[1:]), key=_severity,
                 default=(False, None, 0.0, None))
     rows.append(_serving_row("repeat", f"{unique} unique of {len(loaded_answers)} under load", worst,
                              runs=len(loaded_answers), companions=max(slots, 2)))
@@ -254,7 +259,7 @@ def serving_audit(loaded: LoadedModel, ids: Sequence[int], config: DecodingConfi
     on.run([engine.as_served(needle_ids + tail)], config, _one_row(config, seed), False)  # fills the cache
     after = on.run([needle_ids], config, _one_row(config, seed), False)
     rows.append(_serving_row("prefix-cache", f"after its prompt+{len(tail)}, cache on",
-                             _chunk_difference(reference, after), runs=1))
+                             answer_difference(reference, after), runs=1))
     server = str((loaded.describe or {}).get("server", loaded.spec))
     return ServingAudit(text if text is not None else str(loaded.tokenizer.decode(needle_ids)), server,
                         tuple(rows), seed, prefix_cache_pinned=engine.resets_prefix)
@@ -283,7 +288,7 @@ def verify_serving(loaded: LoadedModel, *, seed: int, rounds: int = SERVING_ROUN
 Difference = tuple[bool, int | None, float, float | None]  # changed, first step, max |Δlogprob|, margin
 
 
-def _chunk_difference(reference: Chunk, other: Chunk) -> Difference:
+def answer_difference(reference: Chunk, other: Chunk) -> Difference:
     """Two one-row answers: tokens changed (from which step), the largest logprob difference of the
     top-k tokens both list over the steps before they part, and the reference's margin there."""
     a, b = reference.tokens[0], other.tokens[0]

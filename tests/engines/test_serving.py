@@ -76,13 +76,13 @@ def test_negative_control_shared_prompt_companions_with_the_cache_on_move_every_
     """No 4-slot batching on this server (see the module docstring): the workload that is not
     invariant here is companions that share the request's prompt, with the prefix cache on."""
     from pytest_llmdeterminism.engines.companions import alone, run_among
-    from pytest_llmdeterminism.model.audit import _chunk_difference
+    from pytest_llmdeterminism.model.audit import answer_difference
 
     ids = list(one_slot.tokenizer(PROMPT)["input_ids"])
     reference = alone(one_slot.engine, ids, config(one_slot), seed=1)
     rounds = run_among(one_slot.engine.with_prefix_cache(), ids, config(one_slot), companions=2, rounds=2,
                        seed=1, shared_prefix=len(ids))
-    found = [_chunk_difference(reference, r.output) for r in rounds]
+    found = [answer_difference(reference, r.output) for r in rounds]
     # every round: the request computed from a companion's cached prompt (or its own), never cold
     assert all(changed or delta > 0 for changed, _, delta, _ in found), found
 

@@ -135,3 +135,92 @@ def test_the_report_round_trips_through_json():
                                                          ran=False)), seed=9)
     assert ServingAudit.from_json(found.to_json()) == found
     assert found.capability() == {"concurrency": "changed at 2 (3 rounds)", "prefix_cache": "off"}
+
+
+# --- what a failed server golden's note says, and the run summary's tables ---
+
+def decision(fingerprint, *, passed=False):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(passed=passed, expected=SimpleNamespace(fingerprint=fingerprint))
+
+
+def test_a_failed_server_golden_says_whether_its_serving_was_verified():
+    from pytest_llmdeterminism.reporting.hints import serving_note
+
+    unverified = serving_note(decision({"engine": "openai"}))
+    assert "recorded without verifying how the server serves it" in unverified
+    assert "llm_server_checks = true" in unverified and "--llm-audit" in unverified
+    verified = serving_note(decision({"engine": "openai", "serving_verified": {
+        "concurrency": "invariant at 4 (3 rounds)", "prefix_cache": "off; with it on: drift"}}))
+    assert verified == ("its golden was recorded on a server verified as serving it (concurrency: "
+                        "invariant at 4 (3 rounds); prefix cache: off; with it on: drift)")
+    assert serving_note(decision({"engine": "openai"}, passed=True)) == ""
+    assert serving_note(decision({"engine": "llamacpp"})) == ""
+
+
+def test_the_run_summary_shows_serving_audits_beside_the_others():
+    from pytest_llmdeterminism.reporting.terminal import audit_summary
+
+    rows = (ServingRow("concurrent", "among 2", False, None, 0.5, runs=3, companions=2),
+            ServingRow("prefix-cache", "cache on", False, None, 0.0))
+    found = ServingAudit("p", "http://h/v1", rows, seed=9)
+    lines = audit_summary([("t.py::test_a", found.to_json())])
+    assert lines[0] == "t.py::test_a: serving audit of 'p' on http://h/v1 (companions drawn from seed 9):"
+    assert lines[-1] == ("serving audit summary: 1 request(s); answers moved by concurrent 1/1, "
+                         "prefix-cache 0/1")
+    assert any("drift" in line and "other requests in flight changed the answer" in line for line in lines)
+
+
+def test_llm_server_checks_takes_true_or_false():
+    from pytest_llmdeterminism import ConfigurationError
+    from pytest_llmdeterminism.run.options import SETTINGS, parse_boolean
+
+    assert "llm_server_checks" in {setting.ini for setting in SETTINGS}
+    assert parse_boolean("llm_server_checks", "true") is True
+    with pytest.raises(ConfigurationError, match="llm_server_checks.*expected true or false"):
+        parse_boolean("llm_server_checks", "yes")
+
+
+def test_llm_audit_of_a_server_generation_is_the_serving_audit(pieces):
+    from pytest_llmdeterminism.model.audit import after_generate_hook
+    from pytest_llmdeterminism.model.llm_model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+    server = FakeServer(sensitive(pieces, cached=drift), concurrent=True)
+    try:
+        loaded = load(spec(server, reset_prefix=1, slots=3), dtype="float32", device="cpu")
+        recorded: list[dict] = []
+        llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 32), 3, 0),
+                       after_generate=after_generate_hook(5, None, recorded.append))
+        llm.generate("The cat")
+    finally:
+        server.stop()
+    (found,) = map(ServingAudit.from_json, recorded)
+    assert found.prompt == "The cat" and found.server == server.url
+    assert [(row.source, row.companions, row.verdict) for row in found.rows] == [
+        ("concurrent", 2, "identical"), ("concurrent", 3, "identical"), ("repeat", 3, "identical"),
+        ("prefix-cache", 0, "drift")]
+
+
+def test_two_answers_differ_by_their_shared_top_k_before_they_part_and_the_margin_where_they_do():
+    from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
+    from pytest_llmdeterminism.model.audit import answer_difference
+
+    def answer(tokens, tops):
+        steps = RowSteps()
+        for top in tops:
+            steps.append("h", [t for t, _ in top], [v for _, v in top])
+        return Chunk(tokens=[tokens], steps=[steps])
+
+    alone = answer([5, 6, 7], [[(5, -0.1), (9, -2.0)], [(6, -0.5), (8, -0.7)], [(7, -0.1), (1, -4.0)]])
+    same = answer([5, 6, 7], [[(5, -0.1), (9, -2.0)], [(6, -0.5), (8, -0.7)], [(7, -0.1), (1, -4.0)]])
+    drifted = answer([5, 6, 7], [[(5, -0.1), (3, -2.5)], [(6, -0.55), (8, -0.7)], [(7, -0.1), (1, -4.0)]])
+    parted = answer([5, 8, 2], [[(5, -0.1), (9, -2.0)], [(8, -0.6), (6, -0.65)], [(2, -9.0), (7, -9.5)]])
+    assert answer_difference(alone, same) == (False, None, 0.0, None)
+    changed, first, delta, margin = answer_difference(alone, drifted)
+    # ids 9 and 3 are in one answer's top-k only: not compared
+    assert (changed, first, margin) == (False, None, None) and delta == pytest.approx(0.05)
+    changed, first, delta, margin = answer_difference(alone, parted)
+    # up to the step they part, not after it (step 2's -9.0 would be 8.9)
+    assert (changed, first) == (True, 1) and delta == pytest.approx(0.15) and margin == pytest.approx(0.2)
