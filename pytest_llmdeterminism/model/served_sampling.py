@@ -157,7 +157,7 @@ def verify(engine: ServedEngine, tokenizer: object) -> ServedSampling:
         return ServedSampling(engine.sampler, f"{where}: the concurrent row failed: {concurrent[1]}. {fix}",
                               tuple(rows))
 
-    def draws(ids: list[int], seeds: range, *, top_k: int) -> list[tuple[int, int | None]]:
+    def draws(ids: list[int], seeds: range, *, top_k: int) -> list[tuple[int | None, int | None]]:
         return [_first_draw(alone(engine, ids, sampled(seed, top_k=top_k), seed)) for seed in seeds]
 
     same_seeds, other_seeds = range(SEEDS), range(SEEDS, 2 * SEEDS)
@@ -203,9 +203,12 @@ def _concurrent_row(engine: ServedEngine, ids: list[int], config: DecodingConfig
             f"{COMPANIONS} concurrent requests: identical", None)
 
 
-def _first_draw(chunk: Chunk) -> tuple[int, int | None]:
-    """The first drawn token, and its rank among the step's returned top logprobs (None when not there)."""
+def _first_draw(chunk: Chunk) -> tuple[int | None, int | None]:
+    """The first drawn token (None where the server stopped before one), and its rank among the
+    step's returned top logprobs (None when not there): a None agrees with nothing."""
+    if not chunk.tokens[0]:
+        return None, None
     token = chunk.tokens[0][0]
-    ranked = chunk.steps[0].top[0] if chunk.steps and chunk.steps[0].top else ()
+    ranked = chunk.steps[0].top[0] if chunk.steps[0].top else ()
     rank = next((place for place, (candidate, _) in enumerate(ranked[:TOP_K]) if candidate == token), None)
     return token, rank
