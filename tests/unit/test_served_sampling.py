@@ -132,3 +132,20 @@ def test_a_drawn_token_outside_the_returned_top_k_leaves_the_top_k_as_the_model_
                        max_tokens=1, vocab_size=512, token_id=lambda t: int(t[9:]))
     assert row.tokens == [309] and row.steps.top == [((300, -0.5), (301, -1.0))]
     assert row.steps.margins == [0.5]
+
+
+def test_llm_audit_of_a_sampled_server_generation_shows_the_rows_that_verified_its_sampling(toy):
+    from pytest_llmdeterminism.model.audit import after_generate_hook
+    from pytest_llmdeterminism.reporting.audit import ServingAudit
+
+    server = toy(Noise.FAITHFUL)
+    recorded: list[dict] = []
+    llm = LLMModel(load(server.spec(slots=2), dtype="float32", device="cpu"),
+                   GenerationSettings(BatchShape(1, 32), 2, 7),
+                   after_generate=after_generate_hook(2, None, recorded.append))
+    llm.generate("The cat", do_sample=True, temperature=0.8)
+    (found,) = map(ServingAudit.from_json, recorded)
+    assert found.sampling == llm.loaded.served_sampling.rows and len(found.sampling) == 2
+    lines = found.lines()
+    assert lines[-2] == f"  seeded sampling, verified once for the session: {found.sampling[0]}"
+    assert lines[-1].startswith("  seeded sampling, verified once for the session: seed: with one seed, ")
