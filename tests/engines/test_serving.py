@@ -49,12 +49,21 @@ def server(smollm2_gguf, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_slot_spec(server, smollm2_gguf, tmp_path_factory):
-    """The server at one slot, its tokenizer read from the GGUF file once and saved as a folder (a
-    tokenizer is parsed out of a GGUF file in ~15 s here, from a folder in under one)."""
+    """The server at one slot, its tokenizer as a folder: a tokenizer is parsed out of a GGUF file in
+    ~15 s here, from a folder in under one. The plugin's converted copy of the file has it (when an
+    earlier run made one), else it is parsed once and saved."""
+    import shutil
+
+    from pytest_llmdeterminism.engines.cached import converted_copy
     from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer")
-    load_tokenizer("smollm2", smollm2_gguf).save_pretrained(folder)
+    converted = converted_copy(smollm2_gguf)
+    if converted.usable:
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
+            shutil.copy(converted.folder / name, folder / name)
+    else:
+        load_tokenizer("smollm2", smollm2_gguf).save_pretrained(folder)
     return f"{server.spec(folder)}&slots=1"
 
 
