@@ -29,6 +29,7 @@ from pytest_llmdeterminism.errors import (
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.model.audit import NondeterminismError, audit
+from pytest_llmdeterminism.model.concurrency import ConcurrencyError
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.reporting.audit import AuditReport
 from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match
@@ -46,6 +47,7 @@ __all__ = [
     "BatchInvarianceProbeError",
     "CPUNumericsError",
     "Comparison",
+    "ConcurrencyError",
     "ConfigurationError",
     "EngineError",
     "FetchError",
@@ -86,10 +88,10 @@ _LAZY = {
 # Failures and fixture values name their types by their public home
 # (`pytest_llmdeterminism.GoldenMismatchError`), not by the module that happens to define them. The
 # data classes (Comparison, Generation, AuditReport) keep theirs: their annotations resolve there.
-for _public in (BatchInvarianceProbeError, CPUNumericsError, ConfigurationError, EngineError,
-                GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError, LLMDeterminismError,
-                LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError, PromptTooLongError,
-                SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
+for _public in (BatchInvarianceProbeError, CPUNumericsError, ConcurrencyError, ConfigurationError,
+                EngineError, GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError,
+                LLMDeterminismError, LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError,
+                PromptTooLongError, SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
     _public.__module__ = __name__
 
 

@@ -25,9 +25,10 @@ REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcome
 _ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
 _AUTO_WORKERS = pytest.StashKey[str]()  # what -n auto started, for the header
 _MARKER_HELP = (
-    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None): run the test with fixed "
-    "seeds, deterministic torch kernels and greedy fixed-shape generation; every global is restored "
-    "afterwards."
+    f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None, concurrency=None): run the "
+    "test with fixed seeds, deterministic torch kernels and greedy fixed-shape generation; every global is "
+    "restored afterwards. concurrency=N (server engines): each request is sent again among N concurrent "
+    "ones and must be answered the same."
 )
 
 

@@ -81,3 +81,5 @@ class GenerationSettings:
     max_new_tokens: int
     seed: int
     batch_shape_setting: str = "llm_batch_shape"  # where the shape came from, for error messages
+    # @deterministic(concurrency=N): each request sent again among N concurrent ones (server engines)
+    concurrency: int = 0

@@ -83,8 +83,10 @@ def text_only_id(text: str) -> int:
 
 def request_body(model: str, prompt: str | list[int], config: DecodingConfig, seed: int, *,
                  cache_prompt: bool = False) -> dict[str, Any]:
-    """One greedy completion request: every sampler knob a known server reads, set to neutral;
-    ``cache_prompt``: llama.cpp's server may reuse a cached prefix (only the serving audit asks)."""
+    """One completion request: greedy, every sampler knob a known server reads set to neutral; or,
+    under ``do_sample=True`` (``config.sampling``), drawn by the server with the test's settings and
+    ``seed``, the request's own (:func:`sampled_knobs`). ``cache_prompt``: llama.cpp's server may
+    reuse a cached prefix (only the serving audit asks)."""
     return {
         "model": model,
         "prompt": prompt,
@@ -104,7 +106,19 @@ def request_body(model: str, prompt: str | list[int], config: DecodingConfig, se
         # llama.cpp's server: False evaluates the whole prompt, whatever came before
         "cache_prompt": cache_prompt,
         "return_tokens_as_token_ids": True,  # vLLM: tokens as "token_id:N", exact where text is not
+        **sampled_knobs(config),
     }
+
+
+def sampled_knobs(config: DecodingConfig) -> dict[str, Any]:
+    """The sampler settings a server reads for a ``do_sample=True`` request (none when greedy), with
+    the plugin's names and meanings: ``top_k=0`` is off on vLLM (0.8 on), llama.cpp's server and
+    llama-cpp-python (which refuses -1, vLLM's older spelling)."""
+    sampling = config.sampling
+    if sampling is None:
+        return {}
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p}
 
 
 def implausible(completion: Completion, *, max_tokens: int, vocab_size: int) -> str | None:
@@ -168,9 +182,10 @@ class ParsedRow:
 
 def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tokens: int, vocab_size: int,
                  token_id: Callable[[str], int], tokenizer: Any = None, source: str = "the server",
-                 model: str | None = None, secret: Secret | None = None) -> ParsedRow:
+                 model: str | None = None, secret: Secret | None = None, sampled: bool = False) -> ParsedRow:
     """One completion response as recorded steps, checked first (:func:`implausible`), then against the
-    requested ``model``, the prompt's token count, greedy choice and its text. With ``tokenizer``, steps
+    requested ``model``, the prompt's token count, greedy choice (not for a ``sampled`` request, whose
+    token is a draw) and its text. With ``tokenizer``, steps
     that returned part of a character are given their ids (see :func:`resolve_partial_characters`).
 
     With ``secret``, the key is masked in every text the row holds and every message: in each piece a
@@ -201,11 +216,13 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
     row = ParsedRow()
     for step, (text, top) in enumerate(zip(texts, tops, strict=True)):
         ranked = sorted((top or {}).items(), key=lambda p: (-p[1], p[0]))[:TOP_K]
-        if text not in dict(ranked):  # implausible() made sure it has a logprob
+        # A draw's top-k is the model's, with or without the drawn token (as the plugin's sampler records
+        # it); a greedy step's token is its best, checked below.
+        if not sampled and text not in dict(ranked):  # implausible() made sure it has a logprob
             own = chosen[step] if chosen is not None else None
             ranked = ([(text, (top or {})[text] if own is None else own)] + ranked)[:TOP_K]
-        logprob = dict(ranked)[text]
-        if logprob < ranked[0][1] - GREEDY_SLACK:
+        logprob = dict(ranked).get(text, 0.0)
+        if not sampled and logprob < ranked[0][1] - GREEDY_SLACK:
             raise fail(f"{source} did not decode greedily at step {step}: it chose {_short(text)!r} "
                        f"(logprob {logprob:.4f}) over {_short(ranked[0][0])!r} ({ranked[0][1]:.4f}). A "
                        "server-side sampler or penalty is in force; check the server's defaults")

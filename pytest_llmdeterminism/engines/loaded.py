@@ -47,10 +47,14 @@ class AuditedEngine(Engine, Protocol):
 
 @runtime_checkable
 class ServedEngine(Engine, Protocol):
-    """An engine that sends each prompt to a server (``openai:``): the serving audit runs its request
-    among concurrent companions and with the server's prefix cache on (``model/audit.serving_audit``)."""
+    """An engine that sends each prompt to a server (``openai:``), which may batch it with others' and
+    draws samples with its own generator: the serving audit runs its request among concurrent
+    companions and with the server's prefix cache on (``model/audit.serving_audit``);
+    ``@deterministic(concurrency=N)`` and seeded server sampling run on it (``model/concurrency.py``,
+    ``model/served_sampling.py``)."""
 
     slots: int  # requests the server computes at once, as the spec says (#slots=N); 0: not said
+    sampler: str  # what a golden the server drew records as its sampler: "engine:<server>"
 
     @property
     def resets_prefix(self) -> bool:
@@ -99,9 +103,11 @@ class LoadedModel:
                                                                compare=False)
     # model/audit.py: copies of the weights in another dtype, by dtype
     in_dtypes: dict[str, LoadedModel] = field(default_factory=dict, repr=False, compare=False)
+    # model/served_sampling.py: whether the server draws seeded samples per request (verified once)
+    served_sampling: Any = field(default=None, repr=False, compare=False)
 
     def fresh(self, **changes: Any) -> LoadedModel:
         """A copy, with ``changes``, that has computed nothing yet: its fingerprint, probe and copies
         are made again when asked for."""
         return dataclasses.replace(self, **{"static_fingerprint": None, "probed": {}, "in_dtypes": {},
-                                            **changes})
+                                            "served_sampling": None, **changes})

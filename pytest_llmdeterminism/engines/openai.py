@@ -122,7 +122,7 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
         raise ConfigurationError("llm_model", spec.text, f"option slots={spec.given('slots')!r} must be the "
                                  "server's number of slots (llama.cpp's --parallel), e.g. #slots=4")
     engine = OpenAIEngine(spec.text, client, model, tokenizer, reset_prefix=knobs.reset_prefix, eos=eos,
-                          slots=knobs.slots)
+                          slots=knobs.slots, version=version)
     return LoadedModel(spec=spec.text, kind="openai", path=tokenizer_path, model=client, tokenizer=tokenizer,
                        dtype=knobs.dtype, device="served", engine=engine, describe=describe)
 
@@ -140,13 +140,17 @@ class OpenAIEngine:
     name = "openai"
     hash_definition = HashDefinition.SERVED_TOPK
     runs_rows_alone = True  # one request at a time
-    # a server samples with its own generator, which depends on the batch, the hardware and the version
+    # a server samples with its own generator: do_sample=True sends it the request's seed, once the
+    # server is verified to draw per request (model/served_sampling.py)
     owns_sampling = False
     supports_audit = False
 
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *, reset_prefix: bool = True,
-                 eos: list[int] | None = None, slots: int = 0) -> None:
+                 eos: list[int] | None = None, slots: int = 0, version: str | None = None) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
+        # what a golden drawn by this server records as its sampler: the API, and the server's version
+        # where it says one (its draw is its own; another version may draw otherwise)
+        self.sampler = f"engine:{self.name}" + (f"@{version}" if version else "")
         self._reset_prefix = reset_prefix
         self._cache_prompt = False
         self.slots = slots  # the serving audit's most companions; 0: the spec does not say
@@ -195,15 +199,17 @@ class OpenAIEngine:
         out = Chunk(tokens=[], steps=[], texts=[], pieces=[], finish_reasons=[])
         request = self._client.request_line("POST", "completions")
         source = f"the server at {self._client.base}, answering {request},"
-        for ids in rows:
+        for row_index, ids in enumerate(rows):
             if self._reset_prefix:
                 self._client.post("completions", {"model": self._model, "prompt": self._other_start(ids),
                                                   "max_tokens": 1, "temperature": 0.0}, object)
-            response = self._complete(ids, config, settings.seed)
+            seed = settings.seed if config.sampling is None else config.seed_of(row_index)
+            response = self._complete(ids, config, seed)
             row = parse_choice(self._spec, response, prompt_tokens=len(ids),
                                max_tokens=config.max_new_tokens, vocab_size=self.vocab_size(),
                                token_id=self.token_id, tokenizer=self._tokenizer, source=source,
-                               model=self._model, secret=self._client.api_key)
+                               model=self._model, secret=self._client.api_key,
+                               sampled=config.sampling is not None)
             out.tokens.append(row.tokens)
             out.steps.append(row.steps)
             assert out.texts is not None and out.pieces is not None and out.finish_reasons is not None
@@ -211,7 +217,9 @@ class OpenAIEngine:
             out.pieces.append(row.pieces)
             out.finish_reasons.append(row.finish_reason)
             fingerprint = response.system_fingerprint and self._client.redact(response.system_fingerprint)
-            out.flags = {"system_fingerprint": fingerprint, "temperature": 0, "requests": "one at a time",
+            temperature = 0 if config.sampling is None else config.sampling.temperature
+            out.flags = {"system_fingerprint": fingerprint, "temperature": temperature,
+                         "requests": "one at a time",
                          "prompt_sent_as": "token ids" if self._send_ids else "text"}
         return out
 

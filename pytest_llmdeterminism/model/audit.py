@@ -201,9 +201,13 @@ def after_generate_hook(repeats: int, dtype: str | None,
             config = resolve_generation_config(overrides, max_new_tokens=settings.max_new_tokens,
                                                eos_token_ids=llm.loaded.engine.eos_token_ids(),
                                                pad_token_id=llm.tokenizer.pad_token_id, seed=settings.seed)
+            verified = llm.loaded.served_sampling  # a sampled call verified the server's sampling first
             for result in results:
-                record(serving_audit(llm.loaded, result.prompt_token_ids, config, seed=llm.settings.seed,
-                                     text=str(result.prompt)).to_json())
+                served = serving_audit(llm.loaded, result.prompt_token_ids, config, seed=llm.settings.seed,
+                                       text=str(result.prompt))
+                if result.sampling and verified is not None:
+                    served = dataclasses.replace(served, sampling=verified.rows)
+                record(served.to_json())
             return
         for result in results:
             own = {**overrides, "seed": result.sampling["seed"]} if result.sampling else overrides

@@ -17,10 +17,11 @@ from pytest_llmdeterminism.engines.capture import Chunk
 from pytest_llmdeterminism.engines.loaded import ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import DecodingConfig, Generation, PromptForm, resolve_generation_config
-from pytest_llmdeterminism.model import inputs
+from pytest_llmdeterminism.model import concurrency, inputs
 from pytest_llmdeterminism.model.fingerprint import fingerprint
 from pytest_llmdeterminism.model.inputs import Conversation
 from pytest_llmdeterminism.model.probe import verify_batch_invariance
+from pytest_llmdeterminism.model.served_sampling import verified_sampler
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ class LLMModel:
         ``no_repeat_ngram_size``, ``eos_token_id`` or ``use_cache``. Sampling arguments
         (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``) are refused unless
         ``do_sample=True`` asks for the plugin's own seeded sampler (transformers and llama.cpp
-        engines):
+        engines), or on a server engine for the server's, sent the request's seed once the server is
+        verified to draw from it alone (``served_sampling.py``; ``"sampler": "engine:..."``):
 
         - defaults are transformers' library defaults: ``temperature=1.0``, ``top_k=50``,
           ``top_p=1.0`` (pass ``top_k=0`` for no top-k cut); a checkpoint's
@@ -133,6 +135,9 @@ class LLMModel:
         )
         if config.sampling is not None:
             self._refuse_sampling_where_not_owned(config, len(given))
+        if self.settings.concurrency:
+            concurrency.refuse_where_not_served(self._loaded.engine, self._loaded.spec,
+                                                self.settings.concurrency)
         engine = self._loaded.engine
         served = isinstance(engine, ServedEngine)  # audited as it is served (model/audit.serving_audit)
         if self._after_generate is not None and not (engine.supports_audit or served):
@@ -156,24 +161,37 @@ class LLMModel:
         results = [result if item.form is PromptForm.TEXT else
                    dataclasses.replace(result, prompt_form=item.form)
                    for result, item in zip(results, given, strict=True)]
+        if self.settings.concurrency:
+            for index, (result, item) in enumerate(zip(results, given, strict=True)):
+                self._check_among_companions(item.text, item.ids, result, config, index)
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
         return results[0] if single else results
 
-    def _refuse_sampling_where_not_owned(self, config: DecodingConfig, prompts: int) -> None:
-        """``do_sample=True`` runs the plugin's own sampler over the full logits: the transformers and
-        llama.cpp engines in process; one seed or one per prompt."""
+    def _check_among_companions(self, prompt: str, ids: list[int], alone: Generation, config: DecodingConfig,
+                                index: int) -> None:
+        """``@deterministic(concurrency=N)``: ``ids`` again among N concurrent requests, which must not
+        change its answer (``model/concurrency.py``)."""
         __tracebackhide__ = True
-        engine = self._loaded.engine
-        if not engine.owns_sampling:
-            raise ConfigurationError("llm_model.generate(do_sample=True)", True,
-                                     f"sampling is not available on the {engine.name} engine: the plugin "
-                                     "cannot own the draw of a server or vLLM, whose sampling is seeded by "
-                                     "their own generator, which depends on the batch, the hardware and the "
-                                     "version. "
-                                     "Test sampled generation on the transformers backend (llm_model = the "
-                                     "model's folder or .gguf file, without an engine prefix) or in process "
-                                     "with llamacpp:PATH.gguf")
+        one = config
+        if config.sampling is not None:
+            one = dataclasses.replace(config, seeds=(config.seed_of(index),) if config.seeds else ())
+        fingerprint_now = fingerprint(self._loaded)
+        eos = set(config.eos_token_id)
+        concurrency.check_among(
+            self._loaded.engine, self._loaded.spec, prompt=prompt, ids=ids, config=one,
+            alone=alone,
+            companions=self.settings.concurrency, seed=concurrency.companion_seed(self.settings.seed, ids),
+            record=lambda chunk: self._record(prompt, ids, chunk, 0, one, eos, fingerprint_now),
+            piece=lambda token: str(self.tokenizer.decode([token])))
+
+    def _refuse_sampling_where_not_owned(self, config: DecodingConfig, prompts: int) -> None:
+        """``do_sample=True`` runs the plugin's own sampler over the full logits (the transformers and
+        llama.cpp engines in process), or a server's, once it is verified to draw each request from its
+        own seed (``served_sampling.py``); one seed or one per prompt."""
+        __tracebackhide__ = True
+        if not self._loaded.engine.owns_sampling:
+            verified_sampler(self._loaded)
         if config.seeds and len(config.seeds) != prompts:
             raise ConfigurationError("llm_model.generate(seed=...)", list(config.seeds),
                                      f"expected one seed per prompt ({prompts}), or one integer for all")
@@ -187,6 +205,11 @@ class LLMModel:
         other = BatchShape(1, shape.length) if shape.rows > 1 else \
             BatchShape(2, max(shape.length, prompt_tokens))
         return other, self.with_settings(batch_shape=other)._generate_chunk
+
+    def _sampler(self) -> dict[str, str]:
+        """Where a server drew the sample: its sampler's name in place of the plugin's."""
+        engine = self._loaded.engine
+        return {} if engine.owns_sampling else {"sampler": getattr(engine, "sampler", "engine")}
 
     def encode(self, prompt: str | Conversation) -> list[int]:
         """The token ids ``generate`` runs for a prompt string or a chat conversation."""
@@ -231,7 +254,7 @@ class LLMModel:
             margins=tuple(steps.margins[:n]),
             finish_reason=finish_reason,
             generation_config=(config.as_dict() if config.sampling is None
-                               else {**config.as_dict(), "seed": config.seed_of(row)}),
+                               else {**config.as_dict(), "seed": config.seed_of(row), **self._sampler()}),
             batch_shape=str(self.settings.batch_shape.running(len(prompt_ids))),
             pieces=tuple(pieces),
             fingerprint=fingerprint_now,

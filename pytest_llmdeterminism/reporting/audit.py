@@ -145,6 +145,8 @@ class ServingAudit:
     rows: tuple[ServingRow, ...]
     seed: int
     prefix_cache_pinned: bool = True  # the plugin's requests keep the prefix cache out
+    # a sampled request: the rows that verified the server's seeded sampling (model/served_sampling.py)
+    sampling: tuple[str, ...] = ()
 
     def invariant(self, source: str) -> bool | None:
         """Every row of ``source`` identical (None where none ran)."""
@@ -184,14 +186,15 @@ class ServingAudit:
                 meaning = (f"the tokens parted at step {row.first_step}, where the request alone had a "
                            f"margin of {row.margin:.2g} between its top two: {meaning}")
             table.append(f"  {row.source:<14}{row.change:<34}{answer:<20}{delta:<16}{meaning}")
-        return [head, *table]
+        sampled = [f"  seeded sampling, verified once for the session: {row}" for row in self.sampling]
+        return [head, *table, *sampled]
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "serving", "prompt": self.prompt, "server": self.server, "seed": self.seed,
                 "prefix_cache_pinned": self.prefix_cache_pinned,
-                "rows": [row.to_json() for row in self.rows]}
+                "rows": [row.to_json() for row in self.rows], "sampling": list(self.sampling)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServingAudit:
         return cls(data["prompt"], data["server"], tuple(ServingRow(**r) for r in data["rows"]), data["seed"],
-                   data.get("prefix_cache_pinned", True))
+                   data.get("prefix_cache_pinned", True), tuple(data.get("sampling", ())))

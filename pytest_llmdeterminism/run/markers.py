@@ -62,6 +62,7 @@ def _resolve(item: pytest.Item, options: Options) -> ItemSettings:
                              else "llm_batch_shape"),
         max_new_tokens=int(given.get("max_new_tokens", options.max_new_tokens)),  # type: ignore[call-overload]
         seed=int(given.get("seed", options.seed)),  # type: ignore[call-overload]
+        concurrency=int(given.get("concurrency", 0)),  # type: ignore[call-overload]
     )
     return ItemSettings(item.get_closest_marker(MARKER) is not None, generation, tolerance,
                         _rerun_arguments(item, options))
@@ -83,6 +84,7 @@ def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, 
         "max_new_tokens": lambda v: parse_integer("@deterministic(max_new_tokens=...)", str(v), 1, minimum=1),
         "batch_shape": lambda v: BatchShape.parse(str(v), setting="@deterministic(batch_shape=...)"),
         "tolerance": lambda v: parse_profile(str(v), setting="@deterministic(tolerance=...)"),
+        "concurrency": lambda v: _concurrency(v, nodeid),
     }
     parsed = {}
     for key, raw in kwargs.items():
@@ -101,3 +103,18 @@ def validate_marker_kwargs(kwargs: dict[str, object], nodeid: str) -> dict[str, 
             raise ConfigurationError(f"@deterministic({key}=...) in {nodeid}", raw, "expected an integer")
         parsed[key] = parsers[key](integer)
     return parsed
+
+
+def _concurrency(value: object, nodeid: str) -> int:
+    """``@deterministic(concurrency=N)``: N concurrent companion requests, from 1 to
+    :data:`~model.concurrency.MAX_CONCURRENCY` (0 is the default: one request at a time)."""
+    __tracebackhide__ = True
+    from pytest_llmdeterminism.model.concurrency import MAX_CONCURRENCY
+
+    assert isinstance(value, int)
+    if not 0 <= value <= MAX_CONCURRENCY:
+        raise ConfigurationError(f"@deterministic(concurrency=...) in {nodeid}", value,
+                                 f"expected the number of concurrent companion requests, from 1 to "
+                                 f"{MAX_CONCURRENCY} (e.g. concurrency=4, or the server's slot count; 0 "
+                                 "sends one request at a time)")
+    return value

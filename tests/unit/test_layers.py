@@ -37,7 +37,8 @@ PACKAGES = {
                   ["reporting.failure", "reporting.terminal", "reporting.documents"],
                   ["reporting.run_comparison"]],
     # The llm_model fixture object over the engines, and the audit on top of it.
-    "model": [["model", "model.inputs"], ["model.fingerprint"], ["model.probe"], ["model.llm_model"],
+    "model": [["model", "model.inputs"], ["model.fingerprint"],
+              ["model.probe", "model.concurrency", "model.served_sampling"], ["model.llm_model"],
               ["model.audit"]],
     "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"],
             ["run.configuration", "run.repro"],
