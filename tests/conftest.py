@@ -147,7 +147,11 @@ def _projects_run_as_plain_runs(request, monkeypatch):
 # transformers made: measured 0.35-0.45 s of a ~4.5 s child run natively (0.8 s of a "-n 2" one), and
 # the suite starts ~190 native children. It only turns an exception raised in a finaliser into a
 # warning, which no test reads: the suite's own workers keep it, the runs its tests start go without.
-CHILD_PYTEST_ADDOPTS = "-p no:unraisableexception"
+# Nor do they load Hypothesis's and anyio's plugins (the test extra installs both; no project a test
+# runs uses either): at start-up the one imports most of Hypothesis, the other trio, 0.4 of the ~0.9
+# CPU s a bare child pytest takes to start (measured), in every child and xdist worker, and several
+# seconds under emulation. A run that needs one names it (-p hypothesispytest: test_examples.py).
+CHILD_PYTEST_ADDOPTS = "-p no:unraisableexception -p no:hypothesispytest -p no:anyio"
 
 
 @pytest.fixture(autouse=True)

@@ -88,12 +88,15 @@ class Run:
             # entry point would register the plugin a second time, under its distribution's name.
             base["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         else:  # no:hypothesispytest: its summary hook imports all of Hypothesis (autoload is off on arm64)
-            assert not then, "later sessions in one process are for the emulated arm64 Python"
-            command = [sys.executable, "-m", "pytest", *options, *args, "-p", "no:hypothesispytest"]
+            x86 = ("-p", "no:hypothesispytest")
+            command = ([sys.executable, "-m", "pytest", *options, *args, *x86] if not then else
+                       sessions.command([sys.executable], [(path, [*options, *session, *x86])
+                                                           for path, session in [(project, args), *then]]))
         self.arm64 = arm64
+        self.sessions = arm64 or bool(then)
         where = f" (arm64{', -cpu ' + cpu if cpu else ''})" if arm64 else " (x86-64)"
         self.names = [" ".join(args) + where,
-                      *(" ".join(session) + " (arm64, after it)" for _, session in then)]
+                      *(" ".join(session) + where + " (after it)" for _, session in then)]
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, cwd=project, env=base, text=True, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT)
@@ -107,7 +110,7 @@ class Run:
         output, _ = self.process.communicate(timeout=1500)
         seconds = time.monotonic() - self.started
         print(f"{' + '.join(self.names)}: exit {self.process.returncode} in {seconds:.0f} s")
-        if self.arm64:
+        if self.sessions:
             assert self.process.returncode == 0, f"{self.names[0]}:\n{output[-4000:]}"
             outputs, codes = sessions.split(output)
         else:
@@ -146,8 +149,9 @@ def test_goldens_travel_between_x86_and_arm64_and_planted_noise_fails_both_ways(
                 then=((x86_recorded, ()), (x86_recorded, (f"--llm-model={changed}",))))
     recorded, on_arm64, changed_on_arm64 = arm64.finish_each(0, 0, 1)
     assert summary(recorded) == "golden checks: 8 recorded"  # 4 greedy, 4 sampled
-    on_x86 = Run(arm64_recorded).finish(0)
-    changed_on_x86 = Run(arm64_recorded, f"--llm-model={changed}").finish(1)
+    # one x86-64 process: checks the arm64 goldens, then with the changed model
+    on_x86, changed_on_x86 = Run(arm64_recorded, then=((arm64_recorded, (f"--llm-model={changed}",)),)
+                                 ).finish_each(0, 1)
     outputs = {"x86-64 goldens on arm64": on_arm64, "arm64 goldens on x86-64": on_x86}
 
     for direction, output in outputs.items():

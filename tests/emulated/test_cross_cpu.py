@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism.compute import fixed_order, numerics
+from tests.helpers import sessions
 from tests.helpers.probes import ATTENTION_PROBE
 
 QEMU = shutil.which("qemu-x86_64")
@@ -82,6 +83,25 @@ def _finish(run: subprocess.Popen[str]) -> tuple[int, str]:
     return run.returncode, "\n".join(lines)
 
 
+def _pytest_sessions(project: Path, *runs: tuple[str, ...], cpu: str) -> subprocess.Popen[str]:
+    """pytest runs of ``project`` under ``cpu``, one after another in one emulated Python
+    (tests/helpers/sessions.py), for runs whose numerics set the same variables before a product."""
+    options = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+    command = sessions.command([str(QEMU), "-cpu", cpu, sys.executable],
+                               [(project, [*options, *args]) for args in runs])
+    return subprocess.Popen(command, cwd=project, env=_environment(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def _finish_sessions(run: subprocess.Popen[str], count: int) -> list[tuple[int, str]]:
+    """Each session's exit status and output, once the process ended."""
+    code, output = _finish(run)
+    assert code == 0, output[-4000:]
+    outputs, codes = sessions.split(output)
+    assert len(outputs) == count, output[-4000:]
+    return list(zip(codes, outputs, strict=True))
+
+
 def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n")
     (tmp_path / "test_probe.py").write_text(PROBE + SAMPLED_PROBE)
@@ -97,11 +117,14 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     other_vendor, old_isa = _foreign_cpus()
     runs = {
         other_vendor: _pytest(tmp_path, cpu=other_vendor),
-        old_isa: _pytest(tmp_path, *compatible, cpu=old_isa),
-        f"portable on {old_isa}": _pytest(tmp_path, cpu=old_isa),
         f"native on {old_isa}": _pytest(tmp_path, *native, "--llm-tolerance=exact", cpu=old_isa, threads=1),
     }
+    # One emulated Python (an emulated start fewer): portable, refused before its model loads and before
+    # any product (the CPU capability it reads is DEFAULT, MKL's branch COMPATIBLE: compatible's too;
+    # the run restores the variables it set), then compatible.
+    refused_then_compatible = _pytest_sessions(tmp_path, (), compatible, cpu=old_isa)
     results = {name: _finish(run) for name, run in runs.items()}
+    results[f"portable on {old_isa}"], results[old_isa] = _finish_sessions(refused_then_compatible, 2)
 
     # portable (AVX2 kernels) on another vendor's CPU; compatible (generic kernels) on one without AVX
     for cpu in (other_vendor, old_isa):
@@ -142,6 +165,18 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
 LINEAR_PROBE = """
 import json, sys
 from pytest_llmdeterminism.compute import numerics, tensor_ops
+# "portable,compatible": portable first, which a CPU without AVX2 refuses, then compatible in the same
+# process. The refusal comes before any product: numerics.check reads the CPU capability, DEFAULT, and
+# MKL's branch, COMPATIBLE, which are compatible's too, and the variables are restored before it pins.
+*REFUSED, MODE = sys.argv[1].split(",")
+for mode in REFUSED:
+    replaced = numerics.pin(mode)
+    try:
+        print(json.dumps({"not refused": numerics.check(mode)}))
+    except numerics.CPUNumericsError as error:
+        print(json.dumps({"refused": str(error)}))
+    numerics.unpin(replaced)
+sys.argv[1] = MODE
 numerics.pin(sys.argv[1])  # as the plugin does, before torch computes anything
 import torch, xxhash
 try:
@@ -208,10 +243,12 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     assert fixed_order.build(kernels)[0] is not None
     other_vendor, old_isa = _foreign_cpus()
     runs = {}
-    for mode, cpus in (("portable", ("", other_vendor, old_isa)), ("compatible", ("", old_isa))):
+    # Under the CPU without AVX2 one process: portable, refused, then compatible (an emulated start fewer)
+    for mode, cpus in (("portable", ("", other_vendor)), ("compatible", ("", old_isa))):
         env = {**_environment(), "OMP_NUM_THREADS": "2"}
         for cpu in cpus:
-            command = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script), mode,
+            modes = f"portable,{mode}" if cpu == old_isa else mode
+            command = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script), modes,
                        str(kernels)]
             runs[mode, cpu or "host"] = subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
                                                          stderr=subprocess.STDOUT)
@@ -220,6 +257,8 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
         code, output = _finish(run)
         assert code == 0, f"{mode} under -cpu {cpu}:\n{output[-3000:]}"
         found[mode, cpu] = json.loads(output.splitlines()[-1])
+        if cpu == old_isa:  # the refusal's line comes first
+            found["portable", cpu] = json.loads(next(line for line in output.splitlines() if line[:1] == "{"))
     assert "has no AVX2 and FMA" in found.pop(("portable", old_isa))["refused"]
     assert found["portable", "host"]["in force"] == "AVX2"
     # oneDNN's products: 3 shapes at one row (the 576x576 and 192x576 ones stay on MKL), 5 at 7 and 64

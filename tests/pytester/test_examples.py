@@ -17,8 +17,11 @@ GOLDEN = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
 
 
 def run_examples(*args, **env):
+    # as shipped: with Hypothesis's pytest plugin (examples/test_batch_invariance.py), which the suite's
+    # children otherwise go without (tests/conftest.py, CHILD_PYTEST_ADDOPTS)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "examples", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
+        [sys.executable, "-m", "pytest", "examples", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "-p", "hypothesispytest", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **env},
     )
 
