@@ -3,17 +3,22 @@ old goldens (formats 1 and 2) still read as generations, their bytes kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from pytest_llmdeterminism import GoldenFileError
-from pytest_llmdeterminism.generation import Generation, Score
+from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.generation import Generation, HashDefinition, Score
 from pytest_llmdeterminism.goldens import codec, schema, store
+from pytest_llmdeterminism.run.decision import judge
+from pytest_llmdeterminism.tolerance import Profile, ProfileName, default_profile, parse_profile
 from tests.helpers.strategies import sample_generation, sample_score
 
 ROOT = Path(__file__).resolve().parents[2]
+near_tie = default_profile("float32", same_environment=False)
 OLD_GOLDENS = ["tests/data/test_tiny_model.portable-avx2-format-1.json",
                "tests/data/test_tiny_model.portable-generic-0.2.json",
                "examples/__golden__/test_tiny_model.json"]
@@ -100,3 +105,87 @@ def test_a_score_entry_in_memory_converts_to_a_score_and_is_validated_once():
     assert schema.to_struct(entry) is entry
     assert isinstance(schema.from_entry(entry), Score)
     assert schema.entry_problem({**schema.to_entry(sample_score()), "positions": []})
+
+
+# -- comparing two scores --------------------------------------------------------------------------
+
+def _moved(score: Score, position: int, logprob: float, *, rank: int | None = None,
+           hash_: str = "ffffffffffffffff") -> Score:
+    """``score`` with one position's logprob (and its hash, and optionally rank) changed."""
+    def at(values, value):
+        return tuple(value if t == position else v for t, v in enumerate(values))
+    return dataclasses.replace(score, logprobs=at(score.logprobs, logprob),
+                               step_hashes=at(score.step_hashes, hash_),
+                               ranks=at(score.ranks, score.ranks[position] if rank is None else rank))
+
+
+def test_the_same_score_is_identical():
+    comparison = compare(sample_score(), sample_score())
+    assert comparison.verdict is Verdict.IDENTICAL and comparison.score is not None
+    assert comparison.score.moved == () and comparison.score.expected_total == sample_score().total
+
+
+def test_a_logprob_moved_within_the_tolerance_is_logit_drift_and_named_by_position():
+    golden = sample_score()
+    comparison = compare(golden, _moved(golden, 2, -1.0004), atol=1e-3)
+    assert comparison.verdict is Verdict.LOGIT_DRIFT and comparison.first_hash_step == 2
+    (change,) = comparison.score.moved
+    assert (change.position, change.token, change.expected_logprob, change.actual_logprob) \
+        == (2, 32, -1.0, -1.0004)
+    assert comparison.max_logprob_delta == pytest.approx(4e-4)
+    assert comparison.score.actual_total == pytest.approx(golden.total - 4e-4)
+    assert near_tie.accepts(comparison) and not Profile(ProfileName.EXACT).accepts(comparison)
+
+
+def test_a_logprob_moved_beyond_the_tolerance_is_a_regression():
+    golden = sample_score()
+    comparison = compare(golden, _moved(golden, 0, -0.7), atol=1e-3)
+    assert comparison.verdict is Verdict.REGRESSION and comparison.score.moved[0].delta == pytest.approx(0.2)
+    assert not near_tie.accepts(comparison)
+
+
+def test_a_rank_change_at_a_planted_near_tie_is_rank_flip_judged_like_tie_flip():
+    golden = sample_score()  # position 1: the given token is 0.01 below the top-1
+    flipped = _moved(golden, 1, -0.6995, rank=1)
+    comparison = compare(golden, flipped, tie_margin=0.05, atol=1e-3)
+    assert comparison.verdict is Verdict.RANK_FLIP
+    (change,) = comparison.score.rank_changes
+    assert (change.position, change.expected_rank, change.actual_rank, change.rank_margin) == (1, 2, 1, 0.01)
+    assert near_tie.accepts(comparison) and not Profile(ProfileName.TOKENS).accepts(comparison)
+    # the same change where the golden's margin was confident is a regression
+    assert compare(golden, flipped, tie_margin=0.005, atol=1e-3).verdict is Verdict.REGRESSION
+    assert compare(golden, _moved(golden, 0, -0.5001, rank=2), atol=1e-3).verdict is Verdict.REGRESSION
+
+
+def test_judge_takes_the_atol_and_the_tie_margin_from_the_profile():
+    golden = sample_score()
+    assert judge(golden, _moved(golden, 2, -1.0004), near_tie)[0].verdict is Verdict.LOGIT_DRIFT
+    assert judge(golden, _moved(golden, 2, -1.0004), parse_profile("close(atol=1e-4)"))[0].verdict \
+        is Verdict.REGRESSION
+    assert judge(golden, _moved(golden, 2, -1.5), Profile(ProfileName.TOKENS)) == (
+        compare(golden, _moved(golden, 2, -1.5)), True)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"token_ids": (30, 31, 99)}, "continuation"),
+    ({"prompt_token_ids": (1, 3)}, "prompt_token_ids"),
+    ({"batch_shape": "2x8"}, "batch_shape"),
+    ({"prompt_logprobs": (None, -1.0)}, "settings.prompt_logprobs"),
+])
+def test_a_changed_input_of_a_score_is_input_changed_naming_it(change, field):
+    comparison = compare(sample_score(), dataclasses.replace(sample_score(), **change))
+    assert comparison.verdict is Verdict.INPUT_CHANGED
+    assert [name for name, _, _ in comparison.input_changes] == [field]
+
+
+def test_a_generation_golden_checked_with_a_score_is_input_changed_naming_the_kind():
+    assert compare(sample_generation(), sample_score()).input_changes == (("kind", "generation", "score"),)
+    assert compare(sample_score(), sample_generation()).input_changes == (("kind", "score", "generation"),)
+
+
+def test_scores_of_two_engines_are_never_identical_and_report_every_moved_position():
+    golden = sample_score()
+    other = dataclasses.replace(golden, hash_definition=HashDefinition.SERVED_TOPK)
+    comparison = compare(golden, other, atol=1e-3)
+    assert comparison.verdict is Verdict.LOGIT_DRIFT
+    assert comparison.hash_definitions == ("logits", "served-topk")
