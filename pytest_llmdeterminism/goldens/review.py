@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
@@ -53,8 +53,8 @@ class Case:
     verdict: str  # a Verdict's value, NEW or ABSENT
     compared_with: str | None = None  # BASE's variant, where BASE lacks the candidate's own
     comparison: Comparison | None = None
-    expected: Generation | None = None  # BASE's golden and the candidate, where they were compared
-    actual: Generation | None = None
+    expected: Generation | Score | None = None  # BASE's golden and the candidate, where they were compared
+    actual: Generation | Score | None = None
 
 
 @dataclass(frozen=True)

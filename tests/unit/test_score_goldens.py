@@ -13,7 +13,9 @@ from pytest_llmdeterminism import GoldenFileError
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.generation import Generation, HashDefinition, Score
 from pytest_llmdeterminism.goldens import codec, schema, store
-from pytest_llmdeterminism.run.decision import judge
+from pytest_llmdeterminism.reporting import failure
+from pytest_llmdeterminism.reporting.records import CheckRecord, Written
+from pytest_llmdeterminism.run.decision import decide, judge
 from pytest_llmdeterminism.tolerance import Profile, ProfileName, default_profile, parse_profile
 from tests.helpers.strategies import sample_generation, sample_score
 
@@ -189,3 +191,56 @@ def test_scores_of_two_engines_are_never_identical_and_report_every_moved_positi
     comparison = compare(golden, other, atol=1e-3)
     assert comparison.verdict is Verdict.LOGIT_DRIFT
     assert comparison.hash_definitions == ("logits", "served-topk")
+
+
+# -- deciding, wording and recording a score check -------------------------------------------------
+
+def test_a_failing_score_check_names_the_positions_that_moved_most_and_the_log_likelihood():
+    golden = sample_score()
+    actual = _moved(_moved(golden, 0, -0.9), 2, -1.0002, hash_="eeeeeeeeeeeeeeee")
+    decision = decide(actual, golden=golden, variant="cpu/float32", explicit=None, update=None)
+    assert decision.comparison.verdict is Verdict.REGRESSION and decision.fails
+    text = failure.message(decision, "test_s", location="g.json ['test_s']", nodeid="t.py::test_s", attempt=1)
+    assert text.splitlines()[0].startswith("golden mismatch in 'test_s': REGRESSION (score) at position 0")
+    assert "log-likelihood of the continuation (3 tokens): -2.200000 -> -2.600200" in text
+    assert "[0] 'x' (id 30): -0.500000 -> -0.900000 (Δ -0.4)" in text
+    assert "[2] 'z' (id 32): -1.000000 -> -1.000200" in text
+    assert text.index("[0] 'x'") < text.index("[2] 'z'")  # the largest move first
+    record = CheckRecord.of(decision, name="test_s")
+    assert record.kind == "score" and record.log_likelihood == (golden.total, actual.total)
+    assert [(p.position, p.piece, p.actual_logprob) for p in record.moved_positions] == [
+        (0, "x", -0.9), (2, "z", -1.0002)]
+    assert record.expected_text == record.actual_text == "xyz"
+
+
+def test_a_rank_flip_names_the_token_its_ranks_and_the_near_tie():
+    golden = sample_score()
+    decision = decide(_moved(golden, 1, -0.6995, rank=1), golden=golden, variant="cpu/float32",
+                      explicit=Profile(ProfileName.EXACT), update=None)
+    assert decision.comparison.verdict is Verdict.RANK_FLIP and decision.fails
+    text = failure.message(decision, "k", location="g.json", nodeid="t.py::t", attempt=1)
+    assert ("the rank of 'y' (id 31) at position 1 changed #2 -> #1; golden rank margin 0.01 < tie margin "
+            "0.05: near tie") in text
+    assert "the given token's rank changed at 1 position(s): 1 (#2 -> #1)" in text
+    # judged like TIE_FLIP: the near_tie profile passes it, and an update re-records it
+    assert decide(_moved(golden, 1, -0.6995, rank=1), golden=golden, variant="cpu/float32",
+                  explicit=near_tie, update="all").write is Written.UPDATED
+
+
+def test_a_score_checked_against_a_generation_golden_is_input_changed_with_the_fix():
+    decision = decide(sample_score(), golden=sample_generation(), variant="cpu/float32", explicit=None,
+                      update=None)
+    assert decision.comparison.verdict is Verdict.INPUT_CHANGED
+    text = failure.message(decision, "k", location="g.json", nodeid="t.py::t", attempt=1)
+    assert "INPUT_CHANGED — kind" in text
+    assert "kind: generation -> score (the golden holds a generation, this check gave a score: give the " \
+           "score check its own name" in text
+
+
+def test_a_changed_continuation_is_shown_as_text_and_ids():
+    golden = sample_score()
+    changed = dataclasses.replace(golden, token_ids=(30, 31, 77), continuation="xyQ")
+    decision = decide(changed, golden=golden, variant="cpu/float32", explicit=None, update=None)
+    text = failure.message(decision, "k", location="g.json", nodeid="t.py::t", attempt=1)
+    assert "INPUT_CHANGED — continuation" in text
+    assert "continuation: 'xyz' -> 'xyQ'" in text and "differ from position 2 (3 -> 3 ids)" in text
