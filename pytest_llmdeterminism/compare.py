@@ -88,6 +88,7 @@ class ScoreEvidence:
     rank_changes: tuple[PositionChange, ...]
     expected_total: float
     actual_total: float
+    atol: float | None = None  # the logprob distance beyond which a moved position was a REGRESSION
 
 
 MOVED_SHOWN = 5
@@ -248,7 +249,7 @@ def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None =
     delta = max([moved[0].delta] if moved else [0.0])
     delta = max(delta, _max_logprob_delta(expected.top_logprobs, actual.top_logprobs))
     evidence = ScoreEvidence(positions, tuple(moved[:MOVED_SHOWN]), len(moved), ranks, expected.total,
-                             actual.total)
+                             actual.total, atol)
     confident = [c for c in ranks if c.rank_margin is None or c.rank_margin >= margin]
     if (atol is not None and delta > atol) or confident:
         verdict = Verdict.REGRESSION

@@ -196,8 +196,10 @@ def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
     """A score's verdict: where it moved, the rank change that decided it, the condition that failed."""
     assert comparison.score is not None
     evidence, verdict = comparison.score, comparison.verdict.value
+    beyond = evidence.atol is not None and comparison.max_logprob_delta > evidence.atol
     where = (f"{evidence.moved_positions} of {evidence.positions} positions' logprobs moved, "
-             f"max |Δlogprob| {delta(comparison.max_logprob_delta)}")
+             f"max |Δlogprob| {delta(comparison.max_logprob_delta)}"
+             + (f" > atol {evidence.atol:g}" if beyond and not failed else ""))
     if comparison.hash_definitions is not None:
         where += (f" (golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: "
                   "not comparable bit for bit)")
