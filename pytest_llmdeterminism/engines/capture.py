@@ -223,3 +223,83 @@ def _record_scores_class() -> type:
 
     _RecordScores.__call__.__signature__ = inspect.signature(_RecordScores.__call__)  # type: ignore[attr-defined]
     return _RecordScores
+
+
+@dataclass
+class ScoredRow:
+    """One (prompt, continuation) pair as every engine scores it, position by position: the hash of
+    the logits row that predicts each continuation token (as a generation step's), the token's
+    logprob, its rank (1 + how many vocabulary logprobs are strictly greater; ``None`` where an
+    engine does not see the whole vocabulary and the token is outside its top-k), its rank margin
+    (the logprob distance to the nearest other token, above or below; ``None`` where unknown), the
+    top-k ``(token id, logprob)`` pairs; and the prompt tokens' logprobs when asked (the first
+    ``None``)."""
+
+    hashes: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
+    rank_margins: list[float | None] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class ScoreChunk:
+    """What an engine computed for the pairs of one score call, row by row (filler rows excluded)."""
+
+    rows: list[ScoredRow]
+    flags: dict[str, Any] = field(default_factory=dict)  # determinism settings in force for the call
+    # Where a server tokenised and decoded itself: each continuation token's text.
+    pieces: list[list[str]] | None = None
+
+
+def rounded(logprob: float) -> float:
+    """A logprob as goldens hold it: floored (``-inf`` has no JSON) and rounded."""
+    return round(max(logprob, LOGPROB_FLOOR), LOGPROB_DECIMALS)
+
+
+def score_positions(raw: Logits, logprobs: Logits, targets: list[int], top_k: int = TOP_K) -> ScoredRow:
+    """Score ``targets`` from the float32 logits rows that predict them (``raw``: positions x vocab,
+    row ``t`` predicts ``targets[t]``) and their log-softmax (``logprobs``, computed by the engine's
+    own function, so that a position's numbers are a generation step's). Hashes as
+    :data:`LOGIT_HASH_DEFINITION`; top-k by ``top_k`` argmax passes (ties to the lowest id)."""
+    import numpy as np
+    import xxhash
+
+    raw = np.ascontiguousarray(raw, dtype="<f4")
+    if not np.isfinite(raw).all():
+        raise NonFiniteLogitsError(int(np.argwhere(~np.isfinite(raw).all(axis=1))[0][0]), 0)
+    positions = np.arange(len(targets))
+    given = logprobs[positions, targets]
+    above = (logprobs > given[:, None]).sum(axis=1)
+    distance = np.abs(logprobs - given[:, None])
+    distance[positions, targets] = np.inf
+    nearest = distance.min(axis=1) if logprobs.shape[1] > 1 else np.full(len(targets), np.inf)
+    del distance
+    work, best = logprobs.copy(), []
+    for _ in range(min(top_k, logprobs.shape[1])):
+        best.append(np.argmax(work, axis=1))
+        work[positions, best[-1]] = -np.inf
+    del work
+    ids = np.stack(best, axis=1) if best else np.zeros((len(targets), 0), dtype=np.int64)
+    values = np.take_along_axis(logprobs, ids, axis=1)
+    scored = ScoredRow()
+    for t in range(len(targets)):
+        scored.hashes.append(xxhash.xxh3_64_hexdigest(raw[t].tobytes()))
+        scored.logprobs.append(rounded(float(given[t])))
+        scored.ranks.append(int(above[t]) + 1)
+        margin = float(nearest[t])
+        scored.rank_margins.append(None if not math.isfinite(margin) else
+                                   round(min(margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+        scored.top.append(tuple((int(i), rounded(float(v))) for i, v in zip(ids[t], values[t], strict=True)))
+    return scored
+
+
+def prompt_positions(logprobs: Logits, prompt: list[int]) -> list[float | None]:
+    """The prompt tokens' logprobs from the log-softmax rows of the prompt's positions (row ``i``
+    predicts ``prompt[i + 1]``; the first token has none)."""
+    import numpy as np
+
+    rows = np.arange(len(prompt) - 1)
+    found: list[float] = logprobs[rows, prompt[1:]].tolist() if len(prompt) > 1 else []
+    return [None, *(rounded(v) for v in found)]

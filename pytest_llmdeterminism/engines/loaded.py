@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
     from pytest_llmdeterminism.engines.spec import EngineSpec
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
     from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
@@ -42,6 +42,18 @@ class AuditedEngine(Engine, Protocol):
 
     def in_dtype(self, dtype: str) -> AuditedEngine:
         """This engine on a copy of its weights cast to ``dtype``."""
+        ...
+
+
+@runtime_checkable
+class ScoringEngine(Engine, Protocol):
+    """An engine that scores a fixed continuation (``llm_model.score``): teacher-forced, every
+    continuation token's logprob given the prompt and the tokens before it."""
+
+    def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
+              top_k: int, prompt_logprobs: bool) -> ScoreChunk:
+        """Each ``(prompt ids, continuation ids)`` pair of one chunk (at most the shape's rows),
+        scored in the fixed shape."""
         ...
 
 
