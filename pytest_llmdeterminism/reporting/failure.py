@@ -203,7 +203,10 @@ def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
     if comparison.hash_definitions is not None:
         where += (f" (golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: "
                   "not comparable bit for bit)")
-    flips = evidence.rank_changes
+    # The rank change that decided the verdict: a confident one (a REGRESSION), else a near tie's.
+    confident = [c for c in evidence.rank_changes
+                 if c.rank_margin is None or c.rank_margin >= comparison.tie_margin]
+    flips = confident or (evidence.rank_changes if comparison.verdict is Verdict.RANK_FLIP else ())
     if flips:
         c = flips[0]
         margin = "unknown" if c.rank_margin is None else f"{c.rank_margin:.3g}"
@@ -212,7 +215,7 @@ def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
                 f"{_rank(c.expected_rank)} -> {_rank(c.actual_rank)}; golden rank margin {margin} "
                 + (f"< tie margin {comparison.tie_margin:g}: near tie" if near else
                    f">= tie margin {comparison.tie_margin:g}: not a near tie"))
-        where = f"{rank}; {where}"
+        where = f"{rank}; {where}" if not beyond else f"{where}; {rank}"
     lead = f"{verdict} (score) at position {comparison.first_hash_step}"
     return f"{lead} — {failed}; {where}" if failed else f"{lead} — {where}"
 

@@ -200,7 +200,7 @@ def test_a_failing_score_check_names_the_positions_that_moved_most_and_the_log_l
     actual = _moved(_moved(golden, 0, -0.9), 2, -1.0002, hash_="eeeeeeeeeeeeeeee")
     decision = decide(actual, golden=golden, variant="cpu/float32", explicit=None, update=None)
     assert decision.comparison.verdict is Verdict.REGRESSION and decision.fails
-    text = failure.message(decision, "test_s", location="g.json ['test_s']", nodeid="t.py::test_s", attempt=1)
+    text = failure.message(decision, "test_s", location="g.json", nodeid="t.py::test_s", attempt=1)
     assert text.splitlines()[0].startswith("golden mismatch in 'test_s': REGRESSION (score) at position 0 — "
                                            "2 of 3 positions' logprobs moved, max |Δlogprob| 0.4 > atol 0.001")
     assert "log-likelihood of the continuation (3 tokens): -2.200000 -> -2.600200" in text
