@@ -13,6 +13,7 @@ from pytest_llmdeterminism import GoldenFileError
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.generation import Generation, HashDefinition, Score
 from pytest_llmdeterminism.goldens import codec, schema, store
+from pytest_llmdeterminism.goldens.review import review_goldens
 from pytest_llmdeterminism.reporting import failure
 from pytest_llmdeterminism.reporting.records import CheckRecord, Written
 from pytest_llmdeterminism.run.decision import decide, judge
@@ -246,3 +247,59 @@ def test_a_changed_continuation_is_shown_as_text_and_ids():
     text = failure.message(decision, "k", location="g.json", nodeid="t.py::t", attempt=1)
     assert "INPUT_CHANGED — continuation" in text
     assert "continuation: 'xyz' -> 'xyQ'" in text and "differ from position 2 (3 -> 3 ids)" in text
+
+
+# -- the review tools: diff, show, review, accept ----------------------------------------------------
+
+def _score_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A project with a score golden (and a generation's) and a candidates folder whose score moved at
+    its planted near tie (RANK_FLIP)."""
+    root, cands = tmp_path / "root", tmp_path / "root" / "cands"
+    golden, candidate = root / "__golden__" / "test_x.json", cands / "__golden__" / "test_x.json"
+    for path in (golden, candidate):
+        path.parent.mkdir(parents=True)
+    (root / "tox.ini").write_text("[pytest]\n")
+    (root / "test_x.py").write_text("")
+    generation = {"cpu/float32": schema.to_entry(sample_generation())}
+    golden.write_text(codec.dumps({"test_s": {"cpu/float32": schema.to_entry(sample_score())},
+                                   "test_g": generation}))
+    moved = _moved(sample_score(), 1, -0.6995, rank=1)
+    candidate.write_text(codec.dumps({"test_s": {"cpu/float32": schema.to_entry(moved)}}))
+    return root, cands
+
+
+def test_diff_show_and_review_word_a_score_golden(tmp_path, capsys):
+    from pytest_llmdeterminism.cli import review as review_cli
+    from pytest_llmdeterminism.cli.diff import diff
+    from pytest_llmdeterminism.cli.show import show
+
+    root, cands = _score_files(tmp_path)
+    golden, candidate = root / "__golden__" / "test_x.json", cands / "__golden__" / "test_x.json"
+    assert diff(golden, candidate, fail_on="regression") == 0  # a RANK_FLIP is no regression
+    assert diff(golden, candidate, fail_on="tie_flip") == 1
+    out = capsys.readouterr().out
+    assert "RANK_FLIP" in out and "score: log-likelihood -2.2000 -> -2.1995" in out
+    assert "rank at position 1 2 -> 1 (rank margin 0.01, tie margin 0.05)" in out
+    (case,) = [c for c in review_goldens("test_x.json", store.read(golden), store.read(candidate))
+               if c.key == "test_s"]
+    assert case.verdict == "RANK_FLIP"
+    detail = "\n".join(review_cli._detail(case))
+    assert "log-likelihood of the continuation (3 tokens): -2.200000 -> -2.199500" in detail
+    assert "[1] 'y' (id 31): -0.700000 -> -0.699500 (Δ +0.0005, rank #2 -> #1)" in detail
+    assert show(golden) == 0
+    shown = capsys.readouterr().out
+    assert "test_s [cpu/float32]  score, shape 1x8, log-likelihood -2.200000 over 3 tokens" in shown
+    assert "     1  'y'              id 31      logprob  -0.700000 rank    2 rank margin    0.010  <- near tie" \
+        in shown
+
+
+def test_accept_only_rank_flip_writes_the_score_golden(tmp_path, monkeypatch, capsys):
+    from pytest_llmdeterminism import cli
+
+    root, cands = _score_files(tmp_path)
+    monkeypatch.chdir(root)
+    assert cli.main(["accept", "cands", "--only", "RANK_FLIP"]) == 0
+    assert "accepted RANK_FLIP" in capsys.readouterr().out
+    accepted = store.read(root / "__golden__" / "test_x.json")
+    assert schema.from_entry(accepted["test_s"]["cpu/float32"]) == _moved(sample_score(), 1, -0.6995, rank=1)
+    assert "test_g" in accepted  # the generation golden beside it kept
