@@ -77,3 +77,29 @@ def test_a_changed_continuation_is_input_changed(recorded):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["E*INPUT_CHANGED — continuation*",
                                  "E*continuation: ' Paris, a city of light.' -> ' Lyon, a city of lights.'"])
+
+
+def test_a_jsonl_line_with_a_continuation_is_a_score_check(suite):
+    lines = [{"id": "paris", "prompt": PROMPT, "continuation": " Paris"},
+             {"id": "rome", "prompt": PROMPT, "continuation": " Rome, of course."},
+             {"id": "chat", "messages": [{"role": "user", "content": "Hi"}], "continuation": "Hello!"},
+             {"id": "generated", "prompt": PROMPT, "max_new_tokens": 3}]
+    (suite.path / "test_p.llm.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=4)
+    goldens = read_goldens(suite, "__golden__/test_p.llm.json")
+    assert {key: entry["cpu/float32"].get("kind", "generation") for key, entry in goldens.items()} == {
+        "paris": "score", "rome": "score", "chat": "score", "generated": "generation"}
+    assert goldens["rome"]["cpu/float32"]["text"] == " Rome, of course."
+    suite.makepyfile(test_alone=f"""
+import json
+from pathlib import Path
+from pytest_llmdeterminism import assert_tokens_match
+
+def test_scored_alone_matches_the_suites_chunk(llm_model):
+    goldens = json.loads(Path("__golden__/test_p.llm.json").read_text())["goldens"]
+    assert_tokens_match(llm_model.score({PROMPT!r}, " Rome, of course."), goldens["rome"]["cpu/float32"])
+""")
+    suite.runpytest().assert_outcomes(passed=5)
+    (suite.path / "test_p.llm.jsonl").write_text(json.dumps({**lines[0], "max_new_tokens": 3}) + "\n")
+    refused = suite.runpytest("test_p.llm.jsonl")
+    refused.stdout.fnmatch_lines(["*test_p.llm.jsonl:1*a line with a \"continuation\" is a score check*"])

@@ -289,8 +289,8 @@ def test_diff_show_and_review_word_a_score_golden(tmp_path, capsys):
     assert show(golden) == 0
     shown = capsys.readouterr().out
     assert "test_s [cpu/float32]  score, shape 1x8, log-likelihood -2.200000 over 3 tokens" in shown
-    assert "     1  'y'              id 31      logprob  -0.700000 rank    2 rank margin    0.010  <- near tie" \
-        in shown
+    assert ("     1  'y'              id 31      logprob  -0.700000 rank    2 rank margin    0.010  "
+            "<- near tie") in shown
 
 
 def test_accept_only_rank_flip_writes_the_score_golden(tmp_path, monkeypatch, capsys):
