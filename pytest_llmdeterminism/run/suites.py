@@ -113,7 +113,7 @@ class PromptSuite(pytest.Module):
             rows = 1 if llm_model.audited else llm_model.settings.batch_shape.rows
             start = peers.index(item) // rows * rows
             chunk = peers[start:start + rows]
-            scored = llm_model.score([(p.prompt, p.continuation) for p in chunk])
+            scored = llm_model.score([(p.prompt, p.continuation or "") for p in chunk])
             for peer, score in zip(chunk, scored, strict=True):
                 self._scores[peer.name] = score
         return self._scores.pop(item.name)
