@@ -208,7 +208,7 @@ def _batch_shape_matters(expected: Recorded, actual: Recorded) -> bool:
 
 def score_input_changes(expected: Score, actual: Score) -> tuple[tuple[str, Any, Any], ...]:
     """What went into two scores and differs: the prompt, the continuation, the batch shape (as for
-    generations), the settings (whether prompt logprobs were asked for)."""
+    generations), the settings (whether prompt logprobs were asked for, the top-k recorded)."""
     changes: list[tuple[str, Any, Any]] = []
     if expected.prompt_token_ids != actual.prompt_token_ids:
         changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
@@ -219,7 +219,14 @@ def score_input_changes(expected: Score, actual: Score) -> tuple[tuple[str, Any,
     asked = bool(expected.prompt_logprobs), bool(actual.prompt_logprobs)
     if asked[0] != asked[1]:
         changes.append(("settings.prompt_logprobs", *asked))
+    if score_top_k(expected) != score_top_k(actual):
+        changes.append(("settings.top_k", score_top_k(expected), score_top_k(actual)))
     return tuple(changes)
+
+
+def score_top_k(score: Score) -> int:
+    """How many best tokens each position of ``score`` records (``llm_model.score(top_k=...)``)."""
+    return max(map(len, score.top_logprobs), default=0)
 
 
 def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None = None,

@@ -168,7 +168,8 @@ def to_entry(generation: Generation | Score) -> dict[str, Any]:
 def score_settings(score: Score) -> dict[str, Any]:
     """What a score entry records as its settings (``generation_config``): what changes its numbers
     beyond the prompt and the continuation."""
-    return {"prompt_logprobs": bool(score.prompt_logprobs)}
+    return {"prompt_logprobs": bool(score.prompt_logprobs),
+            "top_k": max(map(len, score.top_logprobs), default=0)}
 
 
 def _score_entry(score: Score) -> dict[str, Any]:

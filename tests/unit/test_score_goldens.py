@@ -174,6 +174,7 @@ def test_judge_takes_the_atol_and_the_tie_margin_from_the_profile():
     ({"prompt_token_ids": (1, 3)}, "prompt_token_ids"),
     ({"batch_shape": "2x8"}, "batch_shape"),
     ({"prompt_logprobs": (None, -1.0)}, "settings.prompt_logprobs"),
+    ({"top_logprobs": tuple(top[:1] for top in sample_score().top_logprobs)}, "settings.top_k"),
 ])
 def test_a_changed_input_of_a_score_is_input_changed_naming_it(change, field):
     comparison = compare(sample_score(), dataclasses.replace(sample_score(), **change))
