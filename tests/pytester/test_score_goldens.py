@@ -56,10 +56,14 @@ def test_score_goldens_are_recorded_and_reread_identical_at_another_batch_shape(
     assert (recorded.path / GOLDEN).read_bytes() == before
 
 
-def test_a_perturbed_model_fails_a_score_golden_naming_the_positions_that_moved(recorded, tmp_path):
+def test_a_perturbed_model_fails_a_score_golden_naming_the_positions_that_moved(recorded, tmp_path,
+                                                                                monkeypatch, capsys):
+    from pytest_llmdeterminism import cli
+
     drifted = perturbed_tiny_copy(tmp_path / "drifted", scale=3e-2)
     result = recorded.runpytest(f"--llm-model={drifted}", "-k", "test_score", "--llm-report=r.md",
-                                "--llm-report=r.html")
+                                "--llm-report=r.html", "--llm-report=shard/report.json",
+                                "--llm-golden-artifacts=shard/candidates")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "E*golden mismatch in 'test_score': * (score) at position *",
@@ -69,6 +73,13 @@ def test_a_perturbed_model_fails_a_score_golden_naming_the_positions_that_moved(
     assert "### Score checks that moved (log-likelihood of the continuation, golden → now)" in markdown
     assert "  - log-likelihood -" in markdown and "  - position " in markdown
     assert "score: log-likelihood -" in (recorded.path / "r.html").read_text()
+    # llm-golden merge: the shard's report and candidates into one review
+    monkeypatch.chdir(recorded.path)
+    assert cli.main(["merge", "shard/report.json", "--report", "merged.md", "--candidates", "merged"]) == 1
+    assert "### Score checks that moved" in (recorded.path / "merged.md").read_text()
+    assert read_goldens(recorded.path, "merged/__golden__/test_s.json")["test_score"]["cpu/float32"][
+        "kind"] == "score"
+    capsys.readouterr()
 
 
 def test_a_changed_continuation_is_input_changed(recorded):
@@ -103,3 +114,15 @@ def test_scored_alone_matches_the_suites_chunk(llm_model):
     (suite.path / "test_p.llm.jsonl").write_text(json.dumps({**lines[0], "max_new_tokens": 3}) + "\n")
     refused = suite.runpytest("test_p.llm.jsonl")
     refused.stdout.fnmatch_lines(["*test_p.llm.jsonl:1*a line with a \"continuation\" is a score check*"])
+
+
+@pytest.mark.subprocess
+def test_score_goldens_recorded_serially_are_identical_under_xdist(recorded):
+    """Two xdist workers read the score goldens a serial run recorded IDENTICAL (the checks' score
+    evidence travels from the workers to the controller)."""
+    xdist = recorded.runpytest_subprocess("-n", "2", "--llm-report=report.json")
+    xdist.assert_outcomes(passed=2)
+    xdist.stdout.fnmatch_lines(["*golden checks: 3 IDENTICAL*"])
+    checks = json.loads((recorded.path / "report.json").read_text())["checks"]
+    assert sorted((c["name"], c["kind"]) for c in checks) == [
+        ("test_both", "generation"), ("test_both::score", "score"), ("test_score", "score")]
