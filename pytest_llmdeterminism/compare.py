@@ -224,6 +224,19 @@ def score_input_changes(expected: Score, actual: Score) -> tuple[tuple[str, Any,
     return tuple(changes)
 
 
+def _rank_changed(expected: int | None, actual: int | None, expected_k: int, actual_k: int) -> bool:
+    """The given token's rank changed. ``None`` is a rank the engine did not say (outside its top-k,
+    a server's): a change only where the other side's rank falls inside that top-k, so a rank
+    known on one side only (two engines) is no change by itself."""
+    if expected == actual:
+        return False
+    if expected is None:
+        return actual is not None and actual <= expected_k
+    if actual is None:
+        return expected <= actual_k
+    return True
+
+
 def score_top_k(score: Score) -> int:
     """How many best tokens each position of ``score`` records (``llm_model.score(top_k=...)``)."""
     return max(map(len, score.top_logprobs), default=0)
@@ -247,12 +260,13 @@ def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None =
             (t for t in range(positions) if expected.step_hashes[t] != actual.step_hashes[t]), None)
     dtype = expected.fingerprint.get("dtype", "")
     margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
+    ks = score_top_k(expected), score_top_k(actual)
+    reranked = {t for t in range(positions) if _rank_changed(expected.ranks[t], actual.ranks[t], *ks)}
     changed = [PositionChange(t, expected.token_ids[t], expected.logprobs[t], actual.logprobs[t],
                               expected.ranks[t], actual.ranks[t], expected.rank_margins[t])
-               for t in range(positions)
-               if expected.logprobs[t] != actual.logprobs[t] or expected.ranks[t] != actual.ranks[t]]
+               for t in range(positions) if expected.logprobs[t] != actual.logprobs[t] or t in reranked]
     moved = sorted((c for c in changed if c.delta > 0), key=lambda c: (-c.delta, c.position))
-    ranks = tuple(c for c in changed if c.expected_rank != c.actual_rank)
+    ranks = tuple(c for c in changed if c.position in reranked)
     delta = max([moved[0].delta] if moved else [0.0])
     delta = max(delta, _max_logprob_delta(expected.top_logprobs, actual.top_logprobs))
     evidence = ScoreEvidence(positions, tuple(moved[:MOVED_SHOWN]), len(moved), ranks, expected.total,

@@ -160,7 +160,8 @@ def test_score_goldens_are_identical_under_another_vendors_cpu(tmp_path):
     assert code == 0 and "golden checks: 2 recorded" in output, output[-3000:]
     other_vendor, _ = _foreign_cpus()
     code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
-    assert code == 0 and "golden checks: 2 IDENTICAL" in output, f"under -cpu {other_vendor}:\n{output[-4000:]}"
+    assert code == 0 and "golden checks: 2 IDENTICAL" in output, \
+        f"under -cpu {other_vendor}:\n{output[-4000:]}"
 
 
 LINEAR_PROBE = """

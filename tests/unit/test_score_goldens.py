@@ -304,3 +304,11 @@ def test_accept_only_rank_flip_writes_the_score_golden(tmp_path, monkeypatch, ca
     accepted = store.read(root / "__golden__" / "test_x.json")
     assert schema.from_entry(accepted["test_s"]["cpu/float32"]) == _moved(sample_score(), 1, -0.6995, rank=1)
     assert "test_g" in accepted  # the generation golden beside it kept
+
+
+def test_a_rank_one_side_does_not_know_is_no_rank_change_unless_it_fell_inside_the_others_top_k():
+    golden = sample_score()  # top-2 at every position; ranks 1, 2, 1
+    unknown = dataclasses.replace(golden, ranks=(1, 2, None))  # a server: position 2 outside its top-k
+    assert compare(golden, unknown).score.rank_changes[0].position == 2  # rank 1 was inside the top-2
+    deep = dataclasses.replace(golden, ranks=(1, 2, 40))
+    assert compare(deep, dataclasses.replace(golden, ranks=(1, 2, None))).verdict is Verdict.IDENTICAL
