@@ -349,17 +349,19 @@ def decoder_for(expected: Recorded, actual: Recorded, tokenizer: Any = None) -> 
     return decode
 
 
-def assertrepr(actual: Generation, expected: Generation) -> list[str]:
-    """Lines for ``assert actual == expected`` on two Generations, as golden checks show them."""
+def assertrepr(actual: Recorded, expected: Recorded) -> list[str]:
+    """Lines for ``assert actual == expected`` on two Generations (or two Scores), as golden checks
+    show them."""
     from pytest_llmdeterminism.compare import compare
 
+    kind = type(actual).__name__
     comparison = compare(expected, actual)
     if comparison.verdict is Verdict.IDENTICAL:
-        return [("Generations differ only in fields outside tokens, logits and inputs "
+        return [(f"{kind}s differ only in fields outside tokens, logits and inputs "
                  "(e.g. decoded text or pieces)")]
     text = mismatch("left == right", "(right side)", None, comparison, expected, actual,
                     decoder_for(expected, actual), profile="exact")
-    return ["Generation == Generation: " + text.split(": ", 1)[1].splitlines()[0],
+    return [f"{kind} == {kind}: " + text.split(": ", 1)[1].splitlines()[0],
             *text.splitlines()[1:]]
 
 

@@ -312,3 +312,12 @@ def test_a_rank_one_side_does_not_know_is_no_rank_change_unless_it_fell_inside_t
     assert compare(golden, unknown).score.rank_changes[0].position == 2  # rank 1 was inside the top-2
     deep = dataclasses.replace(golden, ranks=(1, 2, 40))
     assert compare(deep, dataclasses.replace(golden, ranks=(1, 2, None))).verdict is Verdict.IDENTICAL
+
+
+def test_assert_on_two_scores_shows_the_positions_that_moved():
+    from pytest_llmdeterminism.plugin import pytest_assertrepr_compare
+
+    golden = sample_score()
+    lines = pytest_assertrepr_compare("==", _moved(golden, 0, -0.9), golden)
+    assert lines[0].startswith("Score == Score: LOGIT_DRIFT (score) at position 0")
+    assert "    [0] 'x' (id 30): -0.500000 -> -0.900000 (Δ -0.4)" in lines
