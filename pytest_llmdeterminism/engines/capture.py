@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -256,6 +256,23 @@ class ScoreChunk:
 def rounded(logprob: float) -> float:
     """A logprob as goldens hold it: floored (``-inf`` has no JSON) and rounded."""
     return round(max(logprob, LOGPROB_FLOOR), LOGPROB_DECIMALS)
+
+
+def rank_and_margin(token: Hashable, own: float, ranked: list[tuple[Any, float]],
+                    top_k: int) -> tuple[int | None, float | None]:
+    """For engines that see a top-k only (servers, vLLM): the given token's rank where it is among
+    ``ranked`` (the k best ``(token, logprob)``, best first): 1 + how many there have a greater
+    logprob; its rank margin where both its neighbours are known (it is not the last of the k, or
+    the engine had fewer than k to give); ``None`` for what the top-k does not say."""
+    tokens = [t for t, _ in ranked]
+    if token not in tokens:
+        return None, None
+    rank = 1 + sum(1 for _, lp in ranked if lp > own)
+    others = [abs(lp - own) for t, lp in ranked if t != token]
+    below_known = tokens.index(token) < len(ranked) - 1 or len(ranked) < top_k
+    if not others or not below_known:
+        return rank, None
+    return rank, round(min(min(others), -LOGPROB_FLOOR), LOGPROB_DECIMALS)
 
 
 def score_positions(raw: Logits, logprobs: Logits, targets: list[int], top_k: int = TOP_K) -> ScoredRow:

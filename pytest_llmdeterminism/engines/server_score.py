@@ -19,11 +19,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rounded
+from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
 from pytest_llmdeterminism.engines.completions import POSITIVE_SLACK, UNTRUE, Completion
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
-from pytest_llmdeterminism.generation import LOGPROB_DECIMALS
 
 WHAT_IT_NEEDS = ("scoring needs /v1/completions with echo=true and logprobs (the prompt's per-token "
                  "logprobs): vLLM and llama.cpp's servers have them. Score on the transformers backend or "
@@ -139,22 +138,6 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
                 said = (tops[position] or {}).get(texts[position])
             row.prompt_logprobs.append(None if said is None else rounded(min(float(said), 0.0)))
     return row
-
-
-def rank_and_margin(text: str, own: float, ranked: list[tuple[str, float]],
-                    top_k: int) -> tuple[int | None, float | None]:
-    """The given token's rank where it is among the top-k (1 + how many there have a greater
-    logprob), and its rank margin where both its neighbours are known (it is not the last of the
-    k, or the server had fewer than k to give); ``None`` for what the top-k does not say."""
-    texts = [t for t, _ in ranked]
-    if text not in texts:
-        return None, None
-    rank = 1 + sum(1 for _, lp in ranked if lp > own)
-    others = [abs(lp - own) for t, lp in ranked if t != text]
-    below_known = texts.index(text) < len(ranked) - 1 or len(ranked) < top_k
-    if not others or not below_known:
-        return rank, None
-    return rank, round(min(others), LOGPROB_DECIMALS)
 
 
 class ServedScores:

@@ -7,8 +7,9 @@ import msgspec
 import pytest
 
 from pytest_llmdeterminism import EngineError
+from pytest_llmdeterminism.engines.capture import rank_and_margin
 from pytest_llmdeterminism.engines.completions import Completion
-from pytest_llmdeterminism.engines.server_score import rank_and_margin, score_request, scored_row
+from pytest_llmdeterminism.engines.server_score import score_request, scored_row
 
 IDS = {"A": 1, "B": 2, "C": 3, "D": 4, "E": 5}
 
