@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -258,48 +258,67 @@ def rounded(logprob: float) -> float:
     return round(max(logprob, LOGPROB_FLOOR), LOGPROB_DECIMALS)
 
 
-def score_positions(raw: Logits, logprobs: Logits, targets: list[int], top_k: int = TOP_K) -> ScoredRow:
+def rank_and_margin(token: Hashable, own: float, ranked: list[tuple[Any, float]],
+                    top_k: int) -> tuple[int | None, float | None]:
+    """For engines that see a top-k only (servers, vLLM): the given token's rank where it is among
+    ``ranked`` (the k best ``(token, logprob)``, best first): 1 + how many there have a greater
+    logprob; its rank margin where both its neighbours are known (it is not the last of the k, or
+    the engine had fewer than k to give); ``None`` for what the top-k does not say."""
+    tokens = [t for t, _ in ranked]
+    if token not in tokens:
+        return None, None
+    rank = 1 + sum(1 for _, lp in ranked if lp > own)
+    others = [abs(lp - own) for t, lp in ranked if t != token]
+    below_known = tokens.index(token) < len(ranked) - 1 or len(ranked) < top_k
+    if not others or not below_known:
+        return rank, None
+    return rank, round(min(min(others), -LOGPROB_FLOOR), LOGPROB_DECIMALS)
+
+
+def score_positions(raw: torch.Tensor, logprobs: torch.Tensor, targets: list[int],
+                    top_k: int = TOP_K) -> ScoredRow:
     """Score ``targets`` from the float32 logits rows that predict them (``raw``: positions x vocab,
-    row ``t`` predicts ``targets[t]``) and their log-softmax (``logprobs``, computed by the engine's
-    own function, so that a position's numbers are a generation step's). Hashes as
-    :data:`LOGIT_HASH_DEFINITION`; top-k by ``top_k`` argmax passes (ties to the lowest id)."""
+    on the CPU; row ``t`` predicts ``targets[t]``) and their log-softmax (``logprobs``, computed by
+    the engine's own function, so that a position's numbers are a generation step's). Hashes as
+    :data:`LOGIT_HASH_DEFINITION`; top-k by ``torch.topk``, as :class:`StepCapture` records a step's.
+    In torch, over the threads: a 512-token continuation's 25 million logprobs cost about a tenth of
+    the forward that computed them (``benchmarks/score_cost.py``)."""
     import numpy as np
+    import torch
     import xxhash
 
-    raw = np.ascontiguousarray(raw, dtype="<f4")
-    if not np.isfinite(raw).all():
-        raise NonFiniteLogitsError(int(np.argwhere(~np.isfinite(raw).all(axis=1))[0][0]), 0)
-    positions = np.arange(len(targets))
-    given = logprobs[positions, targets]
-    above = (logprobs > given[:, None]).sum(axis=1)
-    distance = np.abs(logprobs - given[:, None])
-    distance[positions, targets] = np.inf
-    nearest = distance.min(axis=1) if logprobs.shape[1] > 1 else np.full(len(targets), np.inf)
-    del distance
-    work, best = logprobs.copy(), []
-    for _ in range(min(top_k, logprobs.shape[1])):
-        best.append(np.argmax(work, axis=1))
-        work[positions, best[-1]] = -np.inf
-    del work
-    ids = np.stack(best, axis=1) if best else np.zeros((len(targets), 0), dtype=np.int64)
-    values = np.take_along_axis(logprobs, ids, axis=1)
+    if not bool(torch.isfinite(raw).all()):
+        raise NonFiniteLogitsError(int(torch.nonzero(~torch.isfinite(raw).all(dim=1))[0, 0]), 0)
+    rows = np.ascontiguousarray(raw.numpy(), dtype="<f4")
+    index = torch.tensor(targets, dtype=torch.long)[:, None]
+    given = logprobs.gather(1, index)
+    above = (logprobs > given).sum(dim=1).tolist()
+    if logprobs.shape[1] > 1:
+        distance = (logprobs - given).abs_().scatter_(1, index, torch.inf)
+        nearest = distance.amin(dim=1).tolist()
+        del distance
+    else:
+        nearest = [math.inf] * len(targets)
+    top = torch.topk(logprobs, k=min(top_k, logprobs.shape[1]), dim=-1)
+    ids, values, chosen = top.indices.tolist(), top.values.tolist(), given[:, 0].tolist()
     scored = ScoredRow()
     for t in range(len(targets)):
-        scored.hashes.append(xxhash.xxh3_64_hexdigest(raw[t].tobytes()))
-        scored.logprobs.append(rounded(float(given[t])))
+        scored.hashes.append(xxhash.xxh3_64_hexdigest(rows[t].tobytes()))
+        scored.logprobs.append(rounded(chosen[t]))
         scored.ranks.append(int(above[t]) + 1)
-        margin = float(nearest[t])
-        scored.rank_margins.append(None if not math.isfinite(margin) else
-                                   round(min(margin, -LOGPROB_FLOOR), LOGPROB_DECIMALS))
-        scored.top.append(tuple((int(i), rounded(float(v))) for i, v in zip(ids[t], values[t], strict=True)))
+        scored.rank_margins.append(None if not math.isfinite(nearest[t]) else
+                                   round(min(nearest[t], -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+        scored.top.append(tuple((int(i), rounded(v)) for i, v in zip(ids[t], values[t], strict=True)))
     return scored
 
 
-def prompt_positions(logprobs: Logits, prompt: list[int]) -> list[float | None]:
+def prompt_positions(logprobs: torch.Tensor, prompt: list[int]) -> list[float | None]:
     """The prompt tokens' logprobs from the log-softmax rows of the prompt's positions (row ``i``
     predicts ``prompt[i + 1]``; the first token has none)."""
-    import numpy as np
+    import torch
 
-    rows = np.arange(len(prompt) - 1)
-    found: list[float] = logprobs[rows, prompt[1:]].tolist() if len(prompt) > 1 else []
+    if len(prompt) < 2:
+        return [None]
+    index = torch.tensor(prompt[1:], dtype=torch.long)[:, None]
+    found: list[float] = logprobs.gather(1, index)[:, 0].tolist()
     return [None, *(rounded(v) for v in found)]

@@ -155,16 +155,15 @@ class HFEngine:
             output = model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
                            position_ids=position_ids.to(self.device), use_cache=False)
             in_force = flags()  # as they were for this call
-            logits = output.logits[: len(rows)].to(torch.float32)
+            logits = output.logits[: len(rows)].to(torch.float32).cpu()
             for row, (prompt, continuation) in enumerate(rows):
                 first = shape.length - len(run[row])  # the row's first token
                 predicting = logits[row, first + len(prompt) - 1:]  # each predicts a continuation token
-                found = score_positions(predicting.cpu().numpy(),
-                                        torch.log_softmax(predicting, dim=-1).cpu().numpy(), continuation,
+                found = score_positions(predicting, torch.log_softmax(predicting, dim=-1), continuation,
                                         top_k)
                 if prompt_logprobs:
                     before = torch.log_softmax(logits[row, first:first + len(prompt) - 1], dim=-1)
-                    found.prompt_logprobs = prompt_positions(before.cpu().numpy(), prompt)
+                    found.prompt_logprobs = prompt_positions(before, prompt)
                 scored.append(found)
         return ScoreChunk(rows=scored, flags=in_force)
 

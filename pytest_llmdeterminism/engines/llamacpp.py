@@ -201,10 +201,14 @@ class LlamaCppEngine:
         finally:
             context.kv_cache_seq_rm(-1, 0, -1)
             llm.reset()
-        found = score_positions(logits[len(prompt) - 1:], _logprobs(logits[len(prompt) - 1:]), continuation,
-                                top_k)
+        import torch
+
+        predicting = logits[len(prompt) - 1:]
+        found = score_positions(torch.from_numpy(predicting), torch.from_numpy(_logprobs(predicting)),
+                                continuation, top_k)
         if prompt_logprobs:
-            found.prompt_logprobs = prompt_positions(_logprobs(logits[:len(prompt) - 1]), prompt)
+            found.prompt_logprobs = prompt_positions(torch.from_numpy(_logprobs(logits[:len(prompt) - 1])),
+                                                     prompt)
         return found
 
 

@@ -51,3 +51,38 @@ def test_llamacpp_scores_the_same_tokens_as_transformers_within_the_engines_tole
     first = llm.generate(PAIRS[0][0], max_new_tokens=1)
     one = llm.score(PAIRS[0][0], list(first.token_ids))
     assert (one.step_hashes, one.top_logprobs) == (first.step_hashes, first.top_logprobs)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf, tmp_path_factory):
+    """One llama-cpp-python server for the module's tests."""
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: "
+                        "pip install -e '.[llamacpp]' (.ci/run does)")
+    from tests.helpers.llama_server import LlamaServer
+
+    started = LlamaServer(smollm2_gguf, tmp_path_factory.mktemp("server") / "server.log")
+    yield started
+    started.stop()
+
+
+def test_a_server_scores_through_echoed_completions_as_llamacpp_in_process(smollm2_gguf, server):
+    """llama-cpp-python's server echoes each token's logprob under the next token's distribution; read
+    from the entry before, they are llama.cpp's in process (the same library, the same file). A pair
+    with a chat template's special tokens is refused by name: the server leaves them out of its echo."""
+    from pytest_llmdeterminism import EngineError
+
+    plain = [PAIRS[0], PAIRS[2]]
+    served = LLMModel(engines.load(server.spec(smollm2_gguf), dtype="float32", device="auto"), SETTINGS)
+    scores = served.score(plain, top_k=20)
+    local = LLMModel(engines.load(f"llamacpp:{smollm2_gguf}", dtype="float32", device="cpu"),
+                     SETTINGS).score(plain, top_k=20)
+    for mine, theirs in zip(scores, local, strict=True):
+        assert mine.token_ids == theirs.token_ids and mine.variant == "openai:served/unknown"
+        assert str(mine.hash_definition) == "served-topk"
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
+        assert mine.ranks == theirs.ranks
+    assert [s.step_hashes for s in served.score(plain, top_k=20)] == [s.step_hashes for s in scores]
+    with pytest.raises(EngineError, match=r"raise llm_model.score\(top_k=...\)"):
+        served.score(*PAIRS[0], top_k=1)  # a token outside the top-1 of the position before
+    with pytest.raises(EngineError, match="it leaves tokens out of its echo .* special tokens"):
+        served.score(*PAIRS[1])

@@ -154,3 +154,37 @@ def test_a_score_record_refuses_inconsistent_lengths():
     with pytest.raises(ValueError, match="at least one continuation token"):
         Score(prompt="a", prompt_token_ids=(1,), continuation="", token_ids=(), logprobs=(), ranks=(),
               step_hashes=(), top_logprobs=(), rank_margins=(), batch_shape="4x32")
+
+
+def test_decode_vs_prefill_compares_each_generated_step_with_the_score_of_its_tokens(tiny):
+    from pytest_llmdeterminism.model.audit import decode_vs_prefill
+
+    llm = llm_at(tiny, "4x32")
+    one = llm.generate("The capital of France is", max_new_tokens=1)
+    found = decode_vs_prefill(llm, one)  # one step: the score's forward is the generation's prefill
+    assert (found.steps, found.identical, found.first_different, found.max_logprob_delta) == (1, 1, None, 0.0)
+    assert found.bitwise and found.ok and "bitwise (batch-invariant kernels) holds" in found.lines()[0]
+    generation = llm.generate("The capital of France is", max_new_tokens=6)
+    found = decode_vs_prefill(llm, generation)
+    score = llm.score(list(generation.prompt_token_ids), list(generation.token_ids))
+    same = [a == b for a, b in zip(generation.step_hashes, score.step_hashes, strict=True)]
+    assert found.identical == sum(same)
+    assert found.first_different == (None if all(same) else same.index(False))
+    pairs = [(dict(mine), dict(theirs)) for mine, theirs in
+             zip(generation.top_logprobs, score.top_logprobs, strict=True)]
+    shared = [abs(mine[i] - theirs[i]) for mine, theirs in pairs for i in mine.keys() & theirs.keys()]
+    chosen = [abs(top[0][1] - lp) for top, lp in zip(generation.top_logprobs, score.logprobs, strict=True)]
+    assert found.max_logprob_delta == max(shared + chosen)
+    assert found.ok is (found.identical == found.steps)  # bitwise is asked under batch-invariant kernels
+    assert found.row().source == "decode-vs-prefill" and found.to_json()["ok"] is found.ok
+
+
+def test_decode_vs_prefill_asks_the_tolerance_on_other_kernels(tiny, previous_kernels):
+    from pytest_llmdeterminism.model.audit import decode_vs_prefill
+
+    llm = llm_at(tiny, "4x32")
+    found = decode_vs_prefill(llm, llm.generate("Once upon a time", max_new_tokens=6))
+    assert not found.bitwise and found.tolerance == 1e-3
+    assert found.ok and found.max_logprob_delta <= 1e-3
+    strict = decode_vs_prefill(llm, llm.generate("Once upon a time", max_new_tokens=6), tolerance=-1.0)
+    assert not strict.ok and "does NOT hold" in strict.lines()[0]
