@@ -198,7 +198,7 @@ def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
     evidence, verdict = comparison.score, comparison.verdict.value
     beyond = evidence.atol is not None and comparison.max_logprob_delta > evidence.atol
     where = (f"{evidence.moved_positions} of {evidence.positions} positions' logprobs moved, "
-             f"max |Δlogprob| {delta(comparison.max_logprob_delta)}"
+             f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}"
              + (f" > atol {evidence.atol:g}" if beyond and not failed else ""))
     if comparison.hash_definitions is not None:
         where += (f" (golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: "

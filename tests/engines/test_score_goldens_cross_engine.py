@@ -38,7 +38,8 @@ def test_a_transformers_score_golden_read_by_llamacpp_reports_each_positions_dif
     moved = check["moved_positions"]
     assert moved and all(p["expected_logprob"] != p["actual_logprob"] for p in moved)
     deltas = [abs(p["actual_logprob"] - p["expected_logprob"]) for p in moved]
-    assert deltas == sorted(deltas, reverse=True) and check["max_logprob_delta"] == pytest.approx(deltas[0])
+    # the largest move of a given token first; the top-k's largest move bounds it
+    assert deltas == sorted(deltas, reverse=True) and check["max_logprob_delta"] >= deltas[0] > 0
     run.assert_outcomes(failed=1)
     run.stdout.fnmatch_lines([f"E*golden mismatch in 'test_parity': {check['verdict']} (score) at position *",
                               "E*log-likelihood of the continuation (* tokens): -* -> -*",

@@ -205,7 +205,7 @@ def test_a_failing_score_check_names_the_positions_that_moved_most_and_the_log_l
     text = failure.message(decision, "test_s", location="g.json", nodeid="t.py::test_s", attempt=1)
     assert text.splitlines()[0].startswith(
         "golden mismatch in 'test_s': REGRESSION (score) at position 0 — 2 of 3 positions' logprobs moved, "
-        "max |Δlogprob| 0.4 > atol 0.001")
+        "max |Δlogprob| in top-k 0.4 > atol 0.001")
     assert "log-likelihood of the continuation (3 tokens): -2.200000 -> -2.600200" in text
     assert "[0] 'x' (id 30): -0.500000 -> -0.900000 (Δ -0.4)" in text
     assert "[2] 'z' (id 32): -1.000000 -> -1.000200" in text
