@@ -125,11 +125,22 @@ def wider_tolerance(comparison: Comparison, *, dtype: str) -> str:
     would pass it, with the drift rounded up; "" for any other failure."""
     drift = comparison.max_logprob_delta
     tolerable = (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP)
-    if comparison.verdict not in tolerable or not 0 < drift < math.inf:
+    if comparison.verdict not in tolerable and not _score_drift_only(comparison):
+        return ""
+    if not 0 < drift < math.inf:
         return ""
     atol = _round_up(drift)
     return (f"to pass {dtype} drift of this size instead (max |Δlogprob| {delta(drift)}): "
             f"--llm-tolerance='near_tie(margin={comparison.tie_margin:g}, atol={atol:g})'")
+
+
+def _score_drift_only(comparison: Comparison) -> bool:
+    """A score's REGRESSION that only its logprobs' distance made one (no rank changed where the
+    golden was confident): a wider atol would pass it."""
+    evidence = comparison.score
+    return (comparison.verdict is Verdict.REGRESSION and evidence is not None and all(
+        change.rank_margin is not None and change.rank_margin < comparison.tie_margin
+        for change in evidence.rank_changes))
 
 
 def _round_up(value: float) -> float:

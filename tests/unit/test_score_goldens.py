@@ -321,3 +321,15 @@ def test_assert_on_two_scores_shows_the_positions_that_moved():
     lines = pytest_assertrepr_compare("==", _moved(golden, 0, -0.9), golden)
     assert lines[0].startswith("Score == Score: LOGIT_DRIFT (score) at position 0")
     assert "    [0] 'x' (id 30): -0.500000 -> -0.900000 (Δ -0.4)" in lines
+
+
+def test_a_score_that_fails_only_on_its_drift_across_environments_names_the_atol_that_would_pass():
+    from pytest_llmdeterminism.reporting.hints import wider_tolerance
+
+    golden = sample_score()
+    drifted = compare(golden, _moved(golden, 0, -0.62), atol=1e-3)  # beyond atol, no rank changed
+    assert drifted.verdict is Verdict.REGRESSION
+    assert wider_tolerance(drifted, dtype="float32").endswith(
+        "--llm-tolerance='near_tie(margin=0.05, atol=0.2)'")
+    confident = compare(golden, _moved(golden, 0, -0.62, rank=2), atol=1e-3)  # a confident rank change
+    assert wider_tolerance(confident, dtype="float32") == ""
