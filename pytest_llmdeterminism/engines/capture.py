@@ -287,23 +287,28 @@ def score_positions(raw: torch.Tensor, logprobs: torch.Tensor, targets: list[int
     import torch
     import xxhash
 
-    if not bool(torch.isfinite(raw).all()):
-        raise NonFiniteLogitsError(int(torch.nonzero(~torch.isfinite(raw).all(dim=1))[0, 0]), 0)
+    # A row's sum is finite where all its values are (a sum of float32 logits does not overflow);
+    # where it is not, the values say which row.
+    if not bool(torch.isfinite(raw.sum(dim=1)).all()):
+        broken = ~torch.isfinite(raw).all(dim=1)
+        if bool(broken.any()):
+            raise NonFiniteLogitsError(int(torch.nonzero(broken)[0, 0]), 0)
     rows = np.ascontiguousarray(raw.numpy(), dtype="<f4")
     index = torch.tensor(targets, dtype=torch.long)[:, None]
     given = logprobs.gather(1, index)
-    above = (logprobs > given).sum(dim=1).tolist()
+    # One difference for both: a - b > 0 exactly where a > b (IEEE, no flush to zero).
+    difference = logprobs - given
+    above = (difference > 0).sum(dim=1, dtype=torch.int32).tolist()
     if logprobs.shape[1] > 1:
-        distance = (logprobs - given).abs_().scatter_(1, index, torch.inf)
-        nearest = distance.amin(dim=1).tolist()
-        del distance
+        nearest = difference.abs_().scatter_(1, index, torch.inf).amin(dim=1).tolist()
     else:
         nearest = [math.inf] * len(targets)
+    del difference
     top = torch.topk(logprobs, k=min(top_k, logprobs.shape[1]), dim=-1)
     ids, values, chosen = top.indices.tolist(), top.values.tolist(), given[:, 0].tolist()
     scored = ScoredRow()
     for t in range(len(targets)):
-        scored.hashes.append(xxhash.xxh3_64_hexdigest(rows[t].tobytes()))
+        scored.hashes.append(xxhash.xxh3_64_hexdigest(memoryview(rows[t])))
         scored.logprobs.append(rounded(chosen[t]))
         scored.ranks.append(int(above[t]) + 1)
         scored.rank_margins.append(None if not math.isfinite(nearest[t]) else
