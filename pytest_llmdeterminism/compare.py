@@ -1,14 +1,18 @@
-"""Pure comparison: golden vs actual generation -> one frozen :class:`Comparison`. No I/O, no torch."""
+"""Pure comparison: golden vs actual generation (or score) -> one frozen :class:`Comparison`. No I/O,
+no torch."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from pytest_llmdeterminism.errors import LLMDeterminismError
-from pytest_llmdeterminism.generation import Generation, TopK
+from pytest_llmdeterminism.generation import Generation, Score, TopK
+
+# What a golden records and a check compares: a generation, or a score (a teacher-forced continuation).
+Recorded = Union[Generation, Score]  # noqa: UP007 - an alias evaluated at run time (Python 3.10)
 
 # Below this golden top-1/top-2 margin (in logprob) a flipped token is classed as a near tie,
 # unless the tolerance profile names its own margin. fp32 run-to-run noise across kernels is
@@ -29,6 +33,9 @@ class Verdict(enum.Enum):
     # recorded draw margin is below what the tie margin's logit drift moves a perturbed score (tie
     # margin / temperature). Judged like TIE_FLIP.
     SAMPLE_FLIP = "SAMPLE_FLIP"
+    # A score whose given token's rank changed at a position where it was a near tie with its
+    # neighbour in rank (the golden's rank margin below the tie margin). Judged like TIE_FLIP.
+    RANK_FLIP = "RANK_FLIP"
     REGRESSION = "REGRESSION"
     # Not from compare() either: a rerun of a test (pytest-rerunfailures) in the same process whose
     # output for a key differs from an earlier attempt's (run.decision.decide), so a rerun never passes.
@@ -48,6 +55,43 @@ class Divergence:
     # sampled goldens: the golden's draw margin at the step and the temperature (None when greedy)
     draw_margin: float | None = None
     temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class PositionChange:
+    """One position of a score where the two sides differ: the given token, both logprobs and ranks,
+    and the golden's rank margin (the distance to its nearest neighbour in rank; None: unknown)."""
+
+    position: int
+    token: int
+    expected_logprob: float
+    actual_logprob: float
+    expected_rank: int | None
+    actual_rank: int | None
+    rank_margin: float | None
+
+    @property
+    def delta(self) -> float:
+        return abs(self.actual_logprob - self.expected_logprob)
+
+
+@dataclass(frozen=True)
+class ScoreEvidence:
+    """Two scores of one continuation compared position by position (teacher-forced: every position is
+    comparable, whatever changed). ``moved``: the positions whose logprob moved most, largest first
+    (at most :data:`MOVED_SHOWN`); ``rank_changes``: every position whose given token's rank changed;
+    the totals are the continuation's log-likelihood on each side."""
+
+    positions: int
+    moved: tuple[PositionChange, ...]
+    moved_positions: int  # positions whose logprob differs at all
+    rank_changes: tuple[PositionChange, ...]
+    expected_total: float
+    actual_total: float
+    atol: float | None = None  # the logprob distance beyond which a moved position was a REGRESSION
+
+
+MOVED_SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -71,14 +115,30 @@ class Comparison:
     budgets: tuple[int, int] | None = None
     new_steps: int = 0
     unchecked_steps: int = 0
+    score: ScoreEvidence | None = None  # two scores: the per-position evidence
 
 
 def default_tie_margin(dtype: str) -> float:
     return DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"])
 
 
-def compare(expected: Generation, actual: Generation, *, tie_margin: float | None = None) -> Comparison:
-    """Golden ``expected`` vs ``actual``. ``tie_margin`` defaults to the one for the golden's dtype."""
+def kind_of(recorded: Recorded) -> str:
+    """``"score"`` or ``"generation"``: a golden entry's ``kind``."""
+    return "score" if isinstance(recorded, Score) else "generation"
+
+
+def compare(expected: Recorded, actual: Recorded, *, tie_margin: float | None = None,
+            atol: float | None = None) -> Comparison:
+    """Golden ``expected`` vs ``actual``. ``tie_margin`` defaults to the one for the golden's dtype.
+    ``atol``: for scores, the logprob distance beyond which a moved position is a REGRESSION (None:
+    a moved logprob is LOGIT_DRIFT, the profile judges it). A generation compared with a score is
+    INPUT_CHANGED (``kind``)."""
+    if isinstance(expected, Score) or isinstance(actual, Score):
+        if not (isinstance(expected, Score) and isinstance(actual, Score)):
+            return Comparison(Verdict.INPUT_CHANGED,
+                              input_changes=(("kind", kind_of(expected), kind_of(actual)),))
+        return compare_scores(expected, actual, tie_margin=tie_margin, atol=atol)
+    assert isinstance(expected, Generation) and isinstance(actual, Generation)
     changes = input_changes(expected, actual)
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
@@ -125,12 +185,7 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
     changes: list[tuple[str, Any, Any]] = []
     if expected.prompt_token_ids != actual.prompt_token_ids:
         changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
-    # An engine that ran each prompt alone (llama.cpp, a server) was not touched by the batch shape,
-    # nor were both sides computed on the same batch-invariant kernels.
-    invariant = expected.fingerprint.get("batch_invariant")
-    alone = (any(gen.fingerprint.get("rows_alone") for gen in (expected, actual))
-             or (bool(invariant) and invariant == actual.fingerprint.get("batch_invariant")))
-    if expected.batch_shape != actual.batch_shape and not alone:
+    if _batch_shape_matters(expected, actual):
         changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
     old, new = expected.generation_config, actual.generation_config
     for key in sorted(set(old) | set(new)):
@@ -139,6 +194,95 @@ def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, 
         if _normalise(old.get(key)) != _normalise(new.get(key)):
             changes.append((f"generation_config.{key}", old.get(key), new.get(key)))
     return tuple(changes)
+
+
+def _batch_shape_matters(expected: Recorded, actual: Recorded) -> bool:
+    """The two sides ran in different batch shapes, and that could change their numbers: an engine
+    that ran each prompt alone (llama.cpp, a server) was not touched by the batch shape, nor were
+    both sides computed on the same batch-invariant kernels."""
+    invariant = expected.fingerprint.get("batch_invariant")
+    alone = (any(gen.fingerprint.get("rows_alone") for gen in (expected, actual))
+             or (bool(invariant) and invariant == actual.fingerprint.get("batch_invariant")))
+    return expected.batch_shape != actual.batch_shape and not alone
+
+
+def score_input_changes(expected: Score, actual: Score) -> tuple[tuple[str, Any, Any], ...]:
+    """What went into two scores and differs: the prompt, the continuation, the batch shape (as for
+    generations), the settings (whether prompt logprobs were asked for, the top-k recorded)."""
+    changes: list[tuple[str, Any, Any]] = []
+    if expected.prompt_token_ids != actual.prompt_token_ids:
+        changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
+    if expected.token_ids != actual.token_ids:
+        changes.append(("continuation", expected.token_ids, actual.token_ids))
+    if _batch_shape_matters(expected, actual):
+        changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
+    asked = bool(expected.prompt_logprobs), bool(actual.prompt_logprobs)
+    if asked[0] != asked[1]:
+        changes.append(("settings.prompt_logprobs", *asked))
+    if score_top_k(expected) != score_top_k(actual):
+        changes.append(("settings.top_k", score_top_k(expected), score_top_k(actual)))
+    return tuple(changes)
+
+
+def _rank_changed(expected: int | None, actual: int | None, expected_k: int, actual_k: int) -> bool:
+    """The given token's rank changed. ``None`` is a rank the engine did not say (outside its top-k,
+    a server's): a change only where the other side's rank falls inside that top-k, so a rank
+    known on one side only (two engines) is no change by itself."""
+    if expected == actual:
+        return False
+    if expected is None:
+        return actual is not None and actual <= expected_k
+    if actual is None:
+        return expected <= actual_k
+    return True
+
+
+def score_top_k(score: Score) -> int:
+    """How many best tokens each position of ``score`` records (``llm_model.score(top_k=...)``)."""
+    return max(map(len, score.top_logprobs), default=0)
+
+
+def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None = None,
+                   atol: float | None = None) -> Comparison:
+    """Two scores of the same continuation, position by position: IDENTICAL (every hash equal),
+    LOGIT_DRIFT (logprobs moved, within ``atol``), RANK_FLIP (a given token's rank changed where its
+    golden rank margin was below ``tie_margin``), REGRESSION (a logprob moved beyond ``atol``, or a
+    rank changed where the golden was confident), INPUT_CHANGED (prompt, continuation or settings)."""
+    changes = score_input_changes(expected, actual)
+    if changes:
+        return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
+    positions = len(expected.token_ids)
+    definitions: tuple[str, str] | None = (expected.hash_definition, actual.hash_definition)
+    if expected.hash_definition != actual.hash_definition:
+        first_hash: int | None = 0
+    else:
+        definitions, first_hash = None, next(
+            (t for t in range(positions) if expected.step_hashes[t] != actual.step_hashes[t]), None)
+    dtype = expected.fingerprint.get("dtype", "")
+    margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
+    ks = score_top_k(expected), score_top_k(actual)
+    reranked = {t for t in range(positions) if _rank_changed(expected.ranks[t], actual.ranks[t], *ks)}
+    changed = [PositionChange(t, expected.token_ids[t], expected.logprobs[t], actual.logprobs[t],
+                              expected.ranks[t], actual.ranks[t], expected.rank_margins[t])
+               for t in range(positions) if expected.logprobs[t] != actual.logprobs[t] or t in reranked]
+    moved = sorted((c for c in changed if c.delta > 0), key=lambda c: (-c.delta, c.position))
+    ranks = tuple(c for c in changed if c.position in reranked)
+    delta = max([moved[0].delta] if moved else [0.0])
+    delta = max(delta, _max_logprob_delta(expected.top_logprobs, actual.top_logprobs))
+    evidence = ScoreEvidence(positions, tuple(moved[:MOVED_SHOWN]), len(moved), ranks, expected.total,
+                             actual.total, atol)
+    confident = [c for c in ranks if c.rank_margin is None or c.rank_margin >= margin]
+    if (atol is not None and delta > atol) or confident:
+        verdict = Verdict.REGRESSION
+    elif ranks:
+        verdict = Verdict.RANK_FLIP
+    elif first_hash is None and not moved:
+        verdict = Verdict.IDENTICAL
+    else:
+        verdict = Verdict.LOGIT_DRIFT
+    return Comparison(verdict, first_hash_step=first_hash, steps_compared=positions, total_steps=positions,
+                      max_logprob_delta=delta, tie_margin=margin, hash_definitions=definitions,
+                      score=evidence)
 
 
 STOPPED = "<stopped at EOS>"

@@ -247,9 +247,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str] | None:
-    from pytest_llmdeterminism.generation import Generation
+    from pytest_llmdeterminism.generation import Generation, Score
 
-    if op == "==" and isinstance(left, Generation) and isinstance(right, Generation):
+    if op == "==" and isinstance(left, (Generation, Score)) and type(left) is type(right):
         from pytest_llmdeterminism.reporting.failure import assertrepr
 
         return assertrepr(left, right)

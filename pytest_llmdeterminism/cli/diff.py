@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.compare import Comparison, Verdict
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
@@ -191,12 +191,15 @@ def _detail(case: Case) -> str:
     return _comparison_detail(comparison, case.expected, case.actual)
 
 
-def _comparison_detail(comparison: Comparison, expected: Generation | None, actual: Generation | None) -> str:
+def _comparison_detail(comparison: Comparison, expected: Generation | Score | None,
+                       actual: Generation | Score | None) -> str:
+    if comparison.score is not None:
+        return _score_detail(comparison, expected)
     if comparison.divergence is not None:
         d = comparison.divergence
         tokens = (f"  step {d.step}: {_token(expected, d.step, d.expected_token)} -> "
                   f"{_token(actual, d.step, d.actual_token)}")
-        if d.draw_margin is not None and d.temperature is not None and actual is not None:
+        if d.draw_margin is not None and d.temperature is not None and isinstance(actual, Generation):
             bound = comparison.tie_margin / d.temperature
             return (f"{tokens}, draw margin {d.draw_margin:.3g} (bound {bound:.3g} = tie margin "
                     f"{comparison.tie_margin:g} / T {d.temperature:g}); {settings_text(actual.sampling)}")
@@ -208,7 +211,24 @@ def _comparison_detail(comparison: Comparison, expected: Generation | None, actu
     return ""
 
 
-def _token(side: Generation | None, step: int, token: int) -> str:
+def _score_detail(comparison: Comparison, expected: Generation | Score | None) -> str:
+    """Two scores: the log-likelihood before and after, the position that moved most, a rank change."""
+    evidence = comparison.score
+    assert evidence is not None
+    parts = [f"  score: log-likelihood {evidence.expected_total:.4f} -> {evidence.actual_total:.4f}"]
+    if evidence.moved:
+        c = evidence.moved[0]
+        parts.append(f"most moved position {c.position} {_token(expected, c.position, c.token)} "
+                     f"{c.expected_logprob:.4f} -> {c.actual_logprob:.4f}")
+    if evidence.rank_changes:
+        c = evidence.rank_changes[0]
+        margin = "?" if c.rank_margin is None else f"{c.rank_margin:.3g}"
+        parts.append(f"rank at position {c.position} {c.expected_rank} -> {c.actual_rank} (rank margin "
+                     f"{margin}, tie margin {comparison.tie_margin:g})")
+    return ", ".join(parts)
+
+
+def _token(side: Generation | Score | None, step: int, token: int) -> str:
     """``' Paris'(29)``: the piece each golden stores with its token (no tokenizer, no model
     loaded); the bare id where the golden holds no piece for it."""
     if token < 0:

@@ -15,7 +15,8 @@ SUMMARY = "go through candidate goldens case by case on a terminal: accept or sk
 HELP = """\
 Show each candidate golden of DIR (default: llm-candidates, the folder --llm-golden-artifacts
 wrote, or a folder or golden file inside it) against the project's golden, one case at a time,
-riskiest first (REGRESSION, INPUT_CHANGED, NEW, SAMPLE_FLIP, TIE_FLIP, LOGIT_DRIFT, IDENTICAL):
+riskiest first (REGRESSION, INPUT_CHANGED, NEW, SAMPLE_FLIP, TIE_FLIP, RANK_FLIP, LOGIT_DRIFT,
+IDENTICAL):
 the line `llm-golden diff` prints for it, then the tokens around the first change, the top
 candidates at that step, and what changed in the environment. Answer each with a key and Enter:
 

@@ -1,4 +1,5 @@
-"""``llm-golden show FILE``: a golden file in human form, one line per generated token."""
+"""``llm-golden show FILE``: a golden file in human form, one line per generated token (a score
+golden: one line per continuation token, with its logprob and rank)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.generation import Score
 from pytest_llmdeterminism.goldens import schema, store
 
 SUMMARY = "print a golden file in human form"
@@ -28,6 +30,9 @@ def show(path: Path) -> int:
     for key, variants in sorted(goldens.items()):
         for variant, entry in sorted(variants.items()):
             gen = schema.from_entry(entry)
+            if isinstance(gen, Score):
+                _show_score(key, variant, gen)
+                continue
             print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
             print(f"  prompt: {gen.prompt!r}")
             config = gen.generation_config
@@ -57,3 +62,22 @@ def show(path: Path) -> int:
                 print(f"  {step:>4}  {piece!r:<16} id {token:<7} margin {margin:8.3f} {bar}{tie}")
             print()
     return 0
+
+
+def _show_score(key: str, variant: str, score: Score) -> None:
+    """A score golden: the continuation's log-likelihood, then each position's given token, its
+    logprob, its rank, and how far it was from changing rank (a near tie marked)."""
+    print(f"{key} [{variant}]  score, shape {score.batch_shape}, log-likelihood {score.total:.6f} "
+          f"over {len(score.token_ids)} tokens")
+    print(f"  prompt: {score.prompt!r}")
+    print(f"  continuation: {score.continuation!r}")
+    tie_margin = default_tie_margin(str(score.fingerprint.get("dtype", "float32")))
+    pieces = score.pieces or ("",) * len(score.token_ids)
+    for position, (piece, token, logprob, rank, margin) in enumerate(
+            zip(pieces, score.token_ids, score.logprobs, score.ranks, score.rank_margins, strict=True)):
+        shown_rank = "rank    ?" if rank is None else f"rank {rank:>4}"
+        shown_margin = "" if margin is None else f" rank margin {margin:8.3f}"
+        tie = f"  <- near tie (< {tie_margin:g})" if margin is not None and margin < tie_margin else ""
+        print(f"  {position:>4}  {piece!r:<16} id {token:<7} logprob {logprob:10.6f} {shown_rank}"
+              f"{shown_margin}{tie}")
+    print()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -223,3 +223,107 @@ def _record_scores_class() -> type:
 
     _RecordScores.__call__.__signature__ = inspect.signature(_RecordScores.__call__)  # type: ignore[attr-defined]
     return _RecordScores
+
+
+@dataclass
+class ScoredRow:
+    """One (prompt, continuation) pair as every engine scores it, position by position: the hash of
+    the logits row that predicts each continuation token (as a generation step's), the token's
+    logprob, its rank (1 + how many vocabulary logprobs are strictly greater; ``None`` where an
+    engine does not see the whole vocabulary and the token is outside its top-k), its rank margin
+    (the logprob distance to the nearest other token, above or below; ``None`` where unknown), the
+    top-k ``(token id, logprob)`` pairs; and the prompt tokens' logprobs when asked (the first
+    ``None``)."""
+
+    hashes: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
+    rank_margins: list[float | None] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class ScoreChunk:
+    """What an engine computed for the pairs of one score call, row by row (filler rows excluded)."""
+
+    rows: list[ScoredRow]
+    flags: dict[str, Any] = field(default_factory=dict)  # determinism settings in force for the call
+    # Where a server tokenised and decoded itself: each continuation token's text.
+    pieces: list[list[str]] | None = None
+
+
+def rounded(logprob: float) -> float:
+    """A logprob as goldens hold it: floored (``-inf`` has no JSON) and rounded."""
+    return round(max(logprob, LOGPROB_FLOOR), LOGPROB_DECIMALS)
+
+
+def rank_and_margin(token: Hashable, own: float, ranked: list[tuple[Any, float]],
+                    top_k: int) -> tuple[int | None, float | None]:
+    """For engines that see a top-k only (servers, vLLM): the given token's rank where it is among
+    ``ranked`` (the k best ``(token, logprob)``, best first): 1 + how many there have a greater
+    logprob; its rank margin where both its neighbours are known (it is not the last of the k, or
+    the engine had fewer than k to give); ``None`` for what the top-k does not say."""
+    tokens = [t for t, _ in ranked]
+    if token not in tokens:
+        return None, None
+    rank = 1 + sum(1 for _, lp in ranked if lp > own)
+    others = [abs(lp - own) for t, lp in ranked if t != token]
+    below_known = tokens.index(token) < len(ranked) - 1 or len(ranked) < top_k
+    if not others or not below_known:
+        return rank, None
+    return rank, round(min(min(others), -LOGPROB_FLOOR), LOGPROB_DECIMALS)
+
+
+def score_positions(raw: torch.Tensor, logprobs: torch.Tensor, targets: list[int],
+                    top_k: int = TOP_K) -> ScoredRow:
+    """Score ``targets`` from the float32 logits rows that predict them (``raw``: positions x vocab,
+    on the CPU; row ``t`` predicts ``targets[t]``) and their log-softmax (``logprobs``, computed by
+    the engine's own function, so that a position's numbers are a generation step's). Hashes as
+    :data:`LOGIT_HASH_DEFINITION`; top-k by ``torch.topk``, as :class:`StepCapture` records a step's.
+    In torch, over the threads: a 512-token continuation's 25 million logprobs cost about a tenth of
+    the forward that computed them (``benchmarks/score_cost.py``)."""
+    import numpy as np
+    import torch
+    import xxhash
+
+    # A row's sum is finite where all its values are (a sum of float32 logits does not overflow);
+    # where it is not, the values say which row.
+    if not bool(torch.isfinite(raw.sum(dim=1)).all()):
+        broken = ~torch.isfinite(raw).all(dim=1)
+        if bool(broken.any()):
+            raise NonFiniteLogitsError(int(torch.nonzero(broken)[0, 0]), 0)
+    rows = np.ascontiguousarray(raw.numpy(), dtype="<f4")
+    index = torch.tensor(targets, dtype=torch.long)[:, None]
+    given = logprobs.gather(1, index)
+    # One difference for both: a - b > 0 exactly where a > b (IEEE, no flush to zero).
+    difference = logprobs - given
+    above = (difference > 0).sum(dim=1, dtype=torch.int32).tolist()
+    if logprobs.shape[1] > 1:
+        nearest = difference.abs_().scatter_(1, index, torch.inf).amin(dim=1).tolist()
+    else:
+        nearest = [math.inf] * len(targets)
+    del difference
+    top = torch.topk(logprobs, k=min(top_k, logprobs.shape[1]), dim=-1)
+    ids, values, chosen = top.indices.tolist(), top.values.tolist(), given[:, 0].tolist()
+    scored = ScoredRow()
+    for t in range(len(targets)):
+        scored.hashes.append(xxhash.xxh3_64_hexdigest(memoryview(rows[t])))
+        scored.logprobs.append(rounded(chosen[t]))
+        scored.ranks.append(int(above[t]) + 1)
+        scored.rank_margins.append(None if not math.isfinite(nearest[t]) else
+                                   round(min(nearest[t], -LOGPROB_FLOOR), LOGPROB_DECIMALS))
+        scored.top.append(tuple((int(i), rounded(v)) for i, v in zip(ids[t], values[t], strict=True)))
+    return scored
+
+
+def prompt_positions(logprobs: torch.Tensor, prompt: list[int]) -> list[float | None]:
+    """The prompt tokens' logprobs from the log-softmax rows of the prompt's positions (row ``i``
+    predicts ``prompt[i + 1]``; the first token has none)."""
+    import torch
+
+    if len(prompt) < 2:
+        return [None]
+    index = torch.tensor(prompt[1:], dtype=torch.long)[:, None]
+    found: list[float] = logprobs.gather(1, index)[:, 0].tolist()
+    return [None, *(rounded(v) for v in found)]

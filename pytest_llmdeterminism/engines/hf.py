@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.kernels import Kernels
 from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
-from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
+from pytest_llmdeterminism.engines.capture import (
+    Chunk,
+    ScoreChunk,
+    StepCapture,
+    prompt_positions,
+    score_positions,
+)
 from pytest_llmdeterminism.engines.checkpoint import (
     ensure_pad_token,
     pretrained_arguments,
@@ -119,6 +125,47 @@ class HFEngine:
         return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits,
                      draw_margins=draw.margins if config.sampling is not None else [])
 
+    def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
+              top_k: int, prompt_logprobs: bool) -> ScoreChunk:
+        """One forward over each prompt + continuation at ``B x L`` (left padded, filler rows repeating
+        the first pair, positions counted from each row's first token as ``generate`` counts them), on
+        the kernels generation runs on, with every position's logits, so that a row's bits do not
+        depend on its companions. The continuation's last token predicts nothing and is left out: a
+        one-token continuation's forward is a generation's first (prefill) forward, bit for bit."""
+        import torch
+
+        from pytest_llmdeterminism.compute.determinism import flags
+
+        run = [prompt + continuation[:-1] for prompt, continuation in rows]
+        shape = settings.batch_shape.running(max(map(len, run)))
+        self._refuse_past_context(shape, 1, settings)
+        input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
+        for row in range(shape.rows):
+            ids = run[row] if row < len(rows) else run[0]
+            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
+            attention_mask[row, shape.length - len(ids):] = 1
+        # As generate() counts a left-padded row's positions: from its first real token.
+        position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        model = self.model
+        if model.training:
+            model.eval()  # dropout at inference is random; a test may have called .train()
+        scored = []
+        with deterministic_state(settings.seed), torch.inference_mode(), self.kernels.routed(model):
+            output = model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                           position_ids=position_ids.to(self.device), use_cache=False)
+            in_force = flags()  # as they were for this call
+            logits = output.logits[: len(rows)].to(torch.float32).cpu()
+            for row, (prompt, continuation) in enumerate(rows):
+                first = shape.length - len(run[row])  # the row's first token
+                predicting = logits[row, first + len(prompt) - 1:]  # each predicts a continuation token
+                found = score_positions(predicting, torch.log_softmax(predicting, dim=-1), continuation,
+                                        top_k)
+                if prompt_logprobs:
+                    before = torch.log_softmax(logits[row, first:first + len(prompt) - 1], dim=-1)
+                    found.prompt_logprobs = prompt_positions(before, prompt)
+                scored.append(found)
+        return ScoreChunk(rows=scored, flags=in_force)
 
     def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int,
                              settings: GenerationSettings) -> None:

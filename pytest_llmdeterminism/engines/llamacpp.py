@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.numerics import cpu_name
-from pytest_llmdeterminism.engines.capture import Chunk, RowSteps, logits_step
+from pytest_llmdeterminism.engines.capture import (
+    Chunk,
+    RowSteps,
+    ScoreChunk,
+    ScoredRow,
+    logits_step,
+    prompt_positions,
+    score_positions,
+)
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
@@ -156,6 +164,62 @@ class LlamaCppEngine:
                 break
             llm.eval([token])
         return tokens, steps, kept
+
+
+    def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
+              top_k: int, prompt_logprobs: bool) -> ScoreChunk:
+        """Each pair alone on a cleared context: one evaluation of prompt + continuation (its last
+        token predicts nothing and is left out, as on transformers) in blocks of ``n_batch``, with
+        the logits of every evaluated token; logprobs by :func:`logits_step`'s float32 formula."""
+        __tracebackhide__ = True
+        for prompt, continuation in rows:
+            if len(prompt) + len(continuation) > self._n_ctx:
+                raise ConfigurationError("llm_model", f"#n_ctx={self._n_ctx}",
+                                         f"a {len(prompt)}-token prompt plus a {len(continuation)}-token "
+                                         "continuation does not fit the context; raise n_ctx in the spec "
+                                         "(llamacpp:PATH.gguf#n_ctx=4096)")
+        scored = [self._score(prompt, continuation, top_k, prompt_logprobs) for prompt, continuation in rows]
+        return ScoreChunk(rows=scored, flags={"engine_loop": "one evaluation with every token's logits"})
+
+    def _score(self, prompt: list[int], continuation: list[int], top_k: int,
+               prompt_logprobs: bool) -> ScoredRow:
+        import numpy as np
+
+        llm, ids = self._llm, prompt + continuation[:-1]
+        vocab = llm.n_vocab()
+        llm.reset()  # a cleared context: nothing of an earlier prompt is reused
+        context = llm._ctx  # noqa: SLF001 - llama-cpp-python's eval keeps only the last token's logits
+        context.kv_cache_seq_rm(-1, 0, -1)
+        logits = np.empty((len(ids), vocab), dtype=np.float32)
+        try:
+            for start in range(0, len(ids), llm.n_batch):
+                block = ids[start:start + llm.n_batch]
+                llm._batch.set_batch(batch=block, n_past=start, logits_all=True)  # noqa: SLF001
+                context.decode(llm._batch)  # noqa: SLF001
+                logits[start:start + len(block)] = np.ctypeslib.as_array(
+                    context.get_logits(), shape=(len(block) * vocab,)).reshape(len(block), vocab)
+        finally:
+            context.kv_cache_seq_rm(-1, 0, -1)
+            llm.reset()
+        import torch
+
+        predicting = logits[len(prompt) - 1:]
+        found = score_positions(torch.from_numpy(predicting), torch.from_numpy(_logprobs(predicting)),
+                                continuation, top_k)
+        if prompt_logprobs:
+            found.prompt_logprobs = prompt_positions(torch.from_numpy(_logprobs(logits[:len(prompt) - 1])),
+                                                     prompt)
+        return found
+
+
+def _logprobs(raw: Logits) -> Logits:
+    """Each row's log-softmax by :func:`logits_step`'s float32 formula."""
+    import numpy as np
+
+    shift = raw.max(axis=1, keepdims=True)
+    log_total = np.log(np.exp(raw - shift, dtype=np.float32).sum(axis=1, keepdims=True, dtype=np.float32))
+    found: Logits = (raw - shift - log_total).astype(np.float32)
+    return found
 
 
 class _Draws:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.engines.capture import Chunk
+    from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
     from pytest_llmdeterminism.engines.spec import EngineSpec
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
     from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
@@ -67,6 +67,18 @@ class ServedEngine(Engine, Protocol):
 
     def with_prefix_cache(self) -> ServedEngine:
         """This engine with the server's prefix cache left on (never for a golden)."""
+        ...
+
+
+@runtime_checkable
+class ScoringEngine(Engine, Protocol):
+    """An engine that scores a fixed continuation (``llm_model.score``): teacher-forced, every
+    continuation token's logprob given the prompt and the tokens before it."""
+
+    def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
+              top_k: int, prompt_logprobs: bool) -> ScoreChunk:
+        """Each ``(prompt ids, continuation ids)`` pair of one chunk (at most the shape's rows),
+        scored in the fixed shape."""
         ...
 
 

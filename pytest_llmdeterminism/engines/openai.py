@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.engines.capture import Chunk
+from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.completions import (
     Completion,
@@ -30,6 +30,7 @@ from pytest_llmdeterminism.engines.completions import (
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.secret import Secret
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
+from pytest_llmdeterminism.engines.server_score import ServedScores
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
 from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
@@ -159,6 +160,7 @@ class OpenAIEngine:
         self._send_ids: bool | None = None  # unknown until the first request
         self._zero: list[int] | None = None  # the first token of "0", once
         self._ids: dict[str, int] | None = None
+        self._scores: ServedScores | None = None  # llm_model.score's requests (server_score.py)
 
     def _other_start(self, ids: list[int]) -> str:
         """A one-token prompt that shares no first token with ``ids`` (past a BOS both would have)."""
@@ -187,6 +189,18 @@ class OpenAIEngine:
         copy = copy_module.copy(self)
         copy._reset_prefix, copy._cache_prompt = False, True
         return copy
+
+    def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
+              top_k: int, prompt_logprobs: bool) -> ScoreChunk:
+        """Each pair through ``/v1/completions`` with ``echo=true`` (``server_score.py``)."""
+        __tracebackhide__ = True
+        if self._scores is None:
+            reset = (lambda ids: self._client.post("completions", {
+                "model": self._model, "prompt": self._other_start(ids), "max_tokens": 1, "temperature": 0.0},
+                object)) if self._reset_prefix else None
+            self._scores = ServedScores(self._spec, self._client, self._model, self._tokenizer,
+                                        token_id=self.token_id, reset=reset, ids_refused=PROMPT_IDS_REFUSED)
+        return self._scores.score(rows, top_k=top_k, prompt_logprobs=prompt_logprobs)
 
     def vocab_size(self) -> int:
         return len(self._tokenizer)

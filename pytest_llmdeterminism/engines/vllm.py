@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
+from pytest_llmdeterminism.engines.capture import (
+    Chunk,
+    RowSteps,
+    ScoreChunk,
+    ScoredRow,
+    rank_and_margin,
+    rounded,
+)
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer, read_json
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.engines.spec import EngineSpec
@@ -159,6 +166,82 @@ def chunk_from_outputs(outputs: Sequence[Any], *, spec: str, flags: Mapping[str,
     return out
 
 
+def score_arguments(top_k: int) -> dict[str, Any]:
+    """The keyword arguments for ``vllm.SamplingParams`` of a score: the prompt's top-k logprobs
+    (``prompt_logprobs``, at most vLLM's ``max_logprobs``, 20 by default), one greedy token generated
+    and dropped, every sampler knob neutral."""
+    return {
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 1,
+        "prompt_logprobs": top_k,
+        "seed": 0,
+        "skip_special_tokens": False,
+        "detokenize": False,
+    }
+
+
+def scores_from_outputs(outputs: Sequence[Any], rows: list[tuple[list[int], list[int]]], *, spec: str,
+                        top_k: int, prompt_logprobs: bool, flags: Mapping[str, Any] | None = None,
+                        id_bound: int | None = None) -> ScoreChunk:
+    """vLLM's ``RequestOutput`` objects of prompt + continuation, one per pair, as scored positions:
+    position ``t``'s entry of ``prompt_logprobs`` (a dict token id -> ``Logprob``) is the distribution
+    that predicts token ``t``, with that token's logprob and vocabulary rank. Hashed as
+    :data:`~generation.VLLM_HASH_DEFINITION` over the given token and the top-k (with the given
+    token's own entry after them where it is not among them)."""
+    __tracebackhide__ = True
+    import xxhash
+
+    scored = []
+    for row, (request, (prompt, continuation)) in enumerate(zip(outputs, rows, strict=True)):
+        given = prompt + continuation
+        returned = getattr(request, "prompt_logprobs", None)
+        if returned is None or len(returned) < len(given):
+            counted = 0 if returned is None else len(returned)
+            raise EngineError(spec, f"vLLM returned prompt logprobs for {counted} of {len(given)} positions "
+                              f"of pair {row}; a score needs prompt_logprobs={top_k} (SamplingParams) for "
+                              "each")
+        found = ScoredRow()
+        for position in range(len(prompt), len(given)):
+            token, candidates = given[position], returned[position] or {}
+            ranked = sorted(((int(i), float(lp.logprob)) for i, lp in candidates.items()),
+                            key=lambda pair: (-pair[1], pair[0]))
+            if any(math.isnan(value) for _, value in ranked):
+                raise NonFiniteLogitsError(position - len(prompt), row)
+            if id_bound is not None:
+                outside = [i for i, _ in ranked if not 0 <= i < id_bound]
+                if outside:
+                    raise EngineError(spec, f"vLLM returned token id {outside[0]} at position {position} of "
+                                      f"pair {row}, outside the model's vocabulary (0 to {id_bound - 1}); "
+                                      "nothing was recorded")
+            if token not in candidates:
+                raise EngineError(spec, f"vLLM returned no logprob for the continuation's token {token} at "
+                                  f"position {position} of pair {row}; nothing was recorded")
+            own = float(candidates[token].logprob)
+            top = ranked[:top_k]
+            hashed = top if token in dict(top) else [*top, (token, own)]
+            found.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([token, hashed],
+                                                                    separators=(",", ":")).encode()))
+            found.logprobs.append(rounded(own))
+            found.top.append(tuple((i, rounded(lp)) for i, lp in top))
+            rank, margin = rank_and_margin(token, own, top, top_k)
+            vocabulary_rank = getattr(candidates[token], "rank", None)  # vLLM's own, of the whole vocabulary
+            found.ranks.append(int(vocabulary_rank) if isinstance(vocabulary_rank, int) else rank)
+            found.rank_margins.append(margin)
+        if prompt_logprobs:
+            found.prompt_logprobs = [None, *(
+                rounded(float(returned[p][given[p]].logprob)) if given[p] in (returned[p] or {}) else None
+                for p in range(1, len(prompt)))]
+        scored.append(found)
+    return ScoreChunk(rows=scored, flags=dict(flags or {}))
+
+
 def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     """``vllm:FOLDER``, loaded: a local folder with safetensors weights, on CUDA."""
     __tracebackhide__ = True
@@ -266,6 +349,25 @@ class VLLMEngine:
         outputs = [output for call in calls for output in self._llm.generate(call, params, use_tqdm=False)]
         return chunk_from_outputs(outputs, spec=self._spec, flags=self._flags,
                                   max_tokens=config.max_new_tokens, id_bound=self._id_bound)
+
+
+    def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
+              top_k: int, prompt_logprobs: bool) -> ScoreChunk:
+        """Each prompt + continuation as one prompt of token ids, with ``prompt_logprobs``."""
+        __tracebackhide__ = True
+        for prompt, continuation in rows:
+            if len(prompt) + len(continuation) + 1 > self._max_model_len:
+                raise ConfigurationError("llm_model", f"#max_model_len={self._max_model_len}",
+                                         f"a {len(prompt)}-token prompt plus a {len(continuation)}-token "
+                                         "continuation (and the one token generated) does not fit; raise "
+                                         "max_model_len in the spec (vllm:FOLDER#max_model_len=4096)")
+        params = self._vllm.SamplingParams(**score_arguments(top_k))
+        prompts = [{"prompt_token_ids": prompt + continuation} for prompt, continuation in rows]
+        calls = [[prompt] for prompt in prompts] if self.runs_rows_alone else [prompts]
+        outputs = [output for call in calls for output in self._llm.generate(call, params, use_tqdm=False)]
+        return scores_from_outputs(outputs, rows, spec=self._spec, top_k=top_k,
+                                   prompt_logprobs=prompt_logprobs, flags=self._flags,
+                                   id_bound=self._id_bound)
 
 
 def _config_vocab_size(path: Path) -> int | None:

@@ -17,9 +17,12 @@ from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens.schema import (
     FORMAT,
     FORMAT_VERSION,
+    GENERATION_FORMAT,
     LEGACY_FORMAT,
+    READ_FORMATS,
     Entry,
     Goldens,
+    Position,
     Step,
     semantic_problem,
     validation_message,
@@ -120,6 +123,9 @@ def _no_duplicate_keys(data: bytes, goldens: Goldens, *, header_keys: int) -> bo
             kept += 8 + _keys(entry.fingerprint) + len(entry.generation_config) + 5 * len(entry.steps)
             kept += (entry.prompt_form != "text") + (entry.step_hash != "logits")  # not the defaults: given
             kept += entry.draw_margins is not None
+            if entry.kind != "generation":  # format 3: "kind", "positions" (7 keys each), "prompt_logprobs"
+                kept += 1 + (entry.positions is not None) + 7 * len(entry.positions or ())
+            kept += entry.prompt_logprobs is not None
     # ``":`` preceded by a backslash is an escaped quote inside a string (JSON in a prompt), not a key.
     return data.count(b'":') - data.count(b'\\":') == kept
 
@@ -156,7 +162,8 @@ def _header(data: bytes) -> tuple[Any, Any] | None:
 def _check_header(path: Path, schema: Any, logit_hash: Any) -> None:
     """The file is in a format this version reads: ``FORMAT``, or format 1 with its own sentence."""
     __tracebackhide__ = True
-    reads = f'this pytest-llmdeterminism reads "schema": {FORMAT!r} and, from older files, "schema": 1'
+    reads = (f'this pytest-llmdeterminism reads "schema": {FORMAT!r} and, from older files, '
+             f'{GENERATION_FORMAT!r} and "schema": 1')
     upgrade = "If a newer pytest-llmdeterminism wrote it, upgrade (pip install -U pytest-llmdeterminism). "
     if schema is _NOT_GIVEN or schema is None:
         raise GoldenFileError(path, "has no 'schema' field: it is not a pytest-llmdeterminism golden",
@@ -176,12 +183,12 @@ def _check_header(path: Path, schema: Any, logit_hash: Any) -> None:
             f"pytest-llmdeterminism reads (format {FORMAT_VERSION}, {FORMAT!r}, and older)",
             "A newer pytest-llmdeterminism wrote it: upgrade (pip install -U pytest-llmdeterminism). "
             + _rerecord_fix(path))
-    if schema != FORMAT:
+    if schema not in READ_FORMATS:
         kind = "" if type(schema) is int else f" (a {type(schema).__name__})"
         raise GoldenFileError(path, f"has schema version {schema!r}{kind}, which no pytest-llmdeterminism "
                               f"wrote; {reads}", upgrade + _rerecord_fix(path))
     if logit_hash is not _NOT_GIVEN:
-        raise GoldenFileError(path, f"has a 'logit_hash' field, which format {FORMAT!r} does not have "
+        raise GoldenFileError(path, f"has a 'logit_hash' field, which format {schema!r} does not have "
                               "(each entry's 'step_hash' says what its hashes hash)", _restore_fix(path))
 
 
@@ -254,8 +261,19 @@ def dumps(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str
             lines.append("    }" + comma)
     if goldens:
         lines.append("  },")
-    lines += [f'  "schema": {_compact(FORMAT)}', "}"]
+    lines += [f'  "schema": {_compact(written_format(goldens))}', "}"]
     return "\n".join(lines) + "\n"
+
+
+def written_format(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str:
+    """The format a file of ``goldens`` is written in: the oldest that holds its entries (format 2
+    unless it holds a score entry), so that a file of generations keeps its bytes."""
+    for variants in goldens.values():
+        for entry in variants.values():
+            kind = entry.kind if isinstance(entry, Entry) else entry.get("kind", "generation")
+            if kind != "generation":
+                return FORMAT
+    return GENERATION_FORMAT
 
 
 def _key(key: str) -> str:
@@ -265,6 +283,7 @@ def _key(key: str) -> str:
 def _entry_text(entry: Entry) -> str:
     inner = " " * 8
     steps = ",\n".join(f"{inner}  {_step_text(step)}" for step in entry.steps)
+    positions = ",\n".join(f"{inner}  {_step_text(position)}" for position in entry.positions or ())
     fields = [
         f'"batch_shape": {encode_basestring(entry.batch_shape)}',
         *([f'"draw_margins": {_compact(list(entry.draw_margins))}']
@@ -272,8 +291,12 @@ def _entry_text(entry: Entry) -> str:
         f'"fingerprint": {_format(entry.fingerprint, 4)}',
         f'"finish_reason": {encode_basestring(entry.finish_reason)}',
         f'"generation_config": {_format(entry.generation_config, 4)}',
+        *([f'"kind": {encode_basestring(entry.kind)}'] if entry.kind != "generation" else []),
+        *([f'"positions": [\n{positions}\n{inner}]'] if entry.positions is not None else []),
         f'"prompt": {encode_basestring(entry.prompt)}',
         *([f'"prompt_form": {encode_basestring(entry.prompt_form)}'] if entry.prompt_form != "text" else []),
+        *([f'"prompt_logprobs": {_compact(list(entry.prompt_logprobs))}']
+          if entry.prompt_logprobs is not None else []),
         f'"prompt_token_ids": [{", ".join(map(str, entry.prompt_token_ids))}]',
         *([f'"step_hash": {encode_basestring(entry.step_hash)}'] if entry.step_hash != "logits" else []),
         f'"steps": [\n{steps}\n{inner}]' if entry.steps else '"steps": []',
@@ -285,7 +308,7 @@ def _entry_text(entry: Entry) -> str:
 _ENCODE = msgspec.json.Encoder(order="sorted").encode
 
 
-def _step_text(step: Step) -> str:
+def _step_text(step: Step | Position) -> str:
     return _ENCODE(step).decode()
 
 

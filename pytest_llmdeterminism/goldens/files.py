@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 
 GOLDEN_FOLDER = "__golden__"
@@ -21,7 +21,7 @@ class Found:
     variant the key has, sorted."""
 
     variant: str
-    golden: Generation | None
+    golden: Generation | Score | None
     variants: tuple[str, ...]
 
 
@@ -31,7 +31,7 @@ class GoldenFiles:
         self._rootdir = rootdir
         self._invocation_dir = invocation_dir
         self._read: dict[Path, schema.Goldens] = {}
-        self._generations: dict[tuple[Path, str, str], Generation] = {}  # entries read as generations
+        self._generations: dict[tuple[Path, str, str], Generation | Score] = {}  # entries read as generations
 
     def path_for(self, test_path: Path) -> Path:
         """The golden file of a test file: beside it in ``__golden__/``, or mirrored under llm_golden_dir."""
@@ -86,7 +86,8 @@ class GoldenFiles:
     def look_up(self, path: Path, key: str, variant: str, *, fallback: bool) -> Found:
         """Golden ``key`` of ``path`` for a generation of ``variant``: that variant's entry, or with
         ``fallback`` another of the key's variants (:func:`fallback_variant`) where it has none. The
-        entry was validated when its file was parsed; it is read as a :class:`Generation` once a run."""
+        entry was validated when its file was parsed; it is read as a :class:`Generation` (a score
+        entry as a :class:`Score`) once a run."""
         __tracebackhide__ = True
         variants = self.read(path).get(key, {})
         if variant not in variants and fallback:

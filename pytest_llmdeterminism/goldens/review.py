@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
@@ -24,18 +24,20 @@ from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing
 ORDER = (NEW, ABSENT, Verdict.IDENTICAL.value, Verdict.LOGIT_DRIFT.value, Verdict.TIE_FLIP.value,
-         Verdict.SAMPLE_FLIP.value, Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value)
+         Verdict.SAMPLE_FLIP.value, Verdict.RANK_FLIP.value, Verdict.REGRESSION.value,
+         Verdict.INPUT_CHANGED.value)
 
 # The order a reviewer meets the cases in: the riskiest first.
 REVIEW_ORDER = (Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW, Verdict.SAMPLE_FLIP.value,
-                Verdict.TIE_FLIP.value, Verdict.LOGIT_DRIFT.value, Verdict.IDENTICAL.value)
+                Verdict.TIE_FLIP.value, Verdict.RANK_FLIP.value, Verdict.LOGIT_DRIFT.value,
+                Verdict.IDENTICAL.value)
 # Folders no walk of a BASE or CAND folder enters, as pytest collects no tests there: hidden ones
 # (.git, .venv, .tox), and others that hold installed packages' JSON.
 _NOT_WALKED = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
 _SNIFF_LIMIT = 256 * 2**20  # a larger JSON file outside a __golden__ folder is not read to find out
 
 _REGRESSION = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW})
-_TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value, Verdict.SAMPLE_FLIP.value}
+_TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value, Verdict.SAMPLE_FLIP.value, Verdict.RANK_FLIP.value}
 FAIL_ON = {  # --fail-on level -> the verdicts that need a reviewer (exit 1); ABSENT never does
     "regression": _REGRESSION,
     "tie_flip": _TIE_FLIP,
@@ -53,8 +55,8 @@ class Case:
     verdict: str  # a Verdict's value, NEW or ABSENT
     compared_with: str | None = None  # BASE's variant, where BASE lacks the candidate's own
     comparison: Comparison | None = None
-    expected: Generation | None = None  # BASE's golden and the candidate, where they were compared
-    actual: Generation | None = None
+    expected: Generation | Score | None = None  # BASE's golden and the candidate, where they were compared
+    actual: Generation | Score | None = None
 
 
 @dataclass(frozen=True)

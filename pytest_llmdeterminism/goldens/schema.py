@@ -9,7 +9,7 @@ A golden file holds one entry per test key and variant::
           "cpu/float32": { ...entry... }  # one variant per device class and dtype
         }
       },
-      "schema": "pytest-llmdeterminism/golden/2"
+      "schema": "pytest-llmdeterminism/golden/2"   # 3 where the file holds a score entry
     }
 
 ``schema`` is a short versioned id, never prose: rewording a docstring changes no golden. What the
@@ -43,10 +43,16 @@ from pytest_llmdeterminism.generation import (
     Generation,
     HashDefinition,
     PromptForm,
+    Score,
 )
 
-FORMAT_VERSION = 2
-FORMAT = f"pytest-llmdeterminism/golden/{FORMAT_VERSION}"  # the "schema" a golden file is written with
+FORMAT_VERSION = 3
+FORMAT = f"pytest-llmdeterminism/golden/{FORMAT_VERSION}"  # the newest "schema" this version reads
+# Format 3 added score entries (``"kind": "score"``); a file holding none is still written in format 2,
+# byte for byte as before (and readable by older versions): the header is the oldest format that holds
+# the file's entries.
+GENERATION_FORMAT = "pytest-llmdeterminism/golden/2"
+READ_FORMATS = (GENERATION_FORMAT, FORMAT)
 LEGACY_FORMAT = 1  # "schema": 1, with a "logit_hash" sentence: read, never written
 
 # The golden schema, declared once and decoded strictly (msgspec validates while it parses, in C):
@@ -83,8 +89,28 @@ class Step(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     top: tuple[tuple[TokenId, Logprob], ...]
 
 
+class Position(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """One position of a score entry: the given token, its logprob and rank (``null``: the engine did
+    not say), the hash of the logits row that predicts it, the top-k, and the given token's distance
+    to its nearest neighbour in rank (``null``: unknown). Fields in sorted order, one compact line."""
+
+    hash: StepHash
+    logprob: Logprob
+    piece: str
+    rank: Annotated[int, msgspec.Meta(ge=1, lt=VOCABULARY_IDS)] | None
+    rank_margin: Margin | None
+    token: TokenId
+    top: tuple[tuple[TokenId, Logprob], ...]
+
+
+# A score entry's ``finish_reason`` (a score is teacher-forced: nothing finished).
+SCORED = "scored"
+
+
 class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """One recorded generation: one variant of one golden."""
+    """One recorded generation or score (``kind``): one variant of one golden. A score entry (format
+    3) holds its continuation in ``text``, one ``positions`` line per continuation token, no
+    ``steps``, ``finish_reason`` ``"scored"`` and its settings in ``generation_config``."""
 
     batch_shape: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+x[0-9]+\Z")]
     finish_reason: str
@@ -102,6 +128,10 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     # Sampled generations (do_sample=True) only: per step, the draw margin (the drawn token's perturbed
     # score minus the runner-up's). Greedy goldens never carry it.
     draw_margins: tuple[Margin, ...] | None = None
+    # Format 3: "generation" (written only when not: absent in every older golden) or "score".
+    kind: Literal["generation", "score"] = "generation"
+    positions: list[Position] | None = None  # score entries only
+    prompt_logprobs: tuple[Logprob | None, ...] | None = None  # score entries that asked for them
 
 
 Goldens = dict[str, dict[str, Entry]]  # test key -> variant -> entry
@@ -109,8 +139,10 @@ Goldens = dict[str, dict[str, Entry]]  # test key -> variant -> entry
 _TEXT_FINGERPRINT_FIELDS = ("device_class", "dtype", "cpu_numerics", "machine")
 
 
-def to_entry(generation: Generation) -> dict[str, Any]:
+def to_entry(generation: Generation | Score) -> dict[str, Any]:
     """The JSON form of ``generation`` (plain types: it travels between xdist processes)."""
+    if isinstance(generation, Score):
+        return _score_entry(generation)
     steps = [
         {"hash": h, "margin": m, "piece": p, "token": t, "top": [list(pair) for pair in top]}
         for t, p, h, m, top in zip(
@@ -133,6 +165,38 @@ def to_entry(generation: Generation) -> dict[str, Any]:
     }
 
 
+def score_settings(score: Score) -> dict[str, Any]:
+    """What a score entry records as its settings (``generation_config``): what changes its numbers
+    beyond the prompt and the continuation."""
+    return {"prompt_logprobs": bool(score.prompt_logprobs),
+            "top_k": max(map(len, score.top_logprobs), default=0)}
+
+
+def _score_entry(score: Score) -> dict[str, Any]:
+    positions = [
+        {"hash": h, "logprob": lp, "piece": p, "rank": r, "rank_margin": m, "token": t,
+         "top": [list(pair) for pair in top]}
+        for t, p, h, lp, r, m, top in zip(
+            score.token_ids, score.pieces or [""] * len(score.token_ids), score.step_hashes, score.logprobs,
+            score.ranks, score.rank_margins, score.top_logprobs, strict=True)
+    ]
+    return {
+        "batch_shape": score.batch_shape,
+        "finish_reason": SCORED,
+        "fingerprint": dict(score.fingerprint),
+        "generation_config": score_settings(score),
+        "kind": "score",
+        "positions": positions,
+        "prompt": score.prompt,
+        "prompt_token_ids": list(score.prompt_token_ids),
+        "steps": [],
+        "text": score.continuation,
+        **({"prompt_form": score.prompt_form} if score.prompt_form != "text" else {}),
+        **({"step_hash": score.hash_definition} if score.hash_definition != "logits" else {}),
+        **({"prompt_logprobs": list(score.prompt_logprobs)} if score.prompt_logprobs else {}),
+    }
+
+
 def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
     """``entry`` as a validated :class:`Entry`; ``msgspec.ValidationError`` says what is wrong. An
     :class:`Entry` was validated where it entered (parsed from a golden file, or captured from a
@@ -146,8 +210,16 @@ def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
     return converted
 
 
-def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
+def from_entry(entry: Entry | Mapping[str, Any]) -> Generation | Score:
+    """The record ``entry`` holds: a :class:`Generation`, or a :class:`Score` for a score entry."""
     entry = to_struct(entry)
+    if entry.kind == "score":
+        return _score_of(entry)
+    return generation_of(entry)
+
+
+def generation_of(entry: Entry) -> Generation:
+    """A generation entry's :class:`Generation` (``entry`` validated, not a score)."""
     steps = entry.steps
     return Generation(
         prompt=entry.prompt,
@@ -168,6 +240,27 @@ def from_entry(entry: Entry | Mapping[str, Any]) -> Generation:
     )
 
 
+def _score_of(entry: Entry) -> Score:
+    positions = entry.positions or []
+    return Score(
+        prompt=entry.prompt,
+        prompt_token_ids=entry.prompt_token_ids,
+        continuation=entry.text,
+        token_ids=tuple(p.token for p in positions),
+        logprobs=tuple(p.logprob for p in positions),
+        ranks=tuple(p.rank for p in positions),
+        step_hashes=tuple(p.hash for p in positions),
+        top_logprobs=tuple(p.top for p in positions),
+        rank_margins=tuple(p.rank_margin for p in positions),
+        batch_shape=entry.batch_shape,
+        pieces=tuple(p.piece for p in positions),
+        fingerprint=entry.fingerprint,
+        prompt_form=PromptForm(entry.prompt_form),
+        hash_definition=HashDefinition(entry.step_hash),
+        prompt_logprobs=entry.prompt_logprobs or (),
+    )
+
+
 def entry_problem(entry: Any) -> str | None:
     """What keeps ``entry`` from being one golden entry, or None."""
     try:
@@ -183,6 +276,9 @@ def validation_message(error: msgspec.ValidationError) -> str:
     for limit, ids in ((_TEXT_ONLY_END, _TOKEN_IDS), (VOCABULARY_IDS, "a vocabulary id (below 2**31)")):
         message = message.replace(f"Expected `int` <= {limit - 1}", f"Expected {ids}, got a larger number")
     text, _, where = message.partition(" - at `")
+    if where.endswith(".kind`") and text.startswith("Invalid enum value"):
+        text += (" (an entry's kind is \"generation\" or \"score\"; a newer pytest-llmdeterminism may "
+                 "write others)")
     return f"{where.rstrip('`').removeprefix('$.')}: {text}" if where else message
 
 
@@ -215,8 +311,10 @@ def text_problem(fields: Iterable[tuple[str, str]]) -> TextProblem | None:
     return None
 
 
-def generation_problem(generation: Generation) -> TextProblem | None:
-    """What keeps ``generation`` out of a golden (see :func:`text_problem`), or None."""
+def generation_problem(generation: Generation | Score) -> TextProblem | None:
+    """What keeps ``generation`` (or a score) out of a golden (see :func:`text_problem`), or None."""
+    if isinstance(generation, Score):
+        return text_problem(_texts(generation.prompt, generation.continuation, generation.pieces, SCORED))
     return text_problem(_texts(generation.prompt, generation.text, generation.pieces,
                                generation.finish_reason))
 
@@ -238,7 +336,10 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
     most :data:`MAX_TEXT_CHARS` characters in the steps' pieces together, and (for entries built in
     Python: JSON has no NaN or infinity, nor a lone surrogate) finite numbers and valid Unicode
     everywhere."""
-    pieces = sum(len(step.piece) for step in entry.steps)
+    kind_problem = _kind_problem(entry)
+    if kind_problem:
+        return kind_problem
+    pieces = sum(len(step.piece) for step in entry.steps) + sum(len(p.piece) for p in entry.positions or ())
     if pieces > MAX_TEXT_CHARS:
         return (f"the steps' pieces together have {pieces:,} characters, more than the {MAX_TEXT_CHARS:,} "
                 "a golden holds")
@@ -264,8 +365,9 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
         for name, number in values.items():
             if isinstance(number, float) and not math.isfinite(number):
                 return f"{section} field {name!r} is {number!r}, not a finite number"
-    unstorable = text_problem(_texts(entry.prompt, entry.text, (step.piece for step in entry.steps),
-                                     entry.finish_reason))
+    unstorable = text_problem(_texts(entry.prompt, entry.text,
+                                     [step.piece for step in entry.steps]
+                                     + [p.piece for p in entry.positions or ()], entry.finish_reason))
     if unstorable:
         return str(unstorable).replace("its ", "", 1)
     try:
@@ -273,6 +375,34 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
     except UnicodeEncodeError as error:
         return (f"holds a lone surrogate {error.object[error.start]!r} in a fingerprint or generation_config "
                 "string, which is not valid Unicode (UTF-8, a golden file's encoding, cannot hold it)")
+    return None
+
+
+def _kind_problem(entry: Entry) -> str | None:
+    """What a ``kind`` requires beyond the types: a score entry has its positions (at least one, each
+    with its top-k) and no steps; a generation entry has no score fields."""
+    if entry.kind == "generation":
+        for name in ("positions", "prompt_logprobs"):
+            if getattr(entry, name) is not None:
+                return (f"has {name!r}, which only a score entry has: add \"kind\": \"score\" if it is one, "
+                        f"else remove {name!r}")
+        return None
+    if not entry.positions:
+        return "is a score entry (\"kind\": \"score\") without its 'positions' (one per continuation token)"
+    if entry.steps or entry.draw_margins is not None or entry.finish_reason != SCORED:
+        return (f"is a score entry (\"kind\": \"score\") with a generation's fields: it has no 'steps' "
+                f"(they must be []), no 'draw_margins', and its finish_reason is {SCORED!r}")
+    for index, position in enumerate(entry.positions):
+        if not position.top:
+            return f"position {index} has an empty 'top'"
+        ids = [(f"positions[{index}].token", position.token)]
+        ids += [(f"positions[{index}].top[{r}][0]", t) for r, (t, _) in enumerate(position.top)]
+        for field, token in ids:
+            if VOCABULARY_IDS <= token < TEXT_ONLY_IDS:
+                return f"{field}: Expected {_TOKEN_IDS}, got {token}"
+    if entry.prompt_logprobs is not None and len(entry.prompt_logprobs) != len(entry.prompt_token_ids):
+        return (f"'prompt_logprobs' has {len(entry.prompt_logprobs)} values for "
+                f"{len(entry.prompt_token_ids)} prompt tokens")
     return None
 
 

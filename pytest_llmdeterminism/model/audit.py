@@ -10,7 +10,9 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``cache``: the KV cache off;
 - ``threads``: another torch thread count;
 - ``dtype``: another dtype, when asked for;
-- ``seed``: for a sampled generation (``do_sample=True``), another seed.
+- ``seed``: for a sampled generation (``do_sample=True``), another seed;
+- ``decode-vs-prefill`` (:func:`decode_vs_prefill`, asked for apart): the generation's steps against the
+  teacher-forced score of its own tokens.
 
 A sampled generation is audited under its own sampling settings and seed: its noise is keyed by
 its own prompt, so companions, shape and threads move it only through the logits. Where a row's
@@ -38,7 +40,13 @@ from pytest_llmdeterminism.engines.loaded import AuditedEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
-from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow, ServingAudit, ServingRow
+from pytest_llmdeterminism.reporting.audit import (
+    AuditReport,
+    AuditRow,
+    DecodeVsPrefill,
+    ServingAudit,
+    ServingRow,
+)
 from pytest_llmdeterminism.sampling import MAX_SEED
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -326,3 +334,32 @@ def _serving_row(source: str, change: str, found: Difference, *, runs: int,
 
 def _one_row(config: DecodingConfig, seed: int) -> GenerationSettings:
     return GenerationSettings(batch_shape=BatchShape(1, 1), max_new_tokens=config.max_new_tokens, seed=seed)
+
+
+def decode_vs_prefill(llm_model: LLMModel, generation: Generation, *,
+                      tolerance: float | None = None) -> DecodeVsPrefill:
+    """Score ``generation``'s prompt and generated tokens (teacher-forced, one forward) and compare each
+    generated step with the score's position: the logit hashes (bitwise is asked under batch-invariant
+    kernels) and the generated token's logprob and the top-k logprobs both name (within ``tolerance``
+    otherwise: the dtype's default ``atol``). A sampled generation's token may be outside its step's
+    top-k: there only the shared top-k are compared."""
+    from pytest_llmdeterminism.tolerance import DEFAULT_ATOL
+
+    if not generation.token_ids:
+        raise ConfigurationError("decode_vs_prefill(generation)", generation.text,
+                                 "the generation has no tokens to score; generate at least one")
+    score = llm_model.score(list(generation.prompt_token_ids), list(generation.token_ids))
+    identical = sum(a == b for a, b in zip(generation.step_hashes, score.step_hashes, strict=True))
+    first = next((t for t, (a, b) in enumerate(zip(generation.step_hashes, score.step_hashes, strict=True))
+                  if a != b), None)
+    delta = 0.0
+    for step, token in enumerate(generation.token_ids):
+        decoded, prefilled = dict(generation.top_logprobs[step]), dict(score.top_logprobs[step])
+        if token in decoded:
+            delta = max(delta, abs(decoded[token] - score.logprobs[step]))
+        delta = max([delta, *(abs(decoded[i] - prefilled[i]) for i in decoded.keys() & prefilled.keys())])
+    fingerprint = llm_model.fingerprint
+    atol = tolerance if tolerance is not None else DEFAULT_ATOL.get(fingerprint.get("dtype", "float32"),
+                                                                    DEFAULT_ATOL["float32"])
+    return DecodeVsPrefill(generation.prompt, len(generation.token_ids), identical, first, delta,
+                           bitwise=bool(fingerprint.get("batch_invariant")), tolerance=atol)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError
+from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError, pasteable
 from pytest_llmdeterminism.generation import PromptForm
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -281,3 +281,84 @@ def is_token_ids(value: Any) -> bool:
 def is_conversation(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(
         isinstance(m, Mapping) and isinstance(m.get("role"), str) and "content" in m for m in value)
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """One ``(prompt, continuation)`` pair of ``llm_model.score`` as the model runs it: the prompt as
+    ``generate`` would run it, and the continuation's text and ids (a string tokenised on its own,
+    without special tokens)."""
+
+    prompt: ModelInput
+    continuation: str
+    continuation_ids: list[int]
+
+
+def score_inputs(prompt: Any, continuation: Any, *, tokenizer: Any, settings: GenerationSettings,
+                 spec: str) -> tuple[list[ScoreInput], bool]:
+    """Each pair of a ``score(prompt, continuation)`` or ``score([(prompt, continuation), ...])``
+    call, and whether one pair (not a list) was given."""
+    __tracebackhide__ = True
+    if continuation is not None:
+        return [score_input(prompt, continuation, tokenizer=tokenizer, settings=settings, spec=spec)], True
+    if isinstance(prompt, (list, tuple)) and prompt and all(is_pair(pair) for pair in prompt):
+        return [score_input(first, second, tokenizer=tokenizer, settings=settings, spec=spec,
+                            where=f"[{index}]")
+                for index, (first, second) in enumerate(prompt)], False
+    raise TypeError("llm_model.score() takes a prompt and its continuation, score(prompt, continuation), "
+                    "or a list of (prompt, continuation) pairs, score([(prompt, continuation), ...]); got "
+                    f"{prompt!r} without a continuation")
+
+
+def is_pair(value: Any) -> bool:
+    """Whether ``value`` is one ``(prompt, continuation)`` pair (not token ids, not a conversation)."""
+    return isinstance(value, (list, tuple)) and len(value) == 2 and not is_token_ids(value) \
+        and not is_conversation(value)
+
+
+def score_input(prompt: Any, continuation: Any, *, tokenizer: Any, settings: GenerationSettings, spec: str,
+                where: str = "") -> ScoreInput:
+    """One pair, each part checked: the prompt as ``generate`` takes it (a string, a conversation or
+    token ids), the continuation a non-empty string or token ids, and both together within the shape."""
+    __tracebackhide__ = True
+    if is_token_ids(prompt):
+        given = from_ids(prompt, tokenizer=tokenizer, settings=settings)
+    else:
+        given = encoded(prompt, tokenizer=tokenizer, settings=settings, spec=spec,
+                        where=f"prompt{where}" if where else "prompt")
+    setting = f"llm_model.score(continuation{where})"
+    if isinstance(continuation, str):
+        refuse_invalid_unicode(continuation, f"continuation{where}")
+        # On its own: no BOS or other special token in the middle of the sequence.
+        ids = list(tokenizer(continuation, add_special_tokens=False)["input_ids"]) if continuation else []
+        text = continuation
+    elif isinstance(continuation, (list, tuple)):
+        vocab = len(tokenizer)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in continuation):
+            raise ConfigurationError(setting, continuation,
+                                     f"expected a string or a list of token ids between 0 and {vocab - 1}")
+        ids, text = list(continuation), str(tokenizer.decode(list(continuation)))
+    else:
+        raise ConfigurationError(setting, continuation, "expected the continuation as a string or a list of "
+                                 "token ids")
+    if not ids:
+        raise ConfigurationError(setting, continuation, "encodes to no tokens; a score needs at least one "
+                                 "continuation token to give a logprob to")
+    total = len(given.ids) + len(ids)
+    shape = settings.batch_shape
+    if not fits(total, shape):
+        fitting = shape.holding(total)
+        if fitting is None:
+            fix = "no batch shape the plugin accepts holds them: shorten the prompt or the continuation"
+        else:
+            example = (f"@deterministic(batch_shape=\"{fitting}\")"
+                       if settings.batch_shape_setting.startswith("@") else
+                       pasteable("llm_batch_shape", str(fitting)))
+            fix = (f"raise L, e.g. {example}, or shorten them. Changing the shape changes the numerics, so "
+                   "re-record goldens afterwards")
+        raise ConfigurationError(setting, text if len(text) <= 60 else text[:57] + "...",
+                                 f"the prompt's {len(given.ids)} tokens plus the continuation's {len(ids)} "
+                                 f"need {total} positions but "
+                                 f"{settings.batch_shape_setting.replace('=...', '')} {str(shape)!r} allows "
+                                 f"{shape.length - 1} (one position always stays padding); {fix}")
+    return ScoreInput(given, text, ids)

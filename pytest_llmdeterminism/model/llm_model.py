@@ -14,18 +14,31 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.engines.capture import Chunk
-from pytest_llmdeterminism.engines.loaded import ServedEngine
+from pytest_llmdeterminism.engines.loaded import ScoringEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.generation import DecodingConfig, Generation, PromptForm, resolve_generation_config
+from pytest_llmdeterminism.generation import (
+    TOP_K,
+    DecodingConfig,
+    Generation,
+    PromptForm,
+    Score,
+    resolve_generation_config,
+)
 from pytest_llmdeterminism.model import concurrency, inputs
 from pytest_llmdeterminism.model.fingerprint import fingerprint
-from pytest_llmdeterminism.model.inputs import Conversation
+from pytest_llmdeterminism.model.inputs import Conversation, ScoreInput
 from pytest_llmdeterminism.model.probe import verify_batch_invariance
 from pytest_llmdeterminism.model.served_sampling import verified_sampler
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.engines.capture import ScoreChunk
     from pytest_llmdeterminism.engines.loaded import LoadedModel
+
+# A prompt as ``score`` takes it: a string, a chat conversation or token ids; a continuation: a
+# string or token ids.
+Prompt = str | Conversation | Sequence[int]
+Continuation = str | Sequence[int]
 
 # What sees each chunk an engine ran, with its records: the audit keeps the raw logits with it.
 ChunkHook = Callable[[Chunk, list[Generation]], None]
@@ -210,6 +223,74 @@ class LLMModel:
         """Where a server drew the sample: its sampler's name in place of the plugin's."""
         engine = self._loaded.engine
         return {} if engine.owns_sampling else {"sampler": getattr(engine, "sampler", "engine")}
+
+    @overload
+    def score(self, prompt: Prompt, continuation: Continuation, *, prompt_logprobs: bool = False,
+              top_k: int = TOP_K) -> Score: ...
+
+    @overload
+    def score(self, prompt: Sequence[tuple[Prompt, Continuation]], continuation: None = None, *,
+              prompt_logprobs: bool = False, top_k: int = TOP_K) -> list[Score]: ...
+
+    def score(self, prompt: Any, continuation: Any = None, *, prompt_logprobs: bool = False,
+              top_k: int = TOP_K) -> Score | list[Score]:
+        """The logprobs the model gives a fixed ``continuation`` after ``prompt``, teacher-forced (one
+        forward over prompt + continuation in the fixed shape, on the kernels generation runs on), or
+        those of each ``(prompt, continuation)`` pair of a list, in chunks of the shape's rows.
+
+        The prompt is taken as ``generate`` takes it: a string (with the tokenizer's special tokens), a
+        chat conversation (rendered with ``add_generation_prompt=True``) or token ids. The
+        continuation is a string, tokenised on its own without special tokens (the :class:`Score`
+        keeps its ids), or token ids. ``top_k``: how many best tokens each position records;
+        ``prompt_logprobs=True``: the prompt's own tokens' logprobs too.
+        """
+        __tracebackhide__ = True
+        engine = self._loaded.engine
+        if not isinstance(engine, ScoringEngine):
+            raise ConfigurationError("llm_model.score", self._loaded.spec,
+                                     f"the {engine.name} engine cannot score a continuation; score on the "
+                                     "transformers backend (llm_model = the model's folder or .gguf file, "
+                                     "without an engine prefix), llamacpp:PATH.gguf, a server "
+                                     "(openai:...) or vllm:...")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ConfigurationError("llm_model.score(top_k=...)", top_k,
+                                     "expected an integer >= 1: how many best tokens each position records")
+        if not isinstance(prompt_logprobs, bool):
+            raise ConfigurationError("llm_model.score(prompt_logprobs=...)", prompt_logprobs,
+                                     "expected True or False")
+        given, single = inputs.score_inputs(prompt, continuation, tokenizer=self.tokenizer,
+                                            settings=self.settings, spec=self._loaded.spec)
+        rows = self.settings.batch_shape.rows
+        results: list[Score] = []
+        for start in range(0, len(given), rows):
+            chunk = given[start:start + rows]
+            out = engine.score([(item.prompt.ids, item.continuation_ids) for item in chunk], self.settings,
+                               top_k=top_k, prompt_logprobs=prompt_logprobs)
+            fingerprint_now = fingerprint(self._loaded, out.flags)
+            results += [self._scored(item, out, row, fingerprint_now) for row, item in enumerate(chunk)]
+        return results[0] if single else results
+
+    def _scored(self, item: ScoreInput, out: ScoreChunk, row: int, fingerprint_now: dict[str, Any]) -> Score:
+        found, ids = out.rows[row], item.continuation_ids
+        pieces = out.pieces[row] if out.pieces is not None else \
+            self.tokenizer.batch_decode([[t] for t in ids])
+        return Score(
+            prompt=item.prompt.text,
+            prompt_token_ids=tuple(item.prompt.ids),
+            continuation=item.continuation,
+            token_ids=tuple(ids),
+            logprobs=tuple(found.logprobs),
+            ranks=tuple(found.ranks),
+            step_hashes=tuple(found.hashes),
+            top_logprobs=tuple(found.top),
+            rank_margins=tuple(found.rank_margins),
+            batch_shape=str(self.settings.batch_shape.running(len(item.prompt.ids) + len(ids))),
+            pieces=tuple(pieces),
+            fingerprint=fingerprint_now,
+            prompt_form=item.prompt.form,
+            hash_definition=self._loaded.engine.hash_definition,
+            prompt_logprobs=tuple(found.prompt_logprobs),
+        )
 
     def encode(self, prompt: str | Conversation) -> list[int]:
         """The token ids ``generate`` runs for a prompt string or a chat conversation."""

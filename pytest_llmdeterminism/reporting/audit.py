@@ -9,7 +9,8 @@ from typing import Any
 
 from pytest_llmdeterminism.sampling import settings_text
 
-__all__ = ["EXPLANATIONS", "SERVING_EXPLANATIONS", "AuditReport", "AuditRow", "ServingAudit", "ServingRow"]
+__all__ = ["DECODE_VS_PREFILL", "EXPLANATIONS", "SERVING_EXPLANATIONS", "AuditReport", "AuditRow",
+           "DecodeVsPrefill", "ServingAudit", "ServingRow"]
 
 EXPLANATIONS = {
     "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
@@ -198,3 +199,52 @@ class ServingAudit:
     def from_json(cls, data: dict[str, Any]) -> ServingAudit:
         return cls(data["prompt"], data["server"], tuple(ServingRow(**r) for r in data["rows"]), data["seed"],
                    data.get("prefix_cache_pinned", True), tuple(data.get("sampling", ())))
+
+
+# -- decode vs prefill (issue 42): a generation's steps against the score of its own tokens ------------
+
+DECODE_VS_PREFILL = "decode-vs-prefill"
+DECODE_VS_PREFILL_MEANS = (
+    "a generation's steps (prefill, then one token at a time over the KV cache) and the score of the "
+    "same tokens (one forward over the whole sequence) take other kernels and reduction lengths: a "
+    "score golden and a generation golden of the same tokens differ in these bits")
+
+
+@dataclass(frozen=True)
+class DecodeVsPrefill:
+    """A generation's steps compared with the teacher-forced score of its own tokens: how many steps'
+    logit hashes are identical, the first that is not, and the largest difference of the generated
+    token's logprob (and of the top-k logprobs both name). ``bitwise`` is asked under batch-invariant
+    kernels; otherwise the steps must agree within ``tolerance``."""
+
+    prompt: str
+    steps: int
+    identical: int  # steps whose logit hash the score's position shares
+    first_different: int | None
+    max_logprob_delta: float
+    bitwise: bool  # what is asked: batch-invariant kernels
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.identical == self.steps if self.bitwise else self.max_logprob_delta <= self.tolerance
+
+    def row(self) -> AuditRow:
+        """As a row of the audit's table (``max_logit_delta`` holds the logprob difference)."""
+        change = f"{self.steps} generated steps scored in one forward"
+        return AuditRow(DECODE_VS_PREFILL, change, False, self.first_different, self.max_logprob_delta)
+
+    def lines(self) -> list[str]:
+        asked = "bitwise (batch-invariant kernels)" if self.bitwise else f"within {self.tolerance:g}"
+        verdict = "holds" if self.ok else "does NOT hold"
+        first = "" if self.first_different is None else f", first different at step {self.first_different}"
+        return [f"{DECODE_VS_PREFILL} of {self.prompt!r}: {asked} {verdict}: {self.identical} of "
+                f"{self.steps} steps bitwise identical{first}; largest |Δlogprob| "
+                f"{self.max_logprob_delta:.3g}",
+                *([] if self.ok else [f"  {DECODE_VS_PREFILL_MEANS}"])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "ok": self.ok}
+
+
+EXPLANATIONS[DECODE_VS_PREFILL] = DECODE_VS_PREFILL_MEANS

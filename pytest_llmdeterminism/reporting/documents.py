@@ -43,7 +43,11 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
     ``draw_margin`` (the golden's, where the tokens first differ);
     for INPUT_CHANGED ``inputs``
     (both sides' prompt and id window), ``first_input_difference`` and ``input_diff``; where the
-    budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``.
+    budgets differ ``max_new_tokens``, ``judged_steps``, ``new_steps`` and ``unchecked_steps``;
+    ``kind`` (``"generation"`` or ``"score"``) and, for a score check (its texts are the
+    continuation, its ``steps`` per position ``[piece, token id, rank margin, logprob]``),
+    ``log_likelihood`` ([golden's, this run's]), ``moved_positions`` (the positions that moved most:
+    position, token, piece, both logprobs and ranks, the golden's rank margin) and ``rank_changes``.
     """
     import msgspec
 
@@ -138,12 +142,37 @@ def run_report_markdown(document: dict[str, Any]) -> str:
             lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {verdict}{step}{passed}",
                       *(f"  - {_md(line)}" for line in _sampling_lines(c)),
                       *(f"  - {line}" for line in _text_lines(c))]
+    scored = [c for c in document["checks"] if c.get("kind") == "score" and c.get("log_likelihood")
+              and (not c["passed"] or c["verdict"] != "IDENTICAL")][:50]
+    if scored:
+        lines += ["", "### Score checks that moved (log-likelihood of the continuation, golden → now)", ""]
+        for c in scored:
+            passed = " (passed)" if c["passed"] else ""
+            lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md_code(c['verdict'])}{passed}",
+                      *(f"  - {_md(line)}" for line in score_lines(c))]
     incomplete = [c for c in document["checks"] if c.get("new_steps")]
     if incomplete:
         lines += ["", "### Goldens shorter than this run (re-record with `--llm-golden-update`)", ""]
         lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md(_budget_text(c))}"
                   for c in incomplete[:50]]
     return "\n".join(lines) + "\n"
+
+
+def score_lines(check: dict[str, Any]) -> list[str]:
+    """A score check's evidence as report lines: the log-likelihood before and after, the positions
+    that moved most (token, old and new logprob), the rank changes."""
+    old, new = check["log_likelihood"]
+    lines = [f"log-likelihood {old:.6f} → {new:.6f} (Δ {new - old:+.3g})"]
+    for p in check.get("moved_positions") or []:
+        rank = (f", rank {p['expected_rank']} → {p['actual_rank']}"
+                if p["expected_rank"] != p["actual_rank"] else "")
+        lines.append(f"position {p['position']} {p['piece']!r} (id {p['token']}): "
+                     f"{p['expected_logprob']:.6f} → {p['actual_logprob']:.6f}{rank}")
+    ranks = check.get("rank_changes") or []
+    if ranks:
+        lines.append(f"rank changed at {len(ranks)} position(s): " + ", ".join(
+            f"{p['position']} ({p['expected_rank']} → {p['actual_rank']})" for p in ranks[:8]))
+    return lines
 
 
 def _draw(check: dict[str, Any]) -> tuple[float, float] | None:
@@ -329,8 +358,8 @@ _CHECK_FILTERS: tuple[tuple[str, str, Callable[[str, bool], bool]], ...] = (
     ("changed", "changed", lambda verdict, passed: verdict != "IDENTICAL"),
     ("failed", "failed", lambda verdict, passed: not passed),
     ("regression", "REGRESSION", lambda verdict, passed: verdict == "REGRESSION"),
-    ("near-tie", "near ties (TIE_FLIP, SAMPLE_FLIP)",
-     lambda verdict, passed: verdict in ("TIE_FLIP", "SAMPLE_FLIP")),
+    ("near-tie", "near ties (TIE_FLIP, SAMPLE_FLIP, RANK_FLIP)",
+     lambda verdict, passed: verdict in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP")),
     ("drift", "drift (LOGIT_DRIFT)", lambda verdict, passed: verdict == "LOGIT_DRIFT"),
 )
 
@@ -413,7 +442,7 @@ def run_report_html(document: dict[str, Any]) -> str:
     sections = []
     for check in document["checks"]:
         status = "passed" if check["passed"] else "failed"
-        flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "REGRESSION")
+        flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP", "REGRESSION")
         step = check["first_divergence"] if flipped else None
         lines = []
         inputs = check.get("inputs") or {}
@@ -452,7 +481,9 @@ def run_report_html(document: dict[str, Any]) -> str:
                    if check["golden_margin"] is not None else ""),
                   html.escape(_sampling_lines(check)[0]) if check.get("sampling") else "",
                   html.escape(_budget_text(check)) if check.get("new_steps") else "",
-                  f"changed: {changed}" if changed else ""]
+                  f"changed: {changed}" if changed else "",
+                  *(html.escape(f"score: {line}") for line in
+                    (score_lines(check) if check.get("log_likelihood") else []))]
         groups = [name for name, _, shows in _CHECK_FILTERS if shows(check["verdict"], check["passed"])]
         searched = (check["test"], check["name"], check["verdict"], check.get("prompt"),
                     check.get("expected_text"), check.get("actual_text"))

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Comparison, Verdict, id_window
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, TopK
+from pytest_llmdeterminism.compare import Comparison, PositionChange, Recorded, Verdict, id_window
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
 from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
@@ -53,7 +53,7 @@ def missing(key: str, location: str, nodeid: str, other_variants: Sequence[str] 
 
 
 def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison,
-             expected: Generation, actual: Generation, decode: Decode, *, profile: Profile | str,
+             expected: Recorded, actual: Recorded, decode: Decode, *, profile: Profile | str,
              dtype: str = "float32", across: str = "", changed: Sequence[Change] | None = None) -> str:
     """A failure message of bounded length: verdict, where and how confident, what changed, the fix.
     ``profile``: the tolerance that failed it (with ``dtype``, the thresholds it applied, so the
@@ -64,7 +64,7 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode, failed)} — fails under {shown!r}"]
     if across:
         lines.append(f"  {across}")
-    if actual.sampling and comparison.verdict is not Verdict.INPUT_CHANGED:
+    if isinstance(actual, Generation) and actual.sampling and comparison.verdict is not Verdict.INPUT_CHANGED:
         lines.append(f"  {settings_text(actual.sampling)}")
     if comparison.verdict is Verdict.INPUT_CHANGED:
         lines.append("  the input changed, so outputs were not compared (recorded -> now):")
@@ -74,7 +74,10 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
             label = "prompt" + form_label(expected.prompt_form, actual.prompt_form)
             lines.append(f"    {label}: unchanged, {short(expected.prompt, 80)} "
                          f"({len(expected.prompt_token_ids)} ids, the same)")
+    elif comparison.score is not None:
+        lines += score_lines(comparison, decode)
     elif comparison.divergence is not None:
+        assert isinstance(expected, Generation) and isinstance(actual, Generation)
         d = comparison.divergence
         lines.append(f"  context:  {_context(actual, d.step, decode)}")
         lines.append(f"  expected: {_continuation(expected, d.step, decode)}")
@@ -82,7 +85,7 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
         lines.append(f"  expected top-{len(d.expected_top)} at step {d.step}: {_top(d.expected_top, decode)}")
         lines.append(f"  got      top-{len(d.actual_top)} at step {d.step}: {_top(d.actual_top, decode)}")
         lines.append(_drift_line(comparison))
-    elif comparison.verdict is Verdict.LOGIT_DRIFT:
+    elif comparison.verdict is Verdict.LOGIT_DRIFT and isinstance(expected, Generation):
         lines.append(f"  all {comparison.steps_compared} tokens match: {short(expected.text, 80)}")
     budget = budget_note(comparison)
     if budget:
@@ -94,8 +97,8 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     return "\n".join(lines)
 
 
-def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Generation,
-                     after: Generation, decode: Decode, *, attempts: tuple[int, int],
+def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, before: Recorded,
+                     after: Recorded, decode: Decode, *, attempts: tuple[int, int],
                      earlier_outcome: Outcome) -> str:
     """Two attempts of one test in one process (a rerun) generated different outputs for ``key``."""
     first, now = attempts
@@ -107,7 +110,10 @@ def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, 
     if between.verdict is Verdict.INPUT_CHANGED:
         for field, old, new in between.input_changes:
             lines += _input_change(field, old, new, before, after)
+    elif between.score is not None:
+        lines += score_lines(between, decode)
     elif between.divergence is not None:
+        assert isinstance(before, Generation) and isinstance(after, Generation)
         step = between.divergence.step
         lines.append(f"  context:    {_context(after, step, decode)}")
         lines.append(f"  attempt {first}: {_continuation(before, step, decode)}")
@@ -124,6 +130,8 @@ def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
     if d is not None:
         return (f"tokens differ from step {d.step}: {_token(d.expected_token, decode)}, "
                 f"then {_token(d.actual_token, decode)}")
+    if between.score is not None:
+        return f"the same continuation scored differently from position {between.first_hash_step}"
     return f"same tokens, logits differ from step {between.first_hash_step}"
 
 
@@ -131,7 +139,7 @@ def _failed_condition(comparison: Comparison, profile: Profile, dtype: str) -> s
     """The condition of ``profile`` that a verdict it may pass failed, with both numbers; "" where
     the verdict alone fails the profile (a REGRESSION, anything under ``exact``)."""
     verdict = comparison.verdict
-    if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP) \
+    if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP) \
             or profile.name is ProfileName.EXACT:
         return ""
     flipped = verdict is not Verdict.LOGIT_DRIFT
@@ -140,7 +148,8 @@ def _failed_condition(comparison: Comparison, profile: Profile, dtype: str) -> s
     atol = profile.atol if profile.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
     drift = comparison.max_logprob_delta
     if drift > atol:
-        measured = "drift before the flip" if flipped else "max |Δlogprob| in top-k"
+        measured = ("max |Δlogprob|" if comparison.score is not None else
+                    "drift before the flip" if flipped else "max |Δlogprob| in top-k")
         return f"{measured} {delta(drift)} > atol {atol:g}"
     return "a changed token fails 'close'" if flipped and profile.name is ProfileName.CLOSE else ""
 
@@ -152,6 +161,8 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
     d = comparison.divergence
     if comparison.verdict is Verdict.INPUT_CHANGED:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
+    if comparison.score is not None:
+        return _score_headline(comparison, decode, failed)
     if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
         return (f"{verdict} — same tokens; the step hashes are not comparable "
                 f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "
@@ -181,6 +192,67 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
     return f"{tokens}; " + (f"{failed} ({confidence}, which alone would pass)" if failed else confidence)
 
 
+def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
+    """A score's verdict: where it moved, the rank change that decided it, the condition that failed."""
+    assert comparison.score is not None
+    evidence, verdict = comparison.score, comparison.verdict.value
+    beyond = evidence.atol is not None and comparison.max_logprob_delta > evidence.atol
+    where = (f"{evidence.moved_positions} of {evidence.positions} positions' logprobs moved, "
+             f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}"
+             + (f" > atol {evidence.atol:g}" if beyond and not failed else ""))
+    if comparison.hash_definitions is not None:
+        where += (f" (golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: "
+                  "not comparable bit for bit)")
+    # The rank change that decided the verdict: a confident one (a REGRESSION), else a near tie's.
+    confident = [c for c in evidence.rank_changes
+                 if c.rank_margin is None or c.rank_margin >= comparison.tie_margin]
+    flips = confident or (evidence.rank_changes if comparison.verdict is Verdict.RANK_FLIP else ())
+    if flips:
+        c = flips[0]
+        margin = "unknown" if c.rank_margin is None else f"{c.rank_margin:.3g}"
+        near = c.rank_margin is not None and c.rank_margin < comparison.tie_margin
+        rank = (f"the rank of {_token(c.token, decode)} at position {c.position} changed "
+                f"{_rank(c.expected_rank)} -> {_rank(c.actual_rank)}; golden rank margin {margin} "
+                + (f"< tie margin {comparison.tie_margin:g}: near tie" if near else
+                   f">= tie margin {comparison.tie_margin:g}: not a near tie"))
+        where = f"{rank}; {where}" if not beyond else f"{where}; {rank}"
+    lead = f"{verdict} (score) at position {comparison.first_hash_step}"
+    return f"{lead} — {failed}; {where}" if failed else f"{lead} — {where}"
+
+
+def _rank(rank: int | None) -> str:
+    return "outside the top-k" if rank is None else f"#{rank}"
+
+
+def score_lines(comparison: Comparison, decode: Decode) -> list[str]:
+    """The evidence of two scores: the positions that moved most (token, old and new logprob), every
+    rank change, and the continuation's log-likelihood before and after."""
+    assert comparison.score is not None
+    evidence = comparison.score
+    lines = [f"  log-likelihood of the continuation ({evidence.positions} tokens): "
+             f"{evidence.expected_total:.6f} -> {evidence.actual_total:.6f} "
+             f"(Δ {evidence.actual_total - evidence.expected_total:+.3g})"]
+    if evidence.moved:
+        shown = len(evidence.moved)
+        lines.append(f"  the {shown} of {evidence.moved_positions} moved positions that moved most "
+                     "(position, token, logprob golden -> now):")
+        lines += [f"    {_position(change, decode)}" for change in evidence.moved]
+    others = [c for c in evidence.rank_changes if c not in evidence.moved]
+    if evidence.rank_changes:
+        lines.append(f"  the given token's rank changed at {len(evidence.rank_changes)} position(s): "
+                     + ", ".join(f"{c.position} ({_rank(c.expected_rank)} -> {_rank(c.actual_rank)})"
+                                 for c in evidence.rank_changes[:8]))
+    lines += [f"    {_position(change, decode)}" for change in others[:3]]
+    return lines
+
+
+def _position(change: PositionChange, decode: Decode) -> str:
+    rank = (f", rank {_rank(change.expected_rank)} -> {_rank(change.actual_rank)}"
+            if change.expected_rank != change.actual_rank else "")
+    return (f"[{change.position}] {_token(change.token, decode)}: {change.expected_logprob:.6f} -> "
+            f"{change.actual_logprob:.6f} (Δ {change.actual_logprob - change.expected_logprob:+.3g}{rank})")
+
+
 def _hashes(comparison: Comparison, side: int) -> str:
     assert comparison.hash_definitions is not None
     name = comparison.hash_definitions[side]
@@ -205,7 +277,17 @@ def _drift_line(comparison: Comparison) -> str:
            f"({matched / total:.0%}); {drift}"
 
 
-def _input_change(field: str, old: Any, new: Any, expected: Generation, actual: Generation) -> list[str]:
+def _input_change(field: str, old: Any, new: Any, expected: Recorded, actual: Recorded) -> list[str]:
+    if field == "kind":
+        return [(f"    kind: {old} -> {new} (the golden holds a {old}, this check gave a {new}: give the "
+                 f"{new} check its own name, golden_tokens.check(..., name=...), or re-record the golden "
+                 "with --llm-golden-update)")]
+    if field == "continuation":
+        first = first_difference(old, new)
+        texts = [gen.continuation if isinstance(gen, Score) else "" for gen in (expected, actual)]
+        return [f"    continuation: {short(texts[0], 60)} -> {short(texts[1], 60)}",
+                (f"    continuation token ids differ from position {first} ({len(old)} -> {len(new)} ids): "
+                 f"{_id_window(old, first)} -> {_id_window(new, first)}")]
     if field == "batch_shape" and str(old).startswith("1x") and new == f"1x{len(actual.prompt_token_ids)}":
         return [(f"    {field}: {short(old)} -> {short(new)} (at B = 1 a prompt now runs alone at its own "
                 "length, unpadded, as a plain generate() does; a golden recorded padded is re-recorded "
@@ -236,7 +318,7 @@ def _kernels(generation: Any) -> str:
     return f"batch-invariant ({generation})" if generation else "shape-dependent"
 
 
-def _prompt_lines(expected: Generation, actual: Generation) -> list[str]:
+def _prompt_lines(expected: Recorded, actual: Recorded) -> list[str]:
     """Both sides' prompt as the model saw it (a chat conversation rendered with its template)."""
     label = "prompt" + form_label(expected.prompt_form, actual.prompt_form)
     if expected.prompt == actual.prompt:
@@ -252,7 +334,7 @@ def _id_window(ids: Sequence[int], first: int) -> str:
     return f"[{'…, ' if start else ''}{shown}{', …' if len(ids) > end else ''}]"
 
 
-def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None) -> Decode:
+def decoder_for(expected: Recorded, actual: Recorded, tokenizer: Any = None) -> Decode:
     """Token id -> text. Generated tokens use the pieces recorded with them (the golden's own
     text wins), other ids the current ``tokenizer`` when given, else ``<id N>``."""
     known = {t: p for gen in (actual, expected) for t, p in zip(gen.token_ids, gen.pieces, strict=False)}
@@ -267,17 +349,19 @@ def decoder_for(expected: Generation, actual: Generation, tokenizer: Any = None)
     return decode
 
 
-def assertrepr(actual: Generation, expected: Generation) -> list[str]:
-    """Lines for ``assert actual == expected`` on two Generations, as golden checks show them."""
+def assertrepr(actual: Recorded, expected: Recorded) -> list[str]:
+    """Lines for ``assert actual == expected`` on two Generations (or two Scores), as golden checks
+    show them."""
     from pytest_llmdeterminism.compare import compare
 
+    kind = type(actual).__name__
     comparison = compare(expected, actual)
     if comparison.verdict is Verdict.IDENTICAL:
-        return [("Generations differ only in fields outside tokens, logits and inputs "
+        return [(f"{kind}s differ only in fields outside tokens, logits and inputs "
                  "(e.g. decoded text or pieces)")]
     text = mismatch("left == right", "(right side)", None, comparison, expected, actual,
                     decoder_for(expected, actual), profile="exact")
-    return ["Generation == Generation: " + text.split(": ", 1)[1].splitlines()[0],
+    return [f"{kind} == {kind}: " + text.split(": ", 1)[1].splitlines()[0],
             *text.splitlines()[1:]]
 
 
@@ -302,7 +386,7 @@ def _top(top: TopK, decode: Decode) -> str:
     return ", ".join(f"{decode(t)!r} {lp:.3f}" for t, lp in top) or "(none: output had ended)"
 
 
-def _fingerprint_changes(expected: Generation, actual: Generation,
+def _fingerprint_changes(expected: Recorded, actual: Recorded,
                          changes: Sequence[Change] | None = None) -> list[str]:
     if changes is None:
         from pytest_llmdeterminism.goldens.fingerprint import diff

@@ -144,12 +144,23 @@ def wider_tolerance(comparison: Comparison, *, dtype: str) -> str:
     """For a check that failed only on the size of its logit drift: a ``near_tie`` profile that
     would pass it, with the drift rounded up; "" for any other failure."""
     drift = comparison.max_logprob_delta
-    if comparison.verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP) \
-            or not 0 < drift < math.inf:
+    tolerable = (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP)
+    if comparison.verdict not in tolerable and not _score_drift_only(comparison):
+        return ""
+    if not 0 < drift < math.inf:
         return ""
     atol = _round_up(drift)
     return (f"to pass {dtype} drift of this size instead (max |Δlogprob| {delta(drift)}): "
             f"--llm-tolerance='near_tie(margin={comparison.tie_margin:g}, atol={atol:g})'")
+
+
+def _score_drift_only(comparison: Comparison) -> bool:
+    """A score's REGRESSION that only its logprobs' distance made one (no rank changed where the
+    golden was confident): a wider atol would pass it."""
+    evidence = comparison.score
+    return (comparison.verdict is Verdict.REGRESSION and evidence is not None and all(
+        change.rank_margin is not None and change.rank_margin < comparison.tie_margin
+        for change in evidence.rank_changes))
 
 
 def _round_up(value: float) -> float:
@@ -184,7 +195,7 @@ def budget_note(comparison: Comparison, accept: str | None = None) -> str:
 
 # Fingerprint fields that say the checkpoint itself changed (its weights, or a hub id's commit).
 _MODEL_FIELDS = ("weights_hash", "model_commit")
-_DRIFT_VERDICTS = ("LOGIT_DRIFT", "TIE_FLIP", "SAMPLE_FLIP")
+_DRIFT_VERDICTS = ("LOGIT_DRIFT", "TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP")
 
 
 def after_model_change(checks: Sequence[CheckRecord], *, candidates: str | None) -> list[str]:

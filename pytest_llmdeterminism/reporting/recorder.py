@@ -21,7 +21,7 @@ from pytest_llmdeterminism.reporting.records import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_llmdeterminism.generation import Generation
+    from pytest_llmdeterminism.compare import Recorded
 
 
 Site = tuple[types.FrameType, int, int]  # the frame that called check(), its instruction and line
@@ -69,7 +69,7 @@ class TestOutcomes:
         the attempt, so its checks take it when the attempt's ``golden_tokens`` is built."""
         return {key: tuple(attempts) for key, attempts in self._earlier.items()}
 
-    def record(self, path: Path, key: str, generation: Generation, *, written: Written,
+    def record(self, path: Path, key: str, generation: Recorded, *, written: Written,
                overwrote: Verdict | None = None) -> None:
         """A golden to write at the end of the run; ``overwrote``: the verdict of the one it replaces."""
         self.data.records.append(GoldenWrite.of(path, key, generation, overwrote=overwrote))
@@ -83,7 +83,7 @@ class TestOutcomes:
     def audited(self, report: dict[str, Any]) -> None:
         self.data.audits.append(report)
 
-    def candidate(self, path: Path, key: str, generation: Generation) -> None:
+    def candidate(self, path: Path, key: str, generation: Recorded) -> None:
         """A missing or failing check's actual result, for ``--llm-golden-artifacts``."""
         self.data.candidates.append(GoldenWrite.of(path, key, generation))
 

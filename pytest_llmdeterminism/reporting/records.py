@@ -17,12 +17,20 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Comparison, Verdict, first_token_divergence, id_window
+from pytest_llmdeterminism.compare import (
+    Comparison,
+    PositionChange,
+    Recorded,
+    Verdict,
+    first_token_divergence,
+    id_window,
+    kind_of,
+)
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.schema import Entry
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.generation import Generation
     from pytest_llmdeterminism.tolerance import Profile
 
 
@@ -36,7 +44,7 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     overwrote: str = ""  # the verdict of the golden an update replaced (a Verdict's value); "" for none
 
     @classmethod
-    def of(cls, path: Path, key: str, generation: Generation, *,
+    def of(cls, path: Path, key: str, generation: Recorded, *,
            overwrote: Verdict | None = None) -> GoldenWrite:
         return cls(str(path), key, generation.variant, schema.to_struct(schema.to_entry(generation)),
                    overwrote.value if overwrote is not None else "")
@@ -53,11 +61,32 @@ class InputRecord(msgspec.Struct, kw_only=True, gc=False):
     ids_total: int
 
     @classmethod
-    def of(cls, generation: Generation, first_difference: int | None) -> InputRecord:
+    def of(cls, generation: Recorded, first_difference: int | None) -> InputRecord:
         ids = generation.prompt_token_ids
         start, end = id_window(len(ids), first_difference, before=8, after=24)
         return cls(prompt=generation.prompt, prompt_form=generation.prompt_form,
                    prompt_token_ids=list(ids[start:end]), ids_from=start, ids_total=len(ids))
+
+
+class MovedPosition(msgspec.Struct, kw_only=True, gc=False):
+    """One position of a score check whose given token's logprob (or rank) moved."""
+
+    position: int
+    token: int
+    piece: str  # the token's text as the golden recorded it
+    expected_logprob: float
+    actual_logprob: float
+    expected_rank: int | None
+    actual_rank: int | None
+    rank_margin: float | None  # the golden's distance from the token to its neighbour in rank
+
+    @classmethod
+    def of(cls, change: PositionChange, expected: Score) -> MovedPosition:
+        piece = expected.pieces[change.position] if change.position < len(expected.pieces) else ""
+        return cls(position=change.position, token=change.token, piece=piece,
+                   expected_logprob=change.expected_logprob, actual_logprob=change.actual_logprob,
+                   expected_rank=change.expected_rank, actual_rank=change.actual_rank,
+                   rank_margin=change.rank_margin)
 
 
 class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
@@ -101,6 +130,13 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     judged_steps: int = 0  # where max_new_tokens differ: the golden's steps that were judged
     new_steps: int = 0
     unchecked_steps: int = 0
+    # A score check (golden_tokens.check(score)): "score" (its texts are the continuation); the
+    # positions that moved most and every rank change; the continuation's log-likelihood
+    # [golden's, this run's] (None: a generation, or no golden).
+    kind: str = "generation"
+    moved_positions: list[MovedPosition] = msgspec.field(default_factory=list)
+    rank_changes: list[MovedPosition] = msgspec.field(default_factory=list)
+    log_likelihood: tuple[float, float] | None = None
 
     @classmethod
     def of(cls, decision: Decision, *, name: str) -> CheckRecord:
@@ -113,17 +149,25 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
             first_input = first_token_divergence(expected.prompt_token_ids, actual.prompt_token_ids)
             inputs = {side: InputRecord.of(gen, first_input) for side, gen in (("expected", expected),
                                                                                ("actual", actual))}
+        evidence = comparison.score
+        moved: list[MovedPosition] = []
+        ranks: list[MovedPosition] = []
+        if evidence is not None and isinstance(expected, Score):
+            moved = [MovedPosition.of(change, expected) for change in evidence.moved]
+            ranks = [MovedPosition.of(change, expected) for change in evidence.rank_changes]
         return cls(
+            kind=kind_of(actual), moved_positions=moved, rank_changes=ranks,
+            log_likelihood=(evidence.expected_total, evidence.actual_total) if evidence is not None else None,
             name=name, variant=decision.variant,
             run_variant=actual.variant if actual.variant != decision.variant else "",
             verdict=comparison.verdict.value, passed=decision.passed,
             profile=str(decision.profile) if decision.profile is not None else "",
             prompt=actual.prompt,
-            expected_text=expected.text if expected is not None else None,
-            actual_text=actual.text,
+            expected_text=text_of(expected) if expected is not None else None,
+            actual_text=text_of(actual),
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
-            sampling=actual.sampling,
+            sampling=actual.sampling if isinstance(actual, Generation) else {},
             draw_margin=divergence.draw_margin if divergence else None,
             max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
             input_changes=[field for field, _, _ in comparison.input_changes],
@@ -188,7 +232,7 @@ class Attempt(NamedTuple):
     process) generated for one golden key, and how its check ended."""
 
     number: int
-    output: Generation
+    output: Recorded
     outcome: Outcome
 
 
@@ -203,9 +247,9 @@ class Decision:
 
     comparison: Comparison  # the verdict and its evidence; MISSING and NONDETERMINISTIC included
     passed: bool
-    actual: Generation  # this run's generation
+    actual: Recorded  # this run's generation (or score)
     # The golden it was judged against; for NONDETERMINISTIC the earlier attempt's output; None: MISSING.
-    expected: Generation | None
+    expected: Recorded | None
     variant: str  # the golden variant looked up (another than ``actual.variant`` under fallback)
     profile: Profile | None = None  # the tolerance that judged it; None where none did
     explicit: bool = False  # the profile was set (by the test or the run), not the default
@@ -256,8 +300,21 @@ class TestRecords(msgspec.Struct):
 
 
 
-def _steps(generation: Generation, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
-    """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report."""
+def text_of(recorded: Recorded) -> str:
+    """A generation's text, a score's continuation."""
+    return recorded.continuation if isinstance(recorded, Score) else recorded.text
+
+
+def _steps(generation: Recorded, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
+    """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report; a score's
+    ``(piece, token id, rank margin, the given token's logprob)`` per position."""
+    if isinstance(generation, Score):
+        rows: list[tuple[str, int, float, float | None]] = [
+            (piece, token, margin if margin is not None else 0.0, logprob)
+            for piece, token, margin, logprob in zip(generation.pieces, generation.token_ids,
+                                                     generation.rank_margins, generation.logprobs,
+                                                     strict=False)]
+        return rows[:limit]
     return [(piece, token, margin, top[0][1] if top else None)
             for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
                                                  generation.top_logprobs, strict=False)][:limit]

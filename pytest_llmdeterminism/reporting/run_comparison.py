@@ -22,7 +22,7 @@ CHANGED, APPEARED, DISAPPEARED, SAME = "changed", "appeared", "disappeared", "sa
 _ORDER = (CHANGED, APPEARED, DISAPPEARED, SAME)
 # Within "changed": the later run's verdict, worst first.
 _SEVERITY = ("REGRESSION", "NONDETERMINISTIC", "INPUT_CHANGED", "MISSING", "SAMPLE_FLIP", "TIE_FLIP",
-             "LOGIT_DRIFT", "IDENTICAL")
+             "RANK_FLIP", "LOGIT_DRIFT", "IDENTICAL")
 
 
 @dataclass(frozen=True)

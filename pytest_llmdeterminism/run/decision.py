@@ -12,8 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from pytest_llmdeterminism.compare import Comparison, Verdict, compare
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.compare import Comparison, Recorded, Verdict, compare
 from pytest_llmdeterminism.goldens.fingerprint import diff, numerics_changes
 from pytest_llmdeterminism.reporting.records import Attempt, Decision, Written
 from pytest_llmdeterminism.tolerance import Profile, default_profile
@@ -21,15 +20,17 @@ from pytest_llmdeterminism.tolerance import Profile, default_profile
 __all__ = ["Decision", "contradicted", "decide", "judge"]
 
 
-def judge(expected: Generation, actual: Generation, profile: Profile) -> tuple[Comparison, bool]:
-    """The one comparison every check goes through: the verdict, and whether ``profile`` passes it."""
+def judge(expected: Recorded, actual: Recorded, profile: Profile) -> tuple[Comparison, bool]:
+    """The one comparison every check goes through: the verdict, and whether ``profile`` passes it
+    (generations and scores alike; a score's logprob moved beyond the profile's atol is a REGRESSION)."""
     # Defaults follow the run's dtype: a bf16 run against an fp32 golden is judged with bf16 noise.
     dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))
-    comparison = compare(expected, actual, tie_margin=profile.tie_margin(dtype))
+    comparison = compare(expected, actual, tie_margin=profile.tie_margin(dtype),
+                         atol=profile.score_atol(dtype))
     return comparison, profile.accepts(comparison, dtype)
 
 
-def contradicted(earlier: Sequence[Attempt], actual: Generation) -> tuple[Attempt, Comparison] | None:
+def contradicted(earlier: Sequence[Attempt], actual: Recorded) -> tuple[Attempt, Comparison] | None:
     """The first earlier attempt whose output differs from ``actual`` (inputs, tokens or logit
     hashes), with how it differs; None where every one generated the same (or there is none)."""
     for attempt in earlier:
@@ -39,7 +40,7 @@ def contradicted(earlier: Sequence[Attempt], actual: Generation) -> tuple[Attemp
     return None
 
 
-def decide(actual: Generation, *, golden: Generation | None, variant: str, explicit: Profile | None,
+def decide(actual: Recorded, *, golden: Recorded | None, variant: str, explicit: Profile | None,
            update: str | None, earlier: Sequence[Attempt] = (), others: Sequence[str] = ()) -> Decision:
     """The decision for ``actual`` against ``golden``, the stored entry of ``variant`` (None: there is
     none; ``others``: the variants the key does have). ``earlier``: what earlier attempts of the test
@@ -62,7 +63,7 @@ def decide(actual: Generation, *, golden: Generation | None, variant: str, expli
     # A flip at a near tie may pass, but the golden's continuation after it no longer describes the
     # model: updating re-records it, as it does every failing check. A golden its smaller budget cut
     # short is incomplete: updating records the steps it lacks.
-    flipped = comparison.verdict in (Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP)
+    flipped = comparison.verdict in (Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP)
     rerecord = update == "all" and (not passed or flipped or bool(comparison.new_steps))
     # A check judged against another variant leaves this run's own variant missing: the reviewer gets
     # it as a candidate, passing or not.

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError
+from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Recorded
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Decision, Written
@@ -60,8 +60,10 @@ class GoldenTokens:
         """The command that records (or re-records) this test's goldens, with the run's options."""
         return hints.accept_command(self._target)
 
-    def check(self, generation: Generation, name: str | None = None) -> Comparison | None:
-        """Compare ``generation`` with its golden (or record it under ``--llm-golden-update``).
+    def check(self, generation: Generation | Score, name: str | None = None) -> Comparison | None:
+        """Compare ``generation`` with its golden (or record it under ``--llm-golden-update``); a
+        :class:`~pytest_llmdeterminism.generation.Score` from ``llm_model.score()`` is recorded and
+        checked the same way, position by position (a score golden: ``"kind": "score"``).
 
         Several checks in one test need distinct goldens: unnamed ones are numbered in call order
         (``test``, ``test#2``, ...), named ones are stored as ``test::name``. Returns the comparison, or
@@ -69,16 +71,18 @@ class GoldenTokens:
         judged and gets its candidate, and the test fails at its end listing each failing one.
         """
         __tracebackhide__ = True
-        if not isinstance(generation, Generation):
-            raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate(), "
-                            f"got {type(generation).__name__}")
+        if not isinstance(generation, (Generation, Score)):
+            raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate() or a Score "
+                            f"from llm_model.score(), got {type(generation).__name__}")
         unstorable = schema.generation_problem(generation)
         if unstorable:
             raise ConfigurationError(
                 "golden_tokens.check(generation)", NO_VALUE,
-                f"{unstorable}, so no golden can hold this generation: nothing was recorded or compared. "
-                + ("Generate fewer tokens (llm_model.generate(..., max_new_tokens=...)) or shorten the prompt"
-                   if unstorable.too_long else
+                f"{unstorable}, so no golden can hold this {type(generation).__name__.lower()}: nothing "
+                "was recorded or compared. "
+                + (("Score a shorter continuation" if isinstance(generation, Score) else
+                    "Generate fewer tokens (llm_model.generate(..., max_new_tokens=...))")
+                   + " or shorten the prompt" if unstorable.too_long else
                    "The engine returned it (a server's answer, say): check the engine, or test this "
                    "generation's fields with plain asserts"))
         site = _caller_site()
@@ -93,7 +97,7 @@ class GoldenTokens:
             raise
         return self._record(decision, key, notes, site, accept)  # word its failure, record (and report it)
 
-    def _decide(self, key: str, generation: Generation) -> Decision:
+    def _decide(self, key: str, generation: Recorded) -> Decision:
         """Look up what the decision needs (the key's golden, the profile the test or the run set);
         decide."""
         update = self._options.update
@@ -169,17 +173,17 @@ def _caller_site() -> Site | None:
     return None if caller is None else (caller, caller.f_lasti, caller.f_lineno)
 
 
-def assert_tokens_match(actual: Generation, expected: Generation | Mapping[str, Any],
+def assert_tokens_match(actual: Generation | Score, expected: Generation | Score | Mapping[str, Any],
                         tolerance: str | Profile = "exact", *, tokenizer: Any = None) -> Comparison:
     """Assert that ``actual`` matches ``expected`` under a tolerance profile.
 
-    ``expected`` is a :class:`Generation` or a stored golden entry (one variant's dict from a
-    golden file). Raises :class:`GoldenMismatchError` (an ``AssertionError``) carrying the
-    comparison; returns the comparison when it passes. Pass ``tokenizer`` to decode top-k tokens
-    that neither side generated.
+    ``expected`` is a :class:`Generation` (or a :class:`Score`, for a score) or a stored golden
+    entry (one variant's dict from a golden file). Raises :class:`GoldenMismatchError` (an
+    ``AssertionError``) carrying the comparison; returns the comparison when it passes. Pass
+    ``tokenizer`` to decode top-k tokens that neither side generated.
     """
     __tracebackhide__ = True
-    if not isinstance(expected, Generation):
+    if not isinstance(expected, (Generation, Score)):
         try:
             expected = schema.from_entry(expected)  # validated once, here where it enters
         except (msgspec.ValidationError, TypeError) as error:

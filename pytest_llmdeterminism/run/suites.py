@@ -4,6 +4,11 @@
     {"id": "count", "prompt": "Count: one,", "tolerance": "tokens"}
     {"id": "chat", "messages": [{"role": "user", "content": "What is the capital of Peru?"}]}
     {"id": "story", "prompt": "Once upon a time", "do_sample": true, "temperature": 0.8, "seed": 3}
+    {"id": "belief", "prompt": "The capital of France is", "continuation": " Paris"}
+
+A line with a ``"continuation"`` is a score check: ``golden_tokens.check(llm_model.score(prompt,
+continuation))``, the logprobs the model gives that continuation (no budget, no sampling); the
+score lines of a file are scored ``B`` at a time like the generations.
 
 Each item is a test function of its own, ``@deterministic(max_new_tokens=..., tolerance=...)`` from
 its line, that takes the ``llm_model`` and ``golden_tokens`` fixtures like any test (so
@@ -33,14 +38,14 @@ from pytest_llmdeterminism.tolerance import parse_profile
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr  # the type pytest.Item.repr_failure returns; not exported
 
-    from pytest_llmdeterminism.generation import Generation
+    from pytest_llmdeterminism.generation import Generation, Score
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
 SUFFIX = ".llm.jsonl"
 # A sampled item's settings (llm_model.generate's names); its seed is its own, the rest group chunks.
 _SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "min_p")
-_FIELDS = {"id", "prompt", "messages", "max_new_tokens", "tolerance", *_SAMPLING, "seed"}
+_FIELDS = {"id", "prompt", "messages", "max_new_tokens", "tolerance", *_SAMPLING, "seed", "continuation"}
 
 
 def is_suite(path: Path) -> bool:
@@ -63,6 +68,7 @@ class PromptSuite(pytest.Module):
 
     def collect(self) -> Iterator[PromptItem]:
         self._results: dict[str, Generation] = {}
+        self._scores: dict[str, Score] = {}
         seen: set[str] = set()
         for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
@@ -74,9 +80,11 @@ class PromptSuite(pytest.Module):
             seen.add(case["id"])
             yield PromptItem.from_parent(self, name=case["id"], callobj=check_prompt, case=case, line=number)
 
-    def result_for(self, item: PromptItem, llm_model: LLMModel) -> Generation:
-        """The item's generation. Audited runs generate each item alone (the audit examines every
-        generation of its own test); otherwise the item's whole chunk runs on first need."""
+    def result_for(self, item: PromptItem, llm_model: LLMModel) -> Generation | Score:
+        """The item's generation (or score). Audited runs generate each item alone (the audit examines
+        every generation of its own test); otherwise the item's whole chunk runs on first need."""
+        if item.continuation is not None:
+            return self._score_for(item, llm_model)
         overrides = {**({"max_new_tokens": item.budget} if item.budget is not None else {}), **item.sampling}
         seeded = "seed" in item.case or item.sampling.get("do_sample") is True
         if llm_model.audited:
@@ -96,6 +104,20 @@ class PromptSuite(pytest.Module):
                 self._results[peer.name] = generated
         return self._results.pop(item.name)
 
+    def _score_for(self, item: PromptItem, llm_model: LLMModel) -> Score:
+        """A score line's score: its chunk of the file's score lines, scored on first need."""
+        if item.name not in self._scores:
+            peers = sorted((i for i in self.session.items
+                            if isinstance(i, PromptItem) and i.parent is self and i.group == item.group),
+                           key=lambda i: i.line)
+            rows = 1 if llm_model.audited else llm_model.settings.batch_shape.rows
+            start = peers.index(item) // rows * rows
+            chunk = peers[start:start + rows]
+            scored = llm_model.score([(p.prompt, p.continuation or "") for p in chunk])
+            for peer, score in zip(chunk, scored, strict=True):
+                self._scores[peer.name] = score
+        return self._scores.pop(item.name)
+
 
 class PromptItem(pytest.Function):
     def __init__(self, *, case: dict[str, Any], line: int, **kwargs: Any) -> None:
@@ -104,8 +126,11 @@ class PromptItem(pytest.Function):
         self.line = line
         self.budget: int | None = case.get("max_new_tokens")
         self.sampling: dict[str, Any] = {k: case[k] for k in _SAMPLING if k in case}
-        # items generated together: the same budget and sampling settings (each keeps its own seed)
-        self.group = (self.budget, json.dumps(self.sampling, sort_keys=True))
+        self.continuation: str | None = case.get("continuation")  # a score line
+        # items generated together: the same budget and sampling settings (each keeps its own seed);
+        # score lines together
+        self.group = ("score", "") if self.continuation is not None else \
+            (self.budget, json.dumps(self.sampling, sort_keys=True))
         # a string or a conversation
         self.prompt: Any = case["prompt"] if "prompt" in case else case["messages"]
         self.add_marker(getattr(pytest.mark, MARKER)(**{k: case[k] for k in ("max_new_tokens", "tolerance")
@@ -145,6 +170,15 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
     if unknown:
         raise ConfigurationError(where, sorted(unknown),
                                  f"unknown field(s); accepted: {', '.join(sorted(_FIELDS))}")
+    if "continuation" in case:
+        generating = sorted(set(case) & {"max_new_tokens", *_SAMPLING, "seed"})
+        if not isinstance(case["continuation"], str) or not case["continuation"]:
+            raise ConfigurationError(where, case["continuation"], 'expected "continuation" as a non-empty '
+                                     'string: the text whose logprobs the line checks')
+        if generating:
+            raise ConfigurationError(where, generating, 'a line with a "continuation" is a score check: '
+                                     'nothing is generated, so it takes no budget or sampling settings; '
+                                     'remove them, or the "continuation" for a generation check')
     budget = case.get("max_new_tokens")
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
         raise ConfigurationError(where, budget, "max_new_tokens must be an integer >= 1")

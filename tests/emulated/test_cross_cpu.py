@@ -162,6 +162,31 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
         f"under -cpu {other_vendor}:\n{output[-4000:]}"
 
 
+SCORE_PROBE = """
+from pytest_llmdeterminism import deterministic
+
+PAIRS = [("The capital of France is", " Paris, a city of light."), ("def add(a, b):", "\\n    return a + b")]
+
+@deterministic
+def test_score(llm_model, golden_tokens):
+    for (prompt, _), score in zip(PAIRS, llm_model.score(PAIRS)):
+        golden_tokens.check(score, name=prompt)
+"""
+
+
+def test_score_goldens_are_identical_under_another_vendors_cpu(tmp_path):
+    """Score goldens (issue 42: teacher-forced logprobs, one forward over prompt + continuation) travel
+    between CPUs under portable numerics, bit for bit, like generation goldens."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x32\n")
+    (tmp_path / "test_probe.py").write_text(SCORE_PROBE)
+    code, output = _finish(_pytest(tmp_path, "--llm-golden-update"))
+    assert code == 0 and "golden checks: 2 recorded" in output, output[-3000:]
+    other_vendor, _ = _foreign_cpus()
+    code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
+    assert code == 0 and "golden checks: 2 IDENTICAL" in output, \
+        f"under -cpu {other_vendor}:\n{output[-4000:]}"
+
+
 LINEAR_PROBE = """
 import json, sys
 from pytest_llmdeterminism.compute import numerics, tensor_ops

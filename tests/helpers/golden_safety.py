@@ -13,6 +13,6 @@ VALID_GOLDEN = codec.dumps({"test_x": {"cpu/float32": schema.to_entry(sample_gen
 BAD_GOLDENS = {
     "nan": VALID_GOLDEN.decode().replace('"margin":2.4', '"margin":NaN', 1),
     "duplicate": VALID_GOLDEN.decode().replace('    "test_x": {', '    "test_x": {},\n    "test_x": {', 1),
-    "string schema": VALID_GOLDEN.decode().replace(f'"schema": "{codec.FORMAT}"', '"schema": "2"'),
+    "string schema": VALID_GOLDEN.decode().replace(f'"schema": "{codec.GENERATION_FORMAT}"', '"schema": "2"'),
 }
 

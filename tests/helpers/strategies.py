@@ -2,7 +2,7 @@
 
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.generation import Generation, Score
 
 _logprob = st.floats(min_value=-30, max_value=0, allow_nan=False).map(lambda v: round(v, 6))
 
@@ -49,3 +49,21 @@ def sample_generation(steps: int = 2) -> Generation:
 # The last one holds 40+ tokens: too long for 4x32, fine at the default 1x128.
 POOL = ["The sky is", "Count: one,", " ".join(["the"] * 20 + ["000000 0000000 00000000"] * 4)]
 PROMPT = "The capital of France is"
+
+
+def sample_score(positions: int = 3, *, prompt_logprobs: bool = False) -> Score:
+    """A fixed, valid score record (teacher-forced logprobs of a continuation) for tests that edit
+    one field of it. Position 1 is a planted near tie: its given token is ranked 2, 0.01 below the
+    top-1, so a small drift can swap the two."""
+    tokens = tuple(30 + i for i in range(positions))
+    logprobs = tuple(-0.5 - 0.25 * i if i != 1 else -0.70 for i in range(positions))
+    tops = tuple(((tokens[i], logprobs[i]), (90 + i, logprobs[i] - 2.5)) if i != 1
+                 else ((80, -0.69), (tokens[i], -0.70)) for i in range(positions))
+    return Score(
+        prompt="p", prompt_token_ids=(1, 2), continuation="xyz"[:positions], token_ids=tokens,
+        logprobs=logprobs, ranks=tuple(2 if i == 1 else 1 for i in range(positions)),
+        step_hashes=tuple(f"{0xabc0 + i:016x}" for i in range(positions)), top_logprobs=tops,
+        rank_margins=tuple(0.01 if i == 1 else 2.5 for i in range(positions)), batch_shape="1x8",
+        pieces=tuple("xyz"[i % 3] for i in range(positions)), fingerprint={"dtype": "float32"},
+        prompt_logprobs=(None, -1.5) if prompt_logprobs else (),
+    )

@@ -132,8 +132,8 @@ def test_a_bad_tolerance_on_a_line_is_a_collection_error(suite):
     ('{"id": "a", "prompt": "x", "messages": []}', 'either a string "prompt" or chat "messages"'),
     ('{"id": "a", "messages": [{"role": "user"}]}', 'expected "messages" as a list of'),
     ('{"id": "a", "prompt": "x", "temprature": 0.7}',
-     "unknown field(s); accepted: do_sample, id, max_new_tokens, messages, min_p, prompt, seed, temperature, "
-     "tolerance, top_k, top_p"),
+     "unknown field(s); accepted: continuation, do_sample, id, max_new_tokens, messages, min_p, prompt, "
+     "seed, temperature, tolerance, top_k, top_p"),
     ('{"id": "a", "prompt": "x", "temperature": 0.7}', 'sample with "do_sample": true'),
     ('{"id": "a", "prompt": "x", "do_sample": true, "temperature": 0}', "temperature=0 with do_sample=True"),
     ('{"id": "a", "prompt": "x", "max_new_tokens": 0}', "max_new_tokens must be an integer >= 1"),

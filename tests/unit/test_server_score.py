@@ -1,0 +1,78 @@
+"""What a server's echoed completion means as a score (``engines/server_score.py``): pure functions of
+the answer, each rule against a hand-written answer."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from pytest_llmdeterminism import EngineError
+from pytest_llmdeterminism.engines.capture import rank_and_margin
+from pytest_llmdeterminism.engines.completions import Completion
+from pytest_llmdeterminism.engines.server_score import score_request, scored_row
+
+IDS = {"A": 1, "B": 2, "C": 3, "D": 4, "E": 5}
+
+
+def completion(tokens, top, chosen=None, text=None) -> Completion:
+    logprobs = {"tokens": tokens, "top_logprobs": top}
+    if chosen is not None:
+        logprobs["token_logprobs"] = chosen
+    return msgspec.convert({"choices": [{"logprobs": logprobs, "text": text}]}, Completion)
+
+
+def scored(response, prompt=(1, 2), continuation=(3, 4), top_k=2, prompt_logprobs=False):
+    return scored_row("openai:x", response, prompt=list(prompt), continuation=list(continuation), top_k=top_k,
+                      token_id=IDS.__getitem__, prompt_logprobs=prompt_logprobs)
+
+
+def test_the_request_echoes_the_prompt_with_logprobs_and_generates_one_token():
+    body = score_request("m", [1, 2, 3], 7)
+    assert (body["echo"], body["logprobs"], body["max_tokens"], body["temperature"]) == (True, 7, 1, 0.0)
+
+
+def test_an_echo_with_an_entry_per_token_reads_each_tokens_own_logprob():
+    """vLLM's layout: the prompt's entries, then the generated token's; position t's entry is the
+    distribution that predicts token t, with its own logprob."""
+    response = completion(["A", "B", "C", "D", "E"],
+                          [None, {"B": -0.5, "A": -1.0}, {"A": -0.1, "C": -0.2}, {"D": -0.3, "E": -2.0},
+                           {"E": -0.1, "A": -3.0}],
+                          [None, -0.5, -0.2, -0.3, -0.1])
+    row = scored(response, prompt_logprobs=True)
+    assert row.logprobs == [-0.2, -0.3] and row.ranks == [2, 1]
+    assert row.rank_margins == [None, 1.7]  # C is the last of the top-2: the token after it is unknown
+    assert row.top == [((1, -0.1), (3, -0.2)), ((4, -0.3), (5, -2.0))]
+    assert row.prompt_logprobs == [None, -0.5]
+    assert len(set(row.hashes)) == 2
+
+
+def test_an_echo_without_the_generated_tokens_entry_reads_each_logprob_from_the_entry_before():
+    """llama-cpp-python's layout: one entry per given token, each the distribution after it."""
+    response = completion(["A", "B", "C", "D"],
+                          [None, {"C": -0.2, "A": -0.1}, {"D": -0.3, "E": -2.0}, {"E": -0.1, "A": -3.0}],
+                          [None, -9.0, -9.0, -9.0])
+    row = scored(response)
+    assert row.logprobs == [-0.2, -0.3] and row.ranks == [2, 1]
+    with pytest.raises(EngineError, match=r"token 'D' at position 3 .*raise llm_model.score\(top_k=...\)"):
+        scored(completion(["A", "B", "C", "D"], [None, {"C": -0.2}, {"E": -0.3}, {"E": -0.1}]))
+
+
+def test_a_rank_is_known_inside_the_top_k_and_a_margin_where_both_neighbours_are():
+    ranked = [("A", -0.1), ("B", -0.5), ("C", -0.6)]
+    assert rank_and_margin("B", -0.5, ranked, 3) == (2, 0.1)
+    assert rank_and_margin("C", -0.6, ranked, 3) == (3, None)  # the last of the k: the next one is unknown
+    assert rank_and_margin("C", -0.6, ranked, 5) == (3, 0.1)  # the server had only 3 to give
+    assert rank_and_margin("D", -4.0, ranked, 3) == (None, None)
+
+
+@pytest.mark.parametrize("response, match", [
+    (msgspec.convert({"choices": [{"text": "x"}]}, Completion), "sent no logprobs for the echoed prompt"),
+    (completion(["E"], [{"E": -0.1}]), "echoed 1 tokens .* does not echo the prompt"),
+    (completion(["A", "C", "C", "D", "E"], [None, {}, {}, {}, {}]),
+     "echoed token 'C' .* at position 1 where the prompt has id 2"),
+    (completion(["A", "B", "C", "D", "E"], [None, {"A": 0}, {"C": 5.0}, {"D": -1}, {"E": -1}]),
+     "5.0 at position 2, which is no log-probability"),
+])
+def test_an_answer_that_cannot_be_a_score_names_what_the_server_lacks(response, match):
+    with pytest.raises(EngineError, match=match):
+        scored(response)
