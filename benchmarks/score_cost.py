@@ -3,7 +3,8 @@
 SmolLM2-135M (or ``--model``) in float32 under portable numerics: a prompt and a 512-token
 continuation (``--tokens``), scored at one row (``1xN``: unpadded, its own length), against
 ``model(ids)`` over the same ids, once on transformers' own kernels and once on the plugin's (within
-``kernels.routed``, as the score runs); rounds alternate the order. Medians per side and the ratios.
+``kernels.routed``, as the score runs); rounds alternate the order. Medians per side, of wall time and
+of the process's CPU time, and the ratios.
 The score is one forward over prompt + continuation (its last token left out) plus the per-position
 work: the float32 logits rows hashed, log-softmax, the given token's rank and margin, the top-k.
 
@@ -11,8 +12,10 @@ work: the float32 logits rows hashed, log-softmax, the given token's rank and ma
     python benchmarks/score_cost.py --model builtin:tiny --rounds 7
 
 Prints the CPU: a speed figure holds for that CPU. Target (issue 42): score <= 1.1x a plain forward.
-Measured (2026-12-05, 2-core AMD EPYC, shared with other work; SmolLM2, 8 + 512 tokens, 5 rounds):
-see the closing note of issue 42.
+Measured (2026-12-05, 2-core AMD EPYC at load average 10 from other work; SmolLM2, 11 + 512 tokens,
+3 rounds): score 8.6 s CPU; forward 7.5 s on the plugin's kernels (1.145x), 9.1 s on transformers'
+own (0.94x). The per-position work (hashes, log-softmax, ranks, margins, top-k over 512 x 49152
+logprobs) is about 0.85 s of it.
 """
 
 from __future__ import annotations
@@ -71,17 +74,24 @@ def main() -> None:
     print(f"{len(prompt)} prompt + {args.tokens} continuation tokens; {args.rounds} rounds, alternating")
     for run in sides.values():
         run()  # warm
+    # Wall time, and the process's CPU time (all threads), which a machine shared with other work
+    # disturbs less: the ratios are given for both.
     times: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
     for round_ in range(args.rounds):
         for side in (list(sides) if round_ % 2 == 0 else list(sides)[::-1]):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             sides[side]()
             times[side].append(time.perf_counter() - started)
+            cpu[side].append(time.process_time() - started_cpu)
     median = {side: statistics.median(found) for side, found in times.items()}
+    median_cpu = {side: statistics.median(found) for side, found in cpu.items()}
     for side in sides:
-        print(f"{side}: {median[side] * 1e3:.0f} ms (median; {min(times[side]) * 1e3:.0f} ms best)")
+        print(f"{side}: {median[side] * 1e3:.0f} ms wall, {median_cpu[side] * 1e3:.0f} ms CPU (medians; "
+              f"best wall {min(times[side]) * 1e3:.0f} ms)")
     for side in list(sides)[1:]:
-        print(f"score / {side}: {median['score'] / median[side]:.3f}x")
+        print(f"score / {side}: {median['score'] / median[side]:.3f}x wall, "
+              f"{median_cpu['score'] / median_cpu[side]:.3f}x CPU")
 
 
 if __name__ == "__main__":

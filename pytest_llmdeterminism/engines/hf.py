@@ -138,7 +138,13 @@ class HFEngine:
 
         run = [prompt + continuation[:-1] for prompt, continuation in rows]
         shape = settings.batch_shape.running(max(map(len, run)))
-        self._refuse_past_context(shape, 1, settings)
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(context, int) and shape.length > context:
+            fix = ("shorten the prompt or the continuation" if shape.rows == 1 else
+                   f"use a shorter L in {settings.batch_shape_setting.replace('=...', '')}")
+            raise ConfigurationError("llm_model.score(continuation)", f"{max(map(len, run)) + 1} tokens",
+                                     f"the {shape} shape's {shape.length} positions are beyond the model's "
+                                     f"context of {context} (max_position_embeddings in its config); {fix}")
         input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
         for row in range(shape.rows):

@@ -131,6 +131,12 @@ def test_a_continuation_that_cannot_be_scored_is_refused_naming_the_fix(tiny, co
         llm_at(tiny, "4x32").score("Hello", continuation)
 
 
+def test_a_pair_beyond_the_models_context_is_refused_naming_it(tiny):
+    context = tiny.model.config.max_position_embeddings
+    with pytest.raises(ConfigurationError, match=f"beyond the model's context of {context} .*shorten the"):
+        llm_at(tiny, "1x8").score("Hello", [5] * context)
+
+
 def test_a_list_without_continuations_and_bad_settings_are_refused(tiny):
     llm = llm_at(tiny, "4x32")
     with pytest.raises(TypeError, match=r"list of \(prompt, continuation\) pairs"):
