@@ -20,6 +20,14 @@
 #include <stdlib.h>
 
 #define LANES 8
+/* A product of fewer multiply-adds runs on the calling thread: starting a team costs more than the
+ * second thread saves, and far more on a loaded machine. Each output's order does not depend on the
+ * thread count, so neither do the bits. */
+#define TEAM_MIN_WORK (1L << 18)
+
+static int team(long work, int threads) {
+    return work < TEAM_MIN_WORK ? 1 : threads;
+}
 
 static void block_8x1(const float *xt, int rp, int group, const float *const *w, int K, int kblock,
                       __m256 *total) {
@@ -173,12 +181,14 @@ static void chained_row(const float *x, const float *const *w, int K, int kblock
 int chain_linear_chained_row(const float *x, const float *w, const float *bias, float *y, int K, int out,
                              int kblock, int threads) {
     int width = OUT_GROUPS * LANES, blocks = (out + width - 1) / width;
+    threads = team((long)K * out, threads);
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < blocks; b++) {
         int o0 = b * width, n = out - o0 < width ? out - o0 : width;
         const float *rows_of_w[OUT_GROUPS * LANES];
         float sums[OUT_GROUPS * LANES];
         __m256 total[OUT_GROUPS];
+        for (int g = 0; g < OUT_GROUPS; g++) total[g] = _mm256_setzero_ps();  /* K > 0: all overwritten */
         for (int i = 0; i < width; i++) rows_of_w[i] = w + (size_t)(o0 + (i < n ? i : 0)) * K;
         chained_row(x, rows_of_w, K, kblock, total);
         for (int g = 0; g < OUT_GROUPS; g++) _mm256_storeu_ps(sums + g * LANES, total[g]);
@@ -225,6 +235,7 @@ static int run_groups(enum kernel kernel, const float *xt, int rp, int first, in
  * when the transposed input could not be allocated. */
 int chain_linear(const float *x, const float *w, const float *bias, float *y, int rows, int K, int out,
                  int kblock, int threads) {
+    threads = team((long)(rows == 1 ? 1 : (rows + LANES - 1) / LANES * LANES) * K * out, threads);
     if (rows == 1) {
         int blocks = (out + 7) / 8;
         #pragma omp parallel for num_threads(threads) schedule(static)
