@@ -284,7 +284,7 @@ class FixedOrderKernel:
         if rows > 1 and x.dim() == 2 and x.stride(0) == 0:  # copies of one row (a lone row as a pair)
             # computed once, in the order of several rows, the lanes over outputs
             row, first = x[0].contiguous(), y[0]
-            self._chained_row(row.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None,
+            self._chained_row(row.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
                               first.data_ptr(), in_features, out_features, ONEDNN_KBLOCK, threads)
             y[1:] = first
             return y

@@ -145,7 +145,6 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     With left padding a row's real keys are the last ones; the first key the mask lets the last query
     see is where they start. The row's real queries (the last ones) attend to them causally, with the
     same call a lone, unpadded prompt makes; padded queries get zeros (nothing reads them)."""
-    import torch
     from transformers.integrations.sdpa_attention import repeat_kv
 
     unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
