@@ -135,7 +135,8 @@ class Kernels:
         if self.policy is Policy.LINEAR:
             yield 0
             return
-        layers = [module for module in model.modules()
+        modules = list(model.modules())  # walked once: a walk costs about 1 us a module, every call
+        layers = [module for module in modules
                   if type(module) is torch.nn.Linear and "forward" not in vars(module)
                   and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"]
         threads = torch.get_num_threads()
@@ -150,7 +151,7 @@ class Kernels:
                     vars(module).pop("forward", None)
             return
         name = _register()
-        configs = {id(config): config for config in _configs(model)}
+        configs = {id(config): config for config in _configs(model, modules)}
         attention = {key: config._attn_implementation for key, config in configs.items()}
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         phase = _Phase()
@@ -306,10 +307,11 @@ class _Phase:
         self.decode = self.forwards > 1 and inputs is not None and inputs.shape[1] == 1
 
 
-def _configs(model: Any) -> list[Any]:
-    """The model's configuration objects its attention layers read the implementation from."""
+def _configs(model: Any, modules: list[Any] | None = None) -> list[Any]:
+    """The model's configuration objects its attention layers read the implementation from
+    (``modules``: the model's, where already listed)."""
     found = [model.config]
-    for module in model.modules():
+    for module in model.modules() if modules is None else modules:
         config = getattr(module, "config", None)
         if config is not None and hasattr(config, "_attn_implementation"):
             found.append(config)
