@@ -198,6 +198,8 @@ class Kernels:
         output embedding (``head``) runs row by row in decode under tiles, else on oneDNN with at least
         two rows in both phases (row by row the vocabulary matrix would be read once per row)."""
         rows: Kernel = functools.partial(tensor_ops.rows_linear, blocks=blocks)
+        if blocks == 0:  # a lone row is F.linear's (rows_linear's first case), without the two calls between
+            rows = _lone_row_linear(rows)
         if self.policy is Policy.BATCH_INVARIANT_TILES:
             return (rows, rows) if head else (tensor_ops.tiled_linear, rows)
         invariant: Kernel = functools.partial(tensor_ops.invariant_linear, fixed_order=self.fixed_order)
@@ -206,6 +208,19 @@ class Kernels:
         if weight_elements >= tensor_ops.ONEDNN_MIN_PRODUCT:  # a one-row product's size: every row's
             return invariant, functools.partial(tensor_ops.onednn_rows_linear, fixed_order=self.fixed_order)
         return invariant, rows
+
+def _lone_row_linear(rows: Kernel) -> Kernel:
+    """``rows``, a :func:`tensor_ops.rows_linear` over unsplit weights, with a lone row sent to
+    ``F.linear`` directly: the same call it makes there."""
+    import torch
+
+    linear = torch.nn.functional.linear
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return linear(x, weight, bias) if x.numel() == x.shape[-1] else rows(x, weight, bias)
+
+    return kernel
+
 
 def _previous(profile: NumericsProfile, in_force: Mapping[str, Any], device: str) -> Policy:
     """The kernels before batch invariance: routed only where MKL's reproducible branch is in force."""

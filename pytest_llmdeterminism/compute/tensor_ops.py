@@ -147,9 +147,10 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     same call a lone, unpadded prompt makes; padded queries get zeros (nothing reads them)."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
-    unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
-                         if kwargs.get(name) is not None)
-    if unsupported or dropout:
+    if dropout or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None \
+            or kwargs.get("s_aux") is not None:  # spelled out: this runs in every layer at every step
+        unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
+                             if kwargs.get(name) is not None)
         raise NotImplementedError(f"batch-invariant attention does not handle {unsupported or ['dropout']}")
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
