@@ -15,7 +15,9 @@ Side by side in one process, SmolLM2-135M (or ``--model``) in float32 under port
     python benchmarks/batch_invariant.py --model builtin:tiny --rounds 5
     python benchmarks/batch_invariant.py --numerics compatible
 
-Prints the CPU (vendor and model) and torch's thread count: a speed figure holds for that CPU.
+Prints the CPU (vendor and model) and torch's thread count: a speed figure holds for that CPU. Each
+figure is the median of the rounds, the fastest and slowest round in brackets (and the range of the
+rounds' ratios): on a loaded machine use more rounds.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ def main() -> None:
         return LLMModel(loaded, GenerationSettings(BatchShape.parse(shape), tokens, 0),
                         verify_batch_invariance=False)
 
+    def spread(found: list[float]) -> str:  # a loaded machine's noise: the fastest and slowest round
+        return f"({min(found) * 1e3:.0f}-{max(found) * 1e3:.0f})"
+
     def timed(call) -> float:  # noqa: ANN001 - a closure
         started = time.perf_counter()
         call()
@@ -98,8 +103,10 @@ def main() -> None:
                 llm = on(sides[side], "1x512", tokens)
                 times[side].append(timed(lambda llm=llm, prompt=prompt: llm.generate(prompt)))
         medians = {side: statistics.median(found) for side, found in times.items()}
-        print(f"lone call, {name}: today {medians['today'] * 1e3:.0f} ms, invariant "
-              f"{medians['invariant'] * 1e3:.0f} ms -> {medians['invariant'] / medians['today']:.2f}x")
+        ratios = sorted(b / a for a, b in zip(times["today"], times["invariant"], strict=True))
+        print(f"lone call, {name}: today {medians['today'] * 1e3:.0f} ms {spread(times['today'])}, invariant "
+              f"{medians['invariant'] * 1e3:.0f} ms {spread(times['invariant'])} -> "
+              f"{medians['invariant'] / medians['today']:.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
 
     lone_model = on(invariant, "1x64", 16)
     lone = [lone_model.generate(prompt) for prompt in EIGHT]
@@ -121,8 +128,8 @@ def main() -> None:
                 times[side].append(timed(lambda llm=llm: llm.generate(EIGHT)))
     lone_time, batch_time = (statistics.median(found) for found in times.values())
     print(f"8 prompts x 16 new tokens on batch-invariant kernels, bit-identical: 8 lone calls "
-          f"{lone_time * 1e3:.0f} ms, one 8x64 call {batch_time * 1e3:.0f} ms -> "
-          f"{batch_time / lone_time:.2f}x")
+          f"{lone_time * 1e3:.0f} ms {spread(times['8 lone calls (1x64)'])}, one 8x64 call "
+          f"{batch_time * 1e3:.0f} ms {spread(times['one 8x64 call'])} -> {batch_time / lone_time:.2f}x")
     loaded.engine.kernels = dataclasses.replace(loaded.engine.kernels, policy=today)
     loaded.static_fingerprint, loaded.probed = None, {}
 

@@ -20,6 +20,14 @@
 #include <stdlib.h>
 
 #define LANES 8
+/* A product of fewer multiply-adds runs on the calling thread: starting a team costs more than the
+ * second thread saves, and far more on a loaded machine. Each output's order does not depend on the
+ * thread count, so neither do the bits. */
+#define TEAM_MIN_WORK (1L << 18)
+
+static int team(long work, int threads) {
+    return work < TEAM_MIN_WORK ? 1 : threads;
+}
 
 static void block_8x1(const float *xt, int rp, int group, const float *const *w, int K, int kblock,
                       __m256 *total) {
@@ -120,6 +128,75 @@ static void one_row(const float *x, const float *const *w, int K, int kblock, fl
     }
 }
 
+/* One row in the order of two or more rows (each output one chain of fused multiply-adds over its
+ * block's features), with the lanes over outputs instead of rows: a row among identical companions
+ * (a lone row computed as a pair) at the cost of one row, where lanes over rows would fill one in 8.
+ * 8x8 tiles of the weight (8 outputs, 8 features) are transposed in registers, so that lane i
+ * chains output o0 + i; OUT_GROUPS groups of 8 outputs at once keep that many chains in flight.
+ * The same fused multiply-adds in the same order as chain_linear's rows: the same bits. */
+#define OUT_GROUPS 2  /* 2 measured fastest: more spill the 16 AVX2 registers */
+
+static inline void transpose8(__m256 *r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+static void chained_row(const float *x, const float *const *w, int K, int kblock, __m256 *total) {
+    for (int k0 = 0; k0 < K; k0 += kblock) {
+        int k1 = k0 + kblock < K ? k0 + kblock : K;
+        __m256 a[OUT_GROUPS];
+        for (int g = 0; g < OUT_GROUPS; g++) a[g] = _mm256_setzero_ps();
+        int k = k0;
+        for (; k + LANES <= k1; k += LANES) {
+            for (int g = 0; g < OUT_GROUPS; g++) {
+                __m256 c[LANES];
+                for (int i = 0; i < LANES; i++) c[i] = _mm256_loadu_ps(w[g * LANES + i] + k);
+                transpose8(c);  /* c[j]: feature k + j of the group's 8 outputs */
+                for (int j = 0; j < LANES; j++) a[g] = _mm256_fmadd_ps(c[j], _mm256_broadcast_ss(x + k + j), a[g]);
+            }
+        }
+        for (; k < k1; k++)  /* the block's last features, one at a time */
+            for (int g = 0; g < OUT_GROUPS; g++) {
+                const float *const *wg = w + g * LANES;
+                __m256 c = _mm256_setr_ps(wg[0][k], wg[1][k], wg[2][k], wg[3][k], wg[4][k], wg[5][k], wg[6][k],
+                                          wg[7][k]);
+                a[g] = _mm256_fmadd_ps(c, _mm256_broadcast_ss(x + k), a[g]);
+            }
+        for (int g = 0; g < OUT_GROUPS; g++) total[g] = k0 == 0 ? a[g] : _mm256_add_ps(total[g], a[g]);
+    }
+}
+
+/* x: one row of K, w: out x K, bias: out or NULL, y: out; every output with the bits it has in a
+ * product of two or more rows (what chain_linear gives each row of a pair of copies of x). */
+int chain_linear_chained_row(const float *x, const float *w, const float *bias, float *y, int K, int out,
+                             int kblock, int threads) {
+    int width = OUT_GROUPS * LANES, blocks = (out + width - 1) / width;
+    threads = team((long)K * out, threads);
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        int o0 = b * width, n = out - o0 < width ? out - o0 : width;
+        const float *rows_of_w[OUT_GROUPS * LANES];
+        float sums[OUT_GROUPS * LANES];
+        __m256 total[OUT_GROUPS];
+        for (int g = 0; g < OUT_GROUPS; g++) total[g] = _mm256_setzero_ps();  /* K > 0: all overwritten */
+        for (int i = 0; i < width; i++) rows_of_w[i] = w + (size_t)(o0 + (i < n ? i : 0)) * K;
+        chained_row(x, rows_of_w, K, kblock, total);
+        for (int g = 0; g < OUT_GROUPS; g++) _mm256_storeu_ps(sums + g * LANES, total[g]);
+        for (int i = 0; i < n; i++) y[o0 + i] = bias ? sums[i] + bias[o0 + i] : sums[i];
+    }
+    return 0;
+}
+
 /* Writes the lanes of `total` (outputs o0.. of the 8-row groups from `group`) into `yt`, the result
  * transposed (out x rp): each lane run is contiguous there; y is written from it once, in order. */
 static void store(const __m256 *total, int n, int groups, int group, int o0, float *yt, int rp) {
@@ -158,6 +235,7 @@ static int run_groups(enum kernel kernel, const float *xt, int rp, int first, in
  * when the transposed input could not be allocated. */
 int chain_linear(const float *x, const float *w, const float *bias, float *y, int rows, int K, int out,
                  int kblock, int threads) {
+    threads = team((long)(rows == 1 ? 1 : (rows + LANES - 1) / LANES * LANES) * K * out, threads);
     if (rows == 1) {
         int blocks = (out + 7) / 8;
         #pragma omp parallel for num_threads(threads) schedule(static)

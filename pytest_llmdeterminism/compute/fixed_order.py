@@ -231,6 +231,9 @@ class FixedOrderKernel:
         self._function = library.chain_linear
         self._function.restype = ctypes.c_int
         self._function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
+        self._chained_row = library.chain_linear_chained_row
+        self._chained_row.restype = ctypes.c_int
+        self._chained_row.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
         # shape -> whether every check of the kernel's bits there equalled the reference's
         self.checked: dict[Shape, bool] = {}
         # shape -> how many of its next products run unchecked; the last gap between its checks
@@ -277,8 +280,15 @@ class FixedOrderKernel:
         import torch
 
         out_features, in_features = weight.shape
-        x = x.contiguous()
         y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
+        if rows > 1 and x.dim() == 2 and x.stride(0) == 0:  # copies of one row (a lone row as a pair)
+            # computed once, in the order of several rows, the lanes over outputs
+            row, first = x[0].contiguous(), y[0]
+            self._chained_row(row.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                              first.data_ptr(), in_features, out_features, ONEDNN_KBLOCK, threads)
+            y[1:] = first
+            return y
+        x = x.contiguous()
         if self._function(x.data_ptr(), weight.data_ptr(), bias.data_ptr() if bias is not None else None,
                           y.data_ptr(), rows, in_features, out_features, ONEDNN_KBLOCK, threads):
             raise MemoryError(f"chain_linear: no memory for a {rows}x{in_features} input")

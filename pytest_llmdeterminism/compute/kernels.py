@@ -135,7 +135,8 @@ class Kernels:
         if self.policy is Policy.LINEAR:
             yield 0
             return
-        layers = [module for module in model.modules()
+        modules = list(model.modules())  # walked once: a walk costs about 1 us a module, every call
+        layers = [module for module in modules
                   if type(module) is torch.nn.Linear and "forward" not in vars(module)
                   and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"]
         threads = torch.get_num_threads()
@@ -150,7 +151,7 @@ class Kernels:
                     vars(module).pop("forward", None)
             return
         name = _register()
-        configs = {id(config): config for config in _configs(model)}
+        configs = {id(config): config for config in _configs(model, modules)}
         attention = {key: config._attn_implementation for key, config in configs.items()}
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         phase = _Phase()
@@ -197,6 +198,8 @@ class Kernels:
         output embedding (``head``) runs row by row in decode under tiles, else on oneDNN with at least
         two rows in both phases (row by row the vocabulary matrix would be read once per row)."""
         rows: Kernel = functools.partial(tensor_ops.rows_linear, blocks=blocks)
+        if blocks == 0:  # a lone row is F.linear's (rows_linear's first case), without the two calls between
+            rows = _lone_row_linear(rows)
         if self.policy is Policy.BATCH_INVARIANT_TILES:
             return (rows, rows) if head else (tensor_ops.tiled_linear, rows)
         invariant: Kernel = functools.partial(tensor_ops.invariant_linear, fixed_order=self.fixed_order)
@@ -205,6 +208,19 @@ class Kernels:
         if weight_elements >= tensor_ops.ONEDNN_MIN_PRODUCT:  # a one-row product's size: every row's
             return invariant, functools.partial(tensor_ops.onednn_rows_linear, fixed_order=self.fixed_order)
         return invariant, rows
+
+def _lone_row_linear(rows: Kernel) -> Kernel:
+    """``rows``, a :func:`tensor_ops.rows_linear` over unsplit weights, with a lone row sent to
+    ``F.linear`` directly: the same call it makes there."""
+    import torch
+
+    linear = torch.nn.functional.linear
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return linear(x, weight, bias) if x.numel() == x.shape[-1] else rows(x, weight, bias)
+
+    return kernel
+
 
 def _previous(profile: NumericsProfile, in_force: Mapping[str, Any], device: str) -> Policy:
     """The kernels before batch invariance: routed only where MKL's reproducible branch is in force."""
@@ -306,10 +322,11 @@ class _Phase:
         self.decode = self.forwards > 1 and inputs is not None and inputs.shape[1] == 1
 
 
-def _configs(model: Any) -> list[Any]:
-    """The model's configuration objects its attention layers read the implementation from."""
+def _configs(model: Any, modules: list[Any] | None = None) -> list[Any]:
+    """The model's configuration objects its attention layers read the implementation from
+    (``modules``: the model's, where already listed)."""
     found = [model.config]
-    for module in model.modules():
+    for module in model.modules() if modules is None else modules:
         config = getattr(module, "config", None)
         if config is not None and hasattr(config, "_attn_implementation"):
             found.append(config)

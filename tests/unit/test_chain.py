@@ -71,6 +71,38 @@ def test_the_kernel_has_onednns_bits_at_any_row_count_and_thread_count(kernel, o
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("out_features, in_features", [*SHAPES, (49152, 576)])
+def test_copies_of_one_row_are_computed_once_with_the_bits_of_several_rows(fresh_kernel, out_features,
+                                                                         in_features):
+    """A lone row as a pair (the batch-invariant LM head in decode: copies of one row, stride 0) has
+    the bits of oneDNN's product of two or more rows, computed once with the lanes over outputs."""
+    kernel = fresh_kernel
+
+    def not_by_rows(*args):
+        raise AssertionError("copies of one row went through the kernel of several rows")
+
+    kernel._function = not_by_rows
+    generator = torch.Generator().manual_seed(out_features * in_features)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
+    bias = torch.randn(out_features, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 4):
+            torch.set_num_threads(count)
+            for rows in (2, 3):
+                x = torch.randn(1, in_features, generator=generator).expand(rows, in_features)
+                for b in (None, bias):
+                    expected = tensor_ops.onednn_linear(x.contiguous(), weight, b)
+                    assert not torch.equal(_bits(expected[0]),
+                                           _bits(tensor_ops.onednn_linear(x[:1], weight, b)[0])) \
+                        or in_features < 8, "the order of several rows is not the one-row kernel's"
+                    got = kernel._run(x, weight, b, rows, count)
+                    assert got.shape == (rows, out_features) and got.is_contiguous()
+                    assert torch.equal(_bits(got), _bits(expected)), (count, rows, b is not None)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_each_shape_is_checked_on_its_first_two_products_then_on_a_sample(fresh_kernel):
     kernel = fresh_kernel
     weight, x = torch.randn(576, 576), torch.randn(1, 4, 576)
