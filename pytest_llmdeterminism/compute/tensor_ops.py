@@ -145,8 +145,6 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     With left padding a row's real keys are the last ones; the first key the mask lets the last query
     see is where they start. The row's real queries (the last ones) attend to them causally, with the
     same call a lone, unpadded prompt makes; padded queries get zeros (nothing reads them)."""
-    from transformers.integrations.sdpa_attention import repeat_kv
-
     if dropout or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None \
             or kwargs.get("s_aux") is not None:  # spelled out: this runs in every layer at every step
         unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
@@ -154,22 +152,23 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         raise NotImplementedError(f"batch-invariant attention does not handle {unsupported or ['dropout']}")
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    # Grouped-query attention: SDPA's own enable_gqa, as transformers' SDPA path calls it; the same bits
+    # as repeating the key and value heads first (measured equal), at a fraction of the cost in decode.
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
     if batch == 1 and attention_mask is None:  # a lone, unpadded row: the loop's one call, without its copy
-        return _row_attention(query, key, value, scaling).transpose(1, 2).contiguous(), None
+        return _row_attention(query, key, value, scaling, gqa).transpose(1, 2).contiguous(), None
     output = query.new_zeros(batch, heads, queries, value.shape[-1])
     for row in range(batch):
         first = 0 if attention_mask is None else _first_key(attention_mask[row, 0, -1])
         first_query = max(0, first - (keys - queries))
         q = query[row:row + 1, :, first_query:]
         k, v = key[row:row + 1, :, first:], value[row:row + 1, :, first:]
-        output[row:row + 1, :, first_query:] = _row_attention(q, k, v, scaling)
+        output[row:row + 1, :, first_query:] = _row_attention(q, k, v, scaling, gqa)
     return output.transpose(1, 2).contiguous(), None
 
 
-def _row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None) -> torch.Tensor:
+def _row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None,
+                   gqa: bool) -> torch.Tensor:
     """One row's queries over its own keys, the causal mask aligned to the bottom right (the last query
     sees every key), as a lone prompt's attention computes it."""
     import torch
@@ -178,8 +177,10 @@ def _row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: f
         # a prefill continuing a cache: causal alignment to the bottom right, spelled out
         offset = k.shape[2] - q.shape[2]
         allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(offset)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scaling, is_causal=q.shape[2] > 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling,
+                                                                enable_gqa=gqa)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scaling, is_causal=q.shape[2] > 1,
+                                                            enable_gqa=gqa)
 
 
 def _first_key(allowed: torch.Tensor) -> int:
