@@ -25,8 +25,11 @@ import pytest
 
 from tests.helpers.projects import read_goldens
 
-pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: pip install -e "
-                    "'.[llamacpp]' (.ci/run does)")
+
+
+def needs_llama_cpp_python_server():
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: pip install "
+                        "-e '.[llamacpp]' (.ci/run does)")
 
 PROMPT = "Q: What is the capital of Japan? A:"
 SUITE = """
@@ -42,16 +45,17 @@ def test_capital(llm_model, golden_tokens):
 def server(smollm2_gguf, tmp_path_factory):
     from tests.helpers.llama_server import LlamaServer
 
+    needs_llama_cpp_python_server()
     started = LlamaServer(smollm2_gguf, tmp_path_factory.mktemp("serving") / "server.log")
     yield started
     started.stop()
 
 
 @pytest.fixture(scope="module")
-def one_slot_spec(server, smollm2_gguf, tmp_path_factory):
-    """The server at one slot, its tokenizer as a folder: a tokenizer is parsed out of a GGUF file in
-    ~15 s here, from a folder in under one. The plugin's converted copy of the file has it (when an
-    earlier run made one), else it is parsed once and saved."""
+def tokenizer_folder(smollm2_gguf, tmp_path_factory):
+    """SmolLM2's tokenizer as a folder: a tokenizer is parsed out of a GGUF file in ~15 s here, from a
+    folder in under one. The plugin's converted copy of the file has it (when an earlier run made
+    one), else it is parsed once and saved."""
     import shutil
 
     from pytest_llmdeterminism.engines.cached import converted_copy
@@ -64,7 +68,13 @@ def one_slot_spec(server, smollm2_gguf, tmp_path_factory):
             shutil.copy(converted.folder / name, folder / name)
     else:
         load_tokenizer("smollm2", smollm2_gguf).save_pretrained(folder)
-    return f"{server.spec(folder)}&slots=1"
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_slot_spec(server, tokenizer_folder):
+    """llama-cpp-python's server at one slot (all it has)."""
+    return f"{server.spec(tokenizer_folder)}&slots=1"
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +84,11 @@ def one_slot(one_slot_spec):
     return load(one_slot_spec, dtype="float32", device="cpu")
 
 
-def config(loaded):
+def config(loaded, max_new_tokens=4):
     from pytest_llmdeterminism.generation import resolve_generation_config
 
-    return resolve_generation_config({}, max_new_tokens=4, eos_token_ids=loaded.engine.eos_token_ids(),
-                                     pad_token_id=0)
+    return resolve_generation_config({}, max_new_tokens=max_new_tokens,
+                                     eos_token_ids=loaded.engine.eos_token_ids(), pad_token_id=0)
 
 
 def test_negative_control_shared_prompt_companions_with_the_cache_on_move_every_round(one_slot):
@@ -113,3 +123,64 @@ def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, one_
     (entry,) = golden.values()
     assert entry["fingerprint"]["serving_verified"] == {"concurrency": "invariant at 2 (3 rounds)",
                                                         "prefix_cache": "off; with it on: drift"}
+
+
+# --- llama.cpp's own llama-server (scripts/llama_server.sh builds it; skipped where it is not built) ---
+
+@pytest.fixture(scope="module")
+def native_one_slot_spec(smollm2_gguf, tokenizer_folder, tmp_path_factory):
+    from tests.helpers.llama_server import NativeLlamaServer
+
+    started = NativeLlamaServer(smollm2_gguf, tmp_path_factory.mktemp("native1") / "server.log", parallel=1)
+    yield f"{started.spec(tokenizer_folder)}&slots=1"
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def native_four_slots(smollm2_gguf, tokenizer_folder, tmp_path_factory):
+    """llama-server at 4 slots, continuous batching, its KV cache unified (``-kvu``): one cache for
+    all slots, a request's cells wherever the requests beside it left room. Measured here (SmolLM2
+    Q4_1, 1 thread): without ``-kvu`` (what llama-server picks at this ``--ctx-size``) 4 slots were
+    invariant in every round (each slot its own cache, ggml's CPU kernels computing each row alike
+    at any batch size); with it, 3 of 6 rounds among 3 companions drifted (up to 0.29 in logprob)."""
+    from pytest_llmdeterminism.engines import load
+    from tests.helpers.llama_server import NativeLlamaServer
+
+    started = NativeLlamaServer(smollm2_gguf, tmp_path_factory.mktemp("native4") / "server.log", parallel=4,
+                                extra=("-kvu",))
+    yield load(f"{started.spec(tokenizer_folder)}&slots=4", dtype="float32", device="cpu")
+    started.stop()
+
+
+def test_llama_server_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, native_one_slot_spec):
+    """``--parallel 1``: requests computed one after another; llama-server's prefix cache (its slot's
+    cached prompt reused) does not move the answer either, unlike llama-cpp-python's server."""
+    pytester.makeini(f"[pytest]\nllm_model = {native_one_slot_spec}\nllm_server_checks = true\n")
+    pytester.makepyfile(test_served=SUITE)
+    result = pytester.runpytest("--llm-golden-update")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        f"llm server checks (llm_server_checks = true): serving audit of {PROMPT!r} on *",
+        "  concurrent    among 2, at *identical    *0 * no effect",
+        "  repeat        1 unique of 3 under load*identical*",
+        "  prefix-cache  after its prompt+8, cache on*identical*"])
+    golden = read_goldens(pytester, "__golden__/test_served.json")["test_capital"]
+    (entry,) = golden.values()
+    assert entry["fingerprint"]["serving_verified"] == {"concurrency": "invariant at 2 (3 rounds)",
+                                                        "prefix_cache": "off; with it on: invariant"}
+
+
+def test_llama_server_four_slots_negative_control_the_concurrent_row_finds_the_difference(native_four_slots):
+    """``--parallel 4 -cb -kvu``: the serving audit's ``concurrent`` rows (8 rounds: 4 among 2, 4 among
+    4) find the request's answer moved among companions, and the capability says so. Which round
+    drifts depends on where the server put the request's cells; at the measured 3 in 6 rounds, 8
+    rounds all identical would be a chance of about 1 in 250."""
+    from pytest_llmdeterminism.model.audit import CHECKED_PROMPT, CHECKED_TOKENS, serving_audit
+
+    ids = list(native_four_slots.tokenizer(CHECKED_PROMPT)["input_ids"])
+    found = serving_audit(native_four_slots, ids, config(native_four_slots, CHECKED_TOKENS), rounds=4, seed=0)
+    concurrent = [row for row in found.rows if row.source == "concurrent"]
+    assert [row.companions for row in concurrent] == [2, 4]
+    assert any(row.tokens_changed or row.max_logprob_delta > 0 for row in concurrent), found.rows
+    assert found.invariant("concurrent") is False
+    assert found.capability()["concurrency"].split(" at ")[0] in {"drift", "changed"}, found.capability()
