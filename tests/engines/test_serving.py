@@ -1,22 +1,23 @@
-"""The serving audit against a real server: llama-cpp-python's OpenAI-compatible server on SmolLM2.
+"""The serving audit against real servers on SmolLM2: llama-cpp-python's server and llama.cpp's own
+``llama-server`` (built by scripts/llama_server.sh; its tests skip where it is not built).
 
-llama-cpp-python's server is the one this suite can start (llama.cpp's own ``llama-server`` is not
-installed here). It has ONE slot and no ``--parallel`` / ``-cb``: every request waits for one lock,
-so concurrent requests are computed one after another, never batched together. So:
+llama.cpp's ``llama-server`` (tests at the end), one server per slot count:
 
-- the one-slot run (``#slots=1``, what ``--parallel 1`` is on llama.cpp's server) must verify
-  concurrency invariant, and record it in the golden's fingerprint;
-- a four-slot continuous-batching run cannot be asked of it. The negative control is a workload that
-  is not invariant on it, said here explicitly: companions that share the request's whole prompt
-  (one system prompt for every request) with the prefix cache on (``cache_prompt=true``, the
-  server's own default behaviour, which llama.cpp's server shares). The request is then computed
-  from the companion's cached prompt, its last token alone: measured 0.2 in logprob against the
-  request computed cold, in every round. The audit's ``prefix-cache`` row finds the same drift.
-  (With the plugin's pin, a reset request before each request, such companions still move it at
-  times: one may be served between the reset and the request. Timing decides, so no test asserts
-  it; docs/serving.md says what to do.)
+- ``--parallel 1``: the audit verifies concurrency invariant and the prefix cache invariant too, and
+  the golden records it (``serving_verified``);
+- ``--parallel 4`` with continuous batching, the negative control: the ``concurrent`` rows must find
+  the difference. Only with the KV cache unified (``-kvu``) is there one on this CPU (see the
+  ``native_four_slots`` fixture for the figures).
 
-One server for the module; two rounds per condition (the README's test command has little time).
+llama-cpp-python's server has ONE slot and no ``--parallel`` / ``-cb``: every request waits for one
+lock, so concurrent requests are computed one after another. Its tests stay for what llama-server
+does not show: its prefix cache moves the answer (the request computed from a companion's cached
+prompt, its last token alone: 0.2 in logprob against the request computed cold, in every round),
+and the audit's ``prefix-cache`` row finds the same drift. (With the plugin's pin, a reset request
+before each request, such companions still move it at times: one may be served between the reset
+and the request. Timing decides, so no test asserts it; docs/serving.md says what to do.)
+
+Two or three rounds per condition (the README's test command has little time).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import pytest
 from tests.helpers.projects import read_goldens
 
 
-
 def needs_llama_cpp_python_server():
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: pip install "
                         "-e '.[llamacpp]' (.ci/run does)")
+
 
 PROMPT = "Q: What is the capital of Japan? A:"
 SUITE = """
@@ -152,7 +153,8 @@ def native_four_slots(smollm2_gguf, tokenizer_folder, tmp_path_factory):
     started.stop()
 
 
-def test_llama_server_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, native_one_slot_spec):
+def test_llama_server_one_slot_is_verified_invariant_and_the_golden_records_it(pytester,
+                                                                               native_one_slot_spec):
     """``--parallel 1``: requests computed one after another; llama-server's prefix cache (its slot's
     cached prompt reused) does not move the answer either, unlike llama-cpp-python's server."""
     pytester.makeini(f"[pytest]\nllm_model = {native_one_slot_spec}\nllm_server_checks = true\n")
