@@ -153,6 +153,7 @@ def native_four_slots(smollm2_gguf, tokenizer_folder, tmp_path_factory):
     started.stop()
 
 
+
 def test_llama_server_one_slot_is_verified_invariant_and_the_golden_records_it(pytester,
                                                                                native_one_slot_spec):
     """``--parallel 1``: requests computed one after another; llama-server's prefix cache (its slot's
@@ -186,3 +187,4 @@ def test_llama_server_four_slots_negative_control_the_concurrent_row_finds_the_d
     assert any(row.tokens_changed or row.max_logprob_delta > 0 for row in concurrent), found.rows
     assert found.invariant("concurrent") is False
     assert found.capability()["concurrency"].split(" at ")[0] in {"drift", "changed"}, found.capability()
+
