@@ -46,10 +46,36 @@ class ServerVersion(msgspec.Struct):
     version: Annotated[str, msgspec.Meta(max_length=100)]
 
 
+class ContentCandidate(msgspec.Struct):
+    token: str
+    logprob: float
+
+
+class ContentStep(msgspec.Struct):
+    token: str
+    logprob: float
+    top_logprobs: list[ContentCandidate] = []
+
+
 class Logprobs(msgspec.Struct):
-    tokens: list[str]
-    top_logprobs: list[dict[str, float] | None]
+    """The completions API's logprobs (``tokens``, ``top_logprobs``, ``token_logprobs``), or llama.cpp
+    ``llama-server``'s, which answers /v1/completions in the chat API's form (``content``: one step per
+    token, its top candidates as a list): that form is read into the first."""
+
+    # Required, one form or the other: None only until __post_init__, which refuses neither
+    tokens: list[str] = None  # type: ignore[assignment]
+    top_logprobs: list[dict[str, float] | None] = None  # type: ignore[assignment]
     token_logprobs: list[float | None] | None = None
+    content: list[ContentStep] | None = None
+
+    def __post_init__(self) -> None:
+        if self.content is not None and self.tokens is None and self.top_logprobs is None:
+            self.tokens = [step.token for step in self.content]
+            self.top_logprobs = [{c.token: c.logprob for c in step.top_logprobs} for step in self.content]
+            self.token_logprobs = [step.logprob for step in self.content]
+        for field in ("tokens", "top_logprobs"):
+            if getattr(self, field) is None:
+                raise ValueError(f"Object missing required field `{field}` (or llama-server's `content`)")
 
 
 class Choice(msgspec.Struct):
