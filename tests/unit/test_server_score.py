@@ -69,6 +69,9 @@ def test_two_tokens_with_one_text_in_a_text_keyed_top_k_are_never_read_as_one():
     with pytest.raises(EngineError, match=r"two tokens with the text 'C' in the top-k of position 1: it keys "
                                           r"its top_logprobs by token text.*'C' at position 2"):
         scored(served, top_k=3)
+    row = scored(served, prompt=(1, 2, 3), continuation=(4,), top_k=3, prompt_logprobs=True)
+    assert row.prompt_logprobs == [None, None, None]  # C's -3.0 is another token's: not said
+    assert row.logprobs == [-0.3]
     after = completion(["A", "B", "C", "D"],
                        [None, {"C": -0.2, "A": -4.0, "E": -1.0}, {"D": -0.3, "E": -2.0, "A": -2.5},
                         {"E": -0.1}], [None, -9.0, -9.0, -9.0])
