@@ -131,9 +131,9 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
             unknown = "margin"  # the token after it lost its logprob
         else:
             unknown = ""
-        top = {t: lp for t, lp in top.items() if t not in collapsed}  # their logprobs are another token's
-        ranked = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
-        hashed = ranked if text in dict(ranked) else [*ranked, (text, own)]
+        served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+        hashed = served if text in dict(served) else [*served, (text, own)]  # what was served, as served
+        ranked = [(t, lp) for t, lp in served if t not in collapsed]  # theirs are another token's logprobs
         row.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([text, hashed], separators=(",", ":"),
                                                               ensure_ascii=False).encode()))
         own = min(own, 0.0)  # a rounding of 0 above it: recorded as 0 (the hash keeps what was served)
