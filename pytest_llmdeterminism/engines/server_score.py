@@ -131,9 +131,9 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
             unknown = "margin"  # the token after it lost its logprob
         else:
             unknown = ""
-        served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
-        hashed = served if text in dict(served) else [*served, (text, own)]  # what was served, as served
-        ranked = [(t, lp) for t, lp in served if t not in collapsed]  # theirs are another token's logprobs
+        as_served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+        hashed = as_served if text in dict(as_served) else [*as_served, (text, own)]  # as served
+        ranked = [(t, lp) for t, lp in as_served if t not in collapsed]  # theirs are another token's
         row.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([text, hashed], separators=(",", ":"),
                                                               ensure_ascii=False).encode()))
         own = min(own, 0.0)  # a rounding of 0 above it: recorded as 0 (the hash keeps what was served)
