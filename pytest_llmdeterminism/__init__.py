@@ -28,7 +28,12 @@ from pytest_llmdeterminism.errors import (
 )
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
-from pytest_llmdeterminism.model.audit import NondeterminismError, audit
+from pytest_llmdeterminism.model.audit import (
+    DecodePrefillMismatchError,
+    NondeterminismError,
+    assert_decode_matches_prefill,
+    audit,
+)
 from pytest_llmdeterminism.model.concurrency import ConcurrencyError
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.reporting.audit import AuditReport
@@ -49,6 +54,7 @@ __all__ = [
     "Comparison",
     "ConcurrencyError",
     "ConfigurationError",
+    "DecodePrefillMismatchError",
     "EngineError",
     "FetchError",
     "Generation",
@@ -69,6 +75,7 @@ __all__ = [
     "ShardError",
     "UnreadableFileError",
     "Verdict",
+    "assert_decode_matches_prefill",
     "assert_tokens_match",
     "audit",
     "deterministic",
@@ -89,7 +96,8 @@ _LAZY = {
 # (`pytest_llmdeterminism.GoldenMismatchError`), not by the module that happens to define them. The
 # data classes (Comparison, Generation, AuditReport) keep theirs: their annotations resolve there.
 for _public in (BatchInvarianceProbeError, CPUNumericsError, ConcurrencyError, ConfigurationError,
-                EngineError, GoldenFileError, GoldenMismatchError, GoldenTokens, HTTPStatusError,
+                DecodePrefillMismatchError, EngineError, GoldenFileError, GoldenMismatchError, GoldenTokens,
+                HTTPStatusError,
                 LLMDeterminismError, LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError,
                 PromptTooLongError, SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
     _public.__module__ = __name__

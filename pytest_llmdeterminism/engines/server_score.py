@@ -116,28 +116,58 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
             if not (math.isfinite(value) and value <= POSITIVE_SLACK):
                 raise fail(f"sent {value!r} at position {position}, which is no log-probability (finite, at "
                            f"most 0). {UNTRUE}")
-        ranked = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
-        hashed = ranked if text in dict(ranked) else [*ranked, (text, own)]
+        collapsed = collapsed_texts(top, top_k) if shifted else set()
+        if collapsed is None or text in collapsed:
+            named = f"the text {text!r}" if collapsed else "one text (its top-k has fewer than k entries)"
+            raise fail(f"named two tokens with {named} in the top-k of position {position - 1}: it keys its "
+                       "top_logprobs by token text, so the later, lower one's logprob overwrote the first's "
+                       f"(llama-cpp-python), and the continuation's token {text!r} at position {position} "
+                       "has no logprob of its own there. Score this continuation on llamacpp:PATH.gguf in "
+                       "process or on the transformers backend, or on a server that names tokens by id")
+        order = list(top)
+        if collapsed and min(order.index(t) for t in collapsed) < order.index(text):
+            unknown = "rank"  # a token above it lost its logprob: how many are above is not known
+        elif collapsed and order.index(text) + 1 < len(order) and order[order.index(text) + 1] in collapsed:
+            unknown = "margin"  # the token after it lost its logprob
+        else:
+            unknown = ""
+        as_served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+        hashed = as_served if text in dict(as_served) else [*as_served, (text, own)]  # as served
+        ranked = [(t, lp) for t, lp in as_served if t not in collapsed]  # theirs are another token's
         row.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([text, hashed], separators=(",", ":"),
                                                               ensure_ascii=False).encode()))
         own = min(own, 0.0)  # a rounding of 0 above it: recorded as 0 (the hash keeps what was served)
         row.logprobs.append(rounded(own))
         row.top.append(tuple((token_id(t), rounded(min(lp, 0.0))) for t, lp in ranked))
-        rank, margin = rank_and_margin(text, own, ranked, top_k)
+        rank, margin = rank_and_margin(text, own, ranked, len(ranked) if collapsed else top_k)
+        if unknown:
+            rank, margin = (None, None) if unknown == "rank" else (rank, None)
         row.ranks.append(rank)
         row.rank_margins.append(margin)
     if prompt_logprobs:
         row.prompt_logprobs = [None]
         for position in range(1, len(prompt)):
             said: float | None
-            if shifted:  # None where the entry before does not hold it among its top-k
-                said = (tops[position - 1] or {}).get(texts[position])
+            if shifted:  # None where the entry before does not hold it, or holds another's under its text
+                before = dict(tops[position - 1] or {})
+                lost = collapsed_texts(before, top_k)
+                said = None if lost is None or texts[position] in lost else before.get(texts[position])
             elif chosen is not None:
                 said = chosen[position]
             else:
                 said = (tops[position] or {}).get(texts[position])
             row.prompt_logprobs.append(None if said is None else rounded(min(float(said), 0.0)))
     return row
+
+
+def collapsed_texts(top: dict[str, float], top_k: int) -> set[str] | None:
+    """The texts of a top-k keyed by token text (llama-cpp-python's, best first, ``top_k`` entries)
+    that two tokens share: the later, lower token's logprob overwrote the first's, in the first's place.
+    Such a text's logprob is below one served after it; ``None`` where the top-k lost entries that no
+    such text accounts for (two tokens with one text next to each other: which text is unknown)."""
+    values = list(top.values())
+    collapsed = {text for at, text in enumerate(top) if any(later > values[at] for later in values[at + 1:])}
+    return None if len(top) + len(collapsed) < top_k else collapsed
 
 
 class ServedScores:

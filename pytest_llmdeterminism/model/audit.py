@@ -11,8 +11,9 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``threads``: another torch thread count;
 - ``dtype``: another dtype, when asked for;
 - ``seed``: for a sampled generation (``do_sample=True``), another seed;
-- ``decode-vs-prefill`` (:func:`decode_vs_prefill`, asked for apart): the generation's steps against the
-  teacher-forced score of its own tokens.
+- ``decode-vs-prefill`` (:func:`decode_vs_prefill`), where the engine can score: the generation's steps
+  against the teacher-forced score of its own tokens, the largest logprob difference reported;
+  :func:`assert_decode_matches_prefill` is its opt-in check in a test.
 
 A sampled generation is audited under its own sampling settings and seed: its noise is keyed by
 its own prompt, so companions, shape and threads move it only through the logits. Where a row's
@@ -36,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
-from pytest_llmdeterminism.engines.loaded import AuditedEngine, ServedEngine
+from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
@@ -69,6 +70,15 @@ class NondeterminismError(LLMDeterminismError, AssertionError):
     def __init__(self, audit: AuditReport) -> None:
         self.audit = audit
         super().__init__("NONDETERMINISTIC: " + "\n".join(audit.lines()))
+
+
+class DecodePrefillMismatchError(LLMDeterminismError, AssertionError):
+    """A generation's steps and the score of its own tokens differ beyond the tolerance
+    (:func:`assert_decode_matches_prefill`). ``found`` holds the comparison."""
+
+    def __init__(self, found: DecodeVsPrefill) -> None:
+        self.found = found
+        super().__init__("\n".join(found.lines()))
 
 
 def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], *,
@@ -136,6 +146,8 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     if dtype is not None:
         rows.append(_row("dtype", f"{llm_model.fingerprint['dtype']} -> {dtype}", base,
                          run(_KeptLogits(llm_model, loaded=_in_dtype(llm_model.loaded, dtype)), [prompt], 0)))
+    if isinstance(llm_model.loaded.engine, ScoringEngine) and base[0].token_ids:
+        rows.append(decode_vs_prefill(llm_model, base[0]).row())
     return AuditReport(text, str(shape), tuple(rows), unique, len(runs), sampling)
 
 
@@ -363,3 +375,19 @@ def decode_vs_prefill(llm_model: LLMModel, generation: Generation, *,
                                                                     DEFAULT_ATOL["float32"])
     return DecodeVsPrefill(generation.prompt, len(generation.token_ids), identical, first, delta,
                            bitwise=bool(fingerprint.get("batch_invariant")), tolerance=atol)
+
+
+def assert_decode_matches_prefill(llm_model: LLMModel, generation: Generation, *,
+                                  tolerance: float | None = None) -> DecodeVsPrefill:
+    """The opt-in decode-equals-prefill check: score ``generation``'s own tokens (teacher-forced, one
+    forward) and raise :class:`DecodePrefillMismatchError` where a step's generated-token logprob or a
+    shared top-k logprob differs by more than ``tolerance`` (the dtype's default ``atol``). Bitwise
+    equality is reported, not asked: on CPU decode runs other linear kernels than prefill and its
+    attention reduces over another length, even under batch-invariant kernels (measured: 4e-6 on the
+    tiny model, 2e-5 on SmolLM2). Returns the comparison (``lines()`` says how many steps were
+    bitwise identical)."""
+    __tracebackhide__ = True
+    found = decode_vs_prefill(llm_model, generation, tolerance=tolerance)
+    if not found.within_tolerance:
+        raise DecodePrefillMismatchError(found)
+    return found

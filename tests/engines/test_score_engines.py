@@ -86,3 +86,14 @@ def test_a_server_scores_through_echoed_completions_as_llamacpp_in_process(smoll
         served.score(*PAIRS[0], top_k=1)  # a token outside the top-1 of the position before
     with pytest.raises(EngineError, match="it leaves tokens out of its echo .* special tokens"):
         served.score(*PAIRS[1])
+
+
+def test_a_server_refuses_a_token_whose_text_another_token_in_its_top_k_shares(smollm2_gguf, server):
+    """llama-cpp-python keys its top-k by text: after this prompt, ' ' (true logprob -0.017) and a
+    lower token that also reads ' ' share one entry, the lower one's -8.6 in it. Refused by name,
+    never recorded as ' ''s logprob."""
+    from pytest_llmdeterminism import EngineError
+
+    served = LLMModel(engines.load(server.spec(smollm2_gguf), dtype="float32", device="auto"), SETTINGS)
+    with pytest.raises(EngineError, match="named two tokens with the text ' ' in the top-k of position 15"):
+        served.score("Q: What is 2 + 2?\nA:", " 2 + 2 = 4.", top_k=20)

@@ -30,7 +30,8 @@ def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
     # Measured on this CPU: B=4 vs B=1 moves logits by ~1e-6 (tokens unchanged here).
     assert rows["batch_size"].max_logit_delta > 0
     assert 0 < rows["batch_size"].max_logit_delta < 1e-3
-    assert set(rows) == {"repeat", "batch", "batch_size", "padding", "cache", "threads"}
+    assert set(rows) == {"repeat", "batch", "batch_size", "padding", "cache", "threads",
+                         "decode-vs-prefill"}
 
 
 def test_on_the_default_kernels_the_batch_size_moves_nothing(make_llm):

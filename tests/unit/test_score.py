@@ -194,3 +194,51 @@ def test_decode_vs_prefill_asks_the_tolerance_on_other_kernels(tiny, previous_ke
     assert found.ok and found.max_logprob_delta <= 1e-3
     strict = decode_vs_prefill(llm, llm.generate("Once upon a time", max_new_tokens=6), tolerance=-1.0)
     assert not strict.ok and "does NOT hold" in strict.lines()[0]
+
+
+def test_the_opt_in_check_passes_within_the_tolerance_and_reports_what_is_not_bitwise(tiny):
+    """``assert_decode_matches_prefill``: within the dtype's tolerance, not bitwise (on CPU decode and
+    prefill take other kernels even under batch-invariant ones); beyond it, one error with the lines."""
+    from pytest_llmdeterminism import DecodePrefillMismatchError, assert_decode_matches_prefill
+    from pytest_llmdeterminism.model.audit import decode_vs_prefill
+
+    llm = llm_at(tiny, "4x32")
+    generation = llm.generate("Once upon a time", max_new_tokens=6)
+    found = assert_decode_matches_prefill(llm, generation)
+    assert found == decode_vs_prefill(llm, generation)
+    assert found.within_tolerance and found.max_logprob_delta <= found.tolerance == 1e-3
+    print(f"decode vs prefill (tiny): {found.identical} of {found.steps} steps bitwise, "
+          f"largest |Δlogprob| {found.max_logprob_delta:.3g}")
+    if found.identical < found.steps:  # the check passes, and says it is not bitwise
+        assert "bitwise (batch-invariant kernels) does NOT hold, within 0.001 holds" in found.lines()[0]
+    with pytest.raises(DecodePrefillMismatchError, match="within -1 does NOT hold") as raised:
+        assert_decode_matches_prefill(llm, generation, tolerance=-1.0)
+    assert raised.value.found.max_logprob_delta == found.max_logprob_delta
+
+
+def test_the_audit_has_a_decode_vs_prefill_row_where_the_engine_can_score(tiny):
+    from pytest_llmdeterminism.model.audit import audit, decode_vs_prefill
+
+    llm = llm_at(tiny, "4x32").with_settings(max_new_tokens=6)
+    found = audit(llm, "Once upon a time", repeats=1)
+    rows = {row.source: row for row in found.rows}
+    expected = decode_vs_prefill(llm, llm.generate("Once upon a time"))
+    row = rows["decode-vs-prefill"]
+    assert (row.max_logit_delta, row.first_step, row.tokens_changed) == (
+        expected.max_logprob_delta, expected.first_different, False)
+    assert row.change == f"6 steps, {expected.identical} bitwise"
+    assert any(line.lstrip().startswith("decode-vs-prefill") for line in found.lines())
+
+    class Unscoring:  # the same engine without ``score``: the audit has no row for it
+        def __init__(self, engine):
+            self._engine = engine
+
+        def __getattr__(self, name):
+            if name == "score":
+                raise AttributeError(name)
+            return getattr(self._engine, name)
+
+    unscoring = LLMModel(dataclasses.replace(tiny, engine=Unscoring(tiny.engine)), llm.settings)
+    others = audit(unscoring, "Once upon a time", repeats=1)
+    assert [r.source for r in others.rows] == [r.source for r in found.rows
+                                               if r.source != "decode-vs-prefill"]

@@ -49,12 +49,45 @@ def test_an_echo_with_an_entry_per_token_reads_each_tokens_own_logprob():
 def test_an_echo_without_the_generated_tokens_entry_reads_each_logprob_from_the_entry_before():
     """llama-cpp-python's layout: one entry per given token, each the distribution after it."""
     response = completion(["A", "B", "C", "D"],
-                          [None, {"C": -0.2, "A": -0.1}, {"D": -0.3, "E": -2.0}, {"E": -0.1, "A": -3.0}],
+                          [None, {"A": -0.1, "C": -0.2}, {"D": -0.3, "E": -2.0}, {"E": -0.1, "A": -3.0}],
                           [None, -9.0, -9.0, -9.0])
     row = scored(response)
     assert row.logprobs == [-0.2, -0.3] and row.ranks == [2, 1]
     with pytest.raises(EngineError, match=r"token 'D' at position 3 .*raise llm_model.score\(top_k=...\)"):
-        scored(completion(["A", "B", "C", "D"], [None, {"C": -0.2}, {"E": -0.3}, {"E": -0.1}]))
+        scored(completion(["A", "B", "C", "D"], [None, {"C": -0.2, "A": -0.5}, {"E": -0.3, "A": -1.0},
+                                                 {"E": -0.1, "A": -2.0}]))
+
+
+def test_two_tokens_with_one_text_in_a_text_keyed_top_k_are_never_read_as_one():
+    """llama-cpp-python keys the top-k by text: a later token with the same text overwrites the first's
+    logprob in the first's place (measured: ' 2 + 2 = 4.' after 'Q: What is 2 + 2?\\nA:', where ' ' was
+    read as -8.6 for its true -0.017). The given token's text collapsed is refused by name; another
+    collapsed text leaves the top-k (and the rank where it was above the given token)."""
+    served = completion(["A", "B", "C", "D"],
+                        [None, {"C": -3.0, "A": -0.5, "E": -1.0}, {"D": -0.3, "E": -2.0, "A": -2.5},
+                         {"E": -0.1}], [None, -9.0, -9.0, -9.0])
+    with pytest.raises(EngineError, match=r"two tokens with the text 'C' in the top-k of position 1: it keys "
+                                          r"its top_logprobs by token text.*'C' at position 2"):
+        scored(served, top_k=3)
+    row = scored(served, prompt=(1, 2, 3), continuation=(4,), top_k=3, prompt_logprobs=True)
+    assert row.prompt_logprobs == [None, None, None]  # C's -3.0 is another token's: not said
+    assert row.logprobs == [-0.3]
+    after = completion(["A", "B", "C", "D"],
+                       [None, {"C": -0.2, "A": -4.0, "E": -1.0}, {"D": -0.3, "E": -2.0, "A": -2.5},
+                        {"E": -0.1}], [None, -9.0, -9.0, -9.0])
+    row = scored(after, top_k=3)
+    assert row.logprobs == [-0.2, -0.3] and row.ranks == [1, 1]
+    assert row.top[0] == ((3, -0.2), (5, -1.0))  # A's -4.0 is another token's: left out
+    assert row.rank_margins[0] is None  # the token after C lost its logprob
+    above = completion(["A", "B", "C", "D"],
+                       [None, {"A": -4.0, "C": -0.5, "E": -1.0}, {"D": -0.3, "E": -2.0, "A": -2.5},
+                        {"E": -0.1}], [None, -9.0, -9.0, -9.0])
+    assert scored(above, top_k=3).ranks == [None, 1]  # a token above C lost its logprob: C's rank unknown
+    adjacent = completion(["A", "B", "C", "D"],
+                          [None, {"C": -0.2, "A": -1.0}, {"D": -0.3, "E": -2.0, "A": -2.5}, {"E": -0.1}],
+                          [None, -9.0, -9.0, -9.0])
+    with pytest.raises(EngineError, match=r"one text \(its top-k has fewer than k entries\)"):
+        scored(adjacent, top_k=3)  # three asked, two served, none out of order: which text is unknown
 
 
 def test_a_rank_is_known_inside_the_top_k_and_a_margin_where_both_neighbours_are():
