@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 def test_plugin_is_registered_and_marker_documented(pytester):
     result = pytester.runpytest_subprocess("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.deterministic(seed=None, max_new_tokens=None, "
-                                 "batch_shape=None, tolerance=None)*"])
+                                 "batch_shape=None, tolerance=None, concurrency=None)*"])
 
 
 @pytest.mark.subprocess

@@ -105,6 +105,7 @@ def test_bad_marker_argument_names_it(suite):
     result = suite.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*@deterministic(temperature=...)*unknown argument; accepted: batch_shape, "
+                                 "concurrency, "
                                  "max_new_tokens, seed, tolerance*"])
 
 
