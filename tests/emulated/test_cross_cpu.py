@@ -102,9 +102,22 @@ def _finish_sessions(run: subprocess.Popen[str], count: int) -> list[tuple[int, 
     return list(zip(codes, outputs, strict=True))
 
 
+# Score goldens (teacher-forced logprobs, one forward over prompt + continuation) travel between CPUs
+# under portable numerics, bit for bit, like generation goldens.
+SCORE_PROBE = """
+
+PAIRS = [("The capital of France is", " Paris, a city of light."), ("def add(a, b):", "\\n    return a + b")]
+
+@deterministic
+def test_score(llm_model, golden_tokens):
+    for (prompt, _), score in zip(PAIRS, llm_model.score(PAIRS)):
+        golden_tokens.check(score, name=prompt)
+"""
+
+
 def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n")
-    (tmp_path / "test_probe.py").write_text(PROBE + SAMPLED_PROBE)
+    (tmp_path / "test_probe.py").write_text(PROBE + SAMPLED_PROBE + SCORE_PROBE)
     # Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread),
     # so the negative control runs one prompt per batch, at one thread.
     native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native", "--llm-batch-shape=1x32")
@@ -112,7 +125,7 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     for args, threads in ((("--llm-golden-update",), None), ((*compatible, "--llm-golden-update"), None),
                           ((*native, "--llm-golden-update"), 1)):
         code, output = _finish(_pytest(tmp_path, *args, threads=threads))
-        assert code == 0 and "golden checks: 6 recorded" in output, output[-3000:]
+        assert code == 0 and "golden checks: 8 recorded" in output, output[-3000:]
 
     other_vendor, old_isa = _foreign_cpus()
     runs = {
@@ -130,7 +143,7 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
     for cpu in (other_vendor, old_isa):
         code, output = results[cpu]
         assert code == 0, f"pinned goldens failed under -cpu {cpu}:\n{output[-4000:]}"
-        assert "golden checks: 6 IDENTICAL" in output, output[-3000:]  # 3 greedy, 3 sampled
+        assert "golden checks: 8 IDENTICAL" in output, output[-3000:]  # 3 greedy, 3 sampled, 2 scores
         assert "batch invariance: verified at 4x32" in output
         assert "compared across environments" not in output
 
@@ -159,31 +172,6 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
     other_vendor, _ = _foreign_cpus()
     code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
     assert code == 0 and "golden checks: 3 IDENTICAL" in output, \
-        f"under -cpu {other_vendor}:\n{output[-4000:]}"
-
-
-SCORE_PROBE = """
-from pytest_llmdeterminism import deterministic
-
-PAIRS = [("The capital of France is", " Paris, a city of light."), ("def add(a, b):", "\\n    return a + b")]
-
-@deterministic
-def test_score(llm_model, golden_tokens):
-    for (prompt, _), score in zip(PAIRS, llm_model.score(PAIRS)):
-        golden_tokens.check(score, name=prompt)
-"""
-
-
-def test_score_goldens_are_identical_under_another_vendors_cpu(tmp_path):
-    """Score goldens (issue 42: teacher-forced logprobs, one forward over prompt + continuation) travel
-    between CPUs under portable numerics, bit for bit, like generation goldens."""
-    (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 2x32\n")
-    (tmp_path / "test_probe.py").write_text(SCORE_PROBE)
-    code, output = _finish(_pytest(tmp_path, "--llm-golden-update"))
-    assert code == 0 and "golden checks: 2 recorded" in output, output[-3000:]
-    other_vendor, _ = _foreign_cpus()
-    code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
-    assert code == 0 and "golden checks: 2 IDENTICAL" in output, \
         f"under -cpu {other_vendor}:\n{output[-4000:]}"
 
 
