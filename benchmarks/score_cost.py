@@ -12,13 +12,10 @@ work: the float32 logits rows hashed, log-softmax, the given token's rank and ma
     python benchmarks/score_cost.py --model builtin:tiny --rounds 7
 
 Prints the CPU: a speed figure holds for that CPU. Target (issue 42): score <= 1.1x a plain forward.
-Measured (2026-12-05, 2-core AMD EPYC at load average 10 from other work; SmolLM2, 11 + 512 tokens,
-3 rounds): score 8.6 s CPU; forward 7.5 s on the plugin's kernels (1.145x), 9.1 s on transformers'
-own (0.94x). The per-position work (hashes, log-softmax, ranks, margins, top-k over 512 x 49152
-logprobs) is about 0.85 s of it. Again later (load average 8-9, three runs of 5, 5 and 7 rounds):
-score / forward on the plugin's kernels 1.062x, 0.623x and 1.347x CPU (medians): the load decides;
-the per-position work alone, timed apart on a 512 x 49152 float32 matrix, is 0.22 s CPU plus 0.06 s
-for the log-softmax, against about 6 s CPU for the forward: about 1.05x.
+Measured (2026-12-05, 2-core AMD EPYC, quiet; SmolLM2, 11 + 512 tokens, 5 rounds): score 1443 ms
+wall, forward on the plugin's kernels 1357 ms (1.064x wall, 1.060x CPU), on transformers' own 2490 ms
+(0.58x). The per-position work (hashes, log-softmax, ranks, margins, top-k over 512 x 49152
+logprobs) is about 0.2 s of the score.
 """
 
 from __future__ import annotations
