@@ -87,11 +87,10 @@ def config(loaded, max_new_tokens=4):
                                      eos_token_ids=loaded.engine.eos_token_ids(), pad_token_id=0)
 
 
-def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, one_slot_spec):
-    """llm_server_checks at session start: the header's table, and the golden's serving_verified.
-    The plugin's requests keep the prefix cache out (a reset before each); with it on, the answer
-    moves: the prefix-cache row finds it."""
-    pytester.makeini(f"[pytest]\nllm_model = {one_slot_spec}\nllm_server_checks = true\n")
+def _verified_and_recorded(pytester, spec: str, *, prefix_cache: str) -> None:
+    """``llm_server_checks`` on a one-slot server: the header's table (concurrent and repeat
+    identical; the prefix-cache row's answer ``prefix_cache``), and the golden's ``serving_verified``."""
+    pytester.makeini(f"[pytest]\nllm_model = {spec}\nllm_server_checks = true\n")
     pytester.makepyfile(test_served=SUITE)
     result = pytester.runpytest("--llm-golden-update")
     result.assert_outcomes(passed=1)
@@ -99,11 +98,19 @@ def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, one_
         f"llm server checks (llm_server_checks = true): serving audit of {PROMPT!r} on *",
         "  concurrent    among 2, at *identical    *0 * no effect",
         "  repeat        1 unique of 3 under load*identical*",
-        "  prefix-cache  after its prompt+8, cache on*drift*a cached prefix changed*"])
+        f"  prefix-cache  after its prompt+8, cache on*{prefix_cache}*"])
     golden = read_goldens(pytester, "__golden__/test_served.json")["test_capital"]
     (entry,) = golden.values()
+    verdict = prefix_cache.split("*")[0].replace("identical", "invariant")
     assert entry["fingerprint"]["serving_verified"] == {"concurrency": "invariant at 2 (3 rounds)",
-                                                        "prefix_cache": "off; with it on: drift"}
+                                                        "prefix_cache": f"off; with it on: {verdict}"}
+
+
+def test_one_slot_is_verified_invariant_and_the_golden_records_it(pytester, one_slot_spec):
+    """llm_server_checks at session start: the header's table, and the golden's serving_verified.
+    The plugin's requests keep the prefix cache out (a reset before each); with it on, the answer
+    moves: the prefix-cache row finds it."""
+    _verified_and_recorded(pytester, one_slot_spec, prefix_cache="drift*a cached prefix changed")
 
 
 # --- llama.cpp's own llama-server (scripts/llama_server.sh builds it; skipped where it is not built) ---
@@ -133,24 +140,11 @@ def native_four_slots(smollm2_gguf, tokenizer_folder, tmp_path_factory):
     started.stop()
 
 
-
 def test_llama_server_one_slot_is_verified_invariant_and_the_golden_records_it(pytester,
                                                                                native_one_slot_spec):
     """``--parallel 1``: requests computed one after another; llama-server's prefix cache (its slot's
     cached prompt reused) does not move the answer either, unlike llama-cpp-python's server."""
-    pytester.makeini(f"[pytest]\nllm_model = {native_one_slot_spec}\nllm_server_checks = true\n")
-    pytester.makepyfile(test_served=SUITE)
-    result = pytester.runpytest("--llm-golden-update")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([
-        f"llm server checks (llm_server_checks = true): serving audit of {PROMPT!r} on *",
-        "  concurrent    among 2, at *identical    *0 * no effect",
-        "  repeat        1 unique of 3 under load*identical*",
-        "  prefix-cache  after its prompt+8, cache on*identical*"])
-    golden = read_goldens(pytester, "__golden__/test_served.json")["test_capital"]
-    (entry,) = golden.values()
-    assert entry["fingerprint"]["serving_verified"] == {"concurrency": "invariant at 2 (3 rounds)",
-                                                        "prefix_cache": "off; with it on: invariant"}
+    _verified_and_recorded(pytester, native_one_slot_spec, prefix_cache="identical")
 
 
 def test_llama_server_four_slots_negative_control_the_concurrent_row_finds_the_difference(native_four_slots):

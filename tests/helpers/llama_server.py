@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,19 +12,23 @@ class LlamaServer:
     """llama-cpp-python's OpenAI-compatible server, serving one GGUF file on a free localhost port."""
 
     def __init__(self, model: Path, log: Path) -> None:
+        import sys
+
+        self._start(lambda port: [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host",
+                                  "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "2048",
+                                  "--seed", "0"], log)
+
+    def _start(self, command: Callable[[int], list[str]], log: Path) -> None:
+        """Run ``command(port)`` on a free localhost port, its output into ``log``, until it answers."""
         import socket
         import subprocess
-        import sys
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = log
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-             "--port", str(self.port), "--n_threads", "1", "--n_ctx", "2048", "--seed", "0"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command(self.port), stdout=log.open("wb"), stderr=subprocess.STDOUT)
         self._wait_until_ready()
 
     def _wait_until_ready(self, seconds: float = 120.0) -> None:
@@ -75,20 +80,10 @@ class NativeLlamaServer(LlamaServer):
 
     def __init__(self, model: Path, log: Path, *, parallel: int, cont_batching: bool = True,
                  extra: tuple[str, ...] = ()) -> None:
-        import socket
-        import subprocess
-
         binary = native_llama_server_path()
         if binary is None:
             pytest.skip(NATIVE_MISSING)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.log = log
-        self.process = subprocess.Popen(
-            [str(binary), "--host", "127.0.0.1", "--port", str(self.port), "-m", str(model),
-             "--parallel", str(parallel), "-cb" if cont_batching else "-nocb", "--threads", "1",
-             "--ctx-size", str(NATIVE_CTX_PER_SLOT * parallel), "--seed", "0", "--no-webui", *extra],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        self._wait_until_ready()
+        self._start(lambda port: [str(binary), "--host", "127.0.0.1", "--port", str(port), "-m", str(model),
+                                  "--parallel", str(parallel), "-cb" if cont_batching else "-nocb",
+                                  "--threads", "1", "--ctx-size", str(NATIVE_CTX_PER_SLOT * parallel),
+                                  "--seed", "0", "--no-webui", *extra], log)
