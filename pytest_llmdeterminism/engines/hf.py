@@ -88,13 +88,7 @@ class HFEngine:
 
         shape = settings.batch_shape.running(max(map(len, rows)))
         self._refuse_past_context(shape, config.max_new_tokens, settings)
-        input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
-        # Filler rows repeat the chunk's first prompt: a real sequence, so no row is all padding.
-        for row in range(shape.rows):
-            ids = rows[row] if row < len(rows) else rows[0]
-            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
-            attention_mask[row, shape.length - len(ids):] = 1
+        input_ids, attention_mask = self._left_padded(rows, shape)
         model = self.model
         if model.training:
             model.eval()  # dropout at inference is random; a test may have called .train()
@@ -145,12 +139,7 @@ class HFEngine:
             raise ConfigurationError("llm_model.score(continuation)", f"{max(map(len, run)) + 1} tokens",
                                      f"the {shape} shape's {shape.length} positions are beyond the model's "
                                      f"context of {context} (max_position_embeddings in its config); {fix}")
-        input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
-        for row in range(shape.rows):
-            ids = run[row] if row < len(rows) else run[0]
-            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
-            attention_mask[row, shape.length - len(ids):] = 1
+        input_ids, attention_mask = self._left_padded(run, shape)
         # As generate() counts a left-padded row's positions: from its first real token.
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         model = self.model
@@ -172,6 +161,19 @@ class HFEngine:
                     found.prompt_logprobs = prompt_positions(before, prompt)
                 scored.append(found)
         return ScoreChunk(rows=scored, flags=in_force)
+
+    def _left_padded(self, rows: list[list[int]], shape: BatchShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's ``input_ids`` and ``attention_mask`` in the fixed shape, each row left-padded.
+        Filler rows repeat the chunk's first row: a real sequence, so no row is all padding."""
+        import torch
+
+        input_ids = torch.full((shape.rows, shape.length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((shape.rows, shape.length), dtype=torch.long)
+        for row in range(shape.rows):
+            ids = rows[row] if row < len(rows) else rows[0]
+            input_ids[row, shape.length - len(ids):] = torch.tensor(ids)
+            attention_mask[row, shape.length - len(ids):] = 1
+        return input_ids, attention_mask
 
     def _refuse_past_context(self, shape: BatchShape, max_new_tokens: int,
                              settings: GenerationSettings) -> None:
