@@ -69,6 +69,11 @@ class ServedEngine(Engine, Protocol):
         """This engine with the server's prefix cache left on (never for a golden)."""
         ...
 
+    def among_companions(self) -> ServedEngine:
+        """This engine for requests sent among concurrent companions: a transport failure fails the
+        request that met it, not every later request of the session."""
+        ...
+
 
 @runtime_checkable
 class ScoringEngine(Engine, Protocol):

@@ -190,6 +190,13 @@ class OpenAIEngine:
         copy._reset_prefix, copy._cache_prompt = False, True
         return copy
 
+    def among_companions(self) -> OpenAIEngine:
+        """This engine for a request sent among concurrent companions: a transport failure fails that
+        request alone (:meth:`Client.apart`), never every later test of the session."""
+        copy = copy_module.copy(self)
+        copy._client = self._client.apart()
+        return copy
+
     def score(self, rows: list[tuple[list[int], list[int]]], settings: GenerationSettings, *,
               top_k: int, prompt_logprobs: bool) -> ScoreChunk:
         """Each pair through ``/v1/completions`` with ``echo=true`` (``server_score.py``)."""

@@ -15,6 +15,7 @@ the request's ``Authorization`` header. What goes into a request and what an ans
 
 from __future__ import annotations
 
+import copy as copy_module
 import io
 import json
 import re
@@ -113,7 +114,8 @@ class _Reply(NamedTuple):
 class Client:
     """JSON over HTTP with ``http.client``: one origin, no redirects, no proxy, one deadline and one
     size limit per request. The first transport failure is kept: every later request fails at once
-    with the same message instead of waiting for a deadline each."""
+    with the same message instead of waiting for a deadline each. A copy made by :meth:`apart` (the
+    requests sent among concurrent companions) keeps none: its failure is its request's alone."""
 
     def __init__(self, spec: str, url: str, *, timeout: float, max_bytes: int,
                  api_key: Secret | None) -> None:
@@ -126,6 +128,15 @@ class Client:
         self._path = parts.path.rstrip("/")
         self._query = f"?{parts.query}" if parts.query else ""
         self.down: EngineError | None = None
+        self._latches = True  # a transport failure marks the server down for every later request
+
+    def apart(self) -> Client:
+        """This client for requests whose transport failure is theirs alone (a request among concurrent
+        companions may be refused or reset under the load the check makes): it fails that request and
+        marks nothing down. A server already down stays down."""
+        copy = copy_module.copy(self)
+        copy._latches = False
+        return copy
 
     @property
     def api_key(self) -> Secret | None:
@@ -180,9 +191,12 @@ class Client:
                                        self._api_key, request=request, max_bytes=self.max_bytes,
                                        seconds=max(deadline - time.monotonic(), 1e-3))
             except (OSError, ValueError, http.client.HTTPException) as error:
-                self.down = EngineError(self.spec, f"the server at {self.base} did not answer {request} "
-                                        f"{self._transport_problem(error)}; every later test that uses it "
-                                        "fails with this message")
+                problem = self._transport_problem(error)
+                failed = f"the server at {self.base} did not answer {request} {problem}"
+                if not self._latches:
+                    raise EngineError(self.spec, failed) from None
+                self.down = EngineError(self.spec, f"{failed}; every later test that uses it fails with this "
+                                        "message")
                 raise self.down.with_traceback(None) from None
             if reply.status not in TRANSIENT_STATUSES:
                 break

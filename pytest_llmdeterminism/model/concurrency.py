@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 __all__ = ["MAX_CONCURRENCY", "ROUNDS", "ConcurrencyError", "ConcurrencyFinding", "check_among",
            "companion_seed", "refuse_where_not_served"]
 
-ROUNDS = 3  # rounds per prompt: each another set of companions and another position
+# Rounds per prompt, each another set of companions and another position. Where a request lands
+# among a server's slots decides whether its answer moves, so a batch-variant server moves it in some
+# rounds only: llama.cpp's server with 4 slots moved it in 1 round of 3 at the least (measured,
+# tests/engines/test_serving.py), where 20 rounds all unmoved is a chance of (2/3)**20, about 1 in
+# 3,000 (3 rounds: 1 in 3.4). A round costs about one request's time: its requests are concurrent.
+ROUNDS = 20
 MAX_CONCURRENCY = 64  # companions: threads and connections of one round
 
 
@@ -49,13 +54,15 @@ def companion_seed(seed: int, ids: Sequence[int]) -> int:
 class ConcurrencyFinding:
     """The first round whose answer differed from the alone one: the round (from 1), the number of
     concurrent companions, the needle's position among the ``companions + 1`` requests (from 0), and
-    the comparison of the alone answer (expected) with this one (actual)."""
+    the comparison of the alone answer (expected) with this one (actual); ``differed``: every round
+    whose answer differed (from 1), the first included."""
 
     round: int
     rounds: int
     companions: int
     position: int
     comparison: Comparison
+    differed: tuple[int, ...] = ()
 
 
 class ConcurrencyError(LLMDeterminismError, AssertionError):
@@ -68,9 +75,12 @@ class ConcurrencyError(LLMDeterminismError, AssertionError):
         self.alone, self.among = alone, among
         shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
         found = finding
+        others = [n for n in found.differed if n != found.round]
+        also = f"; {len(others) + 1} of {found.rounds} rounds differed (also {_listed(others)})" if others \
+            else f"; the other {found.rounds - 1} rounds answered as alone" if found.differed else ""
         where = (f"in round {found.round} of {found.rounds}, sent at position {found.position} of "
                  f"{found.companions + 1} (among {found.companions} concurrent companion requests, "
-                 f"companion seed {seed})")
+                 f"companion seed {seed}){also}")
         changed = _what_changed(found.comparison, piece)
         super().__init__(
             f"NONDETERMINISTIC under concurrency: {shown!r} was answered differently by {spec} among "
@@ -79,6 +89,11 @@ class ConcurrencyError(LLMDeterminismError, AssertionError):
             "the load. Fix the stack: batch-invariant kernels (vLLM: VLLM_BATCH_INVARIANT=1), or one "
             "request at a time (llama.cpp's server: --parallel 1); or drop concurrency= to test the "
             "server one request at a time (docs/serving-sampling.md)")
+
+
+def _listed(rounds: list[int]) -> str:
+    shown = ", ".join(map(str, rounds[:10]))
+    return shown if len(rounds) <= 10 else f"{shown} and {len(rounds) - 10} more"
 
 
 def _what_changed(comparison: Comparison, piece: Callable[[int], str]) -> str:
@@ -96,7 +111,7 @@ def _what_changed(comparison: Comparison, piece: Callable[[int], str]) -> str:
             f"companions {token(divergence.actual_token)}{shown}")
 
 
-def refuse_where_not_served(engine: Engine, spec: str, concurrency: int) -> None:
+def refuse_where_not_served(engine: Engine, spec: str, concurrency: int) -> ServedEngine:
     """``concurrency=N`` means requests in flight on a server at once; an engine in this process
     runs no one else's requests, so it is refused, naming what checks companions there."""
     __tracebackhide__ = True
@@ -107,19 +122,25 @@ def refuse_where_not_served(engine: Engine, spec: str, concurrency: int) -> None
             f"the {engine.name} engine, where no other request shares its batch (the batch-invariance "
             "probe already checks a prompt against other rows of its own batch). Use it with a server "
             "engine (openai:URL#...), or remove concurrency=")
+    return engine
 
 
 def check_among(engine: Engine, spec: str, *, prompt: str, ids: list[int], config: DecodingConfig,
                 alone: Generation, companions: int, seed: int,
                 record: Callable[[Chunk], Generation], piece: Callable[[int], str]) -> None:
     """Send ``ids`` :data:`ROUNDS` times among ``companions`` concurrent requests; raise
-    :class:`ConcurrencyError` at the first answer that is not ``alone`` exactly. ``record`` turns a
-    one-row chunk into a generation as the alone one was made."""
+    :class:`ConcurrencyError` naming the first answer that is not ``alone`` exactly and counting every
+    round that differed. ``record`` turns a one-row chunk into a generation as the alone one was made.
+    A request of a round that fails fails this check with what happened (``engines/companions.py``)."""
     __tracebackhide__ = True
-    rounds = run_among(engine, ids, config, companions=companions, rounds=ROUNDS, seed=seed)
-    for index, done in enumerate(rounds, 1):
-        among = record(done.output)
-        comparison = compare(alone, among)
-        if comparison.verdict is not Verdict.IDENTICAL:
-            finding = ConcurrencyFinding(index, len(rounds), done.companions, done.position, comparison)
-            raise ConcurrencyError(spec, prompt, seed, finding, alone=alone, among=among, piece=piece)
+    served = refuse_where_not_served(engine, spec, companions)
+    rounds = run_among(served, ids, config, companions=companions, rounds=ROUNDS, seed=seed)
+    answers = [record(done.output) for done in rounds]
+    comparisons = [compare(alone, among) for among in answers]
+    differed = tuple(n for n, c in enumerate(comparisons, 1) if c.verdict is not Verdict.IDENTICAL)
+    if differed:
+        first = differed[0] - 1
+        done = rounds[first]
+        finding = ConcurrencyFinding(first + 1, len(rounds), done.companions, done.position,
+                                     comparisons[first], differed)
+        raise ConcurrencyError(spec, prompt, seed, finding, alone=alone, among=answers[first], piece=piece)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,10 @@ class Connection:
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Length: {len(data)}", "Connection: close",
                  *(f"{k}: {v}" for k, v in (headers or {}).items())]
         self.send(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+
+    def reset(self) -> None:
+        """Hang up with a TCP reset (RST) instead of an answer: the client reads ``ECONNRESET``."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def trickle(self, data: bytes, every: float, *, most: int = 40) -> None:
         """``data`` one byte at a time, ``every`` seconds apart, at most ``most`` bytes."""

@@ -27,8 +27,10 @@ def config(max_new_tokens: int = 3):
     return resolve_generation_config({}, max_new_tokens=max_new_tokens, eos_token_ids=[2, 0], pad_token_id=0)
 
 
-def gathered(pieces, everyone: dict[str, int], fail_companions: bool = False):
-    """Honest completions, each answered once ``everyone["n"]`` requests are in flight (at most 5 s)."""
+def gathered(pieces, everyone: dict[str, int], fail_companions: bool = False, reset_companions: bool = False):
+    """Honest completions, each answered once ``everyone["n"]`` requests are in flight (at most 5 s);
+    a companion is refused (404) with ``fail_companions``, hung up on with a TCP reset with
+    ``reset_companions``."""
     server: FakeServer | None = None
     arrived = threading.Condition()
 
@@ -40,6 +42,9 @@ def gathered(pieces, everyone: dict[str, int], fail_companions: bool = False):
         body = request.json()
         if fail_companions and body["prompt"] != NEEDLE:
             connection.respond(404, "companion refused")
+            return
+        if reset_companions and body["prompt"] != NEEDLE:
+            connection.reset()
             return
         connection.respond(200, json.dumps(honest(body, pieces)))
 
@@ -106,9 +111,28 @@ def test_positions_come_from_the_seed(concurrent_server):
 def test_a_failing_companion_fails_the_run_with_its_error_after_all_threads_end(concurrent_server):
     server = concurrent_server({"n": 3}, fail_companions=True)
     engine = load(spec(server), dtype="float32", device="cpu").engine
-    with pytest.raises(EngineError, match="HTTP 404"):
+    with pytest.raises(EngineError, match="HTTP 404") as caught:
         run_among(engine, NEEDLE, config(), companions=2, rounds=1, seed=3)
     assert [r.in_flight for r in needles(server)] == [3]
+    assert "2 of 3 concurrent requests of round 1 of 1 failed (the request under test answered); " \
+           "companion " in str(caught.value)
+
+
+def test_a_companion_reset_fails_its_round_saying_what_happened_and_the_server_stays_up(concurrent_server):
+    """T7: a connection reset met by a companion fails the check that sent it, naming the reset, and
+    leaves the server in use: the next request (another test's) is sent and answered."""
+    everyone = {"n": 3}
+    server = concurrent_server(everyone, reset_companions=True)
+    engine = load(spec(server), dtype="float32", device="cpu").engine
+    with pytest.raises(EngineError) as caught:
+        run_among(engine, NEEDLE, config(), companions=2, rounds=2, seed=3)
+    text = str(caught.value)
+    assert "2 of 3 concurrent requests of round 1 of 2 failed (the request under test answered); companion " \
+           in text and "ConnectionResetError" in text
+    assert "This check fails; the server stays in use for the other tests" in text
+    assert "every later test" not in text
+    everyone["n"] = 1
+    assert alone(engine, NEEDLE, config(), seed=7).tokens == [GREEDY[:3]]  # the session's server is not down
 
 
 def test_nonsense_counts_are_refused():

@@ -62,9 +62,11 @@ def test_a_server_whose_batching_changes_a_token_fails_saying_where_and_what(toy
     assert error.alone.token_ids[1] != error.among.token_ids[1]
     text = str(error)
     assert text.startswith("NONDETERMINISTIC under concurrency: 'The cat' was answered differently by ")
+    assert found.differed == tuple(range(1, ROUNDS + 1))  # every round is counted, not only the first
     assert (f"among 3 concurrent requests than alone, in round 1 of {ROUNDS}, sent at position "
-            f"{found.position} of 4 (among 3 concurrent companion requests, companion seed {error.seed}): "
-            f"tokens changed at step 1: alone ") in text
+            f"{found.position} of 4 (among 3 concurrent companion requests, companion seed {error.seed}); "
+            f"{ROUNDS} of {ROUNDS} rounds differed (also 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and {ROUNDS - 11} "
+            "more): tokens changed at step 1: alone ") in text
     assert f"(id {divergence.expected_token})" in text and f"(id {divergence.actual_token})" in text
     assert "--parallel 1" in text and "VLLM_BATCH_INVARIANT=1" in text
 
