@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -93,6 +94,23 @@ class Completion(msgspec.Struct):
     model: Annotated[str, msgspec.Meta(max_length=SHOWN_CHARS)] | None = None
     usage: Usage | None = None
     system_fingerprint: Annotated[str, msgspec.Meta(max_length=SHOWN_CHARS)] | None = None
+
+
+# What a server that cannot take a prompt as token ids answers one: a refusal of the request (400,
+# 422: llama-cpp-python's validation of ``prompt``: "Input should be a valid string"), or a 500 where
+# it fails on the list (older llama-cpp-python), whose message names the prompt and its type.
+PROMPT_IDS_REFUSED = frozenset({400, 422, 500})
+_PROMPT = re.compile(r"prompt", re.IGNORECASE)
+_A_TYPE = re.compile(r"\b(str|string|text|list|array|int|integer|type|token[ _]ids?)\b", re.IGNORECASE)
+
+
+def refuses_token_ids(status: int, detail: str) -> bool:
+    """Whether an error answer to a prompt sent as token ids says the server takes no such prompt: one
+    of :data:`PROMPT_IDS_REFUSED` whose message names the prompt and a type (``prompt must be a
+    string``, pydantic's ``["body", "prompt", "str"] ... string_type``). Any other error (a 500 that
+    says nothing of the prompt, a 400 about the key or the length) is what happened, not a reason to
+    send text: switching would bake the server's passing trouble into every golden of the session."""
+    return status in PROMPT_IDS_REFUSED and bool(_PROMPT.search(detail)) and bool(_A_TYPE.search(detail))
 
 
 def exact_id(text: str) -> int | None:

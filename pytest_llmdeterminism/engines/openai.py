@@ -24,6 +24,7 @@ from pytest_llmdeterminism.engines.completions import (
     ModelList,
     exact_id,
     parse_choice,
+    refuses_token_ids,
     request_body,
     text_only_id,
 )
@@ -39,11 +40,6 @@ from pytest_llmdeterminism.shape import GenerationSettings
 __all__ = ["OpenAIEngine", "OpenAIOptions", "load"]
 
 SHOWN_MODELS = 20  # of a server's model names in a message
-# What a server that cannot take a prompt as token ids answers one: a refusal of the request (400,
-# 422: llama-cpp-python's validation of ``prompt``), or a 500 where it fails on the list (older
-# llama-cpp-python). Nothing else switches the session to text prompts: a transient status (retried,
-# then failed) or any other error is raised as it is.
-PROMPT_IDS_REFUSED = frozenset({400, 422, 500})
 
 
 @dataclass(frozen=True)
@@ -206,7 +202,7 @@ class OpenAIEngine:
                 "model": self._model, "prompt": self._other_start(ids), "max_tokens": 1, "temperature": 0.0},
                 object)) if self._reset_prefix else None
             self._scores = ServedScores(self._spec, self._client, self._model, self._tokenizer,
-                                        token_id=self.token_id, reset=reset, ids_refused=PROMPT_IDS_REFUSED)
+                                        token_id=self.token_id, reset=reset)
         return self._scores.score(rows, top_k=top_k, prompt_logprobs=prompt_logprobs)
 
     def vocab_size(self) -> int:
@@ -246,8 +242,10 @@ class OpenAIEngine:
 
     def _complete(self, ids: list[int], config: DecodingConfig, seed: int) -> Completion:
         """The completion, the prompt sent as its token ids where the server takes them (the API allows
-        it; vLLM does), else as text, which the server tokenises (llama-cpp-python). Only a refusal of
-        the first id prompt (:data:`PROMPT_IDS_REFUSED`) switches to text, for the session."""
+        it; vLLM does), else as text, which the server tokenises (llama-cpp-python). Only an error
+        answer to the first id prompt that says the server takes no such prompt
+        (:func:`~completions.refuses_token_ids`) switches to text, for the session; any other is raised
+        as it is (a transient status after its retries)."""
         __tracebackhide__ = True
         if self._send_ids is not False:
             try:
@@ -255,7 +253,7 @@ class OpenAIEngine:
                                                                           cache_prompt=self._cache_prompt),
                                              Completion)
             except HTTPStatusError as error:
-                if self._send_ids or error.status not in PROMPT_IDS_REFUSED:
+                if self._send_ids or not refuses_token_ids(error.status, error.detail):
                     raise
                 self._send_ids = False
             else:

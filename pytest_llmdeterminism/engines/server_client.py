@@ -218,7 +218,7 @@ class Client:
             if status in TRANSIENT_STATUSES:
                 hint = (f" ({retried}; it is overloaded, rate-limited or behind a failing gateway: run again "
                         "when it has capacity)")
-            raise HTTPStatusError(self.spec, status, f"{answered} HTTP {status}{hint}: {detail!r}")
+            raise HTTPStatusError(self.spec, status, f"{answered} HTTP {status}{hint}: {detail!r}", detail)
         try:
             return msgspec.json.decode(payload, type=into)
         except (ValueError, RecursionError, MemoryError) as error:  # msgspec's errors are ValueErrors
@@ -396,9 +396,10 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class HTTPStatusError(EngineError):
-    """A server answered a request with an HTTP error status (kept in ``status``)."""
+    """A server answered a request with an HTTP error status (kept in ``status``), and ``detail``, the
+    start of its body as text (the key masked)."""
 
-    def __init__(self, spec: str, status: int, message: str) -> None:
-        self.status = status
+    def __init__(self, spec: str, status: int, message: str, detail: str = "") -> None:
+        self.status, self.detail = status, detail
         super().__init__(spec, message)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
-from pytest_llmdeterminism.engines.completions import POSITIVE_SLACK, UNTRUE, Completion
+from pytest_llmdeterminism.engines.completions import POSITIVE_SLACK, UNTRUE, Completion, refuses_token_ids
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
 
@@ -174,10 +174,9 @@ class ServedScores:
     """Scores through one server, one request at a time, each after the engine's prefix reset."""
 
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *,
-                 token_id: Callable[[str], int], reset: Callable[[list[int]], object] | None,
-                 ids_refused: frozenset[int]) -> None:
+                 token_id: Callable[[str], int], reset: Callable[[list[int]], object] | None) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
-        self._token_id, self._reset, self._ids_refused = token_id, reset, ids_refused
+        self._token_id, self._reset = token_id, reset
         self._send_ids: bool | None = None  # unknown until the first request
 
     def score(self, rows: list[tuple[list[int], list[int]]], *, top_k: int,
@@ -206,7 +205,7 @@ class ServedScores:
                     response = self._client.post("completions", score_request(self._model, ids, top_k),
                                                  Completion)
                 except HTTPStatusError as error:
-                    if self._send_ids or error.status not in self._ids_refused:
+                    if self._send_ids or not refuses_token_ids(error.status, error.detail):
                         raise
                     self._send_ids = False
                 else:

@@ -372,10 +372,33 @@ def test_a_server_that_refuses_token_id_prompts_gets_text_prompts(serve, pieces,
     assert result.text == "The cat sat on" and result.fingerprint["flags"]["prompt_sent_as"] == "text"
 
 
-@pytest.mark.parametrize("status", [401, 404, 501])
+@pytest.mark.parametrize("body", [
+    {"detail": [{"type": "string_type", "loc": ["body", "prompt", "str"], "msg": "Input should be a valid "
+                 "string"}]},  # llama-cpp-python's 422
+    {"error": {"message": "Invalid type for 'prompt': expected a string, got a list of integers"}},
+])
+def test_a_refusal_that_names_the_prompt_type_gets_text_prompts(serve, pieces, body):
+    def ids_refused(request: Request, connection: Connection) -> None:
+        if isinstance(request.json()["prompt"], list):
+            connection.respond(422, body)
+        else:
+            connection.respond(200, honest({**request.json(), "prompt": GREEDY[:2]}, pieces) | {"usage": {}})
+
+    server = serve(routes(pieces, **{"/v1/completions": ids_refused}))
+    _, result = generate(spec(server))
+    assert result.fingerprint["flags"]["prompt_sent_as"] == "text"
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (401, {"error": "no"}), (404, {"error": "no"}), (501, {"error": "no"}),
+    # D5: a passing failure, or a refusal of something else, never switches the session to text prompts
+    (500, {"error": "internal server error"}), (500, "CUDA out of memory"),
+    (400, {"error": "invalid api key"}), (422, {"error": "max_tokens must be at most 2048"}),
+    (400, {"error": "This model's maximum context length is 2048 tokens; your prompt has 3000"}),
+])
 def test_another_error_on_the_first_completion_is_raised_not_taken_for_a_refusal_of_token_ids(serve, pieces,
-                                                                                              status):
-    server = serve(routes(pieces, **{"/v1/completions": respond(status, {"error": "no"})}))
+                                                                                              status, body):
+    server = serve(routes(pieces, **{"/v1/completions": respond(status, body)}))
     with pytest.raises(EngineError, match=f"answered POST /v1/completions with HTTP {status}"):
         generate(spec(server))
     assert [type(r.json()["prompt"]) for r in server.requests if r.path == "/v1/completions"] == [list]
