@@ -12,10 +12,13 @@ server whose generator is shared by the batch, or keyed by a row's place in it, 
 ``seed``: do different prompts sent with one seed share noise (vLLM #50440: one seed broadcast over
 a batch; llama.cpp's one uniform per step, whatever the prompt)? Two prompts A and B, and
 :data:`SEEDS` seeds ``s``: A with ``s``, B with ``s`` (the *same-seed* pair) and B with another seed
-``s'`` (the *other-seed* pair). If the server keys its noise by the prompt (or the request) as well
-as the seed, the seed's being shared tells nothing, and an event of a pair (the two drew the same
-token) is as likely in a same-seed pair as in an other-seed pair, whatever the two prompts'
-distributions are. So the row counts the seeds where only the same-seed pair agrees (``b``) and
+``s'`` (the *other-seed* pair). The seeds are distant (:func:`seed_pairs`): spread over all 31 bits,
+half odd, and each ``s'`` differs from its ``s`` in the lowest bit (so modulo every power of two) and
+in random higher ones: a server that reads only part of the seed (``seed % 2``, ``seed % 16``)
+cannot give the other-seed pair the same noise. If the server keys its noise by the prompt (or the
+request) as well as the seed, the seed's being shared tells nothing, and an event of a pair (the two
+drew the same token) is as likely in a same-seed pair as in an other-seed pair, whatever the two
+prompts' distributions are. So the row counts the seeds where only the same-seed pair agrees (``b``) and
 where only the other-seed pair does (``c``); under that hypothesis each of those ``b + c`` is either
 with probability 1/2, and ``P(X >= b)`` for ``X ~ Binomial(b + c, 1/2)`` below :data:`ALPHA` refuses
 the server (a sign test; exact, no model of the server's sampler needed). Two events, each under its
@@ -50,10 +53,11 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.loaded import LoadedModel
 
-__all__ = ["ALPHA", "SEEDS", "Paired", "ServedSampling", "sign_test", "verified_sampler"]
+__all__ = ["ALPHA", "SEEDS", "Paired", "ServedSampling", "seed_pairs", "sign_test", "verified_sampler"]
 
 PROMPTS = ("Once upon a time", "The weather today is")  # A and B
 SEEDS = 16
+SEED_BITS = 0x7FFFFFFF  # 31 bits: every server's seed field takes them
 ALPHA = 1e-3  # per event: a faithful server is refused by chance at most this often (each event)
 FLAT = 1000.0  # the temperature that flattens every distribution
 RANKED = 4  # the top-k cut of the rank event (below TOP_K: the drawn token's rank is always shown)
@@ -61,6 +65,19 @@ NEEDLE_TOKENS = 4
 COMPANIONS = 3
 ROUNDS = 2
 SETTING = "llm_model.generate(do_sample=True)"
+
+
+def seed_pairs(count: int = SEEDS) -> tuple[list[int], list[int]]:
+    """The seed row's ``count`` same seeds and, for each, its other seed: drawn by a hash over all 31
+    bits, alternately even and odd, and each other seed the same seed with its lowest bit and a random
+    set of higher ones flipped, so that the two differ modulo every power of two and in their high bits."""
+    import xxhash
+
+    def drawn(what: str, index: int) -> int:
+        return xxhash.xxh3_64_intdigest(f"llm-served-sampling {what} {index}".encode()) & SEED_BITS
+
+    same = [(drawn("seed", i) & ~1) | (i & 1) for i in range(count)]
+    return same, [s ^ (drawn("other", i) | 1) for i, s in enumerate(same)]
 
 
 def sign_test(b: int, c: int) -> float:
@@ -157,10 +174,10 @@ def verify(engine: ServedEngine, tokenizer: object) -> ServedSampling:
         return ServedSampling(engine.sampler, f"{where}: the concurrent row failed: {concurrent[1]}. {fix}",
                               tuple(rows))
 
-    def draws(ids: list[int], seeds: range, *, top_k: int) -> list[tuple[int | None, int | None]]:
+    def draws(ids: list[int], seeds: list[int], *, top_k: int) -> list[tuple[int | None, int | None]]:
         return [_first_draw(alone(engine, ids, sampled(seed, top_k=top_k), seed)) for seed in seeds]
 
-    same_seeds, other_seeds = range(SEEDS), range(SEEDS, 2 * SEEDS)
+    same_seeds, other_seeds = seed_pairs()
     found = []
     for event, top_k in (("the same token", 0), ("the same rank", RANKED)):
         a, b_same, b_other = (draws(first, same_seeds, top_k=top_k), draws(second, same_seeds, top_k=top_k),

@@ -20,6 +20,7 @@ read them. What each :class:`Behaviour` changes:
   #50440); ``batched`` (faithful, and the batch size: a sample that depends on its companions);
   ``ignored`` (seed 42 whatever the request says, as SGLang's fallback); or ``uniform``: one uniform
   per (seed, step) through the prompt's sorted distribution (inverse CDF, as llama.cpp's server draws).
+  ``seed_modulus``: the server reads only the seed modulo this (0: all of it), e.g. 2 or 16.
 
 A one-token request that finds no other in flight is answered at once, not held: the seed row's
 requests, sent one at a time.
@@ -59,6 +60,7 @@ class Behaviour:
     batch_changes_token: bool = False
     batch_drifts: bool = False
     noise: Noise = Noise.FAITHFUL
+    seed_modulus: int = 0
 
 
 @dataclass
@@ -103,7 +105,8 @@ def complete(body: dict[str, Any], batch: int, behaviour: Behaviour) -> dict[str
         else:
             top_k = int(body.get("top_k") or 0)
             kept = ranked[:top_k] if top_k > 0 else ranked
-            token = _draw(kept, temperature, seed, prompt, step, batch, behaviour.noise)
+            read = seed % behaviour.seed_modulus if behaviour.seed_modulus else seed
+            token = _draw(kept, temperature, read, prompt, step, batch, behaviour.noise)
         tokens.append(token)
         top = dict(ranked[:TOP])
         texts.append(f"token_id:{token}")

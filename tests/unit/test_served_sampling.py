@@ -11,7 +11,7 @@ from pytest_llmdeterminism.engines import load
 from pytest_llmdeterminism.engines.completions import request_body
 from pytest_llmdeterminism.generation import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.model.llm_model import LLMModel
-from pytest_llmdeterminism.model.served_sampling import SEEDS, Paired, sign_test
+from pytest_llmdeterminism.model.served_sampling import SEEDS, Paired, seed_pairs, sign_test
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 from tests.helpers.served_toy import Behaviour, Noise, ToyServer
 
@@ -20,8 +20,8 @@ from tests.helpers.served_toy import Behaviour, Noise, ToyServer
 def toy():
     servers: list[ToyServer] = []
 
-    def start(noise: Noise) -> ToyServer:
-        servers.append(ToyServer(Behaviour(noise=noise)))
+    def start(noise: Noise, seed_modulus: int = 0) -> ToyServer:
+        servers.append(ToyServer(Behaviour(noise=noise, seed_modulus=seed_modulus)))
         return servers[-1]
 
     yield start
@@ -102,6 +102,26 @@ def test_a_server_that_cannot_hold_a_seeded_sample_is_refused_with_the_evidence(
     with pytest.raises(ConfigurationError, match="refused on it"):
         llm.generate("The cat", do_sample=True, temperature=0.8)
     assert len(server.log.completions) == seen  # the verdict is kept: nothing is sent again
+
+
+@pytest.mark.parametrize(("noise", "modulus", "event"), [
+    (Noise.SHARED, 2, "token"), (Noise.SHARED, 16, "token"), (Noise.UNIFORM, 2, "rank")])
+def test_a_server_that_reads_only_part_of_the_seed_is_refused(toy, noise, modulus, event):
+    """T10: noise keyed by ``seed % 2`` or ``seed % 16`` (shared by every prompt): the other-seed pair
+    must not draw with the same noise, as it did when it was always ``s + 16``."""
+    server = toy(noise, modulus)
+    with pytest.raises(ConfigurationError) as caught:
+        model(server).generate("The cat", do_sample=True, temperature=0.8)
+    assert SHARED.format(event, SEEDS, SEEDS) in str(caught.value)
+
+
+def test_the_seed_rows_seeds_are_distant():
+    same, other = seed_pairs()
+    assert len(same) == len(other) == SEEDS and len(set(same) | set(other)) == 2 * SEEDS
+    assert [s % 2 for s in same] == [0, 1] * (SEEDS // 2)  # odd and even both
+    assert all(s % 2 != o % 2 for s, o in zip(same, other, strict=True))  # so apart modulo every 2**k
+    assert all(0 <= s < 2**31 for s in same + other) and max(same + other) >= 2**30  # the high bits too
+    assert sum((s ^ o) >> 16 != 0 for s, o in zip(same, other, strict=True)) >= SEEDS - 1
 
 
 def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
