@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from pytest_llmdeterminism.engines.capture import RowSteps
+from pytest_llmdeterminism.engines.secret import KEY_ECHOED, key_echoed
 from pytest_llmdeterminism.errors import EngineError
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, DecodingConfig
 
@@ -232,9 +233,9 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
     token is a draw) and its text. With ``tokenizer``, steps
     that returned part of a character are given their ids (see :func:`resolve_partial_characters`).
 
-    With ``secret``, the key is masked in every text the row holds and every message: in each piece a
-    form of it touches in the joined pieces (a key split over tokens), and in the text. Token ids and
-    step hashes stay what the server sent (an id or a 64-bit hash shows no key), so goldens compare."""
+    With ``secret``, a completion that spells the key anywhere a golden would hold it is refused
+    (:func:`key_echoed`: its token ids as the tokenizer decodes them, its text, its top-k), nothing
+    recorded, and the key is masked in every message."""
     __tracebackhide__ = True
     import xxhash
 
@@ -289,7 +290,10 @@ def parse_choice(spec: str, response: Completion, *, prompt_tokens: int, max_tok
     if tokenizer is not None:
         resolve_partial_characters(row, tokenizer)
     if secret is not None:
-        row.pieces, row.text = secret.mask_pieces(row.pieces), secret.mask(row.text)
+        where = key_echoed(secret, texts=[row.text, "".join(row.pieces)], chosen=row.tokens,
+                           top=row.steps.top, tokenizer=tokenizer, vocab_size=vocab_size)
+        if where is not None:
+            raise fail(f"{source} sent a completion that spells the API key ({where}). {KEY_ECHOED}")
     return row
 
 

@@ -8,8 +8,9 @@ or URL-escaped, hex, base64 (standard or URL-safe, padded or not, alone or insid
 such as ``Bearer KEY`` or ``user:KEY``), and split by spaces, line breaks or punctuation. Any run
 of :data:`RUN` letters and digits of one of those forms counts as the key, so half a key is
 masked too. A key with fewer than :data:`RUN` letters and digits is masked only as it is.
-:meth:`Secret.mask_pieces` does the same for a completion's token texts, whose joined text may
-spell the key where no single token does.
+:meth:`Secret.holds` says whether a text holds any of those forms, and :func:`key_echoed` where a
+server's answer spells the key: in its text, or in its token ids as the tokenizer decodes them. Such
+an answer is refused, not masked: the ids a golden records would decode back to the key.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import base64
 import json
 import re
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import quote
 
 MASK = "***"
@@ -54,20 +56,9 @@ class Secret:
         """``text`` with every form of the key this module can recognise shown as ``***``."""
         return _shown(text, self._spans(text))
 
-    def mask_pieces(self, pieces: Sequence[str]) -> list[str]:
-        """``pieces`` (a completion's token texts, in order) with every part of each that belongs to a
-        form of the key found in their joined text shown as ``***``: a key split over two tokens, or
-        over ten tokens of two characters each, is masked in each token that holds part of it."""
-        joined = "".join(pieces)
-        spans = self._spans(joined)
-        shown, start = [], 0
-        for piece in pieces:
-            end = start + len(piece)
-            inside = [(max(first, start) - start, min(last, end) - start) for first, last in spans
-                      if first < end and start < last]
-            shown.append(_shown(piece, inside))
-            start = end
-        return shown
+    def holds(self, text: str) -> bool:
+        """Whether ``text`` holds a form of the key that :meth:`mask` would hide."""
+        return bool(self._spans(text))
 
     def _spans(self, text: str) -> list[tuple[int, int]]:
         """Where ``text`` holds a form of the key: ``[first, end)`` ranges, sorted, none overlapping."""
@@ -91,6 +82,33 @@ class Secret:
             else:
                 merged.append((first, end))
         return merged
+
+
+KEY_ECHOED = ("A golden holds token ids, which the tokenizer decodes back to the key, so nothing was "
+              "recorded, and the key is shown as *** wherever the plugin quotes the server. A server must "
+              "not echo its credentials: check what it was prompted with and its log, and rotate the key if "
+              "it reached the model or its output")
+
+
+def key_echoed(secret: Secret, *, texts: Sequence[str], chosen: Sequence[int],
+               top: Sequence[Sequence[tuple[int, float]]], tokenizer: Any, vocab_size: int) -> str | None:
+    """Where an answer spells the key, in any form :meth:`Secret.holds` recognises: in the ``chosen``
+    ids or in one rank of the ``top`` ids across the steps, as ``tokenizer`` decodes them (ids above
+    the vocabulary, a text's hash, decode to nothing), or in one of ``texts``; None where nowhere.
+    Masking the text would not do: the ids a golden records would still decode to the key."""
+    def spells(ids: Sequence[int]) -> bool:
+        known = [int(t) for t in ids if 0 <= t < vocab_size]
+        return bool(known) and secret.holds(str(tokenizer.decode(known)))
+
+    if tokenizer is not None and spells(chosen):
+        return "its tokens' ids, as the tokenizer decodes them"
+    if any(secret.holds(text) for text in texts):
+        return "its text"
+    ranks = max(map(len, top), default=0)
+    for rank in range(ranks if tokenizer is not None else 0):
+        if spells([step[rank][0] for step in top if len(step) > rank]):
+            return f"the ids of rank {rank + 1} of its top-k, step after step, as the tokenizer decodes them"
+    return None
 
 
 class _MaskedBytes(bytes):

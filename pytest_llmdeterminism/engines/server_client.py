@@ -67,7 +67,6 @@ def check_url(spec: str, target: str) -> None:
         raise ConfigurationError("llm_model", spec, f"{target!r} {problem}; {expected}")
 
 
-
 def retry_wait(retry_after: str | None, attempt: int, left: float) -> tuple[float | None, str]:
     """After attempt ``attempt`` (from 1) got a transient status: the seconds to wait before the next
     one (``Retry-After`` in seconds or as an HTTP date, else :data:`BACKOFF`), or None and why not:
@@ -125,15 +124,13 @@ class Client:
         self.spec, self.timeout, self.max_bytes, self._api_key = spec, timeout, max_bytes, api_key
         self.base = f"{parts.scheme}://{parts.netloc}{parts.path}".rstrip("/")  # what messages show
         self._https, self._host, self._port = parts.scheme == "https", parts.hostname or "", parts.port
-        self._path = parts.path.rstrip("/")
-        self._query = f"?{parts.query}" if parts.query else ""
+        self._path, self._query = parts.path.rstrip("/"), (f"?{parts.query}" if parts.query else "")
         self.down: EngineError | None = None
         self._latches = True  # a transport failure marks the server down for every later request
 
     def apart(self) -> Client:
-        """This client for requests whose transport failure is theirs alone (a request among concurrent
-        companions may be refused or reset under the load the check makes): it fails that request and
-        marks nothing down. A server already down stays down."""
+        """This client for requests whose transport failure is theirs alone (among concurrent companions,
+        under the load the check makes): it fails that request and marks nothing down."""
         copy = copy_module.copy(self)
         copy._latches = False
         return copy
@@ -191,11 +188,10 @@ class Client:
                                        self._api_key, request=request, max_bytes=self.max_bytes,
                                        seconds=max(deadline - time.monotonic(), 1e-3))
             except (OSError, ValueError, http.client.HTTPException) as error:
-                problem = self._transport_problem(error)
-                failed = f"the server at {self.base} did not answer {request} {problem}"
+                said = f"the server at {self.base} did not answer {request} {self._transport_problem(error)}"
                 if not self._latches:
-                    raise EngineError(self.spec, failed) from None
-                self.down = EngineError(self.spec, f"{failed}; every later test that uses it fails with this "
+                    raise EngineError(self.spec, said) from None
+                self.down = EngineError(self.spec, f"{said}; every later test that uses it fails with this "
                                         "message")
                 raise self.down.with_traceback(None) from None
             if reply.status not in TRANSIENT_STATUSES:
@@ -213,8 +209,7 @@ class Client:
                               "the final URL in the spec")
         if not 200 <= status < 300:
             detail = self.redact(payload.decode(errors="replace"))[:SHOWN_CHARS]
-            hint = " (an OpenAI-compatible API lives under /v1: does the URL end in /v1?)"
-            hint = hint if status == 404 else ""
+            hint = " (an OpenAI-compatible API lives under /v1: does the URL end in /v1?)" * (status == 404)
             if status in TRANSIENT_STATUSES:
                 hint = (f" ({retried}; it is overloaded, rate-limited or behind a failing gateway: run again "
                         "when it has capacity)")

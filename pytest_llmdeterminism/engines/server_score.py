@@ -21,9 +21,12 @@ from typing import Any
 
 from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
 from pytest_llmdeterminism.engines.completions import POSITIVE_SLACK, UNTRUE, Completion, refuses_token_ids
+from pytest_llmdeterminism.engines.secret import KEY_ECHOED, Secret, key_echoed
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
 
+# A token's logprob and its entry in the top-k are one number, either printed with at least 4 decimals
+AGREEMENT = 1e-4
 WHAT_IT_NEEDS = ("scoring needs /v1/completions with echo=true and logprobs (the prompt's per-token "
                  "logprobs): vLLM and llama.cpp's servers have them. Score on the transformers backend or "
                  "llamacpp:PATH.gguf instead")
@@ -54,15 +57,17 @@ def score_request(model: str, prompt: str | list[int], top_k: int) -> dict[str, 
 
 def scored_row(spec: str, response: Completion, *, prompt: list[int], continuation: list[int], top_k: int,
                token_id: Callable[[str], int], prompt_logprobs: bool,
-               source: str = "the server") -> ScoredRow:
+               source: str = "the server", secret: Secret | None = None, tokenizer: Any = None) -> ScoredRow:
     """The continuation's positions (and the prompt's, with ``prompt_logprobs``) of one echoed
     completion, each checked: an answer that is not the pair's tokens with their logprobs is an
-    :class:`EngineError` naming what the server lacks or got wrong."""
+    :class:`EngineError` naming what the server lacks or got wrong. With ``secret``, the key is masked
+    in every message, and a top-k whose ids spell it (as ``tokenizer`` decodes them) is refused."""
     __tracebackhide__ = True
     import xxhash
 
     def fail(message: str) -> EngineError:
-        return EngineError(spec, f"{source} {message}")
+        text = f"{source} {message}"
+        return EngineError(spec, text if secret is None else secret.mask(text))
 
     if len(response.choices) != 1:
         raise fail(f"sent {len(response.choices)} choices for n=1. {UNTRUE}")
@@ -116,6 +121,10 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
             if not (math.isfinite(value) and value <= POSITIVE_SLACK):
                 raise fail(f"sent {value!r} at position {position}, which is no log-probability (finite, at "
                            f"most 0). {UNTRUE}")
+        contradiction = None if shifted else contradicted(text, own, top, top_k)
+        if contradiction is not None:
+            raise fail(f"sent logprobs that contradict each other at position {position}: the token "
+                       f"{text!r}'s logprob {contradiction}. {UNTRUE}")
         collapsed = collapsed_texts(top, top_k) if shifted else set()
         if collapsed is None or text in collapsed:
             named = f"the text {text!r}" if collapsed else "one text (its top-k has fewer than k entries)"
@@ -144,6 +153,11 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
             rank, margin = (None, None) if unknown == "rank" else (rank, None)
         row.ranks.append(rank)
         row.rank_margins.append(margin)
+    if secret is not None and tokenizer is not None:
+        spelled = key_echoed(secret, texts=[], chosen=[], top=row.top, tokenizer=tokenizer,
+                             vocab_size=len(tokenizer))
+        if spelled is not None:
+            raise fail(f"sent a top-k that spells the API key ({spelled}). {KEY_ECHOED}")
     if prompt_logprobs:
         row.prompt_logprobs = [None]
         for position in range(1, len(prompt)):
@@ -158,6 +172,20 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
                 said = (tops[position] or {}).get(texts[position])
             row.prompt_logprobs.append(None if said is None else rounded(min(float(said), 0.0)))
     return row
+
+
+def contradicted(text: str, own: float, top: dict[str, float], top_k: int) -> str | None:
+    """How a token's own logprob (``token_logprobs``) contradicts its position's top-k, where both come
+    from one distribution: its entry in the top-k is another number, or a full top-k leaves it out
+    although it is above the lowest entry. None where they agree (within :data:`AGREEMENT`)."""
+    listed = top.get(text)
+    if listed is not None and abs(listed - own) > AGREEMENT:
+        return f"{own!r} is not its own entry in the top-k, {listed!r}"
+    lowest = min(top.values(), default=-math.inf)
+    if listed is None and len(top) >= top_k and own > lowest + AGREEMENT:
+        return (f"{own!r} is above the lowest of the top-{top_k} ({lowest!r}), which yet leaves the token "
+                "out of the k most likely")
+    return None
 
 
 def collapsed_texts(top: dict[str, float], top_k: int) -> set[str] | None:
@@ -191,7 +219,7 @@ class ServedScores:
             response = self._complete(prompt + continuation, top_k)
             scored.append(scored_row(self._spec, response, prompt=prompt, continuation=continuation,
                                      top_k=top_k, token_id=self._token_id, prompt_logprobs=prompt_logprobs,
-                                     source=source))
+                                     source=source, secret=self._client.api_key, tokenizer=self._tokenizer))
         return ScoreChunk(rows=scored, flags={
             "temperature": 0, "requests": "one at a time", "echo": True, "max_tokens": 1,
             "prompt_sent_as": "token ids" if self._send_ids else "text"})

@@ -122,17 +122,21 @@ def test_an_update_run_records_an_honest_server_and_nothing_of_a_lying_one(pytes
 KEY_SUITE = """
 from pytest_llmdeterminism import deterministic
 
-@deterministic(max_new_tokens=16)
+@deterministic(max_new_tokens=32)
 def test_echo(llm_model, golden_tokens):
     golden_tokens.check(llm_model.generate("The cat"))
 """
-# How a served completion can carry the key: whole in one token, split over two, or over tokens of
-# three characters each, none of which holds enough of it to be recognised alone.
+# How a served completion can carry the key: whole in one token, split over two, over tokens of
+# three characters each, none of which holds enough of it to be recognised alone, or as the tiny
+# tokenizer's own tokens (one or two characters each), whose ids decode back to the key.
 KEY_TOKENS = {
     "one token": [f" {KEY}"],
     "two tokens": [f" {KEY[:13]}", KEY[13:]],
     "tokens of 3 characters": [" "] + [KEY[i:i + 3] for i in range(0, len(KEY), 3)],
+    "vocabulary tokens": [" s", "k", "-", "h", "o", "s", "t", "i", "le", "-", *"0123456789abc", "def"],
 }
+# Where the refusal finds the key: in the ids a golden would record wherever they are the vocabulary's
+KEY_FOUND_IN = {"vocabulary tokens": "its tokens' ids, as the tokenizer decodes them"}
 
 
 def _echoing(split: str, first: str):
@@ -150,26 +154,28 @@ def _echoing(split: str, first: str):
 
 
 @pytest.mark.parametrize("split", list(KEY_TOKENS))
-def test_a_key_the_server_generates_is_in_no_golden_candidate_report_or_output(pytester, serve, pieces,
-                                                                              monkeypatch, split):
+def test_a_key_the_server_generates_is_refused_and_in_no_golden_candidate_report_or_output(pytester, serve,
+                                                                                          pieces, monkeypatch,
+                                                                                          split):
+    """D14: a completion that spells the key is refused, not masked: its tokens are vocabulary tokens
+    (of 3 characters each, say), whose recorded ids the tokenizer would decode back to the key."""
     monkeypatch.setenv(KEY_ENV, KEY)
-    says = {"first": "The"}
-    server = serve(routes(pieces, **{"/v1/completions": lambda r, c: _echoing(split, says["first"])(r, c)}))
-    pytester.makeini(f"[pytest]\nllm_model = {spec(server, api_key_env=KEY_ENV)}\nllm_batch_shape = 1x32\n")
+    server = serve(routes(pieces, **{"/v1/completions": _echoing(split, "The")}))
+    pytester.makeini(f"[pytest]\nllm_model = {spec(server, api_key_env=KEY_ENV)}\nllm_batch_shape = 1x64\n")
     pytester.makepyfile(test_served=KEY_SUITE)
     reports = ["--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html"]
     recorded = pytester.runpytest("--llm-golden-update", "-p", "no:randomly", "-rA", *reports)
-    recorded.assert_outcomes(passed=1)
-    golden = (pytester.path / "__golden__" / "test_served.json").read_text()
-    assert '"text": "The ***"' in golden and '"system_fingerprint": "fp-***"' in golden
-    says["first"] = " A"  # a changed model: the check fails, and its candidate and reports are written
+    recorded.assert_outcomes(failed=1)
+    assert f"sent a completion that spells the API key ({KEY_FOUND_IN.get(split, 'its text')}). A " \
+           "golden holds token ids, which the tokenizer decodes back to the key, so nothing was recorded" \
+           in recorded.stdout.str()
+    assert not (pytester.path / "__golden__").exists()
     failed = pytester.runpytest("-p", "no:randomly", "-l", "--llm-golden-artifacts=artifacts", *reports)
     failed.assert_outcomes(failed=1)
-    assert "REGRESSION at step 0" in failed.stdout.str()
+    assert "spells the API key" in failed.stdout.str()
     written = {path: path.read_text() for path in pytester.path.rglob("*")  # Python's bytecode aside
                if path.is_file() and "__pycache__" not in path.parts}
-    assert any("artifacts" in path.parts for path in written)
-    assert {path.name for path in written} >= {"r.json", "r.md", "r.html", "test_served.json"}
+    assert {path.name for path in written} >= {"r.json", "r.md", "r.html"}
     key = "".join(c for c in KEY if c.isalnum())
     runs = {key[i:i + RUN] for i in range(len(key) - RUN + 1)}  # what Secret.mask counts as part of it
     for text in [*written.values(), *(r.stdout.str() + r.stderr.str() for r in (recorded, failed))]:

@@ -244,7 +244,8 @@ class FakeClient:
 
         self.prompts.append(body["prompt"])
         if isinstance(body["prompt"], list):
-            raise HTTPStatusError("spec", 422, "prompt: Input should be a valid string")
+            raise HTTPStatusError("spec", 422, "prompt: Input should be a valid string",
+                                  "prompt: Input should be a valid string")
         return msgspec.convert(response([" x"], [{" x": -0.1}], prompt_tokens=2), into)
 
 

@@ -112,6 +112,28 @@ def test_a_key_the_server_echoes_encoded_is_masked(serve, pieces, monkeypatch, e
         assert piece not in detail.lower()
 
 
+def test_a_top_k_whose_ids_spell_the_key_is_refused_and_nothing_recorded(serve, pieces, monkeypatch):
+    """D14: the key in no chosen token and in no text, but as the runner-up of each step: the top-k ids a
+    golden records decode to it (the tiny tokenizer has a token per digit), so the completion is refused."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    runners_up = "0123456789"  # part of KEY: a run of 8 of its letters and digits is the key
+
+    def answer(request: Request, connection: Connection) -> None:
+        texts = [" cat"] * len(runners_up)
+        tops = [{" cat": -0.1, digit: -3.0} for digit in runners_up]
+        connection.respond(200, {"model": "tiny", "usage": {}, "choices": [{
+            "text": "".join(texts), "finish_reason": "length",
+            "logprobs": {"tokens": texts, "token_logprobs": [-0.1] * len(texts), "top_logprobs": tops}}]})
+
+    server = serve(routes(pieces, **{"/v1/completions": answer}))
+    with pytest.raises(EngineError) as raised:
+        generate(spec(server, api_key_env=KEY_ENV), max_new_tokens=len(runners_up))
+    message = str(raised.value)
+    assert "sent a completion that spells the API key (the ids of rank 2 of its top-k, step after step, as " \
+           "the tokenizer decodes them). A golden holds token ids" in message
+    assert runners_up not in message
+
+
 def test_no_frame_on_the_request_path_holds_the_key_as_text(serve, pieces, monkeypatch):
     """``pytest -l`` prints every local of every frame of a failure: none may be the key, the header
     or a dict holding it. Every line run in the plugin and in ``http.client`` is watched, through a

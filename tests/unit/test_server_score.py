@@ -109,3 +109,45 @@ def test_a_rank_is_known_inside_the_top_k_and_a_margin_where_both_neighbours_are
 def test_an_answer_that_cannot_be_a_score_names_what_the_server_lacks(response, match):
     with pytest.raises(EngineError, match=match):
         scored(response)
+
+
+@pytest.mark.parametrize(("top", "chosen", "says"), [
+    ({"A": -0.1, "C": -0.2}, -0.9, "the token 'C''s logprob -0.9 is not its own entry in the top-k, -0.2"),
+    ({"A": -0.1, "E": -2.0}, -0.5, "the token 'C''s logprob -0.5 is above the lowest of the top-2 (-2.0), "
+                                   "which yet leaves the token out of the k most likely"),
+])
+def test_a_logprob_that_contradicts_its_own_top_k_is_refused(top, chosen, says):
+    """A score's logprob and its top-k come from one distribution: a server whose two disagree is lying
+    in one of them, and nothing of the answer is recorded."""
+    response = completion(["A", "B", "C", "D", "E"], [None, {"B": -0.5}, top, {"D": -0.3, "E": -2.0},
+                                                      {"E": -0.1}], [None, -0.5, chosen, -0.3, -0.1])
+    with pytest.raises(EngineError) as raised:
+        scored(response)
+    assert f"sent logprobs that contradict each other at position 2: {says}." in str(raised.value)
+
+
+def test_a_top_k_that_agrees_within_rounding_is_taken():
+    response = completion(["A", "B", "C", "D", "E"], [None, {"B": -0.5}, {"A": -0.1, "C": -0.20001},
+                                                      {"D": -0.3, "E": -2.0}, {"E": -0.1}],
+                          [None, -0.5, -0.2, -0.3, -0.1])
+    assert scored(response).logprobs == [-0.2, -0.3]
+
+
+def test_a_score_whose_top_k_ids_spell_the_key_is_refused_with_the_key_masked():
+    """D14 for scores: the runner-up at each position is a digit of the key (one token each in the tiny
+    tokenizer): the top-k ids a golden records would decode to it."""
+    from pytest_llmdeterminism.engines import BUILTIN_MODELS
+    from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
+    from pytest_llmdeterminism.engines.secret import Secret
+    from tests.helpers.hostile_server import KEY
+
+    tokenizer = load_tokenizer("tiny", BUILTIN_MODELS["tiny"])
+    ids = {str(tokenizer.decode([i])): i for i in range(len(tokenizer))}
+    digits = "0123456789"
+    texts = ["a"] * (len(digits) + 2)  # the prompt's, the continuation's, and the generated token's
+    response = completion(texts, [None, *({"a": -0.1, d: -3.0} for d in digits), {"a": -0.1}],
+                          [None, *[-0.1] * (len(digits) + 1)])
+    with pytest.raises(EngineError) as raised:
+        scored_row("openai:x", response, prompt=[ids["a"]], continuation=[ids["a"]] * len(digits), top_k=2,
+                   token_id=ids.__getitem__, prompt_logprobs=False, secret=Secret(KEY), tokenizer=tokenizer)
+    assert "sent a top-k that spells the API key (the ids of rank 2 of its top-k" in str(raised.value)
