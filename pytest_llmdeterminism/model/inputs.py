@@ -310,6 +310,22 @@ def score_inputs(prompt: Any, continuation: Any, *, tokenizer: Any, settings: Ge
                     f"{prompt!r} without a continuation")
 
 
+def refuse_special_text(continuation: str, ids: list[int], *, tokenizer: Any, setting: str) -> None:
+    """A string continuation is scored without special tokens; a tokenizer reads a special token's
+    text (``<|bos|>``) as that token even so: refused, naming it and how to score it on purpose."""
+    __tracebackhide__ = True
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    for token in dict.fromkeys(t for t in ids if t in special):
+        text = str(tokenizer.decode([token]))
+        if text and text in continuation:  # an unknown character read as <unk> is no special text
+            shown = continuation if len(continuation) <= 60 else continuation[:57] + "..."
+            raise ConfigurationError(setting, shown, f"holds {text!r}, the text of the tokenizer's special "
+                                     f"token {token}, which it would read as that token; a string "
+                                     "continuation is scored as text, without special tokens. To score the "
+                                     "special token, give the continuation as token ids (with "
+                                     f"{token} where it goes); else remove {text!r} from the text")
+
+
 def is_pair(value: Any) -> bool:
     """Whether ``value`` is one ``(prompt, continuation)`` pair (not token ids, not a conversation)."""
     return isinstance(value, (list, tuple)) and len(value) == 2 and not is_token_ids(value) \
@@ -331,6 +347,7 @@ def score_input(prompt: Any, continuation: Any, *, tokenizer: Any, settings: Gen
         refuse_invalid_unicode(continuation, f"continuation{where}")
         # On its own: no BOS or other special token in the middle of the sequence.
         ids = list(tokenizer(continuation, add_special_tokens=False)["input_ids"]) if continuation else []
+        refuse_special_text(continuation, ids, tokenizer=tokenizer, setting=setting)
         text = continuation
     elif isinstance(continuation, (list, tuple)):
         vocab = len(tokenizer)

@@ -131,6 +131,20 @@ def test_a_continuation_that_cannot_be_scored_is_refused_naming_the_fix(tiny, co
         llm_at(tiny, "4x32").score("Hello", continuation)
 
 
+def test_a_special_tokens_text_in_a_string_continuation_is_refused_and_its_ids_are_scored(tiny):
+    """The docs say a string continuation is tokenised without special tokens; the tokenizer reads
+    ``<|bos|>`` as its special id even so, so the text is refused, and the ids score it on purpose."""
+    llm = llm_at(tiny, "4x32")
+    with pytest.raises(ConfigurationError) as raised:
+        llm.score("Hello", " the<|bos|> end")
+    assert str(raised.value) == (
+        "llm_model.score(continuation) = ' the<|bos|> end': holds '<|bos|>', the text of the tokenizer's "
+        "special token 1, which it would read as that token; a string continuation is scored as text, "
+        "without special tokens. To score the special token, give the continuation as token ids (with 1 "
+        "where it goes); else remove '<|bos|>' from the text")
+    assert llm.score("Hello", [1]).token_ids == (1,)
+
+
 def test_a_pair_beyond_the_models_context_is_refused_naming_it(tiny):
     context = tiny.model.config.max_position_embeddings
     with pytest.raises(ConfigurationError, match=f"beyond the model's context of {context} .*shorten the"):
