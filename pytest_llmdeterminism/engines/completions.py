@@ -190,6 +190,14 @@ def implausible(completion: Completion, *, max_tokens: int, vocab_size: int) -> 
     chosen = logprobs.token_logprobs
     if chosen is not None and len(chosen) != steps:
         return f"{field}.token_logprobs: {len(chosen)} steps for {steps} tokens"
+    # The text is what the tokens spell, but servers leave out what no step shows (part of a character,
+    # a special token) and tokenizers differ in spaces: only its length is bounded exactly.
+    if choice.text is not None and len(choice.text) > MAX_TOKEN_CHARS * steps:
+        most = MAX_TOKEN_CHARS * steps
+        return (f"choices[0].text: {len(choice.text):,} characters ({_short(choice.text, 20)!r}) for {steps} "
+                f"tokens, where no token is longer than {MAX_TOKEN_CHARS} (at most {most:,} in all); "
+                "#max_response_mb= caps the body read, and a lower one refuses such an answer before it is "
+                "read")
     for step, (text, top) in enumerate(zip(logprobs.tokens, logprobs.top_logprobs, strict=True)):
         candidates = top or {}
         if not 1 <= len(candidates) <= TOP_K + 1:

@@ -439,6 +439,14 @@ def _ids(*replace):
     return lie
 
 
+def _parts_of_characters(text):
+    """Four steps that each hold part of a character (empty token texts), and ``text``."""
+    def lie(completion, choice, logprobs):
+        logprobs.update(tokens=[""] * 4, top_logprobs=[{"": -0.1}] * 4)
+        choice["text"] = text
+    return lie
+
+
 def _set(field, value):
     def lie(completion, choice, logprobs):
         target = {"completion": completion, "choice": choice, "logprobs": logprobs}[field.partition(".")[0]]
@@ -469,6 +477,15 @@ LIES = {
     "a 6 MB token": (_ids((1, "a" * 6_000_000)),
                      ("choices[0].logprobs.tokens[1]: a token of 6000000 characters, 'aaaaaaaaaaaaaaaaa...'; "
                       "no tokenizer's token is longer than 1024")),
+    # An 8 MB text of 4 tokens, padded with spaces (which spelling ignores, tokenizers differing in
+    # them) or under steps that hold part of a character: the server's answer, not the test's
+    "an 8 MB text of spaces": (_set("choice.text", lambda t: t + " " * 8_000_000),
+                               "choices[0].text: 8,000,014 characters ('The cat sat on   ...') for 4 tokens, "
+                               "where no token is longer than 1024 (at most 4,096 in all); #max_response_mb= "
+                               "caps the body read"),
+    "an 8 MB text under parts of characters": (
+        _parts_of_characters("a" * 8_000_000),
+        "choices[0].text: 8,000,000 characters ('aaaaaaaaaaaaaaaaa...') for 4 tokens"),
     "NaN": (_set("logprobs.token_logprobs", lambda v: [float("nan")] * len(v)),
             '"token_logprobs": [NaN, NaN'),
     "all -Infinity": (_set("logprobs.top_logprobs", lambda v: [{k: float("-inf") for k in t} for t in v]),
