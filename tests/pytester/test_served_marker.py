@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from pytest_llmdeterminism.model.concurrency import ROUNDS
 from tests.helpers.served_toy import Behaviour, Noise, ToyServer
 
 SUITE = """
@@ -57,7 +58,7 @@ def test_a_server_whose_batching_changes_the_answer_fails_the_marked_test_and_re
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
     assert "ConcurrencyError: NONDETERMINISTIC under concurrency: 'The cat' was answered differently " in out
-    assert "among 3 concurrent requests than alone, in round 1 of 3, sent at position " in out
+    assert f"among 3 concurrent requests than alone, in round 1 of {ROUNDS}, sent at position " in out
     assert "the seed row failed: different prompts sent with one seed share noise" in out
     assert not (pytester.path / "__golden__").exists()
 
