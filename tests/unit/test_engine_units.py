@@ -316,3 +316,19 @@ def test_vllm_outputs_beyond_max_tokens_or_the_vocabulary_are_refused():
     with pytest.raises(EngineError, match=r"token id 9 at step 0 of prompt 0, outside the model's vocabulary "
                                           r"\(0 to 7\)"):
         chunk_from_outputs(output([5], [9]), spec="vllm:m", max_tokens=2, id_bound=8)
+
+
+@pytest.mark.parametrize(("status", "detail", "refused"), [
+    (422, '[{"type": "string_type", "loc": ["body", "prompt", "str"], "msg": "Input should be a valid '
+          'string"}]', True),
+    (400, "prompt must be a string", True),
+    (500, "TypeError: prompt: expected str, got list", True),
+    (500, "internal server error", False),  # a passing failure says nothing of the prompt
+    (400, "invalid api key", False),
+    (400, "your prompt has 3000 tokens, above the context of 2048", False),  # the prompt, but no type
+    (401, "prompt must be a string", False),  # not a refusal of the request's form
+])
+def test_only_an_error_that_names_the_prompt_type_refuses_token_ids(status, detail, refused):
+    from pytest_llmdeterminism.engines.completions import refuses_token_ids
+
+    assert refuses_token_ids(status, detail) is refused

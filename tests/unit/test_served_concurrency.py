@@ -4,6 +4,8 @@ it was alone (``model/concurrency.py``), against toy servers whose batching is k
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pytest_llmdeterminism import ConcurrencyError, ConfigurationError
@@ -69,6 +71,13 @@ def test_a_server_whose_batching_changes_a_token_fails_saying_where_and_what(toy
             "more): tokens changed at step 1: alone ") in text
     assert f"(id {divergence.expected_token})" in text and f"(id {divergence.actual_token})" in text
     assert "--parallel 1" in text and "VLLM_BATCH_INVARIANT=1" in text
+    # a server that moves the answer in some rounds only: how many, and which
+    for differed, says in [((1, 4, 9), f"; 3 of {ROUNDS} rounds differed (also 4, 9): "),
+                           ((1,), f"; the other {ROUNDS - 1} rounds answered as alone: ")]:
+        some = dataclasses.replace(found, differed=differed)
+        again = ConcurrencyError(error.spec, error.prompt, error.seed, some, alone=error.alone,
+                                 among=error.among, piece=str)
+        assert says in str(again)
 
 
 def test_a_server_whose_batching_moves_only_logprobs_fails_naming_the_drift(toy):
