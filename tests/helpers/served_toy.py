@@ -21,6 +21,8 @@ read them. What each :class:`Behaviour` changes:
   ``ignored`` (seed 42 whatever the request says, as SGLang's fallback); or ``uniform``: one uniform
   per (seed, step) through the prompt's sorted distribution (inverse CDF, as llama.cpp's server draws).
   ``seed_modulus``: the server reads only the seed modulo this (0: all of it), e.g. 2 or 16.
+- ``hang_up_in_batch``: a request held with others is hung up on without an answer (a server that
+  drops connections under load); one alone is answered.
 
 A one-token request that finds no other in flight is answered at once, not held: the seed row's
 requests, sent one at a time.
@@ -61,6 +63,7 @@ class Behaviour:
     batch_drifts: bool = False
     noise: Noise = Noise.FAITHFUL
     seed_modulus: int = 0
+    hang_up_in_batch: bool = False
 
 
 @dataclass
@@ -164,7 +167,8 @@ class ToyServer:
         with self.log.lock:
             return [c["batch"] for c in self.log.completions]
 
-    def _held(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _held(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer, or None to hang up (``hang_up_in_batch``)."""
         with self._lock:
             self._in_flight += 1
             batch = self._in_flight
@@ -174,7 +178,8 @@ class ToyServer:
             time.sleep(0.01)
             with self._lock:
                 batch = max(batch, self._in_flight)
-        answer = complete(body, batch, self.behaviour)
+        hang_up = self.behaviour.hang_up_in_batch and batch > 1
+        answer = None if hang_up else complete(body, batch, self.behaviour)
         with self._lock:
             self._in_flight -= 1
         with self.log.lock:
@@ -212,8 +217,10 @@ class ToyServer:
                     self._send(404, {"error": "not found"})
                 elif not isinstance(body.get("prompt"), list):
                     self._send(400, {"error": "the toy takes token ids"})
+                elif (answer := toy._held(body)) is None:
+                    self.close_connection = True
                 else:
-                    self._send(200, toy._held(body))
+                    self._send(200, answer)
 
         return Handler
 

@@ -63,6 +63,33 @@ def test_a_server_whose_batching_changes_the_answer_fails_the_marked_test_and_re
     assert not (pytester.path / "__golden__").exists()
 
 
+def test_a_hang_up_among_companions_fails_that_test_only_and_the_next_one_passes(pytester, toy):
+    """T7: a server that drops connections under load fails the concurrency check with what happened;
+    the server is not marked down, so the session's next test is answered and recorded."""
+    server = toy(Behaviour(hang_up_in_batch=True))
+    pytester.makeini(f"[pytest]\nllm_model = {server.spec()}\nllm_batch_shape = 1x32\n")
+    pytester.makepyfile(test_served="""
+from pytest_llmdeterminism import deterministic
+
+@deterministic(max_new_tokens=3, concurrency=3)
+def test_among(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The cat"))
+
+@deterministic(max_new_tokens=3)
+def test_then_alone(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("The dog"))
+""")
+    result = pytester.runpytest("--llm-golden-update", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert f"4 of 4 concurrent requests of round 1 of {ROUNDS} failed (the request under test among them); " \
+           "the needle's failed first: the server at " in out
+    assert "did not answer POST /v1/completions (RemoteDisconnected: " in out
+    assert "every later test that uses it fails with this message" not in out
+    golden = json.loads((pytester.path / "__golden__" / "test_served.json").read_text())
+    assert list(golden["goldens"]) == ["test_then_alone"]
+
+
 def _entries(golden):
     """Every recorded generation of a golden file, wherever the format nests them."""
     if isinstance(golden, dict):
