@@ -20,7 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
-from pytest_llmdeterminism.engines.completions import POSITIVE_SLACK, UNTRUE, Completion, refuses_token_ids
+from pytest_llmdeterminism.engines.completions import (
+    POSITIVE_SLACK,
+    UNTRUE,
+    Completion,
+    Logprobs,
+    refuses_token_ids,
+)
 from pytest_llmdeterminism.engines.secret import KEY_ECHOED, Secret, key_echoed
 from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
@@ -69,33 +75,13 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
         text = f"{source} {message}"
         return EngineError(spec, text if secret is None else secret.mask(text))
 
-    if len(response.choices) != 1:
-        raise fail(f"sent {len(response.choices)} choices for n=1. {UNTRUE}")
+    problem = _echo_problem(response, prompt, prompt + continuation, token_id)
+    if problem is not None:
+        raise fail(problem)
     logprobs = response.choices[0].logprobs
-    if logprobs is None:
-        raise fail(f"sent no logprobs for the echoed prompt: it cannot score; {WHAT_IT_NEEDS}")
+    assert logprobs is not None  # _echo_problem refuses an answer without them
     texts, tops, chosen = logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs
     given = prompt + continuation
-    echoed = min(len(texts), len(tops), len(given) if chosen is None else len(chosen))
-    if echoed < len(given) and echoed <= 1 + (response.choices[0].text is not None and len(texts) == 1):
-        raise fail(f"echoed {echoed} tokens for a {len(given)}-token prompt and continuation: it does not "
-                   f"echo the prompt (echo=true), so it cannot score; {WHAT_IT_NEEDS}")
-    if echoed < len(given):
-        counted = response.usage.prompt_tokens if response.usage is not None else None
-        counts = "" if counted is None else f" (it counts {counted})"
-        raise fail(f"echoed {echoed} tokens with logprobs for a {len(given)}-token prompt and continuation"
-                   f"{counts}: it leaves tokens out of its echo (llama-cpp-python leaves out special tokens, "
-                   "such as a chat template's <|im_start|>), so their positions cannot be matched. Score "
-                   "prompts without special tokens on it, or score on the transformers backend or "
-                   "llamacpp:PATH.gguf")
-    served = [token_id(text) for text in texts[:len(given)]]
-    if served != given:
-        at = next(i for i, (a, b) in enumerate(zip(served, given, strict=True)) if a != b)
-        raise fail(f"echoed token {texts[at]!r} (id {served[at]}) at position {at} where the "
-                   f"{'prompt' if at < len(prompt) else 'continuation'} has id {given[at]}: it tokenised the "
-                   "text otherwise (#tokenizer= is not the served model's tokenizer, or the pair's text "
-                   "tokenises otherwise as one text: give the continuation as token ids that the joint "
-                   "text tokenises to)")
     # llama-cpp-python's server (0.3) echoes one entry per prompt token and none for the generated one,
     # each entry the distribution *after* its token (its token_logprobs[t] is token t's logprob under
     # the distribution that predicts t + 1; measured against llama.cpp in process): there a token's
@@ -133,13 +119,7 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
                        f"(llama-cpp-python), and the continuation's token {text!r} at position {position} "
                        "has no logprob of its own there. Score this continuation on llamacpp:PATH.gguf in "
                        "process or on the transformers backend, or on a server that names tokens by id")
-        order = list(top)
-        if collapsed and min(order.index(t) for t in collapsed) < order.index(text):
-            unknown = "rank"  # a token above it lost its logprob: how many are above is not known
-        elif collapsed and order.index(text) + 1 < len(order) and order[order.index(text) + 1] in collapsed:
-            unknown = "margin"  # the token after it lost its logprob
-        else:
-            unknown = ""
+        unknown = _unknown(text, list(top), collapsed)
         as_served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
         hashed = as_served if text in dict(as_served) else [*as_served, (text, own)]  # as served
         ranked = [(t, lp) for t, lp in as_served if t not in collapsed]  # theirs are another token's
@@ -153,25 +133,73 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
             rank, margin = (None, None) if unknown == "rank" else (rank, None)
         row.ranks.append(rank)
         row.rank_margins.append(margin)
-    if secret is not None and tokenizer is not None:
-        spelled = key_echoed(secret, texts=[], chosen=[], top=row.top, tokenizer=tokenizer,
-                             vocab_size=len(tokenizer))
-        if spelled is not None:
-            raise fail(f"sent a top-k that spells the API key ({spelled}). {KEY_ECHOED}")
+    spelled = None if secret is None or tokenizer is None else key_echoed(
+        secret, texts=[], chosen=[], top=row.top, tokenizer=tokenizer, vocab_size=len(tokenizer))
+    if spelled is not None:
+        raise fail(f"sent a top-k that spells the API key ({spelled}). {KEY_ECHOED}")
     if prompt_logprobs:
-        row.prompt_logprobs = [None]
-        for position in range(1, len(prompt)):
-            said: float | None
-            if shifted:  # None where the entry before does not hold it, or holds another's under its text
-                before = dict(tops[position - 1] or {})
-                lost = collapsed_texts(before, top_k)
-                said = None if lost is None or texts[position] in lost else before.get(texts[position])
-            elif chosen is not None:
-                said = chosen[position]
-            else:
-                said = (tops[position] or {}).get(texts[position])
-            row.prompt_logprobs.append(None if said is None else rounded(min(float(said), 0.0)))
+        row.prompt_logprobs = [None, *(_prompt_logprob(logprobs, position, shifted=shifted, top_k=top_k)
+                                       for position in range(1, len(prompt)))]
     return row
+
+
+def _unknown(text: str, order: list[str], collapsed: set[str]) -> str:
+    """What a top-k keyed by text (``order``, best first) that lost the logprobs of ``collapsed`` leaves
+    unknown of ``text``'s place: ``"rank"``, ``"margin"`` or nothing."""
+    if collapsed and min(order.index(t) for t in collapsed) < order.index(text):
+        return "rank"  # a token above it lost its logprob: how many are above is not known
+    after = order.index(text) + 1
+    if collapsed and after < len(order) and order[after] in collapsed:
+        return "margin"  # the token after it lost its logprob
+    return ""
+
+
+def _echo_problem(response: Completion, prompt: list[int], given: list[int],
+                  token_id: Callable[[str], int]) -> str | None:
+    """What keeps an echoed completion from scoring ``given`` (the prompt and continuation ids): one
+    choice with logprobs, an entry per given token, and the given ids echoed; None where nothing."""
+    if len(response.choices) != 1:
+        return f"sent {len(response.choices)} choices for n=1. {UNTRUE}"
+    logprobs = response.choices[0].logprobs
+    if logprobs is None:
+        return f"sent no logprobs for the echoed prompt: it cannot score; {WHAT_IT_NEEDS}"
+    texts, tops, chosen = logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs
+    echoed = min(len(texts), len(tops), len(given) if chosen is None else len(chosen))
+    if echoed < len(given) and echoed <= 1 + (response.choices[0].text is not None and len(texts) == 1):
+        return (f"echoed {echoed} tokens for a {len(given)}-token prompt and continuation: it does not "
+                f"echo the prompt (echo=true), so it cannot score; {WHAT_IT_NEEDS}")
+    if echoed < len(given):
+        counted = response.usage.prompt_tokens if response.usage is not None else None
+        counts = "" if counted is None else f" (it counts {counted})"
+        return (f"echoed {echoed} tokens with logprobs for a {len(given)}-token prompt and continuation"
+                f"{counts}: it leaves tokens out of its echo (llama-cpp-python leaves out special tokens, "
+                "such as a chat template's <|im_start|>), so their positions cannot be matched. Score "
+                "prompts without special tokens on it, or score on the transformers backend or "
+                "llamacpp:PATH.gguf")
+    served = [token_id(text) for text in texts[:len(given)]]
+    if served != given:
+        at = next(i for i, (a, b) in enumerate(zip(served, given, strict=True)) if a != b)
+        return (f"echoed token {texts[at]!r} (id {served[at]}) at position {at} where the "
+                f"{'prompt' if at < len(prompt) else 'continuation'} has id {given[at]}: it tokenised the "
+                "text otherwise (#tokenizer= is not the served model's tokenizer, or the pair's text "
+                "tokenises otherwise as one text: give the continuation as token ids that the joint "
+                "text tokenises to)")
+    return None
+
+
+def _prompt_logprob(logprobs: Logprobs, position: int, *, shifted: bool, top_k: int) -> float | None:
+    """The prompt token's logprob at ``position`` as the echo says it; None where it does not."""
+    texts, tops, chosen = logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs
+    said: float | None
+    if shifted:  # None where the entry before does not hold it, or holds another's under its text
+        before = dict(tops[position - 1] or {})
+        lost = collapsed_texts(before, top_k)
+        said = None if lost is None or texts[position] in lost else before.get(texts[position])
+    elif chosen is not None:
+        said = chosen[position]
+    else:
+        said = (tops[position] or {}).get(texts[position])
+    return None if said is None else rounded(min(float(said), 0.0))
 
 
 def contradicted(text: str, own: float, top: dict[str, float], top_k: int) -> str | None:
