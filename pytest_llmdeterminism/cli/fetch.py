@@ -304,6 +304,8 @@ def into_hub_cache(model: WheelModel, gguf: Path, cache: Path) -> Placed:
     from huggingface_hub.file_download import repo_folder_name
 
     folder = cache / repo_folder_name(repo_id=model.hub_id, repo_type="model")
+    for part in ("blobs", "snapshots", "refs"):  # a planted link (blobs -> ~/.ssh) would take the writes
+        atomic.refuse_link_out(folder / part, [cache], what="the fetched model's files")
     for part in ("blobs", "snapshots", "refs"):
         (folder / part).mkdir(parents=True, exist_ok=True)
     _remove_orphaned_scratch(folder)

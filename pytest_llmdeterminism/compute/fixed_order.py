@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_llmdeterminism.compute import numerics
-from pytest_llmdeterminism.private_folder import CacheFolderError, private_folder, require_private
+from pytest_llmdeterminism.compute.private_folder import CacheFolderError, private_folder, require_private
 
 if TYPE_CHECKING:
     import torch

@@ -4,8 +4,8 @@ The first float32 load of a ``.gguf`` file saves what transformers made of it in
 ``<cache>/converted/<file name>-<key>/`` (keyed by the hash of the file's bytes, read at every
 load, the converting libraries' versions and the machine), written beside its final name and
 renamed into place; later loads read that folder after checking its digest (``llmdet-digest.json``).
-Every folder here is read only where others may not write it (``private_folder.py``). Why, and what
-it saves: ``docs/design/engines.md``.
+Every folder here is read only where others may not write it (``compute/private_folder.py``). Why,
+and what it saves: ``docs/design/engines.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.private_folder import CacheFolderError, cache_root, checked_cache_folder
+from pytest_llmdeterminism.compute.private_folder import CacheFolderError, cache_root, checked_cache_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

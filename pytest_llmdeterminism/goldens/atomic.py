@@ -78,9 +78,10 @@ def link_out(path: Path, homes: Iterable[Path], *, what: str = "goldens") -> str
     if any(inside(real, Path(os.path.realpath(home))) for home in homes):
         return None
     link = _first_link(Path(os.path.abspath(path)), homes)
-    kind = "folder" if link != Path(os.path.abspath(path)) else "file"
+    kind = "folder" if link != Path(os.path.abspath(path)) or os.path.isdir(link) else "file"
     return (f"{link} is a symbolic link: {path} resolves to {real}, outside {' and '.join(map(str, homes))}, "
-            f"and {what} are written only inside it (a link in a checkout could aim them at any file). "
+            f"and {what} are written only inside it (a link that a checkout or a shared folder holds could "
+            "aim them at any file). "
             f"Replace the link with a real {kind}, or remove it.")
 
 

@@ -78,8 +78,8 @@ def test_a_candidates_folder_that_links_out_of_the_project_is_not_written(suite,
     result = suite.runpytest("--llm-golden-artifacts=candidates", "-p", "no:cacheprovider")
     assert result.ret != 0
     assert list(outside.iterdir()) == []
-    result.stdout.fnmatch_lines([f"NOT written: candidates/__golden__/test_m.json: {suite.path}/candidates is a "
-                                 "symbolic link: * and candidates are written only inside it *"])
+    result.stdout.fnmatch_lines([f"NOT written: candidates/__golden__/test_m.json: {suite.path}/candidates "
+                                 "is a symbolic link: * and candidates are written only inside it *"])
 
 
 def test_a_report_that_links_out_of_the_project_is_not_written(suite, tmp_path):

@@ -311,3 +311,21 @@ def test_a_fetchable_hub_id_not_in_the_cache_names_the_fetch_command(hub_cache):
     with pytest.raises(ModelLoadError) as pinned:  # a revision fetch cannot give
         hub.find(f"{HUB_REPO}@v2", HubId(HUB_REPO, "v2"))
     assert "llm-golden fetch" not in str(pinned.value)
+
+
+@pytest.mark.parametrize("planted", ["blobs", "snapshots", "refs"])
+def test_hub_cache_refuses_a_planted_link_out_of_the_cache(pinned_offline, hub_cache, tmp_path, capsys,
+                                                           planted):
+    """A ``blobs`` link to another folder would take every blob written there."""
+    link = hub_cache / HUB_FOLDER / planted
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (hub_cache / HUB_FOLDER).mkdir(parents=True)
+    (hub_cache / HUB_FOLDER / planted).symlink_to(outside)
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and list(outside.iterdir()) == []
+    assert (f"llm-golden fetch: could not put smollm2 into the Hugging Face cache: {link} is a symbolic "
+            f"link: {link} resolves to {outside}, outside {hub_cache}, and the fetched model's files are "
+            "written only inside it (a link that a checkout or a shared folder holds could aim them at any "
+            "file). Replace the link with a real folder, or remove it.\n") in err

@@ -221,8 +221,9 @@ def test_perturb_refuses_a_model_folder_whose_link_leads_out_of_it(tmp_path, lin
     link.symlink_to(secret if linked == "file" else secret.parent)
     result = llm_golden("perturb", source, tmp_path / "out", "--scale=0.1", cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
-    assert (f"llm-golden perturb: {link} is a symbolic link to {secret if linked == 'file' else secret.parent}, "
-            f"outside {source}: perturb copies only the model's own files") in result.stderr
+    target = secret if linked == "file" else secret.parent
+    assert (f"llm-golden perturb: {link} is a symbolic link to {target}, outside {source}: perturb copies "
+            "only the model's own files") in result.stderr
     assert not (tmp_path / "out").exists()
     inside = source / "tokenizer-link.json"  # a link that stays in the folder is the model's own file
     link.unlink()

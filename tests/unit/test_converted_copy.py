@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import engines
+from pytest_llmdeterminism.compute.private_folder import CacheFolderError
 from pytest_llmdeterminism.engines.cached import DIGEST, copy_damage, file_hash
 from pytest_llmdeterminism.model.llm_model import LLMModel
-from pytest_llmdeterminism.private_folder import CacheFolderError
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 from tests.helpers.converted_copy import flip_a_byte, replace_in_place, tiny_gguf
 
