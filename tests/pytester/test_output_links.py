@@ -99,3 +99,20 @@ def test_a_report_gets_a_new_files_mode_whatever_was_there(suite):
     (suite.path / "report.html").chmod(0o755)
     suite.runpytest("--llm-report=report.html", "-p", "no:cacheprovider").assert_outcomes(failed=1)
     assert stat.S_IMODE((suite.path / "report.html").stat().st_mode) == new_file_mode()
+
+
+def test_merge_and_compare_refuse_a_report_that_links_out_of_the_project(suite, tmp_path, monkeypatch,
+                                                                        capsys):
+    from pytest_llmdeterminism import cli
+
+    secret = _secret(tmp_path)
+    suite.makepyfile(test_m=_MISSING)
+    suite.runpytest("--llm-report=run.json", "-p", "no:cacheprovider").assert_outcomes(failed=1)
+    (suite.path / "merged.md").symlink_to(secret)
+    monkeypatch.chdir(suite.path)
+    capsys.readouterr()
+    assert cli.main(["merge", "run.json", "--report=merged.md"]) != 0
+    assert f"{suite.path}/merged.md is a symbolic link: " in capsys.readouterr().err
+    assert cli.main(["compare", "run.json", "run.json", "--html=merged.md"]) == 2
+    assert f"llm-golden compare: {suite.path}/merged.md is a symbolic link: " in capsys.readouterr().err
+    assert _untouched(secret)
