@@ -40,8 +40,6 @@ def file_hash(path: Path) -> str:
     inode, size, mtime and ctime: ``cp -p``, ``rsync -a`` and ``tar x`` set an mtime, never a ctime,
     so a file replaced in place is hashed again), in a cache folder only the user may write; where
     others may write it, the file is hashed without the cache."""
-    import xxhash
-
     stat = path.stat()
     identity = f"{stat.st_dev}:{stat.st_ino}|"
     key = f"{identity}{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
@@ -56,9 +54,7 @@ def file_hash(path: Path) -> str:
         cached = {}
     if isinstance(cached, dict) and isinstance(cached.get(key), str):
         return str(cached[key])
-    digest = xxhash.xxh3_64()
-    _update_from_file(digest, path)
-    result = digest.hexdigest()
+    result = _content_hash(path)
     # Keep one entry per file: older sizes and times of the same file are stale.
     entries = cached.items() if isinstance(cached, dict) else ()
     cached = {k: v for k, v in entries if not k.startswith(identity)}
