@@ -32,7 +32,8 @@ w + S * std(w) * N(0, 1), drawn from one generator seeded with N. SRC names a mo
 does: a transformers folder (safetensors weights), builtin:tiny, a hub id ORG/NAME[@REVISION]
 found offline in the Hugging Face cache, or a .gguf file, read through the float32 copy the
 plugin converts it to (the copy is float32 safetensors). Copied files keep their modes; the
-weights files written get the mode of any new file under the umask.
+weights files written get the mode of any new file under the umask. A symbolic link in SRC that
+leads out of its folder is refused (its copy would carry whatever file it names).
 
 Measured (benchmarks/perturb_scales.py: 8 prompts x 8 greedy tokens, seed 0, float32, CPU AMD
 EPYC). Even 1e-6 moves the logits, so no check stays IDENTICAL:
