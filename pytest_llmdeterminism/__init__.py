@@ -14,6 +14,7 @@ import pytest
 
 from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
 from pytest_llmdeterminism.compute.numerics import CPUNumericsError
+from pytest_llmdeterminism.compute.private_folder import CacheFolderError
 from pytest_llmdeterminism.engines.server_client import HTTPStatusError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
@@ -27,6 +28,7 @@ from pytest_llmdeterminism.errors import (
     SamplingRefusedError,
 )
 from pytest_llmdeterminism.generation import Generation, Score
+from pytest_llmdeterminism.goldens.atomic import LinkOutError
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.model.audit import (
     DecodePrefillMismatchError,
@@ -51,6 +53,7 @@ __all__ = [
     "BatchInvarianceError",
     "BatchInvarianceProbeError",
     "CPUNumericsError",
+    "CacheFolderError",
     "Comparison",
     "ConcurrencyError",
     "ConfigurationError",
@@ -64,6 +67,7 @@ __all__ = [
     "HTTPStatusError",
     "LLMDeterminismError",
     "LLMModel",
+    "LinkOutError",
     "ModelLoadError",
     "NonFiniteLogitsError",
     "NondeterminismError",
@@ -95,11 +99,12 @@ _LAZY = {
 # Failures and fixture values name their types by their public home
 # (`pytest_llmdeterminism.GoldenMismatchError`), not by the module that happens to define them. The
 # data classes (Comparison, Generation, AuditReport) keep theirs: their annotations resolve there.
-for _public in (BatchInvarianceProbeError, CPUNumericsError, ConcurrencyError, ConfigurationError,
-                DecodePrefillMismatchError, EngineError, GoldenFileError, GoldenMismatchError, GoldenTokens,
-                HTTPStatusError,
-                LLMDeterminismError, LLMModel, ModelLoadError, NonFiniteLogitsError, NondeterminismError,
-                PromptTooLongError, SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
+for _public in (BatchInvarianceProbeError, CPUNumericsError, CacheFolderError, ConcurrencyError,
+                ConfigurationError, DecodePrefillMismatchError, EngineError, GoldenFileError,
+                GoldenMismatchError, GoldenTokens, HTTPStatusError, LLMDeterminismError, LLMModel,
+                LinkOutError,
+                ModelLoadError, NonFiniteLogitsError, NondeterminismError, PromptTooLongError,
+                SamplingRefusedError, ShardError, UnreadableFileError, Verdict):
     _public.__module__ = __name__
 
 

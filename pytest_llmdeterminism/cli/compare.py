@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def compare(before: Path, after: Path, *, html: Path | None = None) -> int:
-    from pytest_llmdeterminism.goldens.atomic import write_text_atomic
+    from pytest_llmdeterminism.goldens import atomic
     from pytest_llmdeterminism.reporting import run_comparison
     from pytest_llmdeterminism.run.shards import ShardError
 
@@ -47,7 +47,12 @@ def compare(before: Path, after: Path, *, html: Path | None = None) -> int:
         print(line)
     if html is not None:
         try:
-            write_text_atomic(html, run_comparison.comparison_html(changes, str(before), str(after)))
+            atomic.write_text_atomic(html, run_comparison.comparison_html(changes, str(before), str(after)),
+                                     homes=[atomic.output_home(html.parent, Path.cwd())], what="reports",
+                                     mode=atomic.new_file_mode())
+        except atomic.LinkOutError as error:
+            print(f"llm-golden compare: {error}", file=sys.stderr)
+            return 2
         except OSError as error:
             print(f"llm-golden compare: cannot write {str(html)!r} ({error.strerror}). Check the path.",
                   file=sys.stderr)

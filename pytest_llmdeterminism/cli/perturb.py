@@ -32,7 +32,8 @@ w + S * std(w) * N(0, 1), drawn from one generator seeded with N. SRC names a mo
 does: a transformers folder (safetensors weights), builtin:tiny, a hub id ORG/NAME[@REVISION]
 found offline in the Hugging Face cache, or a .gguf file, read through the float32 copy the
 plugin converts it to (the copy is float32 safetensors). Copied files keep their modes; the
-weights files written get the mode of any new file under the umask.
+weights files written get the mode of any new file under the umask. A symbolic link in SRC that
+leads out of its folder is refused (its copy would carry whatever file it names).
 
 Measured (benchmarks/perturb_scales.py: 8 prompts x 8 greedy tokens, seed 0, float32, CPU AMD
 EPYC). Even 1e-6 moves the logits, so no check stays IDENTICAL:
@@ -95,9 +96,10 @@ def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbe
     if not math.isfinite(scale) or scale <= 0:
         raise PerturbError(f"--scale {scale!r}: give a positive relative noise size, e.g. 1e-3 "
                            "(logit drift on the tiny model) or 0.5 (changed tokens)")
-    kind, found = _source(source)
+    kind, found, home = _source(source)
     if kind == "folder":
         _weight_files(found)  # refused before anything is written
+        _refuse_links_out(found, home)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise PerturbError(f"{str(dest)!r} already exists and is not an empty folder; perturb never "
                            "overwrites. Give a new folder, or remove that one first.")
@@ -111,6 +113,7 @@ def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbe
     try:
         # A .gguf file is read through its float32 conversion: the weights transformers loads from it.
         folder = hf.float32_folder(source, found, scratch=scratch) if kind == "gguf" else found
+        _refuse_links_out(folder, folder if kind == "gguf" else home)
         weight_files = _weight_files(folder)
         copy = scratch / "copy"
         skipped = ["*.safetensors", cached.DIGEST] if kind == "gguf" else ["*.safetensors"]
@@ -126,21 +129,39 @@ def perturb(source: str, dest: Path, *, scale: float, seed: int = 0) -> Perturbe
     return Perturbed(dest, weights, tuple(copied))
 
 
-def _source(source: str) -> tuple[str, Path]:
-    """("folder", the folder) or ("gguf", the file), resolved as ``llm_model`` resolves a spec."""
+def _source(source: str) -> tuple[str, Path, Path]:
+    """("folder", the folder) or ("gguf", the file), resolved as ``llm_model`` resolves a spec, and the
+    folder its links may lead into: a hub snapshot's repository folder (its files are links to its
+    blobs), else the model's own folder."""
     named = hub_id(source)
     try:
         if named is not None:
-            return "folder", hub.find(source, named).folder
+            folder = hub.find(source, named).folder
+            return "folder", folder, folder.parent.parent  # <repository>/snapshots/<commit>
         if not source.startswith(BUILTIN_PREFIX) and not Path(source).exists():
             raise PerturbError(f"SRC {source!r} does not exist: give a transformers model folder with "
                                f"safetensors weights, a .gguf file, a hub id ORG/NAME[@REVISION] in the "
                                f"Hugging Face cache, or {BUILTIN_PREFIX}tiny")
-        return resolve(source)
+        kind, found = resolve(source)
+        return kind, found, found
     except PerturbError:
         raise
     except LLMDeterminismError as error:
         raise PerturbError(str(error)) from None
+
+
+def _refuse_links_out(folder: Path, home: Path) -> None:
+    """Refuses a model folder holding a symbolic link that leads out of ``home``: its copy would
+    carry whatever file the link names (a key, a config) into DEST."""
+    real_home = Path(os.path.realpath(home))
+    for top, folders, files in os.walk(folder):
+        for name in sorted(folders + files):
+            path = Path(top, name)
+            real = Path(os.path.realpath(path))
+            if path.is_symlink() and not atomic.inside(real, real_home):
+                raise PerturbError(f"{path} is a symbolic link to {real}, outside {home}: perturb copies "
+                                   "only the model's own files (a link could carry any file into DEST). "
+                                   "Replace the link with the file it names, or remove it.")
 
 
 def _weight_files(folder: Path) -> list[Path]:

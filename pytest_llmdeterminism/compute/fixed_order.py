@@ -7,7 +7,8 @@ the plugin's cache folder; where there is none, or it fails, the products stay o
 
 Loading code from a cache folder is a trust boundary. The build is named by the SHA-256 of its own
 bytes. It is loaded only from a folder that is the user's own, which neither group nor others may
-write, inside a parent of the user's (or root's) that neither may write either; the library is
+write, inside a parent of the user's (or root's) that neither may write either (the check every
+cache folder gets, ``private_folder.py``, here made on open descriptors); the library is
 opened once, without following links, its owner, mode and bytes checked on that descriptor, and
 ``dlopen`` reads that same open file (``/proc/self/fd``): a file swapped after the check is never
 the one loaded.
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute.private_folder import CacheFolderError, private_folder, require_private
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +49,8 @@ SWITCH = "LLMDET_OWN_KERNELS"
 RECHECK_EVERY = 64
 # The C function takes its sizes as ints and rounds the rows up to groups of 8.
 _MAX_SIZE = 1 << 30
-_FIX = ("the plugin loads no code from it (the products stay on oneDNN): set LLMDET_CACHE_DIR to a private "
-        "folder")
+_REFUSED = "the plugin loads no code from it (the products stay on oneDNN)"
+_FIX = f"{_REFUSED}: set LLMDET_CACHE_DIR to a private folder"
 
 # (out features, in features, rows, bias, threads): a shape as the kernel runs it
 Shape = tuple[int, int, int, bool, int]
@@ -82,10 +84,10 @@ def build(folder: Path) -> tuple[FixedOrderKernel | None, str]:
             return None, f"the kernel built in {folder} is not there, or its bytes do not match its name"
         return FixedOrderKernel(_load(opened)), f"built in {folder}"
     except OSError as error:
-        # A refusal of this module's is a PermissionError without an errno: its text says what, why
-        # and the fix. Any other failure of the file system is the system's.
-        refused = isinstance(error, PermissionError) and error.errno is None
-        return None, str(error) if refused else f"the kernel in {folder} did not load ({error}); {_FIX}"
+        # A refusal (CacheFolderError) says what, why and the fix. Any other failure is the system's.
+        if isinstance(error, CacheFolderError):
+            return None, str(error)
+        return None, f"the kernel in {folder} did not load ({error}); {_FIX}"
 
 
 def _open_build(folder: Path, stem: str) -> int | None:
@@ -107,7 +109,7 @@ def _open_build(folder: Path, stem: str) -> int | None:
                 status = os.fstat(fd)
                 _require_private(status, folder / name)
                 if not stat.S_ISREG(status.st_mode):
-                    raise PermissionError(f"{folder / name} is not a regular file; {_FIX}")
+                    raise CacheFolderError(folder / name, f"{folder / name} is not a regular file; {_FIX}")
                 if _sha256(fd) == named[1]:
                     return os.dup(fd)  # not inheritable (PEP 446), like the original
             finally:
@@ -143,23 +145,15 @@ def _open_unlinked(path: Path, flags: int, folder_fd: int) -> int:
     except OSError as error:  # ELOOP, or ENOTDIR where a folder was asked for
         if error.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
                 os.stat(path.name, dir_fd=folder_fd, follow_symlinks=False).st_mode):
-            raise PermissionError(f"{path} is a symbolic link: the plugin follows no link to code it loads; "
-                             f"{_FIX}") from None
+            raise CacheFolderError(path, f"{path} is a symbolic link: the plugin follows no link to code it "
+                                         f"loads; {_FIX}") from None
         raise
 
 
 def _require_private(status: os.stat_result, path: Path, role: str = "", why: str = "", *,
                      root_too: bool = False) -> None:
-    """Raises PermissionError (without an errno) unless ``path`` is the user's own (or root's) and
-    neither group nor others may write it."""
-    owners = (os.getuid(), 0) if root_too else (os.getuid(),)
-    if status.st_uid not in owners or status.st_mode & 0o022:
-        whose = "the user's own or root's" if root_too else "the user's own"
-        mode = status.st_mode & 0o7777
-        mine = status.st_uid == os.getuid()
-        fix = f", or make it private: chmod go-w {path}" if mine else ""
-        raise PermissionError(f"{path}{role} is not {whose} or others may write it (mode {mode:o}){why}; "
-                         f"{_FIX}{fix}")
+    """The plugin's one check of a cache folder (``private_folder.py``), on what was opened here."""
+    require_private(status, path, refused=_REFUSED, role=role, why=why, root_too=root_too)
 
 
 def _sha256(fd: int) -> str:
@@ -210,16 +204,6 @@ def _compile(folder: Path, stem: str) -> str:
     except (OSError, subprocess.SubprocessError) as error:
         return f"{command} could not build it: {error}"
     return ""
-
-
-def private_folder(folder: Path) -> Path:
-    """``folder``, created where missing with each missing parent 0700 (``mkdir -p`` would give the
-    parents the umask's mode, which may let the group write them: then the kernel is refused). The
-    plugin's cache folder, the kernel folder's parent, is made by it too (``engines/cached.py``)."""
-    for path in reversed([folder, *folder.parents]):
-        if not path.exists():
-            path.mkdir(mode=0o700, exist_ok=True)
-    return folder
 
 
 class FixedOrderKernel:

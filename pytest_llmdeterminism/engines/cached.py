@@ -1,10 +1,11 @@
 """What the plugin keeps in its cache folder: file hashes, and GGUF files converted once for transformers.
 
 The first float32 load of a ``.gguf`` file saves what transformers made of it into
-``<cache>/converted/<file name>-<key>/`` (keyed by the file's hash, the converting libraries'
-versions and the machine), written beside its final name and renamed into place; later loads read
-that folder after checking its digest (``llmdet-digest.json``). Why, and what it saves:
-``docs/design/engines.md``.
+``<cache>/converted/<file name>-<key>/`` (keyed by the hash of the file's bytes, read at every
+load, the converting libraries' versions and the machine), written beside its final name and
+renamed into place; later loads read that folder after checking its digest (``llmdet-digest.json``).
+Every folder here is read only where others may not write it (``compute/private_folder.py``). Why,
+and what it saves: ``docs/design/engines.md``.
 """
 
 from __future__ import annotations
@@ -17,49 +18,48 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compute.fixed_order import private_folder  # the kernel is loaded from below it
+from pytest_llmdeterminism.compute.private_folder import CacheFolderError, cache_root, checked_cache_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _CHUNK = 1 << 24
 CONVERTED = "converted"
+HASHES, HASHES_FILE = "hashes", "file-hashes.json"
 DIGEST = "llmdet-digest.json"
 DIGEST_FORMAT = "llmdet-converted-copy/1"
 
 
 def cache_dir() -> Path:
     """Where the plugin keeps derived data: ``$LLMDET_CACHE_DIR``, else the user cache folder."""
-    configured = os.environ.get("LLMDET_CACHE_DIR")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pytest-llmdeterminism"
+    return cache_root()
 
 
 def file_hash(path: Path) -> str:
-    """xxh3-64 of a file's bytes, cached by (absolute path, size, mtime)."""
-    import xxhash
-
+    """xxh3-64 of a file's bytes, for fingerprints. Cached by the file's identity and times (device,
+    inode, size, mtime and ctime: ``cp -p``, ``rsync -a`` and ``tar x`` set an mtime, never a ctime,
+    so a file replaced in place is hashed again), in a cache folder only the user may write; where
+    others may write it, the file is hashed without the cache."""
     stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    cache_file = cache_dir() / "file-hashes.json"
+    identity = f"{stat.st_dev}:{stat.st_ino}|"
+    key = f"{identity}{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
+    try:
+        folder = checked_cache_folder(HASHES, refused="the plugin keeps no file hashes in it")
+    except (CacheFolderError, OSError):
+        return _content_hash(path)  # the same hash, read again: a cache others could write is never read
+    cache_file = folder / HASHES_FILE
     try:
         cached = json.loads(cache_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         cached = {}
     if isinstance(cached, dict) and isinstance(cached.get(key), str):
         return str(cached[key])
-    digest = xxhash.xxh3_64()
-    _update_from_file(digest, path)
-    result = digest.hexdigest()
-    # Keep one entry per file: older sizes and mtimes of the same path are stale.
-    stale = f"{path.resolve()}|"
+    result = _content_hash(path)
+    # Keep one entry per file: older sizes and times of the same file are stale.
     entries = cached.items() if isinstance(cached, dict) else ()
-    cached = {k: v for k, v in entries if not k.startswith(stale)}
+    cached = {k: v for k, v in entries if not k.startswith(identity)}
     cached[key] = result
     try:
-        private_folder(cache_file.parent)
         temp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
         temp.write_text(json.dumps(cached, sort_keys=True), encoding="utf-8")
         os.replace(temp, cache_file)
@@ -95,8 +95,12 @@ def converted_folder(gguf: Path) -> Path:
             return "none"
 
     libraries = ",".join(f"{name}={installed(name)}" for name in ("transformers", "gguf", "numpy"))
-    key = xxhash.xxh3_64_hexdigest(f"{file_hash(gguf)}|{libraries}|{platform.machine()}".encode())
-    return cache_dir() / CONVERTED / f"{gguf.stem}-{key}"
+    # The file's bytes, hashed now (0.12 s per 100 MB, measured): never the hash cache, so
+    # no file replaced in place with its size and mtime kept, and no stale entry, reuses another copy.
+    key = xxhash.xxh3_64_hexdigest(f"{_content_hash(gguf)}|{libraries}|{platform.machine()}".encode())
+    refused = ("the plugin reads no converted copy from it (a .gguf model's float32 weights would be "
+               "whatever was put there)")
+    return checked_cache_folder(CONVERTED, refused=refused) / f"{gguf.stem}-{key}"
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,6 @@ def keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, f
     try:
         # Dequantised when loaded: what is saved is plain float32, not a GGUF-quantised model.
         model.hf_quantizer = None
-        private_folder(partial.parent)
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
         _write_digest(partial)

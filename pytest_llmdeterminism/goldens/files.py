@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.goldens.atomic import inside as _inside
+from pytest_llmdeterminism.goldens.atomic import link_out
 
 GOLDEN_FOLDER = "__golden__"
 
@@ -99,33 +101,6 @@ class GoldenFiles:
         if golden is None:
             golden = self._generations[path, key, variant] = schema.from_entry(entry)
         return Found(variant, golden, tuple(sorted(variants)))
-
-
-def link_out(path: Path, homes: Iterable[Path]) -> str | None:
-    """Why writing ``path`` would leave ``homes``: a symbolic link on the way (the file, or a folder
-    such as ``__golden__``) resolves to outside every one of them; None when it stays inside."""
-    homes = [Path(os.path.abspath(home)) for home in homes]
-    real = Path(os.path.realpath(path))
-    if any(_inside(real, Path(os.path.realpath(home))) for home in homes):
-        return None
-    link = _first_link(Path(os.path.abspath(path)), homes)
-    kind = "folder" if link != Path(os.path.abspath(path)) else "file"
-    return (f"{link} is a symbolic link: {path} resolves to {real}, outside {' and '.join(map(str, homes))}, "
-            "and goldens are written only inside it (a link in a checkout could aim them at any file). "
-            f"Replace the link with a real {kind}, or remove it.")
-
-
-def _first_link(path: Path, homes: list[Path]) -> Path:
-    """The first symbolic link on ``path``'s way below the home it lies in (from the top otherwise)."""
-    home = next((home for home in homes if _inside(path, home)), None)
-    for step in [*reversed(path.parents), path]:
-        if (home is None or _inside(step, home)) and step.is_symlink():
-            return step
-    return path
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
 
 
 def fallback_variant(wanted: str, variants: Iterable[str]) -> str | None:

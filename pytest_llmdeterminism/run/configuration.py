@@ -171,7 +171,8 @@ def _on_the_cpu(device: str) -> bool:
 
 
 def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
-    paths = tuple(dict.fromkeys((base / path).resolve() for path in given))
+    # as given, not resolved: a link to the report is checked where it is written (atomic.link_out)
+    paths = tuple(dict.fromkeys(Path(os.path.abspath(base / path)) for path in given))
     suffixes = [path.suffix for path in paths]
     twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
     if twice:

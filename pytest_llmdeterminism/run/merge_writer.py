@@ -28,10 +28,14 @@ class MergeOutput:
 def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports: Sequence[Path],
           prune: bool, display: Callable[[Path], str] = str) -> MergeOutput:
     """Write a plan without problems: the candidate tree, the reports and, under ``prune``, the
-    removal of unused goldens. Every file is written atomically."""
+    removal of unused goldens. Every file is written atomically, through no symbolic link out of its
+    home (:func:`~pytest_llmdeterminism.goldens.atomic.output_home`): a :class:`LinkOutError` names it."""
     assert not merge.problems, "write() takes a plan without problems"
     out = MergeOutput()
     if candidates_out is not None:
+        home = [atomic.output_home(candidates_out, root)]
+        for name in sorted(merge.candidates):  # all refused before any is written
+            atomic.refuse_link_out(candidates_out / name, home, what="candidates")
         for name, goldens in sorted(merge.candidates.items()):
             store.write(candidates_out / name, goldens)
             count = sum(len(variants) for variants in goldens.values())
@@ -41,7 +45,8 @@ def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports:
     for path in reports:
         text = (documents.json_text(document) if path.suffix == ".json"
                 else documents.run_report_html(document) if path.suffix == ".html" else markdown)
-        atomic.write_text_atomic(path, text)
+        atomic.write_text_atomic(path, text, homes=[atomic.output_home(path.parent, root)], what="reports",
+                                 mode=atomic.new_file_mode())
         out.lines.append(f"wrote {display(path)} (report)")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and merge.checks:

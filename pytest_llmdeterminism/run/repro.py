@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
@@ -171,23 +170,25 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
 
 
-def write(packs: Iterable[Pack], folder: Path) -> tuple[list[Path], list[str]]:
+def write(packs: Iterable[Pack], folder: Path, *, rootdir: Path) -> tuple[list[Path], list[str]]:
     """Write each pack under ``folder`` (its files replaced atomically; nothing else there is
-    touched); returns the pack folders written and a line per pack that could not be."""
+    touched); returns the pack folders written and a line per pack that could not be. No file is
+    written through a symbolic link that leads out of ``folder`` (out of ``rootdir`` where ``folder``
+    lies in it), and every file gets a new file's mode (``rerun.sh`` executable), whatever was there."""
+    home = [atomic.output_home(folder, rootdir)]
     written, errors = [], []
     for pack in packs:
         target = folder / pack.folder
         try:
+            for name in [*pack.entries, *pack.texts]:  # all refused before any is written
+                atomic.refuse_link_out(target / name, home, what="repro packs")
             for name, (key, variant, entry) in pack.entries.items():
                 store.write(target / name, {key: {variant: entry}})
             for name, text in pack.texts.items():
-                atomic.write_text_atomic(target / name, text)
-            for name in pack.executable:
-                path = target / name
-                os.chmod(path, path.stat().st_mode | (0o111 & ~atomic.umask()))
+                executable = 0o111 & ~atomic.umask() if name in pack.executable else 0
+                atomic.write_text_atomic(target / name, text, mode=atomic.new_file_mode() | executable)
         except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
             errors.append(f"{target}: {type(error).__name__}: {error}")
         else:
             written.append(target)
     return written, errors
-

@@ -41,8 +41,9 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
     if options.artifacts is not None and not options.plant_defect:  # a planted defect's outputs: never
         # At the golden file's path relative to the rootdir, for review and `llm-golden accept`.
         folder = options.artifacts
+        home = [atomic.output_home(folder, options.rootdir)]
         _merge(ledger.candidates, lambda path: folder / files.under_root(path), lambda n: f"{n} candidate(s)",
-               files, out)
+               files, out, refuse=lambda path: atomic.link_out(path, home, what="candidates"))
     out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
         out.unused = find_unused(ledger, files, options.rootdir)
@@ -79,7 +80,7 @@ def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options
 
     packs = repro.plan(ledger.checks, ledger.candidates, options, golden_file=files.path_for_nodeid,
                        golden=golden)
-    written, errors = repro.write(packs, folder)
+    written, errors = repro.write(packs, folder, rootdir=options.rootdir)
     out.errors += errors
     if written:
         first = files.display(written[0] / "rerun.sh")
@@ -160,7 +161,8 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
         else:
             text = documents.run_report_html(document) if path.suffix == ".html" else markdown
         try:
-            atomic.write_text_atomic(path, text)
+            atomic.write_text_atomic(path, text, homes=[atomic.output_home(path.parent, options.rootdir)],
+                                     what="reports", mode=atomic.new_file_mode())
             out.written.append(f"{files.display(path)} (report)")
         except OSError as error:
             out.errors.append(f"{files.display(path)}: {error}")

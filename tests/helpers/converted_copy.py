@@ -8,9 +8,10 @@ from pathlib import Path
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
 
 
-def tiny_gguf(dest: Path) -> Path:
+def tiny_gguf(dest: Path, *, scale: float = 1.0) -> Path:
     """The tiny model as a float32 ``.gguf`` file, written as llama.cpp's converter would (q/k rows
-    permuted for its rope, a byte-level BPE vocabulary): a GGUF file that converts in a second."""
+    permuted for its rope, a byte-level BPE vocabulary): a GGUF file that converts in a second.
+    ``scale``: every weight multiplied by it (another model of the same size, byte for byte)."""
     import numpy as np
     from gguf import GGUFWriter, TokenType
     from safetensors.numpy import load_file
@@ -60,7 +61,7 @@ def tiny_gguf(dest: Path) -> Path:
             if part in ("self_attn.q_proj", "self_attn.k_proj"):
                 weight = permuted(weight, heads if part == "self_attn.q_proj" else kv_heads)
             gguf_name = f"blk.{layer}.{parts[part]}.weight"
-        writer.add_tensor(gguf_name, np.ascontiguousarray(weight, dtype=np.float32))
+        writer.add_tensor(gguf_name, np.ascontiguousarray(weight * scale, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -74,3 +75,15 @@ def flip_a_byte(folder: Path) -> None:
     data[-5] ^= 0xFF  # inside the last tensor: the file still parses, one weight differs
     weights.write_bytes(bytes(data))
 
+
+
+def replace_in_place(path: Path, new: Path) -> None:
+    """Write ``new``'s bytes into ``path`` (the same inode, as ``cp`` does) and give it back its size
+    and times as ``cp -p``, ``rsync -a`` or ``tar x`` would: only its ctime says it changed."""
+    import os
+
+    before = path.stat()
+    assert new.stat().st_size == before.st_size, "the same size: only the bytes differ"
+    with path.open("r+b") as handle:
+        handle.write(new.read_bytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))

@@ -20,3 +20,22 @@ def test_the_load_line_names_a_copy_that_was_converted_again(pytester, gguf_and_
     result.stdout.fnmatch_lines([f"llm: loaded {gguf} in * s on cpu (its float32 copy in {folder} failed "
                                  "its digest check: model.safetensors changed; converted again, for later "
                                  "loads)"])
+
+
+def test_a_cache_folder_others_may_write_stops_a_gguf_load_with_the_fix(pytester, gguf_and_cache):
+    """Whoever may write the cache folder could plant the copy a verdict is computed with."""
+    gguf, converted = gguf_and_cache
+    cache = converted.parent
+    cache.mkdir(mode=0o700)
+    cache.chmod(0o777)
+    pytester.makeini(f"[pytest]\nllm_model = {gguf}\n")
+    pytester.makepyfile("def test_x(llm_model): pass")
+    result = pytester.runpytest()
+    cache.chmod(0o700)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([
+        f"E   pytest_llmdeterminism.CacheFolderError: {cache} (the plugin's cache folder) is not the user's "
+        "own or root's or others may write it (mode 777): whoever may write it can put another folder in "
+        "converted's place; the plugin reads no converted copy from it (*): set LLMDET_CACHE_DIR to a "
+        f"private folder, or make it private: chmod go-w {cache}"])
+    assert not converted.exists(), "nothing is made in a folder that was refused"

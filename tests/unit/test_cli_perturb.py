@@ -204,3 +204,30 @@ def test_the_helps_measured_scales_for_the_tiny_model_are_what_the_benchmark_mea
     assert "  drift only      1e-6 to 3e-2: 8 LOGIT_DRIFT" in HELP
     assert "  a few changed   0.1: 3 of 8 REGRESSION" in HELP
     assert "  everything      2: 8 of 8 REGRESSION" in HELP
+
+
+@pytest.mark.parametrize("linked", ["file", "folder"])
+def test_perturb_refuses_a_model_folder_whose_link_leads_out_of_it(tmp_path, linked):
+    """A checkout's model folder with ``tokenizer.json`` linked to a key: its copy would carry the key."""
+    secret = tmp_path / "home" / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("PRIVATE KEY")
+    source = tmp_path / "model"
+    source.mkdir()
+    for file in BUILTIN_MODELS["tiny"].iterdir():
+        if file.name != "tokenizer.json" or linked == "folder":
+            (source / file.name).write_bytes(file.read_bytes())
+    link = source / ("tokenizer.json" if linked == "file" else "extra")
+    link.symlink_to(secret if linked == "file" else secret.parent)
+    result = llm_golden("perturb", source, tmp_path / "out", "--scale=0.1", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    target = secret if linked == "file" else secret.parent
+    assert (f"llm-golden perturb: {link} is a symbolic link to {target}, outside {source}: perturb copies "
+            "only the model's own files") in result.stderr
+    assert not (tmp_path / "out").exists()
+    inside = source / "tokenizer-link.json"  # a link that stays in the folder is the model's own file
+    link.unlink()
+    (source / "tokenizer.json").write_bytes((BUILTIN_MODELS["tiny"] / "tokenizer.json").read_bytes())
+    inside.symlink_to(source / "tokenizer.json")
+    assert llm_golden("perturb", source, tmp_path / "out", "--scale=0.1", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "out" / "tokenizer-link.json").read_text() == (source / "tokenizer.json").read_text()

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmdeterminism"
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
     "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
-    "compute": [["compute.numerics", "compute.determinism", "compute.threads"],
+    "compute": [["compute.numerics", "compute.determinism", "compute.threads", "compute.private_folder"],
                 ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
                 ["compute"]],
     "engines": [["engines.secret", "engines.cached", "engines.checkpoint"],
