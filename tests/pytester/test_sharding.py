@@ -11,6 +11,7 @@ import pytest
 
 from pytest_llmdeterminism import cli
 from tests.helpers.models import perturbed_tiny_copy
+from tests.helpers.projects import git_checkout
 
 pytest.importorskip("pytest_split")
 
@@ -46,7 +47,8 @@ SHARDS = 3
 
 @pytest.fixture
 def project(suite):
-    """Two modules, 7 tests, every golden recorded."""
+    """Two modules, 7 tests, every golden recorded, in a git checkout (as a CI job's project is)."""
+    git_checkout(suite.path)
     suite.makepyfile(test_alpha=ALPHA, test_beta=BETA)
     suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider").assert_outcomes(passed=7)
     return suite
