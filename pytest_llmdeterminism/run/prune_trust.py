@@ -14,10 +14,21 @@ import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.run.shards import Shard
+    from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
+
+
+class ShardReport(Protocol):
+    """A shard's report, read and validated (:class:`~pytest_llmdeterminism.run.shards.Shard`)."""
+
+    @property
+    def report(self) -> Path: ...
+    @property
+    def run(self) -> RunRecord: ...
+    @property
+    def checks(self) -> list[CheckRecord]: ...
 
 _COMMIT = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")  # SHA-1 or SHA-256
 
@@ -34,7 +45,7 @@ def checkout_commit(root: Path) -> str | None:
     return head if done.returncode == 0 and _COMMIT.fullmatch(head) else None
 
 
-def prune_refusals(shards: Sequence[Shard], root: Path, head: str | None) -> list[str]:
+def prune_refusals(shards: Sequence[ShardReport], root: Path, head: str | None) -> list[str]:
     """Why ``--prune`` may not delete goldens on these shards' word: each report of another commit
     than ``head`` (``root``'s, None where it has none), or whose ``used`` does not cover its checks."""
     fix = "Merge without --prune, or with the reports of a run of the commit checked out here."
