@@ -118,6 +118,8 @@ def test_three_shards_merge_into_the_unsharded_runs_counts_and_unused_goldens(pr
     assert status == 0, out + err
     assert "merged 3 shard(s): 7 of 7 test(s) of the suite ran" in out
     assert [line for line in out.splitlines() if line.startswith("unused golden in ")] == unused_lines, out
+    assert "kept golden of a case this run did not collect in __golden__/test_beta.json: " \
+           "'test_param[Once upon a]'" in out
     assert "delete them with: llm-golden merge ... --prune" in out
     merged, unsharded = read_json(project.path / "merged.json"), read_json(project.path / "whole.json")
     assert merged["summary"] == unsharded["summary"]
