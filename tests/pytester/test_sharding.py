@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import cli
+from pytest_llmdeterminism.run.prune_trust import checkout_commit
 from tests.helpers.models import perturbed_tiny_copy
 from tests.helpers.projects import git_checkout
 
@@ -222,3 +223,20 @@ def test_an_xdist_shard_reports_the_same_suite_as_a_plain_one(project):
     with_xdist = read_json(project.path / "xdist/report.json")["run"]
     for field in ("suite", "selected", "outcomes", "golden_files", "used"):
         assert with_xdist[field] == plain[field], field
+
+
+def test_merge_prunes_nothing_on_the_reports_of_another_commit(project, monkeypatch, capsys):
+    """Reports are believed for the commit they ran at: after a new commit, the old ones prune nothing."""
+    project.makepyfile(test_alpha=ALPHA.replace("def test_sky", "def test_sky_renamed"))
+    project.runpytest("--llm-golden-update=new", "-p", "no:cacheprovider").assert_outcomes(passed=7)
+    run_shards(project)
+    ran_at = read_json(project.path / "shard1/report.json")["run"]["commit"]
+    assert ran_at == checkout_commit(project.path)  # each shard records the commit it ran at
+    head = git_checkout(project.path)  # a new commit: the reports are now stale
+    before = (project.path / "__golden__/test_alpha.json").read_bytes()
+    status, out, err = merge(project, monkeypatch, capsys, *reports(project), "--prune")
+    assert status == 2, out + err
+    assert f"shard1/report.json ran at commit {ran_at!r}, but the checkout at . is at {head}" in err
+    assert (project.path / "__golden__/test_alpha.json").read_bytes() == before
+    status, out, _ = merge(project, monkeypatch, capsys, *reports(project))  # merging still works
+    assert status == 0 and "unused golden in __golden__/test_alpha.json: 'test_sky'" in out
