@@ -120,30 +120,46 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
+    __tracebackhide__ = True
+    return (yield from _checks_judged(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     __tracebackhide__ = True
     llm = item.config.stash[SESSION]
     seeded = determinism.deterministic_state(llm.settings(item).generation.seed) \
         if item.get_closest_marker(MARKER) else contextlib.nullcontext()
-    outcomes = LLMSession.outcomes_if_any(item)  # set up by golden_tokens; other tests have none
-    if outcomes is None:
-        with seeded:
-            return (yield)
-    outcomes.clear_failures()  # a rerun of the item starts clean
-    outcomes.deferring = True  # a failing golden check lets the test go on: every check is judged
+    with seeded:
+        return (yield from _checks_judged(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, Any, Any]:
+    __tracebackhide__ = True
+    return (yield from _checks_judged(item, "teardown"))
+
+
+def _checks_judged(item: pytest.Item, when: str) -> Generator[None, Any, Any]:
+    """One phase of a test (its fixtures' setup, its body, its fixtures' teardown and finalizers):
+    a failing golden check lets the phase go on, so every check is judged; the failures are raised
+    together when the phase ends (in setup or teardown, pytest reports an error there)."""
+    __tracebackhide__ = True
+    outcomes = LLMSession.outcomes(item)
+    outcomes.phase = when
     try:
-        with seeded:
-            result = yield
+        result = yield
     except pytest.skip.Exception:
         outcomes.raise_failures()  # a skip after a failing check must not hide it
         raise
     except BaseException:
         waiting = outcomes.clear_failures()
         if waiting:
-            item.add_report_section("call", "llm golden checks that failed too", waiting)
+            item.add_report_section(when, "llm golden checks that failed too", waiting)
         raise
     finally:
-        outcomes.deferring = False
+        outcomes.phase = None
     outcomes.raise_failures()
     return result
 
@@ -161,13 +177,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         one_line_crash(report.longrepr)  # the short summary says what; FAILURES keeps the whole message
     outcomes = LLMSession.outcomes_if_any(item)
     if outcomes is not None and call.when == "teardown":
-        outcomes.end_attempt()  # pytest-rerunfailures may run the test again: a new attempt starts clean
-    if outcomes is not None and call.when == "call":
+        # The test's last report carries every phase's checks (setup, call, teardown, finalizers).
         payload = outcomes.to_json()
         if payload is not None:
             setattr(report, REPORT_ATTRIBUTE, payload)
-        # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards.
-        item.user_properties += [("llm_verdict", str(outcome)) for outcome in outcomes.data.outcomes]
+        # One JUnit XML <property name="llm_verdict"> per golden check, for CI dashboards (JUnit XML
+        # reads them from the teardown report).
+        report.user_properties += [("llm_verdict", str(outcome)) for outcome in outcomes.data.outcomes]
+        outcomes.end_attempt()  # pytest-rerunfailures may run the test again: a new attempt starts clean
     return report
 
 
@@ -185,10 +202,10 @@ class _OutcomeCollector:
             self._session.ledger.collection_failed(report.nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self._session.ledger.test_finished(report.nodeid, report.when, report.outcome)
+        self._session.ledger.test_finished(report.nodeid, report.when, report.outcome, report.duration)
         payload = getattr(report, REPORT_ATTRIBUTE, None)
-        if payload is not None and str(report.outcome) != "rerun":  # a retried attempt is not the outcome
-            self._session.ledger.collect(payload, report.nodeid, report.duration)
+        if payload is not None and not self._session.ledger.retried(report.nodeid):  # a retried attempt:
+            self._session.ledger.collect(payload, report.nodeid)  # its records are not the test's
 
 
 class _WorkerReports:

@@ -48,8 +48,9 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["prune"] and not {"-h", "--help"} & set(argv[1:2]):
-        # Everything after `prune` belongs to pytest, options included.
-        return subprocess.call([sys.executable, "-m", "pytest", "--llm-golden-prune", *argv[1:]])
+        # Everything after `prune` belongs to pytest, options included (a path too: the flag's value is
+        # given; a --llm-golden-prune=cases among them wins, being the last).
+        return subprocess.call([sys.executable, "-m", "pytest", "--llm-golden-prune=tests", *argv[1:]])
     args = parser().parse_args(argv)
     assert args.command != "prune"
     try:

@@ -28,7 +28,11 @@ Writes, when asked: --candidates DIR, one candidate tree of every shard's candid
 one report of every shard's checks. Unused goldens are judged, against the golden files under
 --root, only when the shards together ran every test of the suite (every test any shard
 collected, deselected ones included), none stopped early and every test passed; otherwise the
-summary says why and names every test no shard ran. --prune then deletes the unused goldens.
+summary says why and names every test no shard ran. --prune then deletes the unused goldens
+(--prune=cases: also those of parametrized cases no shard collected, kept otherwise), and only on
+reports of the commit checked out under --root (each report records the commit its shard ran at)
+whose 'used' names every golden their checks looked up: any other report is named and nothing
+is written.
 
 The project is found as `llm-golden accept` finds it (its pytest configuration file, from --root
 or from here upwards; the first line of output names it): its folder is the root, and its
@@ -61,8 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--golden-dir", dest="golden_dir", type=Path, metavar="D",
                         help="the shards ran with llm_golden_dir = D (relative to the root); default: the "
                              "configuration file's llm_golden_dir")
-    parser.add_argument("--prune", action="store_true",
-                        help="delete the unused goldens, after shards that ran the whole suite, all passing")
+    parser.add_argument("--prune", nargs="?", const="tests", type=_prune_mode, metavar="tests|cases",
+                        help="delete the unused goldens, after shards of the checked-out commit that ran the "
+                             "whole suite, all passing; 'cases' also those of parametrized cases no shard "
+                             "collected")
+
+
+def _prune_mode(value: str) -> str:
+    if value in ("tests", "cases"):
+        return value
+    raise argparse.ArgumentTypeError(f"expected 'tests' or 'cases', got {value!r}. To prune and name "
+                                     "reports, write '--prune=tests REPORT...' (or put the reports first).")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def merge(report_paths: list[Path], *, root: Path | None, candidates: Path | None, reports: list[Path],
-          prune: bool, golden_dir: Path | None = None) -> int:
-    from pytest_llmdeterminism.run import merge_writer, shards
+          prune: str | None, golden_dir: Path | None = None) -> int:
+    """``prune``: None, ``tests`` or ``cases`` (as ``--llm-golden-prune``)."""
+    from pytest_llmdeterminism.run import merge_writer, prune_trust, shards
 
     settled = project.settle_for('merge', root, golden_dir)
     if settled is None:
@@ -90,7 +104,10 @@ def merge(report_paths: list[Path], *, root: Path | None, candidates: Path | Non
         return 2
     json_report = next((path for path in reports if path.suffix == ".json"), None)
     planned = shards.plan(report_paths, root, candidates_out=candidates, json_report=json_report,
-                          golden_dir=settled.golden_dir)
+                          golden_dir=settled.golden_dir, cases=prune == "cases")
+    if prune and not planned.problems and not planned.run.partial:  # it would prune, on these reports' word
+        head = prune_trust.checkout_commit(root)
+        planned.problems += prune_trust.prune_refusals(planned.shards, root, head)
     if planned.problems:
         for problem in planned.problems:
             print(f"llm-golden merge: {problem}", file=sys.stderr)
@@ -99,11 +116,11 @@ def merge(report_paths: list[Path], *, root: Path | None, candidates: Path | Non
         return 2
     try:
         written = merge_writer.write(planned, root=root, candidates_out=candidates, reports=reports,
-                                     prune=prune, display=_display)
+                                     prune=bool(prune), display=_display)
     except (OSError, GoldenFileError) as error:
         print(f"llm-golden merge: {error}", file=sys.stderr)
         return 2
-    summary = merge_writer.summary_lines(planned, root=root, prune=prune, pruned=written.pruned,
+    summary = merge_writer.summary_lines(planned, root=root, prune=bool(prune), pruned=written.pruned,
                                          display=_display)
     for line in [*written.lines, *summary]:
         print(line)

@@ -31,9 +31,11 @@ class TestOutcomes:
     """The recorder of one test (kept in its ``item.stash``): what its checks decided, and the
     failures that wait for the test's end.
 
-    While the test's body runs (``deferring``) a failing check is recorded and the test goes on, so
-    every check is judged and gets its candidate; the plugin raises them together when the body
-    returns (:meth:`raise_failures`). Outside the body a failing check raises at once.
+    A check runs in any phase of its test (``phase``: setup, call or teardown, so a fixture's setup,
+    the body, a fixture's teardown or a finalizer): a failing check is recorded and the phase goes
+    on, so every check is judged and gets its candidate; the plugin raises them together when the
+    phase ends (:meth:`raise_failures`), and every phase's records reach the run with the test's
+    teardown report. Outside its test's phases a check is refused (nothing would record it).
 
     A test run again in the same process (pytest-rerunfailures) is one recorder over several
     attempts: :meth:`end_attempt` starts the next one afresh, so only the last attempt's records
@@ -45,7 +47,7 @@ class TestOutcomes:
 
     def __init__(self) -> None:
         self.data = TestRecords()
-        self.deferring = False
+        self.phase: str | None = None  # the phase of the test now running; None between and after them
         self.attempt = 1
         self._failures: list[tuple[GoldenMismatchError, Site | None]] = []
         self._accept = ""
@@ -96,8 +98,8 @@ class TestOutcomes:
         """Record one check of golden ``key`` of ``path`` (kept for the unused-goldens rule): the golden
         an update writes instead, or the check's record and, where it leaves one, the candidate for
         ``--llm-golden-artifacts``; and its ``notes`` for the run's summary. A failing check's
-        ``failure`` then waits for the end of the test's body (``site``: the line that called the
-        check), or is raised now outside it; ``accept`` is the command that records or accepts the
+        ``failure`` then waits for the end of the test's phase (``site``: the line that called the
+        check); ``accept`` is the command that records or accepts the
         test's goldens."""
         self.used(path, key)
         if decision.write is not None:
@@ -113,9 +115,6 @@ class TestOutcomes:
         self.data.notes.extend(notes)
         if failure is None:
             return
-        if not self.deferring:
-            __tracebackhide__ = True  # the failure points at the check, not here
-            raise failure
         self._failures.append((failure, site))
         self._accept = accept
 

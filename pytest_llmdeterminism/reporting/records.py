@@ -199,6 +199,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     # False when test ids on the command line kept the rest of the suite from being collected at all
     suite_collected: bool = True
     candidates: str | None = None  # the --llm-golden-artifacts folder, relative to the report's folder
+    commit: str | None = None  # the git commit the run's checkout was at (None: not a git checkout)
 
 
 class Written(enum.Enum):

@@ -141,11 +141,18 @@ def serving_summary(audits: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
 
 def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial: Sequence[str],
                    display: Callable[[Path], str], *, prune: bool, stopped: bool = False,
-                   prune_command: str = "pytest --llm-golden-prune") -> list[str]:
+                   prune_command: str = "pytest --llm-golden-prune",
+                   cases_kept: dict[str, list[str]] | None = None) -> list[str]:
     """Unused goldens after a complete run; after a partial one, why none were judged: always when
-    the run stopped early, under ``--llm-golden-prune`` for any reason (``-k`` is quiet otherwise)."""
+    the run stopped early, under ``--llm-golden-prune`` for any reason (``-k`` is quiet otherwise).
+    ``cases_kept``: goldens of parametrized cases the run did not collect, kept and named."""
+    kept = [f"kept golden of a case this run did not collect in {display(Path(path))}: {key!r}"
+            for path, keys in sorted((cases_kept or {}).items()) for key in keys]
+    if kept:
+        kept.append("its test still exists and its parametrization may depend on the machine or "
+                    f"environment; delete such goldens with: {prune_command}=cases")
     if pruned:
-        return [f"pruned {len(pruned)} unused golden(s):", *(f"  {item}" for item in pruned)]
+        return [f"pruned {len(pruned)} unused golden(s):", *(f"  {item}" for item in pruned), *kept]
     if partial:
         verb = "not pruned" if prune else "not judged"
         if not (prune or stopped):
@@ -157,6 +164,6 @@ def unused_summary(unused: dict[str, list[str]], pruned: Sequence[str], partial:
     if lines:
         lines.append("these goldens were not checked by any test in this complete run; "
                      f"delete them with: {prune_command}")
-    return lines
+    return lines + kept
 
 

@@ -85,7 +85,7 @@ def read(config: pytest.Config) -> Options:
         golden_fallback=bool(config.getoption("llm_golden_fallback")),
         audit=config.getoption("llm_audit"),
         audit_dtype=config.getoption("llm_audit_dtype"),
-        prune=bool(config.getoption("llm_golden_prune")),
+        prune=config.getoption("llm_golden_prune"),
         artifacts=Path(config.invocation_params.dir, config.getoption("llm_golden_artifacts"))
         if config.getoption("llm_golden_artifacts") else None,
         repro=Path(config.invocation_params.dir, config.getoption("llm_repro"))

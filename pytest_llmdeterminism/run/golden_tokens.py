@@ -68,9 +68,12 @@ class GoldenTokens:
         Several checks in one test need distinct goldens: unnamed ones are numbered in call order
         (``test``, ``test#2``, ...), named ones are stored as ``test::name``. Returns the comparison, or
         None when a golden was recorded. A failing check does not stop the test: every check is
-        judged and gets its candidate, and the test fails at its end listing each failing one.
+        judged and gets its candidate, and the test fails at the end of the phase that checked (its
+        body; a fixture's setup or teardown, or a finalizer: an error in setup or teardown) listing
+        each failing one. A check runs, is recorded and counts as used in any phase of the test.
         """
         __tracebackhide__ = True
+        self._refuse_outside_the_test()
         if not isinstance(generation, (Generation, Score)):
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate() or a Score "
                             f"from llm_model.score(), got {type(generation).__name__}")
@@ -96,6 +99,18 @@ class GoldenTokens:
             self._outcomes.used(self._path, key)  # stopped before its record: its key was still looked up
             raise
         return self._record(decision, key, notes, site, accept)  # word its failure, record (and report it)
+
+    def _refuse_outside_the_test(self) -> None:
+        """A check belongs to the test whose ``golden_tokens`` it uses: outside that test's setup, call
+        and teardown (a fixture object kept for later) no report would carry it, so it is refused."""
+        __tracebackhide__ = True
+        if self._outcomes.phase is None or self._outcomes.attempt != self._attempt:
+            raise ConfigurationError(
+                "golden_tokens.check()", NO_VALUE,
+                f"called after {self._nodeid} ended (or between its setup, call and teardown): its "
+                "golden_tokens records checks for that test alone, and no report of it would carry this "
+                "one, so nothing was recorded or compared. Check in the test itself, in a fixture it uses "
+                "(before or after the fixture's yield) or in a finalizer it adds (request.addfinalizer)")
 
     def _decide(self, key: str, generation: Recorded) -> Decision:
         """Look up what the decision needs (the key's golden, the profile the test or the run set);

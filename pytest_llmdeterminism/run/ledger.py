@@ -34,6 +34,8 @@ class Ledger:
         self.checks: list[CheckRecord] = []  # every golden comparison, for --llm-report
         self.used: set[tuple[str, str]] = set()  # (golden file, key) some test looked up
         self.outcomes: dict[str, str] = {}  # node id -> passed / skipped / failed
+        self.durations: dict[str, float] = {}  # node id -> seconds its body (the call phase) took
+        self._retried: set[str] = set()  # node ids whose attempt now reporting will be run again
         self.partial_reasons: list[str] = []  # why this run did not visit every test
         self.stop_reasons: list[str] = []  # why this run ended before it ran every collected test
         self.collected: set[str] = set()  # node ids this run set out to run (under xdist: the workers')
@@ -46,8 +48,11 @@ class Ledger:
         self.deselected: set[str] = set()  # node ids collected, then deselected (-k, pytest-split, ...)
         self.partial(partial)
 
-    def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float = 0.0) -> None:
-        """Take one test's records (:meth:`TestOutcomes.to_json`), from this process or a worker."""
+    def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float | None = None) -> None:
+        """Take one test's records (:meth:`TestOutcomes.to_json`, every phase's checks, from its
+        teardown report), from this process or a worker; ``duration``: its body's, by default the
+        one its call report gave."""
+        duration = self.durations.get(nodeid, 0.0) if duration is None else duration
         records = TestRecords.from_payload(payload)
         self.recorded.setdefault(nodeid, []).extend(records.records)
         fold(self.candidates, records.candidates)
@@ -59,8 +64,14 @@ class Ledger:
                         for check in records.checks]
         self.used.update(records.used)
 
-    def test_finished(self, nodeid: str, when: str, outcome: str) -> None:
-        """Keep each test's overall outcome: failed beats skipped beats passed."""
+    def test_finished(self, nodeid: str, when: str, outcome: str, duration: float = 0.0) -> None:
+        """Keep each test's overall outcome: failed beats skipped beats passed (and its body's duration)."""
+        if when == "setup":
+            self._retried.discard(nodeid)  # an attempt starts
+        if outcome == "rerun":  # pytest-rerunfailures will run the test again
+            self._retried.add(nodeid)
+        if when == "call":
+            self.durations[nodeid] = duration
         if when == "teardown":
             self.finished.add(nodeid)
         if when == "call" or (when == "setup" and outcome != "passed"):
@@ -70,6 +81,11 @@ class Ledger:
         counts = when == "call" or outcome != "passed"
         if counts and _RANK[outcome] >= _RANK[self.outcomes.get(nodeid, "passed")]:
             self.outcomes[nodeid] = outcome
+
+    def retried(self, nodeid: str) -> bool:
+        """Whether the attempt of the test now reporting will be run again (pytest-rerunfailures): its
+        records, carried by its teardown report, are not the test's."""
+        return nodeid in self._retried
 
     def goldens_to_write(self) -> tuple[FileUpdates, list[str]]:
         """The recorded goldens of tests that passed, and the ids of failed or skipped tests whose

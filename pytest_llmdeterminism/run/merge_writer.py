@@ -87,7 +87,8 @@ def summary_lines(merge: MergePlan, *, root: Path, prune: bool, pruned: Sequence
         return lines
     return lines + terminal.unused_summary(
         {str(root / path): keys for path, keys in merge.unused.items()}, pruned, [], display,
-        prune=prune, prune_command="llm-golden merge ... --prune")
+        prune=prune, prune_command="llm-golden merge ... --prune",
+        cases_kept={str(root / path): keys for path, keys in merge.cases_kept.items()})
 
 
 def coverage_markdown(merge: MergePlan) -> list[str]:

@@ -37,6 +37,9 @@ DEFAULT_BATCH_SHAPE = "1x128"
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_SEED = 0
 UpdateMode = Literal["all", "new"]
+# --llm-golden-prune: 'tests' (the bare flag) deletes goldens of deleted or renamed tests and of checks
+# a passing test no longer makes; 'cases' also those of parametrized cases the run did not collect
+PruneMode = Literal["tests", "cases"]
 PLANT_DEFECT_VARIABLE = "LLMDET_PLANT_DEFECT"  # =1: --llm-plant-defect, for a CI step's environment
 
 
@@ -57,7 +60,7 @@ class Options:
     audit_dtype: str | None
     reports: tuple[Path, ...]  # --llm-report, each .json, .md or .html
     artifacts: Path | None
-    prune: bool
+    prune: PruneMode | None  # --llm-golden-prune, or None
     partial: tuple[str, ...]  # why this run does not see every test (then unused goldens are not judged)
     rootdir: Path
     invocation_dir: Path
@@ -145,6 +148,15 @@ def _update_mode(value: str) -> str:
     )
 
 
+def _prune_mode(value: str) -> str:
+    if value in ("tests", "cases"):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected 'tests' or 'cases', got {value!r}. To prune and name test paths, write "
+        "'--llm-golden-prune=tests PATH' (or put PATH before the flag)."
+    )
+
+
 def _audit_repeats(value: str) -> int:
     if value.isdigit() and int(value) >= 2:
         return int(value)
@@ -197,8 +209,11 @@ COMMAND_LINE_OPTIONS = (
     ),
     _CommandLineOption(
         "--llm-golden-prune", "llm_golden_prune",
-        "after a complete run in which every test passed, delete goldens that no test checked",
-        False, {"action": "store_true"},
+        "after a complete run in which every test passed, delete goldens that no test checked: 'tests' "
+        "(default) those of tests deleted or renamed and of checks a passing test no longer makes; "
+        "'cases' also those of parametrized cases this run did not collect (a parametrization that "
+        "depends on the machine or environment loses the other cases' goldens: kept without it)",
+        None, {"nargs": "?", "const": "tests", "type": _prune_mode, "metavar": "tests|cases"},
     ),
     _CommandLineOption(
         "--llm-golden-update-in-ci", "llm_golden_update_in_ci",

@@ -191,12 +191,12 @@ class LLMSession:
                               workers=self.options.xdist_workers, cores=threads.usable_cores())
 
     def summary_lines(self) -> list[str]:
-        lines = writer.summary_lines(self.ledger, self.output, self.files, prune=self.options.prune,
+        lines = writer.summary_lines(self.ledger, self.output, self.files, prune=bool(self.options.prune),
                                      candidates=None if self.options.plant_defect else self.options.artifacts)
         if self.options.plant_defect:
             lines += terminal.planted_defect_summary(self.ledger.checks, ignored=[
                 flag for flag, given in (("--llm-golden-artifacts", self.options.artifacts is not None),
-                                         ("--llm-golden-prune", self.options.prune),
+                                         ("--llm-golden-prune", bool(self.options.prune)),
                                          ("--llm-repro", self.options.repro is not None)) if given])
         return lines
 

@@ -208,6 +208,7 @@ def partial_reasons(shards: Sequence[Shard], covered: Coverage) -> list[str]:
 def merged_run(shards: Sequence[Shard], partial: list[str], candidates: str | None) -> RunRecord:
     """The shards' records as one run's: a merged report can be merged again."""
     outcomes: dict[str, str] = {}
+    commits = {shard.run.commit for shard in shards}
     for shard in shards:
         for nodeid, outcome in shard.run.outcomes.items():
             if _WORST.get(outcome, 0) >= _WORST.get(outcomes.get(nodeid, "passed"), 0):
@@ -223,6 +224,7 @@ def merged_run(shards: Sequence[Shard], partial: list[str], candidates: str | No
         failed=any(shard.failed for shard in shards),
         suite_collected=all(shard.run.suite_collected for shard in shards),
         candidates=candidates,
+        commit=commits.pop() if len(commits) == 1 else None,  # the shards' one commit
     )
 
 
@@ -295,11 +297,13 @@ def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
             "in one shard), or merge only the reports of one attempt of each shard.")
 
 
-def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], list[str]]:
+def unused_goldens(root: Path, run: RunRecord, *,
+                   cases: bool = False) -> tuple[dict[str, list[str]], dict[str, list[str]], list[str]]:
     """After shards that together ran the whole suite, all passing: the golden keys they prove unused
     (:mod:`~pytest_llmdeterminism.run.unused`), per golden file (as in ``run.golden_files``), read from
     the checkout at ``root``. The reports are artifacts: a golden of a test that the checkout's module
-    still defines is kept unless the shards ran it, whatever a report leaves out."""
+    still defines is kept unless the shards ran it, whatever a report leaves out. Then the keys of
+    parametrized cases no shard collected: unused with ``cases`` (``--prune=cases``), else kept."""
     tests_by_module: dict[str, dict[str, str | None]] = {}
     for nodeid in run.suite:
         module, _, test = nodeid.partition("::")
@@ -309,6 +313,7 @@ def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], li
     for file_name, key in run.used:
         used.setdefault(file_name, set()).add(key)
     found: dict[str, list[str]] = {}
+    kept: dict[str, list[str]] = {}
     problems = []
     for module, tests in sorted(tests_by_module.items()):
         path = run.golden_files.get(module)
@@ -326,10 +331,10 @@ def unused_goldens(root: Path, run: RunRecord) -> tuple[dict[str, list[str]], li
             problems.append(str(error))
             continue
         source = module_source(root, module)  # None for a module outside the root, however named
-        keys_unused = unused.unused_keys(keys, unused.ModuleRun(tests, source, frozenset(used.get(path, ()))))
-        if keys_unused:
-            found[path] = keys_unused
-    return found, problems
+        module_run = unused.ModuleRun(tests, source, frozenset(used.get(path, ())))
+        found[path] = unused.unused_keys(keys, module_run, cases=cases)
+        kept[path] = [] if cases else unused.uncollected_cases(keys, module_run)
+    return {p: k for p, k in found.items() if k}, {p: k for p, k in kept.items() if k}, problems
 
 
 @dataclass
@@ -340,6 +345,7 @@ class MergePlan:
     candidates: MergedCandidates
     unused: dict[str, list[str]]
     problems: list[str] = field(default_factory=list)  # any: nothing is written
+    cases_kept: dict[str, list[str]] = field(default_factory=dict)  # uncollected cases' keys, kept
 
     @property
     def complete(self) -> bool:
@@ -357,7 +363,7 @@ class MergePlan:
 
 
 def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = None,
-         json_report: Path | None = None, golden_dir: Path | None = None) -> MergePlan:
+         json_report: Path | None = None, golden_dir: Path | None = None, cases: bool = False) -> MergePlan:
     """Read and check every shard; merge candidates; judge unused goldens when the shards are complete.
 
     ``golden_dir`` is the project's llm_golden_dir (absolute, or relative to ``root``): a report's
@@ -387,7 +393,8 @@ def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = N
     merged, found = merge_candidates(shards)
     problems += found
     unused: dict[str, list[str]] = {}
+    kept: dict[str, list[str]] = {}
     if not partial and shards:
-        unused, found = unused_goldens(root, run)
+        unused, kept, found = unused_goldens(root, run, cases=cases)
         problems += found
-    return MergePlan(shards, covered, run, merged, unused, problems)
+    return MergePlan(shards, covered, run, merged, unused, problems, cases_kept=kept)

@@ -15,7 +15,7 @@ from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting import documents, hints, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
-from pytest_llmdeterminism.run import repro, unused
+from pytest_llmdeterminism.run import prune_trust, repro, unused
 from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
 from pytest_llmdeterminism.run.options import Options
@@ -27,6 +27,8 @@ class RunOutput:
     errors: list[str] = field(default_factory=list)
     unused: dict[str, list[str]] = field(default_factory=dict)  # golden file -> keys no test checked
     pruned: list[str] = field(default_factory=list)
+    # golden file -> keys of parametrized cases this run did not collect, kept (--llm-golden-prune=cases)
+    cases_kept: dict[str, list[str]] = field(default_factory=dict)
     partial: list[str] = field(default_factory=list)  # why unused goldens were not judged
     held_back: list[str] = field(default_factory=list)  # tests whose recorded goldens were not written
 
@@ -46,7 +48,8 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
                files, out, refuse=lambda path: atomic.link_out(path, home, what="candidates"))
     out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
-        out.unused = find_unused(ledger, files, options.rootdir)
+        out.unused, out.cases_kept = find_unused(ledger, files, options.rootdir,
+                                                 cases=options.prune == "cases")
         if options.prune and not options.plant_defect:
             _prune(out, files)
     _write_reports(ledger, options, files, out, failed=failed)
@@ -88,8 +91,10 @@ def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options
                            f"from here with: sh {first})")
 
 
-def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, list[str]]:
-    """After a complete, green run: golden keys it proves unused (:mod:`.unused`), per golden file."""
+def find_unused(ledger: Ledger, files: GoldenFiles, root: Path, *,
+                cases: bool = False) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """After a complete, green run: golden keys it proves unused (:mod:`.unused`), per golden file,
+    and the keys of parametrized cases it did not collect: unused with ``cases``, else kept."""
     finished = ledger.ran_to_the_end()
     tests_by_module: dict[str, dict[str, str | None]] = {}
     for nodeid in ledger.seen | ledger.collected:
@@ -100,7 +105,7 @@ def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, lis
     used_by_file: dict[str, set[str]] = {}
     for file_name, key in ledger.used:
         used_by_file.setdefault(str(Path(file_name)), set()).add(key)
-    found = {}
+    found, kept = {}, {}
     for module, tests in sorted(tests_by_module.items()):
         path = files.path_for_nodeid(module)
         try:
@@ -110,10 +115,14 @@ def find_unused(ledger: Ledger, files: GoldenFiles, root: Path) -> dict[str, lis
         if not keys:
             continue
         used = frozenset(used_by_file.get(str(path), ()))
-        keys_unused = unused.unused_keys(keys, unused.ModuleRun(tests, module_source(root, module), used))
+        run = unused.ModuleRun(tests, module_source(root, module), used)
+        keys_unused = unused.unused_keys(keys, run, cases=cases)
         if keys_unused:
             found[str(path)] = keys_unused
-    return found
+        cases_kept = [] if cases else unused.uncollected_cases(keys, run)
+        if cases_kept:
+            kept[str(path)] = cases_kept
+    return found, kept
 
 
 MAX_MODULE_BYTES = 64 * 1024 * 1024
@@ -194,6 +203,7 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
         failed=failed,
         suite_collected=NODE_IDS_GIVEN not in ledger.partial_reasons,
         candidates=candidates,
+        commit=prune_trust.checkout_commit(options.rootdir),
     )
 
 
@@ -206,5 +216,5 @@ def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, 
                             out.held_back, ledger.overwritten()) + \
         hints.after_model_change(ledger.checks, candidates=folder) + \
         terminal.unused_summary(out.unused, out.pruned, out.partial, files.display, prune=prune,
-                              stopped=bool(ledger.stop_reasons)) + \
+                                stopped=bool(ledger.stop_reasons), cases_kept=out.cases_kept) + \
         terminal.audit_summary(ledger.audits)

@@ -91,6 +91,16 @@ def llm_golden(*args: object, cwd: Path | None = None, env: dict[str, str] | Non
                           env=env, capture_output=True, text=True, check=False, timeout=timeout)
 
 
+def git_checkout(root: Path) -> str:
+    """Make ``root`` a git checkout with one (empty) commit, as a CI job's project is (``llm-golden
+    merge --prune`` prunes only on reports of the commit checked out); returns the commit."""
+    settings = ["-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", *settings, "commit", "-q", "--allow-empty", "-m", "suite"], cwd=root, check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def usage_error(pytester, ini: str | None, *args: str):
     """Run pytest on a one-test project with ``ini`` and ``args``; it must stop with a usage error."""
     if ini is not None:

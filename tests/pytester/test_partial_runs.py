@@ -78,9 +78,10 @@ def test_a_parametrization_that_came_out_empty_keeps_its_goldens_under_prune(sui
     result.assert_outcomes(passed=1, skipped=1)
     assert "pruned" not in result.stdout.str() and "unused golden" not in result.stdout.str()
     assert _goldens(suite, "test_cases") == {"test_a", "test_case[Count: one,]", "test_case[Once upon a]"}
-    # The negative control: the list is back without one case, whose golden alone is unused.
+    # The negative control: the list is back without one case, whose golden alone is unused (a case
+    # of a parametrization: with --llm-golden-prune=cases, tests/pytester/test_prune_keeps.py).
     (suite.path / "cases.json").write_text('["Count: one,"]')
-    result = suite.runpytest("--llm-golden-prune")
+    result = suite.runpytest("--llm-golden-prune=cases")
     result.stdout.fnmatch_lines(["pruned 1 unused golden(s):",
                                  "  __golden__/test_cases.json ['test_case[Once upon a]']"])
     assert _goldens(suite, "test_cases") == {"test_a", "test_case[Count: one,]"}

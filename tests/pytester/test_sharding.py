@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import cli
+from pytest_llmdeterminism.run.prune_trust import checkout_commit
 from tests.helpers.models import perturbed_tiny_copy
+from tests.helpers.projects import git_checkout
 
 pytest.importorskip("pytest_split")
 
@@ -46,7 +48,8 @@ SHARDS = 3
 
 @pytest.fixture
 def project(suite):
-    """Two modules, 7 tests, every golden recorded."""
+    """Two modules, 7 tests, every golden recorded, in a git checkout (as a CI job's project is)."""
+    git_checkout(suite.path)
     suite.makepyfile(test_alpha=ALPHA, test_beta=BETA)
     suite.runpytest("--llm-golden-update", "-p", "no:cacheprovider").assert_outcomes(passed=7)
     return suite
@@ -104,7 +107,9 @@ def test_three_shards_merge_into_the_unsharded_runs_counts_and_unused_goldens(pr
     whole = project.runpytest("-p", "no:cacheprovider", "--llm-report=whole.json")
     whole.assert_outcomes(passed=7)
     unused_lines = [line for line in whole.stdout.lines if line.startswith("unused golden in ")]
-    assert len(unused_lines) == 2, whole.stdout.str()
+    assert len(unused_lines) == 1, whole.stdout.str()  # the renamed case's is kept without =cases
+    whole.stdout.fnmatch_lines(["kept golden of a case this run did not collect in "
+                                "__golden__/test_beta.json: 'test_param[[]Once upon a]'"])
 
     for result in run_shards(project):
         assert "unused golden in" not in result.stdout.str()  # a shard alone is a partial run
@@ -114,6 +119,8 @@ def test_three_shards_merge_into_the_unsharded_runs_counts_and_unused_goldens(pr
     assert status == 0, out + err
     assert "merged 3 shard(s): 7 of 7 test(s) of the suite ran" in out
     assert [line for line in out.splitlines() if line.startswith("unused golden in ")] == unused_lines, out
+    assert "kept golden of a case this run did not collect in __golden__/test_beta.json: " \
+           "'test_param[Once upon a]'" in out
     assert "delete them with: llm-golden merge ... --prune" in out
     merged, unsharded = read_json(project.path / "merged.json"), read_json(project.path / "whole.json")
     assert merged["summary"] == unsharded["summary"]
@@ -124,7 +131,7 @@ def test_three_shards_merge_into_the_unsharded_runs_counts_and_unused_goldens(pr
     assert "3 shard(s) ran 7 of 7 test(s) of the suite." in markdown and "`test_sky`" in markdown
     assert (project.path / "merged.html").read_text().startswith("<!doctype html>")
 
-    status, out, _ = merge(project, monkeypatch, capsys, *reports(project), "--prune")
+    status, out, _ = merge(project, monkeypatch, capsys, *reports(project), "--prune=cases")
     assert status == 0
     assert "pruned 2 unused golden(s):" in out
     assert set(read_json(project.path / "__golden__/test_alpha.json")["goldens"]) == {
@@ -216,3 +223,20 @@ def test_an_xdist_shard_reports_the_same_suite_as_a_plain_one(project):
     with_xdist = read_json(project.path / "xdist/report.json")["run"]
     for field in ("suite", "selected", "outcomes", "golden_files", "used"):
         assert with_xdist[field] == plain[field], field
+
+
+def test_merge_prunes_nothing_on_the_reports_of_another_commit(project, monkeypatch, capsys):
+    """Reports are believed for the commit they ran at: after a new commit, the old ones prune nothing."""
+    project.makepyfile(test_alpha=ALPHA.replace("def test_sky", "def test_sky_renamed"))
+    project.runpytest("--llm-golden-update=new", "-p", "no:cacheprovider").assert_outcomes(passed=7)
+    run_shards(project)
+    ran_at = read_json(project.path / "shard1/report.json")["run"]["commit"]
+    assert ran_at == checkout_commit(project.path)  # each shard records the commit it ran at
+    head = git_checkout(project.path)  # a new commit: the reports are now stale
+    before = (project.path / "__golden__/test_alpha.json").read_bytes()
+    status, out, err = merge(project, monkeypatch, capsys, *reports(project), "--prune")
+    assert status == 2, out + err
+    assert f"shard1/report.json ran at commit {ran_at!r}, but the checkout at . is at {head}" in err
+    assert (project.path / "__golden__/test_alpha.json").read_bytes() == before
+    status, out, _ = merge(project, monkeypatch, capsys, *reports(project))  # merging still works
+    assert status == 0 and "unused golden in __golden__/test_alpha.json: 'test_sky'" in out

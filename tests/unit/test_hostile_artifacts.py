@@ -15,8 +15,9 @@ from pytest_llmdeterminism import cli
 from pytest_llmdeterminism.goldens.review import plan_accept
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
+from pytest_llmdeterminism.run.prune_trust import checkout_commit
 from tests.helpers import DATA
-from tests.helpers.projects import llm_golden
+from tests.helpers.projects import git_checkout, llm_golden
 
 VALID = (DATA / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
 NEWER_SCHEMA = VALID.replace(b'"schema": 1', b'"schema": 2')
@@ -235,13 +236,18 @@ TEST_OTHER = b"def test_other(llm_model, golden_tokens):\n    pass\n"
 
 def shard_report(folder: Path, golden_files: dict[str, str], *, candidates: str | None = None,
                  tests: tuple[str, ...] = ("test_other",), failed: bool = False,
-                 checks: list[CheckRecord] | None = None) -> Path:
-    """A complete, passing shard of ``tests`` in each module, its report in ``folder``."""
+                 checks: list[CheckRecord] | None = None, used: list[tuple[str, str]] | None = None,
+                 commit: str | None = "HEAD") -> Path:
+    """A complete, passing shard of ``tests`` in each module, its report in ``folder``; ``commit``: the
+    commit it ran at ("HEAD": the one checked out where ``folder`` is); ``used``: by default, the
+    goldens its ``checks`` compared with."""
     outcomes = {f"{module}::{test}": "passed" for module in golden_files for test in tests}
-    run = RunRecord(suite=sorted(outcomes), selected=sorted(outcomes), outcomes=outcomes,
-                    golden_files=golden_files, used=[], stopped=[], partial=[], failed=failed,
-                    candidates=candidates)
     folder.mkdir(parents=True, exist_ok=True)
+    if used is None:
+        used = [(golden_files[check.test.partition("::")[0]], check.name) for check in checks or []]
+    run = RunRecord(suite=sorted(outcomes), selected=sorted(outcomes), outcomes=outcomes,
+                    golden_files=golden_files, used=used, stopped=[], partial=[], failed=failed,
+                    candidates=candidates, commit=checkout_commit(folder) if commit == "HEAD" else commit)
     (folder / "report.json").write_text(documents.json_text(documents.run_report(checks or [], [], run=run)))
     return folder / "report.json"
 
@@ -298,6 +304,7 @@ def test_merge_refuses_a_report_whose_tests_ran_outside_its_own_suite(project, m
 def project(root):
     """A project root with its pytest.ini (so nothing above it is found) and one module's goldens."""
     put(root, {"pytest.ini": b"[pytest]\n", "__golden__/test_a.json": VALID, "__golden__/test_b.json": VALID})
+    git_checkout(root)
     return root
 
 
@@ -439,3 +446,49 @@ def test_merge_reads_back_the_infinite_numbers_a_report_wrote_as_null(project, m
     assert status == 0, err
     merged = msgspec.json.decode((project / "merged.json").read_bytes())["checks"][0]
     assert merged["max_logprob_delta"] is None and merged["steps"]["expected"][0][2] is None
+
+
+def test_merge_prunes_only_on_reports_of_the_commit_checked_out(project, monkeypatch, capsys):
+    """A stale report of another commit, or one of no commit, names other tests: nothing is pruned on it."""
+    put(project, {"test_a.py": TEST_OTHER})
+    for commit, said in (("0" * 40, f"ran at commit {'0' * 40!r}"), (None, "records no commit (its run was "
+                                                                      "outside a git checkout, or an older "
+                                                                      "pytest-llmdeterminism wrote it)")):
+        report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"}, commit=commit)
+        status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+        assert status == 2, out + err
+        head = checkout_commit(project)
+        assert f"shard/report.json {said}, but the checkout at . is at {head}: the goldens its tests did " \
+               "not look up may be used by this commit's tests. Merge without --prune" in err
+        assert (project / "__golden__/test_a.json").read_bytes() == VALID
+        assert merge(project, monkeypatch, capsys, report)[0] == 0  # without --prune, it merges
+    # Outside a git checkout no report can show it ran this commit's tests.
+    (project / "shard").rename(project.parent / "shard")
+    put(project.parent / "elsewhere", {"pytest.ini": b"[pytest]\n", "test_a.py": TEST_OTHER,
+                                       "__golden__/test_a.json": VALID})
+    status, out, err = merge(project.parent / "elsewhere", monkeypatch, capsys,
+                             shard_report(project.parent / "shard", {"test_a.py": "__golden__/test_a.json"}),
+                             "--prune")
+    assert status == 2 and "git rev-parse HEAD found none" in err
+
+
+def test_merge_refuses_to_prune_on_a_report_whose_used_leaves_out_its_checks(project, monkeypatch, capsys):
+    """A report naming the real tests as passed, with its checks but `used: []`, would delete the file."""
+    put(project, {"test_a.py": "".join(f"def {key}(llm_model, golden_tokens):\n    pass\n\n"
+                                       for key in ("test_other", *VALID_KEYS)).encode()})
+    checks = [CheckRecord(test=f"test_a.py::{key}", name=key, variant="cpu/float32", verdict="IDENTICAL",
+                          passed=True) for key in VALID_KEYS]
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"}, checks=checks,
+                          tests=("test_other", *VALID_KEYS), used=[])
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 2, out + err
+    assert (f"shard/report.json lists {len(VALID_KEYS)} check(s) of goldens its 'used' does not name "
+            f"(test_a.py::{VALID_KEYS[0]} [{VALID_KEYS[0]!r}], ") in err
+    assert "so this one was edited or is damaged, and nothing is pruned on its word" in err
+    assert (project / "__golden__/test_a.json").read_bytes() == VALID
+    # The negative control: the same report as the run wrote it prunes nothing, every golden being used.
+    report = shard_report(project / "shard", {"test_a.py": "__golden__/test_a.json"}, checks=checks,
+                          tests=("test_other", *VALID_KEYS))
+    status, out, err = merge(project, monkeypatch, capsys, report, "--prune")
+    assert status == 0, out + err
+    assert "pruned" not in out and (project / "__golden__/test_a.json").read_bytes() == VALID

@@ -40,7 +40,7 @@ PACKAGES = {
     "model": [["model", "model.inputs"], ["model.fingerprint"],
               ["model.probe", "model.concurrency", "model.served_sampling"], ["model.llm_model"],
               ["model.audit"]],
-    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused"],
+    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused", "run.prune_trust"],
             ["run.configuration", "run.repro"],
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],

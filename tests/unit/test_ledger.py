@@ -79,3 +79,14 @@ def test_counts_are_honest_about_held_back_goldens_and_updates_name_what_they_re
     assert lines[0] == "golden checks: 1 not recorded, 2 updated (over 1 LOGIT_DRIFT, 1 REGRESSION)"
     assert lines[2].startswith("updated 1 golden(s) over a REGRESSION or INPUT_CHANGED")
     assert lines[3:] == ["  REGRESSION    t.py::ok ['ok']"]  # not the held-back one, not the drift
+
+
+def test_the_records_on_a_retried_attempts_teardown_report_are_not_the_tests(tmp_path):
+    """pytest-rerunfailures logs a retried attempt's teardown as passed; its records are not the test's."""
+    ledger = Ledger()
+    for outcome in ("rerun", "passed"):  # the first attempt's call is retried, the second passes
+        for when, reported in (("setup", "passed"), ("call", outcome), ("teardown", "passed")):
+            ledger.test_finished("t.py::flaky", when, reported, 0.5)
+        if not ledger.retried("t.py::flaky"):
+            ledger.collect(recorded_payload(tmp_path, "flaky"), "t.py::flaky")
+    assert len(ledger.recorded["t.py::flaky"]) == 1 and ledger.outcomes == {"t.py::flaky": "passed"}
