@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.reporting.documents import (
+from pytest_llmdeterminism.reporting.html_report import (
     FILTER_SCRIPT,
     HTML_STYLE,
-    drift_text,
     filter_attributes,
     filter_bar,
-    margin_text,
 )
+from pytest_llmdeterminism.reporting.text import drift_text, margin_text
 
 # How a check moved between the runs, in the order a reviewer reads them.
 CHANGED, APPEARED, DISAPPEARED, SAME = "changed", "appeared", "disappeared", "same"
