@@ -285,6 +285,8 @@ class TestRecords(msgspec.Struct):
     checks: list[CheckRecord] = msgspec.field(default_factory=list)
     used: list[tuple[str, str]] = msgspec.field(default_factory=list)  # (golden file, key) looked up
     candidates: list[GoldenWrite] = msgspec.field(default_factory=list)
+    # (golden key, seconds from the test's start or its previous check), per check, for progress lines
+    timings: list[tuple[str, float]] = msgspec.field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (self.records or self.outcomes or self.notes or self.audits or self.used

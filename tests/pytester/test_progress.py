@@ -1,0 +1,71 @@
+"""Progress on a slow run: what generates and how long it took, a slow test's checks and time, each
+on a line of its own that leaves pytest's progress line whole; quiet under ``-q``. (Every
+generation counts as slow here: the threshold is set to 0 s.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pytest_llmdeterminism.reporting import progress
+
+SUITE = """
+from pytest_llmdeterminism import deterministic
+
+@deterministic
+def test_one(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Once upon a time"), name="story")
+    golden_tokens.check(llm_model.generate(["Hello there", "Good morning"])[1], name="morning")
+
+@deterministic
+def test_two(llm_model, golden_tokens):
+    golden_tokens.check(llm_model.generate("Hello there"))
+"""
+
+
+@pytest.fixture
+def slow(suite, monkeypatch):
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
+    suite.makepyfile(test_story=SUITE)
+    return suite
+
+
+def test_a_slow_run_says_what_generates_and_how_long_each_check_took(slow):
+    run = slow.runpytest("--llm-golden-update")
+    run.assert_outcomes(passed=2)
+    out = run.stdout.str()
+    run.stdout.re_match_lines([
+        r"llm: loaded builtin:tiny in \d+\.\d s on cpu",
+        # a one-prompt call pads to B rows, which the line says
+        r"llm: test_story.py::test_one: generated 1 prompt\(s\), max_new_tokens 8 at 4x32, padded to 4 rows "
+        r"in \d+\.\d s",
+        r"llm: test_story.py::test_one: generating 2 prompt\(s\), max_new_tokens 8 at 4x32, padded to 4 rows \.\.\.",
+        r"llm: test_story.py::test_one took \d+\.\d s; its golden checks: 'test_one::story' \d+\.\d s, 'test_one::morning' \d+\.\d s",
+        r"llm: test_story.py::test_two took \d+\.\d s; its golden checks: 'test_two' \d+\.\d s",
+    ])
+    # pytest's results are never appended to one of ours: each line of them is whole, from the file's
+    # name to its percentage
+    assert not [line for line in run.stdout.lines if line.startswith("llm: ") and re.search(r"(\.\.\.|\d s)[.FEsx]+$|%\]$", line)]
+    results = [line for line in run.stdout.lines if line.startswith("test_story.py") and line.strip() != "test_story.py"]
+    assert len(results) == 2 and all(re.fullmatch(r"test_story\.py \. +\[\s*\d+%\]", line) for line in results)
+    assert "" not in run.stdout.lines[run.stdout.lines.index(results[0]):run.stdout.lines.index(results[1])]
+
+
+def test_the_model_loads_before_pytests_progress_line_starts(slow):
+    run = slow.runpytest("--llm-golden-update", "-v")
+    run.assert_outcomes(passed=2)
+    lines = run.stdout.lines
+    loaded = next(i for i, line in enumerate(lines) if line.startswith("llm: loaded builtin:tiny"))
+    first = next(i for i, line in enumerate(lines) if line.startswith("test_story.py::test_one"))
+    assert loaded < first
+    # under -v, pytest's line for a test's result is whole: its name, its result, its percentage
+    results = [line for line in lines if line.startswith("test_story.py::") and "PASSED" in line]
+    assert len(results) == 2 and all(re.fullmatch(r"test_story\.py::test_\w+ PASSED +\[\s*\d+%\]", line)
+                                     for line in results)
+
+
+def test_progress_is_quiet_under_q(slow):
+    run = slow.runpytest("--llm-golden-update", "-q")
+    run.assert_outcomes(passed=2)
+    assert not [line for line in run.stdout.lines if "generat" in line or " took " in line]
