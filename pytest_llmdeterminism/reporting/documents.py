@@ -24,7 +24,7 @@ REPORT_VERSION = 1
 
 
 def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[str, Any]]], *,
-               run: RunRecord | None = None) -> dict[str, Any]:
+               run: RunRecord | None = None, lead: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``--llm-report *.json`` document: one entry per golden check, every audit and, in
     ``run``, what the run checked (:class:`~pytest_llmdeterminism.reporting.records.RunRecord`).
 
@@ -44,6 +44,10 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
     continuation, its ``steps`` per position ``[piece, token id, rank margin, logprob]``),
     ``log_likelihood`` ([golden's, this run's]), ``moved_positions`` (the positions that moved most:
     position, token, piece, both logprobs and ranks, the golden's rank margin) and ``rank_changes``.
+
+    ``lead``, what the reports lead with: ``header`` (field -> the values the checks ran: model,
+    model_commit, commit (the code's), torch, transformers, batch_shape, ...) and ``next_steps``
+    (the commands the terminal gives).
     """
     import msgspec
 
@@ -55,7 +59,8 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
                                      "by_verdict": dict(sorted(counts.items()))},
                          "checks": msgspec.to_builtins(list(checks)),
                          "audits": [{"test": nodeid, **audit} for nodeid, audit in audits],
-                         **({"run": msgspec.to_builtins(run)} if run is not None else {})})
+                         **({"run": msgspec.to_builtins(run)} if run is not None else {}),
+                         **(lead or {})})
 
 
 def json_text(document: dict[str, Any]) -> str:

@@ -9,8 +9,11 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
+from pytest_llmdeterminism.reporting.run_header import header_lines, times_per_test
 from pytest_llmdeterminism.reporting.text import (
+    SEVERITY,
     budget_text,
+    confidence,
     delta,
     first_difference,
     form_label,
@@ -108,8 +111,11 @@ def _bar_width(margin: float | None) -> int:
 
 
 def run_report_html(document: dict[str, Any]) -> str:
-    """A self-contained page: per check, both continuations token by token, the divergent token
-    highlighted, and a bar under each token for the model's margin at that step."""
+    """A self-contained page that leads with the run (model, commits, versions, shape), the next
+    steps and the time per test; then per check, riskiest first (failing, then by verdict, the most
+    confident divergence first), both continuations token by token, the divergent token
+    highlighted, a bar under each token for the model's margin at that step, and a tooltip with
+    its logprob and the top 5."""
     import html
 
     summary = document["summary"]
@@ -117,64 +123,115 @@ def run_report_html(document: dict[str, Any]) -> str:
                    for v, n in summary["by_verdict"].items())
     filters = [(name, label, sum(shows(c["verdict"], c["passed"]) for c in document["checks"]))
                for name, label, shows in _CHECK_FILTERS]
-    sections = []
-    for check in document["checks"]:
-        status = "passed" if check["passed"] else "failed"
-        flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP", "REGRESSION")
-        step = check["first_divergence"] if flipped else None
-        lines = []
-        inputs = check.get("inputs") or {}
-        new_from = check.get("judged_steps", 0) if check.get("new_steps") else None
-        labels = {"expected": "recorded output", "actual": "new output"} if inputs else {}
-        for side in ("expected", "actual"):
-            tokens = []
-            for index, (piece, token, margin, _) in enumerate(check["steps"].get(side, [])):
-                tie_margin = check.get("tie_margin") or 0.0  # the comparator's near-tie margin for this check
-                tie = margin is not None and margin < tie_margin
-                fresh = side == "actual" and new_from is not None and index >= new_from
-                classes = ("tok" + (" div" if index == step else "") + (" tie" if tie else "")
-                           + (" new" if fresh else ""))
-                title = (f"step {index}, id {token}, margin {number(margin)}"
-                         + (", new: not judged" if fresh else ""))
-                tokens.append(f'<span class="{classes}" title="{title}">'
-                              f'{html.escape(_visible(piece))}'
-                              f'<span class="bar" style="width:{_bar_width(margin)}px"></span></span>')
-            if tokens:
-                label = labels.get(side, side)
-                lines.append(f'<div class="tokens"><span class="label">{label}</span>{"".join(tokens)}</div>')
-        variant = (f"{check['run_variant']} run, compared with {check['variant']}" if check.get("run_variant")
-                   else check["variant"])
-        prompt = (f'<div class="tokens"><span class="label">prompt</span><span class="prompt">'
-                  f'{html.escape(_visible(check["prompt"]))}</span></div>' if check.get("prompt") else "")
-        if inputs:
-            prompt = _html_inputs(check)
-        changed = "; ".join(f"{html.escape(k)}: {html.escape(str(v[0]))} → {html.escape(str(v[1]))}"
-                            for k, v in check["changed_fingerprint"].items())
-        drift = check["verdict"] == "LOGIT_DRIFT" or check["max_logprob_delta"]
-        detail = [f"profile {html.escape(check['profile'])}" if check["profile"] else "",
-                  f"max |Δlogprob| in top-k {delta(check['max_logprob_delta'])}" if drift else "",
-                  (f"first divergence at step {check['first_divergence']}"
-                   if check["first_divergence"] is not None else ""),
-                  (f"golden margin {number(check['golden_margin'])}"
-                   if check["golden_margin"] is not None else ""),
-                  html.escape(sampling_lines(check)[0]) if check.get("sampling") else "",
-                  html.escape(budget_text(check)) if check.get("new_steps") else "",
-                  f"changed: {changed}" if changed else "",
-                  *(html.escape(f"score: {line}") for line in
-                    (score_lines(check) if check.get("log_likelihood") else []))]
-        groups = [name for name, _, shows in _CHECK_FILTERS if shows(check["verdict"], check["passed"])]
-        searched = (check["test"], check["name"], check["verdict"], check.get("prompt"),
-                    check.get("expected_text"), check.get("actual_text"))
-        sections.append(
-            f'<section class="{status}" {filter_attributes(groups, searched)}>'
+    sections = [_section(check) for check in sorted(document["checks"], key=_risk)]
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks</title>'
+            f"<style>{HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>{_lead(document)}"
+            f"<p>{summary['checks']} checks, {summary['failed']} failed. Bars under tokens show the model's "
+            f"top-1/top-2 margin at that step (amber: near tie); the divergent token is outlined; hover a "
+            f"token for its logprob and the top 5.</p>"
+            f"<table><tr><th>verdict</th><th>checks</th></tr>{rows}</table>{_times(document)}"
+            f"{filter_bar(filters, placeholder='search tests, goldens, prompts, outputs')}"
+            f"{''.join(sections)}<script>{FILTER_SCRIPT}</script></body></html>\n")
+
+
+def _risk(check: dict[str, Any]) -> tuple[bool, int, float]:
+    """Riskiest first: failing checks, then the worse verdict, then the more confident divergence."""
+    verdict = check["verdict"]
+    severity = SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY)
+    return check["passed"], severity, -confidence(check)
+
+
+def _lead(document: dict[str, Any]) -> str:
+    """The run's header and the next steps (the commands the terminal gives)."""
+    import html
+
+    header = header_lines(document.get("header") or {})
+    steps = document.get("next_steps") or []
+    run = (f'<p class="run">{" · ".join(html.escape(line) for line in header)}</p>' if header else "")
+    return run + (f'<h2>Next steps</h2><pre class="next">{html.escape(chr(10).join(steps))}</pre>'
+                  if steps else "")
+
+
+def _times(document: dict[str, Any]) -> str:
+    """Time per test with golden checks, slowest first."""
+    import html
+
+    rows = times_per_test(document["checks"])
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td><code>{html.escape(test)}</code></td><td>{n}</td><td>{failed}</td>"
+                   f"<td>{seconds:.1f}</td></tr>" for test, n, failed, seconds in rows)
+    return (f"<h2>Time per test (slowest first; {sum(row[3] for row in rows):.1f} s in all)</h2>"
+            f"<table><tr><th>test</th><th>checks</th><th>failed</th><th>seconds</th></tr>{body}</table>")
+
+
+def _tokens(check: dict[str, Any]) -> str:
+    """Both sides' tokens, each with its margin's bar and a tooltip: step, id, margin, logprob, top 5."""
+    import html
+
+    flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP", "REGRESSION")
+    step = check["first_divergence"] if flipped else None
+    new_from = check.get("judged_steps", 0) if check.get("new_steps") else None
+    labels = {"expected": "recorded output", "actual": "new output"} if check.get("inputs") else {}
+    tie_margin = check.get("tie_margin") or 0.0  # the comparator's near-tie margin for this check
+    where = "position" if check.get("kind") == "score" else "step"
+    lines = []
+    for side in ("expected", "actual"):
+        tops = (check.get("top_steps") or {}).get(side, [])
+        tokens = []
+        for index, (piece, token, margin, logprob) in enumerate(check["steps"].get(side, [])):
+            tie = margin is not None and margin < tie_margin
+            fresh = side == "actual" and new_from is not None and index >= new_from
+            classes = ("tok" + (" div" if index == step else "") + (" tie" if tie else "")
+                       + (" new" if fresh else ""))
+            top = tops[index] if index < len(tops) else []
+            title = "\n".join([f"{where} {index}, id {token}",
+                               f"margin {number(margin)}",
+                               *([f"logprob {number(logprob)}"] if logprob is not None else []),
+                               *([f"top {len(top)}: " + ", ".join(f"{t} {number(lp)}" for t, lp in top)]
+                                 if top else []),
+                               *(["new: not judged"] if fresh else [])])
+            tokens.append(f'<span class="{classes}" title="{html.escape(title)}">'
+                          f'{html.escape(_visible(piece))}'
+                          f'<span class="bar" style="width:{_bar_width(margin)}px"></span></span>')
+        if tokens:
+            label = labels.get(side, side)
+            lines.append(f'<div class="tokens"><span class="label">{label}</span>{"".join(tokens)}</div>')
+    return "".join(lines)
+
+
+def _section(check: dict[str, Any]) -> str:
+    """One check's card: verdict, test and golden, the numbers that decided it, its input, its tokens."""
+    import html
+
+    status = "passed" if check["passed"] else "failed"
+    variant = (f"{check['run_variant']} run, compared with {check['variant']}" if check.get("run_variant")
+               else check["variant"])
+    prompt = (f'<div class="tokens"><span class="label">prompt</span><span class="prompt">'
+              f'{html.escape(_visible(check["prompt"]))}</span></div>' if check.get("prompt") else "")
+    if check.get("inputs"):
+        prompt = _html_inputs(check)
+    changed = "; ".join(f"{html.escape(k)}: {html.escape(str(v[0]))} → {html.escape(str(v[1]))}"
+                        for k, v in check["changed_fingerprint"].items())
+    drift = check["verdict"] == "LOGIT_DRIFT" or check["max_logprob_delta"]
+    detail = [f"profile {html.escape(check['profile'])}" if check["profile"] else "",
+              f"max |Δlogprob| in top-k {delta(check['max_logprob_delta'])}" if drift else "",
+              (f"first divergence at step {check['first_divergence']}"
+               if check["first_divergence"] is not None else ""),
+              (f"golden margin {number(check['golden_margin'])}"
+               if check["golden_margin"] is not None else ""),
+              html.escape(sampling_lines(check)[0]) if check.get("sampling") else "",
+              html.escape(budget_text(check)) if check.get("new_steps") else "",
+              f"changed: {changed}" if changed else ""]
+    # a score's evidence: one position per line
+    score = "".join(f"<li>{html.escape(line)}</li>" for line in
+                    (score_lines(check) if check.get("log_likelihood") else []))
+    groups = [name for name, _, shows in _CHECK_FILTERS if shows(check["verdict"], check["passed"])]
+    searched = (check["test"], check["name"], check["verdict"], check.get("prompt"),
+                check.get("expected_text"), check.get("actual_text"))
+    return (f'<section class="{status}" {filter_attributes(groups, searched)}>'
             f'<div><span class="verdict">{html.escape(check["verdict"])}</span> '
             f'<code>{html.escape(check["test"])}</code> — <code>{html.escape(check["name"])}</code> '
             f'[{html.escape(variant)}]</div><div class="label" style="width:auto">'
-            f'{" · ".join(d for d in detail if d)}</div>{prompt}{"".join(lines)}</section>')
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks</title>'
-            f"<style>{HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>"
-            f"<p>{summary['checks']} checks, {summary['failed']} failed. Bars under tokens show the model's "
-            f"top-1/top-2 margin at that step (amber: near tie); the divergent token is outlined.</p>"
-            f"<table><tr><th>verdict</th><th>checks</th></tr>{rows}</table>"
-            f"{filter_bar(filters, placeholder='search tests, goldens, prompts, outputs')}"
-            f"{''.join(sections)}<script>{FILTER_SCRIPT}</script></body></html>\n")
+            f'{" · ".join(d for d in detail if d)}</div>'
+            f'{f"<ul class=score>{score}</ul>" if score else ""}{prompt}{_tokens(check)}</section>')

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_llmdeterminism.reporting.run_header import header_lines, times_per_test
 from pytest_llmdeterminism.reporting.text import (
     budget_text,
     confidence,
@@ -38,12 +39,13 @@ def _md_code(value: Any) -> str:
 def run_report_markdown(document: dict[str, Any]) -> str:
     """A pull-request comment: counts per verdict, then the failing checks, most confident first."""
     summary = document["summary"]
-    lines = ["## LLM golden checks", "",
+    lines = ["## LLM golden checks", "", *_run_lines(document),
              f"{summary['checks']} checks, {summary['failed']} failed.", "",
-             "| verdict | checks | failed |", "|---|---|---|"]
+             *_next_steps(document), "| verdict | checks | failed |", "|---|---|---|"]
     for verdict, n in summary["by_verdict"].items():
         failed = sum(1 for c in document["checks"] if c["verdict"] == verdict and not c["passed"])
         lines.append(f"| {_md_code(verdict)} | {n} | {failed} |")
+    lines += _times(document)
     failing = sorted((c for c in document["checks"] if not c["passed"]), key=lambda c: -confidence(c))
     if failing:
         lines += ["", "### Failing checks (most confident divergence first)", "",
@@ -174,3 +176,36 @@ def _ids_shown(side: dict[str, Any]) -> str:
     more = side["ids_total"] > start + len(ids)
     shown = f"[{'…, ' if start else ''}{', '.join(map(str, ids))}{', …' if more else ''}]"
     return f"{shown} (from position {start})"
+
+
+def _run_lines(document: dict[str, Any]) -> list[str]:
+    """What ran: model, commits, versions, shape (the report's ``header``), one cell each."""
+    lines = header_lines(document.get("header") or {})
+    return ["**Run:** " + " · ".join(_md(line) for line in lines), ""] if lines else []
+
+
+def _next_steps(document: dict[str, Any]) -> list[str]:
+    """The commands the terminal gives, verbatim in an inert code block."""
+    steps = document.get("next_steps") or []
+    if not steps:
+        return []
+    text = "\n".join(" ".join(step.splitlines()) for step in steps)
+    fence = "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return ["### Next steps", "", f"{fence}text", text, fence, ""]
+
+
+_TIMES_LISTED = 10
+
+
+def _times(document: dict[str, Any]) -> list[str]:
+    """Time per test with golden checks, slowest first."""
+    rows = times_per_test(document["checks"])
+    if not rows:
+        return []
+    total = sum(row[3] for row in rows)
+    lines = ["", f"### Time per test (slowest first; {total:.1f} s in all)", "",
+             "| test | checks | failed | seconds |", "|---|---|---|---|"]
+    lines += [f"| {_md_code(test)} | {n} | {failed} | {seconds:.1f} |"
+              for test, n, failed, seconds in rows[:_TIMES_LISTED]]
+    more = len(rows) - _TIMES_LISTED
+    return lines + ([f"| … {more} more | | | |"] if more > 0 else [])

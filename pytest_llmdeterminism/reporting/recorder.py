@@ -18,6 +18,7 @@ from pytest_llmdeterminism.reporting.records import (
     TestRecords,
     Written,
 )
+from pytest_llmdeterminism.reporting.run_header import header_of
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -106,6 +107,7 @@ class TestOutcomes:
         now = time.monotonic()
         self.data.timings.append((key, round(now - self._since, 3)))
         self._since = now
+        self.data.header = header_of(decision.actual)
         if decision.write is not None:
             overwrote = decision.comparison.verdict if decision.write is Written.UPDATED else None
             self.record(path, key, decision.actual, written=decision.write, overwrote=overwrote)
@@ -119,6 +121,7 @@ class TestOutcomes:
         self.data.notes.extend(notes)
         if failure is None:
             return
+        self.data.accept = accept
         if not self.deferring:
             __tracebackhide__ = True  # the failure points at the check, not here
             raise failure

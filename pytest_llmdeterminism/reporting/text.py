@@ -11,6 +11,9 @@ from pytest_llmdeterminism.compare import first_token_divergence
 from pytest_llmdeterminism.sampling import settings_text
 
 _MAX_IDS_SHOWN = 12
+# Verdicts, worst first: the order reports list checks in (riskiest first).
+SEVERITY = ("REGRESSION", "NONDETERMINISTIC", "INPUT_CHANGED", "MISSING", "SAMPLE_FLIP", "TIE_FLIP",
+            "RANK_FLIP", "LOGIT_DRIFT", "IDENTICAL")
 
 
 def form_label(old: str, new: str) -> str:
