@@ -54,6 +54,7 @@ class LLMModel:
                  on_chunk: ChunkHook | None = None,
                  progress: Callable[[str], Callable[[], None]] | None = None) -> None:
         self._loaded = loaded
+        settings = dataclasses.replace(settings, shape_in_goldens=_shape_in_goldens(loaded))
         self._progress = progress  # called before a generation (what it runs); what it returns, after
         self.settings = settings
         self._after_generate = after_generate  # the --llm-audit hook
@@ -356,3 +357,10 @@ class LLMModel:
             hash_definition=self._loaded.engine.hash_definition,
             draw_margins=tuple(out.draw_margins[row][:n]) if out.draw_margins else (),
         )
+
+
+def _shape_in_goldens(loaded: LoadedModel) -> bool:
+    """Whether the batch shape changes a prompt's numbers, so is part of every golden: not where each
+    prompt runs alone (llama.cpp, a server) nor on batch-invariant kernels."""
+    kernels = getattr(loaded.engine, "kernels", None)
+    return not (loaded.engine.runs_rows_alone or bool(getattr(kernels, "batch_invariant", False)))
