@@ -170,11 +170,20 @@ class LLMSession:
         return [
             first,
             *defect,
-            f"llm {numerics.describe(options.cpu_numerics)}; {self._kernels()}" if engine is None else
+            f"llm {numerics.describe(options.cpu_numerics)}; {self._kernels()}{self._rows_cost()}"
+            if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
             *self.serving_lines(),
         ]
+
+    def _rows_cost(self) -> str:
+        """What B > 1 costs: a call of fewer prompts still runs B rows (filler rows cost as much)."""
+        rows = self.options.batch_shape.rows
+        if rows == 1:
+            return ""
+        return (f". B = {rows}: a call of fewer than {rows} prompts still runs {rows} rows (filler rows cost "
+                "as much as real ones), so B > 1 speeds up only calls that pass several prompts as a list")
 
     def _kernels(self) -> str:
         """Which kernels the model will run, as far as the settings tell before it loads (the load line

@@ -34,22 +34,25 @@ def slow(suite, monkeypatch):
 def test_a_slow_run_says_what_generates_and_how_long_each_check_took(slow):
     run = slow.runpytest("--llm-golden-update")
     run.assert_outcomes(passed=2)
-    out = run.stdout.str()
+    one, two = "llm: test_story.py::test_one", "llm: test_story.py::test_two"
+    shape = r"max_new_tokens 8 at 4x32, padded to 4 rows"  # a one-prompt call pads to B rows: said
     run.stdout.re_match_lines([
         r"llm: loaded builtin:tiny in \d+\.\d s on cpu",
-        # a one-prompt call pads to B rows, which the line says
-        r"llm: test_story.py::test_one: generated 1 prompt\(s\), max_new_tokens 8 at 4x32, padded to 4 rows "
-        r"in \d+\.\d s",
-        r"llm: test_story.py::test_one: generating 2 prompt\(s\), max_new_tokens 8 at 4x32, padded to 4 rows \.\.\.",
-        r"llm: test_story.py::test_one took \d+\.\d s; its golden checks: 'test_one::story' \d+\.\d s, 'test_one::morning' \d+\.\d s",
-        r"llm: test_story.py::test_two took \d+\.\d s; its golden checks: 'test_two' \d+\.\d s",
+        rf"{one}: generated 1 prompt\(s\), {shape} in \d+\.\d s",
+        rf"{one}: generating 2 prompt\(s\), {shape} \.\.\.",
+        rf"{one} took \d+\.\d s; its golden checks: 'test_one::story' \d+\.\d s, "
+        rf"'test_one::morning' \d+\.\d s",
+        rf"{two} took \d+\.\d s; its golden checks: 'test_two' \d+\.\d s",
     ])
+    lines = run.stdout.lines
     # pytest's results are never appended to one of ours: each line of them is whole, from the file's
-    # name to its percentage
-    assert not [line for line in run.stdout.lines if line.startswith("llm: ") and re.search(r"(\.\.\.|\d s)[.FEsx]+$|%\]$", line)]
-    results = [line for line in run.stdout.lines if line.startswith("test_story.py") and line.strip() != "test_story.py"]
-    assert len(results) == 2 and all(re.fullmatch(r"test_story\.py \. +\[\s*\d+%\]", line) for line in results)
-    assert "" not in run.stdout.lines[run.stdout.lines.index(results[0]):run.stdout.lines.index(results[1])]
+    # name to its percentage, and no blank line splits them
+    glued = r"(\.\.\.|\d s)[.F]+$|%\]$"
+    assert not [line for line in lines if line.startswith("llm: ") and re.search(glued, line)]
+    results = [line for line in lines if line.startswith("test_story.py") and line.strip() != "test_story.py"]
+    assert len(results) == 2
+    assert all(re.fullmatch(r"test_story\.py \. +\[\s*\d+%\]", line) for line in results)
+    assert "" not in lines[lines.index(results[0]):lines.index(results[1])]
 
 
 def test_the_model_loads_before_pytests_progress_line_starts(slow):
@@ -69,3 +72,13 @@ def test_progress_is_quiet_under_q(slow):
     run = slow.runpytest("--llm-golden-update", "-q")
     run.assert_outcomes(passed=2)
     assert not [line for line in run.stdout.lines if "generat" in line or " took " in line]
+
+
+def test_the_header_says_what_b_above_one_costs_a_one_prompt_call(suite):
+    suite.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    run = suite.runpytest()
+    run.assert_outcomes(passed=1)
+    run.stdout.fnmatch_lines([
+        "llm cpu numerics: *. B = 4: a call of fewer than 4 prompts still runs 4 rows (filler rows cost as "
+        "much as real ones), so B > 1 speeds up only calls that pass several prompts as a list"])
+    assert "speed setting" not in run.stdout.str()
