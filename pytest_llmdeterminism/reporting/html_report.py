@@ -185,8 +185,7 @@ def _tokens(check: dict[str, Any]) -> str:
             classes = ("tok" + (" div" if index == step else "") + (" tie" if tie else "")
                        + (" new" if fresh else ""))
             top = tops[index] if index < len(tops) else []
-            title = "\n".join([f"{where} {index}, id {token}",
-                               f"margin {number(margin)}",
+            title = "\n".join([f"{where} {index}, id {token}, margin {number(margin)}",
                                *([f"logprob {number(logprob)}"] if logprob is not None else []),
                                *([f"top {len(top)}: " + ", ".join(f"{t} {number(lp)}" for t, lp in top)]
                                  if top else []),
