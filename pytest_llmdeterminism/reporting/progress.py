@@ -21,11 +21,12 @@ PROGRESS_AFTER_S = 5.0  # a generation or a test at least this slow gets a progr
 class LinesBetween:
     """Writes lines on lines of their own between pytest's progress output (pytest's
     ``TerminalReporter``), which then goes on as if unbroken: a line of a file's results that ours
-    interrupt first gets its percentage; our last line stays open until pytest writes again, then
-    its hooks end it and writes again what pytest's line began
-    with (a file's name), so pytest never appends to our line nor leaves a blank one or a bare name.
-    pytest has no public API for the width of the current line or the percentage: both are read
-    through its private names where they exist."""
+    interrupt first gets its percentage; our last line stays open until pytest writes again, when
+    this object's hooks end it and write again what pytest's line began with (a file's name), so
+    pytest never appends a result to our line nor leaves a blank one. (A test that prints before its
+    file's first result leaves that file's name alone on the line above ours, as ``-s`` output does:
+    pytest wrote it when the test started.) pytest has no public API for the width of the current
+    line or the percentage: both are read through its private names where they exist."""
 
     def __init__(self, config: pytest.Config) -> None:
         self._config = config
