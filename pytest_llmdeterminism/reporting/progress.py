@@ -72,9 +72,13 @@ class LinesBetween:
         """A test starts: a test of another file than our line interrupted starts pytest's next line
         itself (its file's name)."""
         path = self._config.rootpath / nodeid.split("::")[0]
-        if not self._open or (isinstance(self._resume, Path) and path == self._resume):
-            return  # the same file's results go on after ours: pytest writes nothing now
+        if not self._open:
+            return
         if not self._verbose:
+            if not getattr(self._reporter, "showfspath", False):
+                return  # pytest writes nothing when a test starts (pytest-xdist's controller)
+            if isinstance(self._resume, Path) and path == self._resume:
+                return  # the same file's results go on after ours: pytest writes nothing now
             self._reporter.currentfspath = None  # pytest ends our line and writes the file's name
         self._open, self._resume = False, None
 

@@ -82,3 +82,18 @@ def test_the_header_says_what_b_above_one_costs_a_one_prompt_call(suite):
         "llm cpu numerics: *. B = 4: a call of fewer than 4 prompts still runs 4 rows (filler rows cost as "
         "much as real ones), so B > 1 speeds up only calls that pass several prompts as a list"])
     assert "speed setting" not in run.stdout.str()
+
+
+@pytest.mark.subprocess
+def test_under_xdist_the_controller_says_each_slow_tests_time_on_its_own_line(suite):
+    pytest.importorskip("xdist")
+    suite.makeconftest("from pytest_llmdeterminism.reporting import progress\n"
+                       "progress.PROGRESS_AFTER_S = 0.0\n")
+    suite.makepyfile(test_story=SUITE)
+    run = suite.runpytest_subprocess("-n", "2", "--llm-golden-update")
+    run.assert_outcomes(passed=2)
+    run.stdout.re_match_lines_random([
+        r"llm: test_story.py::test_one took \d+\.\d s; its golden checks: 'test_one::story' \d+\.\d s, "
+        r"'test_one::morning' \d+\.\d s$",
+        r"llm: test_story.py::test_two took \d+\.\d s; its golden checks: 'test_two' \d+\.\d s$",
+    ])
