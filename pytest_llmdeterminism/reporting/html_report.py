@@ -4,6 +4,7 @@ document, with filters and a search box; its style and script are the package's
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -24,15 +25,15 @@ from pytest_llmdeterminism.reporting.text import (
 )
 
 
-def _static(name: str) -> str:
+@functools.cache
+def static(name: str) -> str:
+    """A file of the package's ``reporting/static`` folder, read when a page is first written (not
+    when the plugin loads): ``report.css``, the pages' style, and ``filters.js``, their only script,
+    which shows the rows (elements with data-groups) of the pressed filter whose data-search holds
+    the search box's text, and keeps both in the page's address. Which filter a row belongs to is
+    decided in Python."""
     folder = resources.files("pytest_llmdeterminism.reporting").joinpath("static")
-    return folder.joinpath(name).read_text("utf-8")
-
-
-HTML_STYLE = _static("report.css")
-# The page's only script: shows the rows (elements with data-groups) of the pressed filter whose
-# data-search holds the search box's text. Which filter a row belongs to is decided in Python.
-FILTER_SCRIPT = _static("filters.js").rstrip("\n")
+    return folder.joinpath(name).read_text("utf-8").rstrip("\n")
 
 # The report's filters: name, label, and which checks each shows (verdict, passed).
 _CHECK_FILTERS: tuple[tuple[str, str, Callable[[str, bool], bool]], ...] = (
@@ -46,7 +47,7 @@ _CHECK_FILTERS: tuple[tuple[str, str, Callable[[str, bool], bool]], ...] = (
 )
 
 def filter_bar(filters: Sequence[tuple[str, str, int]], *, placeholder: str) -> str:
-    """Filter buttons (name, label, rows it shows) and a search box, for :data:`FILTER_SCRIPT`."""
+    """Filter buttons (name, label, rows it shows) and a search box, for ``filters.js`` (:func:`static`)."""
     import html
 
     buttons = "".join(f'<button type="button" data-filter="{name}" aria-pressed="{_js_bool(name == "all")}">'
@@ -125,13 +126,13 @@ def run_report_html(document: dict[str, Any]) -> str:
                for name, label, shows in _CHECK_FILTERS]
     sections = [_section(check) for check in sorted(document["checks"], key=_risk)]
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks</title>'
-            f"<style>{HTML_STYLE}</style></head><body><h1>LLM golden checks</h1>{_lead(document)}"
+            f"<style>{static('report.css')}</style></head><body><h1>LLM golden checks</h1>{_lead(document)}"
             f"<p>{summary['checks']} checks, {summary['failed']} failed. Bars under tokens show the model's "
             f"top-1/top-2 margin at that step (amber: near tie); the divergent token is outlined; hover a "
             f"token for its logprob and the top 5.</p>"
             f"<table><tr><th>verdict</th><th>checks</th></tr>{rows}</table>{_times(document)}"
             f"{filter_bar(filters, placeholder='search tests, goldens, prompts, outputs')}"
-            f"{''.join(sections)}<script>{FILTER_SCRIPT}</script></body></html>\n")
+            f"{''.join(sections)}<script>{static('filters.js')}</script></body></html>\n")
 
 
 def _risk(check: dict[str, Any]) -> tuple[bool, int, float]:

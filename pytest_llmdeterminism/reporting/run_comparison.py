@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_llmdeterminism.reporting.html_report import (
-    FILTER_SCRIPT,
-    HTML_STYLE,
     filter_attributes,
     filter_bar,
+    static,
 )
 from pytest_llmdeterminism.reporting.text import SEVERITY, drift_text, margin_text
 
@@ -125,7 +124,7 @@ def comparison_html(changes: Sequence[CheckChange], before: str, after: str) -> 
         for status in _ORDER]
     head = "<th>step</th><th>golden margin</th><th>drift</th>"
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks: two runs</title>'
-            f"<style>{HTML_STYLE}</style></head><body>"
+            f"<style>{static('report.css')}</style></head><body>"
             f"<h1>LLM golden checks: two runs</h1><p>{html.escape(before)} → {html.escape(after)}: "
             f"{html.escape(counts_line(changes))}.</p>"
             f"{filter_bar(filters, placeholder='search tests, goldens, verdicts')}"
@@ -133,7 +132,7 @@ def comparison_html(changes: Sequence[CheckChange], before: str, after: str) -> 
             f'<th rowspan="2">golden</th>'
             f'<th colspan="4">{html.escape(before)}</th><th colspan="4">{html.escape(after)}</th></tr>'
             f"<tr><th>verdict</th>{head}<th>verdict</th>{head}</tr>{''.join(rows)}</table>"
-            f"<script>{FILTER_SCRIPT}</script></body></html>\n")
+            f"<script>{static('filters.js')}</script></body></html>\n")
 
 
 def _side(check: dict[str, Any] | None) -> str:
