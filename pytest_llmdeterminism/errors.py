@@ -128,10 +128,11 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
 
     def __init__(self, prompt: str, n_tokens: int, batch_shape: str, *,
                  setting: str = "llm_batch_shape", fitting: str | None = None,
-                 at_least: bool = False, characters: int = 0) -> None:
+                 at_least: bool = False, characters: int = 0, shape_in_goldens: bool = True) -> None:
         """``fitting``: the smallest shape the plugin accepts that holds ``n_tokens`` (None: none does);
         ``at_least``: ``n_tokens`` is a lower bound from the prompt's ``characters``, the prompt was
-        refused before it was tokenised (so ``fitting`` is a lower bound too, never suggested as a fix)."""
+        refused before it was tokenised (so ``fitting`` is a lower bound too, never suggested as a fix);
+        ``shape_in_goldens``: the kernels in use make the shape part of every golden."""
         self.prompt = prompt
         self.n_tokens = n_tokens
         self.at_least = at_least
@@ -142,13 +143,11 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
             fix = "no batch shape the plugin accepts holds it: shorten the prompt"
         elif at_least:
             fix = (f"shorten the prompt, or raise L above its token count (more than {n_tokens}: count "
-                   "them with llm_model.tokenizer). Changing the shape changes the numerics, so re-record "
-                   "goldens afterwards")
+                   f"them with llm_model.tokenizer). {after_shape_change(shape_in_goldens)}")
         else:
             example = (f"@deterministic(batch_shape=\"{fitting}\")" if setting.startswith("@") else
                        pasteable("llm_batch_shape", fitting))
-            fix = (f"raise L, e.g. {example}. Changing the shape changes the numerics, so re-record "
-                   "goldens afterwards")
+            fix = f"raise L, e.g. {example}. {after_shape_change(shape_in_goldens)}"
         counted = f" (a bound from its {characters:,} characters; a text this long is not tokenised)" \
             if at_least and characters else ""
         super().__init__(
@@ -157,6 +156,14 @@ class PromptTooLongError(LLMDeterminismError, ValueError):
             f"allows {int(length) - 1} (one position always stays padding). Every generation runs at "
             f"one fixed shape BxL; {fix}."
         )
+
+
+def after_shape_change(shape_in_goldens: bool) -> str:
+    """What another batch shape does to the goldens, under the kernels in use."""
+    if shape_in_goldens:
+        return ("These kernels are not batch-invariant: the shape is part of every golden, so re-record "
+                "them afterwards (--llm-golden-update)")
+    return "The goldens stay valid: under the kernels in use they do not depend on the batch shape"
 
 
 class BatchInvarianceProbeError(LLMDeterminismError):

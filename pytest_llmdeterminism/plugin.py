@@ -11,6 +11,7 @@ import pytest
 from pytest_llmdeterminism.compute import determinism, threads
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment, configures_plugin
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.reporting.progress import LinesBetween
 from pytest_llmdeterminism.reporting.terminal import one_line_crash
 from pytest_llmdeterminism.run import configuration, options, suites
 from pytest_llmdeterminism.run.session import LLMSession
@@ -24,6 +25,7 @@ SESSION = pytest.StashKey[LLMSession]()
 REPORT_ATTRIBUTE = "llm_golden"  # test reports carry each test's golden outcomes
 _ENVIRONMENT = pytest.StashKey[PinnedEnvironment]()
 _AUTO_WORKERS = pytest.StashKey[str]()  # what -n auto started, for the header
+_LINES = pytest.StashKey[LinesBetween]()  # the plugin's lines among pytest's progress output
 _MARKER_HELP = (
     f"{MARKER}(seed=None, max_new_tokens=None, batch_shape=None, tolerance=None, concurrency=None): run the "
     "test with fixed seeds, deterministic torch kernels and greedy fixed-shape generation; every global is "
@@ -71,11 +73,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     try:
         session = LLMSession(configuration.read(config), announce=_terminal_line(config),
-                             environment=config.stash.get(_ENVIRONMENT, None))
+                             environment=config.stash.get(_ENVIRONMENT, None),
+                             quiet=config.get_verbosity() < 0)
     except ConfigurationError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION] = session
     if not hasattr(config, "workerinput"):  # the process that writes: plain pytest or the xdist controller
+        config.stash[_LINES] = LinesBetween(config)
+        config.pluginmanager.register(config.stash[_LINES], "llmdeterminism-lines")
         config.pluginmanager.register(_OutcomeCollector(session), "llmdeterminism-collector")
         if config.pluginmanager.hasplugin("xdist"):
             config.pluginmanager.register(_WorkerReports(session), "llmdeterminism-xdist")
@@ -85,7 +90,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _terminal_line(config: pytest.Config) -> Any:
-    """Writes a line to the terminal, past output capture (nothing on an xdist worker)."""
+    """Writes a line to the terminal, past output capture, on its own line between pytest's progress
+    output (nothing on an xdist worker)."""
 
     def write(line: str) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -93,7 +99,7 @@ def _terminal_line(config: pytest.Config) -> Any:
             return
         capture = config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            reporter.write_line(line)
+            config.stash[_LINES].write([line])
 
     return write
 
@@ -117,6 +123,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if reporter is not None and quiet and not hasattr(session.config, "workerinput"):
         for line in session.config.stash[SESSION].header_lines(quiet=True):
             reporter.write_line(line)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    # The model loads before the first test's progress line starts, where a test needs it.
+    if not (session.config.option.collectonly or session.testsfailed):
+        session.config.stash[SESSION].load_before_tests(session.items)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -206,6 +219,12 @@ class _OutcomeCollector:
         payload = getattr(report, REPORT_ATTRIBUTE, None)
         if payload is not None and not self._session.ledger.retried(report.nodeid):  # a retried attempt:
             self._session.ledger.collect(payload, report.nodeid)  # its records are not the test's
+            ledger = self._session.ledger
+            self._session.test_done(report.nodeid, ledger.durations.get(report.nodeid, report.duration), payload)
+
+    @pytest.hookimpl(trylast=True)  # after pytest's line for the test, percentage included
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self._session.progress.test_finished(nodeid)
 
 
 class _WorkerReports:
@@ -245,6 +264,9 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    lines = session.config.stash.get(_LINES, None)
+    if lines is not None:
+        lines.close()
     llm = session.config.stash[SESSION]
     if hasattr(session.config, "workerinput"):
         # an xdist worker: its outcomes went to the controller with each test report

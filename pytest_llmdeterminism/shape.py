@@ -83,3 +83,6 @@ class GenerationSettings:
     batch_shape_setting: str = "llm_batch_shape"  # where the shape came from, for error messages
     # @deterministic(concurrency=N): each request sent again among N concurrent ones (server engines)
     concurrency: int = 0
+    # whether the kernels in use make the shape part of every golden, for error messages (the model's
+    # object sets it: False on batch-invariant kernels or where each prompt runs alone)
+    shape_in_goldens: bool = True

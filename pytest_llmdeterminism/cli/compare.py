@@ -12,15 +12,17 @@ HELP = """\
 Compare two runs' JSON reports (each written by `pytest --llm-report=PATH.json`), check by check:
 a check is a test's golden key. Prints the counts, then each check that changed verdict (or
 passed in one run and failed in the other; the later run's worst verdict first), appeared (in
-B only) or disappeared (in A only), with its verdict in each run. --html OUT also writes a
-self-contained page with both runs' verdict, step, margin and drift side by side, filters by
-how each check moved and a search box.
+B only) or disappeared (in A only), with its verdict in each run, then each check that failed in
+both runs with the same verdict ("still failing"). --html OUT also writes a self-contained page
+with both runs' verdict, step, margin and drift side by side (a change for the better in green,
+for the worse in red), filters by how each check moved and a search box; the filter and the
+search are kept in the page's address.
 
 A report is read as untrusted input (a CI artifact): one that is not a regular file, is over
 256 MiB or is not a pytest-llmdeterminism JSON report is named and nothing is written.
 
-exit status: 0 no check changed verdict, appeared or disappeared; 1 some did; 2 a usage error or
-an unreadable report."""
+exit status: 0 no check changed verdict, appeared or disappeared (checks still failing do not
+count: nothing moved); 1 some did; 2 a usage error or an unreadable report."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +60,7 @@ def compare(before: Path, after: Path, *, html: Path | None = None) -> int:
                   file=sys.stderr)
             return 2
         print(f"wrote {html}")
-    return 0 if all(change.status == run_comparison.SAME for change in changes) else 1
+    return 1 if any(change.status in run_comparison.MOVED for change in changes) else 0
 
 
 def read_checks(path: Path) -> list[dict[str, Any]]:

@@ -98,10 +98,12 @@ class Kernels:
         built, why_not = None, ""
         if policy in _ON_ONEDNN:
             if recording:
-                why_not = "goldens are recorded from oneDNN itself (--llm-golden-update)"
+                why_not = ("goldens are recorded with PyTorch's own kernel, the reference the faster copy is "
+                           "checked against (--llm-golden-update)")
             elif folder is not None:
                 built, why_not = fixed_order.build(folder)  # oneDNN's products on it, same bits
-        slower = (f"oneDNN's products stay on oneDNN (the same bits, slower): {why_not}"
+        slower = (f"matrix multiplications run on PyTorch's own kernel (oneDNN), not the plugin's faster "
+                  f"copy of it: the same results to the bit, only slower, because {why_not}"
                   if built is None and why_not else "")
         return cls(policy, built, openblas, slower, why_not_model)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError, pasteable
+from pytest_llmdeterminism.errors import ConfigurationError, PromptTooLongError, after_shape_change, pasteable
 from pytest_llmdeterminism.generation import PromptForm
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
@@ -150,7 +150,7 @@ def refuse_unfitting_length(text: str, shown: str, *, tokenizer: Any, settings: 
     if fitting is None or len(text) > COUNTED_CHARACTERS:
         raise PromptTooLongError(shown, at_least, str(shape), setting=settings.batch_shape_setting,
                                  fitting=None if fitting is None else str(fitting), at_least=True,
-                                 characters=len(text))
+                                 characters=len(text), shape_in_goldens=settings.shape_in_goldens)
 
 
 _CHARACTERS_PER_TOKEN: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
@@ -258,7 +258,8 @@ def checked(prompt: str, ids: list[int], settings: GenerationSettings) -> list[i
     if not fits(len(ids), shape):
         fitting = shape.holding(len(ids))
         raise PromptTooLongError(prompt, len(ids), str(shape), setting=settings.batch_shape_setting,
-                                 fitting=None if fitting is None else str(fitting))
+                                 fitting=None if fitting is None else str(fitting),
+                                 shape_in_goldens=settings.shape_in_goldens)
     return ids
 
 
@@ -371,8 +372,7 @@ def score_input(prompt: Any, continuation: Any, *, tokenizer: Any, settings: Gen
             example = (f"@deterministic(batch_shape=\"{fitting}\")"
                        if settings.batch_shape_setting.startswith("@") else
                        pasteable("llm_batch_shape", str(fitting)))
-            fix = (f"raise L, e.g. {example}, or shorten them. Changing the shape changes the numerics, so "
-                   "re-record goldens afterwards")
+            fix = f"raise L, e.g. {example}, or shorten them. {after_shape_change(settings.shape_in_goldens)}"
         raise ConfigurationError(setting, text if len(text) <= 60 else text[:57] + "...",
                                  f"the prompt's {len(given.ids)} tokens plus the continuation's {len(ids)} "
                                  f"need {total} positions but "

@@ -51,8 +51,11 @@ class LLMModel:
     def __init__(self, loaded: LoadedModel, settings: GenerationSettings, *,
                  after_generate: Callable[[LLMModel, list[Generation], dict[str, Any]], None] | None = None,
                  note: Callable[[str], None] | None = None, verify_batch_invariance: bool = True,
-                 on_chunk: ChunkHook | None = None) -> None:
+                 on_chunk: ChunkHook | None = None,
+                 progress: Callable[[str], Callable[[], None]] | None = None) -> None:
         self._loaded = loaded
+        settings = dataclasses.replace(settings, shape_in_goldens=_shape_in_goldens(loaded))
+        self._progress = progress  # called before a generation (what it runs); what it returns, after
         self.settings = settings
         self._after_generate = after_generate  # the --llm-audit hook
         self._note = note  # tells the run's summary what the batch-invariance probe found
@@ -166,11 +169,13 @@ class LLMModel:
                 self._note(found)
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
+        done = self._started(len(given), f"{len(given)} prompt(s), max_new_tokens {config.max_new_tokens}")
         for start in range(0, len(given), rows):
             chunk = [(item.text, item.ids) for item in given[start:start + rows]]
             seeds = config.seeds[start:start + rows]
             chunk_config = dataclasses.replace(config, seeds=seeds) if seeds else config
             results += self._generate_chunk(chunk, chunk_config)
+        done()
         results = [result if item.form is PromptForm.TEXT else
                    dataclasses.replace(result, prompt_form=item.form)
                    for result, item in zip(results, given, strict=True)]
@@ -180,6 +185,14 @@ class LLMModel:
         if self._after_generate is not None:
             self._after_generate(self, results, overrides)
         return results[0] if single else results
+
+    def _started(self, inputs: int, what: str) -> Callable[[], None]:
+        """The progress line's start for a call of ``inputs`` (``what``) in this shape; returns its end."""
+        if self._progress is None:
+            return lambda: None
+        rows = self.settings.batch_shape.rows
+        padded = f", padded to {rows} rows" if inputs % rows else ""  # filler rows cost as much as real ones
+        return self._progress(f"{what} at {self.settings.batch_shape}{padded}")
 
     def _check_among_companions(self, prompt: str, ids: list[int], alone: Generation, config: DecodingConfig,
                                 index: int) -> None:
@@ -262,12 +275,14 @@ class LLMModel:
                                             settings=self.settings, spec=self._loaded.spec)
         rows = self.settings.batch_shape.rows
         results: list[Score] = []
+        done = self._started(len(given), f"the scores of {len(given)} pair(s)")
         for start in range(0, len(given), rows):
             chunk = given[start:start + rows]
             out = engine.score([(item.prompt.ids, item.continuation_ids) for item in chunk], self.settings,
                                top_k=top_k, prompt_logprobs=prompt_logprobs)
             fingerprint_now = fingerprint(self._loaded, out.flags)
             results += [self._scored(item, out, row, fingerprint_now) for row, item in enumerate(chunk)]
+        done()
         return results[0] if single else results
 
     def _scored(self, item: ScoreInput, out: ScoreChunk, row: int, fingerprint_now: dict[str, Any]) -> Score:
@@ -342,3 +357,10 @@ class LLMModel:
             hash_definition=self._loaded.engine.hash_definition,
             draw_margins=tuple(out.draw_margins[row][:n]) if out.draw_margins else (),
         )
+
+
+def _shape_in_goldens(loaded: LoadedModel) -> bool:
+    """Whether the batch shape changes a prompt's numbers, so is part of every golden: not where each
+    prompt runs alone (llama.cpp, a server) nor on batch-invariant kernels."""
+    kernels = getattr(loaded.engine, "kernels", None)
+    return not (loaded.engine.runs_rows_alone or bool(getattr(kernels, "batch_invariant", False)))

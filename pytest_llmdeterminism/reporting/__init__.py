@@ -1,2 +1,2 @@
 """What a run decided: typed records and the recorder that fills them, failure text and its hints,
-terminal lines, and the report documents."""
+terminal and progress lines, and the report documents (JSON, Markdown, HTML) with the run's header."""

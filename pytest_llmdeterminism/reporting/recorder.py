@@ -3,6 +3,7 @@ test's end, and what each attempt of a rerun test generated."""
 
 from __future__ import annotations
 
+import time
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from pytest_llmdeterminism.reporting.records import (
     TestRecords,
     Written,
 )
+from pytest_llmdeterminism.reporting.run_header import header_of
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -53,12 +55,14 @@ class TestOutcomes:
         self._accept = ""
         self._outputs: dict[str, Attempt] = {}  # this attempt's output per golden key
         self._earlier: dict[str, list[Attempt]] = {}  # earlier attempts' outputs per key
+        self._since = time.monotonic()  # the test's start, then its last check: what each check took
 
     def end_attempt(self) -> None:
         """The test's attempt ended (its teardown was reported): the next one, if any, starts clean."""
         for key, attempt in self._outputs.items():
             self._earlier.setdefault(key, []).append(attempt)
         self.data, self._outputs = TestRecords(), {}
+        self._since = time.monotonic()
         self.clear_failures()
         self.attempt += 1
 
@@ -102,6 +106,10 @@ class TestOutcomes:
         check); ``accept`` is the command that records or accepts the
         test's goldens."""
         self.used(path, key)
+        now = time.monotonic()
+        self.data.timings.append((key, round(now - self._since, 3)))
+        self._since = now
+        self.data.header = header_of(decision.actual)
         if decision.write is not None:
             overwrote = decision.comparison.verdict if decision.write is Written.UPDATED else None
             self.record(path, key, decision.actual, written=decision.write, overwrote=overwrote)
@@ -115,6 +123,7 @@ class TestOutcomes:
         self.data.notes.extend(notes)
         if failure is None:
             return
+        self.data.accept = accept
         self._failures.append((failure, site))
         self._accept = accept
 

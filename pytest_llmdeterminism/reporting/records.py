@@ -117,6 +117,8 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     numerics_changed: list[str] = msgspec.field(default_factory=list)  # non-empty: across environments
     # [piece, token id, margin, top-1 logprob] per step and side ("expected", "actual"), for HTML.
     steps: dict[str, list[tuple[str, int, float, float | None]]] = msgspec.field(default_factory=dict)
+    # the top 5 [token id, logprob] per step (a score's per position) and side, as ``steps``
+    top_steps: dict[str, list[list[tuple[int, float]]]] = msgspec.field(default_factory=dict)
     # INPUT_CHANGED: both sides' inputs ("expected": the golden's, "actual": this run's), the first
     # prompt token position that differs (None: same ids), and every other input field that
     # changed (field -> [recorded, now]).
@@ -174,6 +176,9 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
             changed_fingerprint={field: (old, new) for field, old, new in decision.changed},
             numerics_changed=[field for field, _, _ in decision.environment],
             steps={side: _steps(gen) for side, gen in (("expected", expected), ("actual", actual)) if gen},
+            top_steps={side: [[(int(token), float(logprob)) for token, logprob in top[:_TOP_SHOWN]]
+                              for top in gen.top_logprobs[:_STEPS_SHOWN]]
+                       for side, gen in (("expected", expected), ("actual", actual)) if gen},
             inputs=inputs, first_input_difference=first_input,
             input_diff={field: (old, new) for field, old, new in comparison.input_changes
                         if field != "prompt_token_ids"},
@@ -286,6 +291,10 @@ class TestRecords(msgspec.Struct):
     checks: list[CheckRecord] = msgspec.field(default_factory=list)
     used: list[tuple[str, str]] = msgspec.field(default_factory=list)  # (golden file, key) looked up
     candidates: list[GoldenWrite] = msgspec.field(default_factory=list)
+    # (golden key, seconds from the test's start or its previous check), per check, for progress lines
+    timings: list[tuple[str, float]] = msgspec.field(default_factory=list)
+    header: dict[str, str] = msgspec.field(default_factory=dict)  # what its checks ran, for reports' header
+    accept: str = ""  # the command its failing checks' message gives (records or accepts its goldens)
 
     def is_empty(self) -> bool:
         return not (self.records or self.outcomes or self.notes or self.audits or self.used
@@ -306,7 +315,11 @@ def text_of(recorded: Recorded) -> str:
     return recorded.continuation if isinstance(recorded, Score) else recorded.text
 
 
-def _steps(generation: Recorded, limit: int = 64) -> list[tuple[str, int, float, float | None]]:
+_STEPS_SHOWN = 64  # steps (a score's positions) per side in the HTML report
+_TOP_SHOWN = 5
+
+
+def _steps(generation: Recorded, limit: int = _STEPS_SHOWN) -> list[tuple[str, int, float, float | None]]:
     """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report; a score's
     ``(piece, token id, rank margin, the given token's logprob)`` per position."""
     if isinstance(generation, Score):

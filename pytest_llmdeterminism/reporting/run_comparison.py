@@ -8,21 +8,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.reporting.documents import (
-    FILTER_SCRIPT,
-    HTML_STYLE,
-    drift_text,
+from pytest_llmdeterminism.reporting.html_report import (
     filter_attributes,
     filter_bar,
-    margin_text,
+    static,
 )
+from pytest_llmdeterminism.reporting.text import SEVERITY, drift_text, margin_text
 
-# How a check moved between the runs, in the order a reviewer reads them.
-CHANGED, APPEARED, DISAPPEARED, SAME = "changed", "appeared", "disappeared", "same"
-_ORDER = (CHANGED, APPEARED, DISAPPEARED, SAME)
-# Within "changed": the later run's verdict, worst first.
-_SEVERITY = ("REGRESSION", "NONDETERMINISTIC", "INPUT_CHANGED", "MISSING", "SAMPLE_FLIP", "TIE_FLIP",
-             "RANK_FLIP", "LOGIT_DRIFT", "IDENTICAL")
+# How a check moved between the runs, in the order a reviewer reads them: FAILING is a check that
+# failed in both runs with the same verdict (nothing moved, but it still needs a look).
+CHANGED, APPEARED, DISAPPEARED, FAILING, SAME = "changed", "appeared", "disappeared", "still failing", "same"
+_ORDER = (CHANGED, APPEARED, DISAPPEARED, FAILING, SAME)
+MOVED = (CHANGED, APPEARED, DISAPPEARED)
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,23 @@ class CheckChange:
             return DISAPPEARED
         moved = (self.before["verdict"] != self.after["verdict"]
                  or self.before["passed"] != self.after["passed"])
-        return CHANGED if moved else SAME
+        return CHANGED if moved else SAME if self.after["passed"] else FAILING
+
+    @property
+    def direction(self) -> str:
+        """For a changed check: ``better`` (it passes now, or its verdict is less severe), ``worse``
+        (the reverse), or "" (neither)."""
+        if self.status != CHANGED or self.before is None or self.after is None:
+            return ""
+        if self.before["passed"] != self.after["passed"]:
+            return "better" if self.after["passed"] else "worse"
+        old, new = (_severity(side["verdict"]) for side in (self.before, self.after))
+        return "better" if new > old else "worse" if new < old else ""
+
+
+def _severity(verdict: str) -> int:
+    """A verdict's place in :data:`SEVERITY`: 0 is the worst."""
+    return SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY)
 
 
 def compare_runs(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[CheckChange]:
@@ -57,8 +70,7 @@ def compare_runs(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any
 
     def rank(change: CheckChange) -> tuple[int, int, str, str]:
         verdict = change.after["verdict"] if change.after is not None else ""
-        severity = _SEVERITY.index(verdict) if verdict in _SEVERITY else len(_SEVERITY)
-        worst = severity if change.status == CHANGED else 0
+        worst = _severity(verdict) if change.status in (CHANGED, FAILING) else 0
         return _ORDER.index(change.status), worst, change.test, change.name
 
     return sorted(changes, key=rank)
@@ -73,45 +85,54 @@ def outcome(check: dict[str, Any] | None) -> str:
 
 def counts_line(changes: Sequence[CheckChange]) -> str:
     counted = {status: sum(change.status == status for change in changes) for status in _ORDER}
+    failing = f", {counted[FAILING]} failing in both" if counted[FAILING] else ""
     return (f"{counted[CHANGED]} changed verdict, {counted[APPEARED]} appeared, "
-            f"{counted[DISAPPEARED]} disappeared, {counted[SAME]} unchanged")
+            f"{counted[DISAPPEARED]} disappeared, {counted[SAME] + counted[FAILING]} unchanged{failing}")
 
 
 def comparison_lines(changes: Sequence[CheckChange], before: str, after: str) -> list[str]:
-    """The terminal text: what was compared, the counts, then one line per check that moved."""
+    """The terminal text: what was compared, the counts, then one line per check that moved, and one
+    per check that failed in both runs."""
     moved = [change for change in changes if change.status != SAME]
     lines = [f"compared {before} -> {after}: {counts_line(changes)}"]
     lines += [f"  {change.status:<12} {outcome(change.before):<24} -> {outcome(change.after):<24} "
               f"{change.test} [{change.name!r}]" for change in moved]
-    if not moved:
+    if not any(change.status in MOVED for change in changes):
         lines.append("no check changed verdict, appeared or disappeared")
     return lines
 
 
 def comparison_html(changes: Sequence[CheckChange], before: str, after: str) -> str:
     """A self-contained page: both runs' entry of every check side by side, with filters by how it
-    moved and a search box (inline CSS and script, nothing fetched)."""
+    moved and a search box (inline CSS and script, nothing fetched). A change for the better is
+    green, for the worse red; the table fits the window's width (long ids wrap)."""
     import html
 
     rows = []
     for change in changes:
         searched = (change.test, change.name, outcome(change.before), outcome(change.after))
-        rows.append(f'<tr class="{change.status}" {filter_attributes(["all", change.status], searched)}>'
-                    f"<td>{change.status}</td><td><code>{html.escape(change.test)}</code></td>"
+        name = change.status.replace(" ", "-")
+        failed = "" if change.after is None or change.after["passed"] else " failed"
+        classes = f"{name} {change.direction}{failed}"
+        rows.append(f'<tr class="{classes}" {filter_attributes(["all", name], searched)}>'
+                    f"<td>{change.status}{f' ({change.direction})' if change.direction else ''}</td>"
+                    f"<td><code>{html.escape(change.test)}</code></td>"
                     f"<td><code>{html.escape(change.name)}</code></td>"
                     f"{_side(change.before)}{_side(change.after)}</tr>")
     filters = [("all", "all", len(changes))] + [
-        (status, status, sum(change.status == status for change in changes)) for status in _ORDER]
+        (status.replace(" ", "-"), status, sum(change.status == status for change in changes))
+        for status in _ORDER]
     head = "<th>step</th><th>golden margin</th><th>drift</th>"
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>LLM golden checks: two runs</title>'
-            f"<style>{HTML_STYLE}tr.changed td:first-child{{color:#d33;font-weight:600}}</style></head><body>"
+            f"<style>{static('report.css')}</style></head><body>"
             f"<h1>LLM golden checks: two runs</h1><p>{html.escape(before)} → {html.escape(after)}: "
             f"{html.escape(counts_line(changes))}.</p>"
             f"{filter_bar(filters, placeholder='search tests, goldens, verdicts')}"
-            f'<table><tr><th rowspan="2">check</th><th rowspan="2">test</th><th rowspan="2">golden</th>'
+            f'<table class="runs"><tr><th rowspan="2">check</th><th rowspan="2">test</th>'
+            f'<th rowspan="2">golden</th>'
             f'<th colspan="4">{html.escape(before)}</th><th colspan="4">{html.escape(after)}</th></tr>'
             f"<tr><th>verdict</th>{head}<th>verdict</th>{head}</tr>{''.join(rows)}</table>"
-            f"<script>{FILTER_SCRIPT}</script></body></html>\n")
+            f"<script>{static('filters.js')}</script></body></html>\n")
 
 
 def _side(check: dict[str, Any] | None) -> str:

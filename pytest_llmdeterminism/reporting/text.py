@@ -1,5 +1,6 @@
 """Pieces of text every report shares: a value shortened to fit a line, a logprob change, the label
-of a prompt's form, and where two texts or id lists first differ."""
+of a prompt's form, where two texts or id lists first differ, and a report entry's margin, drift,
+score evidence, sampling settings and budget."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_llmdeterminism.compare import first_token_divergence
+from pytest_llmdeterminism.sampling import settings_text
 
 _MAX_IDS_SHOWN = 12
+# Verdicts, worst first: the order reports list checks in (riskiest first).
+SEVERITY = ("REGRESSION", "NONDETERMINISTIC", "INPUT_CHANGED", "MISSING", "SAMPLE_FLIP", "TIE_FLIP",
+            "RANK_FLIP", "LOGIT_DRIFT", "IDENTICAL")
 
 
 def form_label(old: str, new: str) -> str:
@@ -54,3 +59,75 @@ def short(value: Any, limit: int = 100) -> str:
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
+
+def score_lines(check: dict[str, Any]) -> list[str]:
+    """A score check's evidence as report lines: the log-likelihood before and after, the positions
+    that moved most (token, old and new logprob), the rank changes."""
+    old, new = check["log_likelihood"]
+    lines = [f"log-likelihood {old:.6f} → {new:.6f} (Δ {new - old:+.3g})"]
+    for p in check.get("moved_positions") or []:
+        rank = (f", rank {p['expected_rank']} → {p['actual_rank']}"
+                if p["expected_rank"] != p["actual_rank"] else "")
+        lines.append(f"position {p['position']} {p['piece']!r} (id {p['token']}): "
+                     f"{p['expected_logprob']:.6f} → {p['actual_logprob']:.6f}{rank}")
+    ranks = check.get("rank_changes") or []
+    if ranks:
+        lines.append(f"rank changed at {len(ranks)} position(s): " + ", ".join(
+            f"{p['position']} ({p['expected_rank']} → {p['actual_rank']})" for p in ranks[:8]))
+    return lines
+
+
+def _draw(check: dict[str, Any]) -> tuple[float, float] | None:
+    """A sampled check's draw margin where the tokens parted, and its temperature; None otherwise."""
+    temperature = (check.get("sampling") or {}).get("temperature")
+    margin = check.get("draw_margin")
+    if margin is None or not isinstance(temperature, (int, float)) or temperature <= 0:
+        return None
+    return margin, float(temperature)
+
+
+def confidence(check: dict[str, Any]) -> float:
+    """How far from a near tie the golden was where the tokens parted, as a multiple of the bound
+    that decided the verdict: the tie margin for a greedy check, the tie margin over T for the
+    draw margin of a sampled one, so both kinds rank on one scale (the raw margin where the report
+    has no tie margin; 0 without a divergence, or where the golden had stopped: JSON null)."""
+    tie = check.get("tie_margin") or 0.0
+    draw = _draw(check)
+    if draw is not None:
+        margin, temperature = draw
+        return margin / (tie / temperature) if tie else margin
+    golden = check.get("golden_margin")
+    if golden is None:
+        return 0.0
+    return float(golden) / tie if tie else float(golden)
+
+
+def margin_text(check: dict[str, Any]) -> str:
+    """The margin that decided a divergence: a sampled check's draw margin (and T), else the golden's."""
+    draw = _draw(check)
+    if draw is not None:
+        return f"draw {number(draw[0])} (T {draw[1]:g})"
+    return "" if check["golden_margin"] is None else number(check["golden_margin"])
+
+
+def drift_text(check: dict[str, Any]) -> str:
+    """max |Δlogprob| in top-k before any divergence, where the logits moved; "" where they did not."""
+    drift = check["max_logprob_delta"]
+    if check["verdict"] != "LOGIT_DRIFT" and not drift:
+        return ""
+    return delta(drift)
+
+
+def sampling_lines(check: dict[str, Any]) -> list[str]:
+    """A sampled check's settings and, where the tokens parted, the golden's draw margin there."""
+    if not check.get("sampling"):
+        return []
+    margin = check.get("draw_margin")
+    return [settings_text(check["sampling"])
+            + (f"; the golden's draw margin there {number(margin)}" if margin is not None else "")]
+
+
+def budget_text(check: dict[str, Any]) -> str:
+    old, new = check["max_new_tokens"]
+    return (f"max_new_tokens {old} → {new}: judged on the golden's {check['judged_steps']} step(s); "
+            f"{check['new_steps']} new step(s) from step {check['judged_steps']} not judged")

@@ -46,6 +46,8 @@ class Ledger:
         self.seen: set[str] = set()  # every item pytest collected, before any plugin's or conftest's filter
         self.collect_errors: set[str] = set()  # collectors (modules) that failed to collect
         self.deselected: set[str] = set()  # node ids collected, then deselected (-k, pytest-split, ...)
+        self.header: dict[str, list[str]] = {}  # what the checks ran (run_header.HEADER_FIELDS): values seen
+        self.accept: dict[str, str] = {}  # node id -> the command its failing checks' message gives
         self.partial(partial)
 
     def collect(self, payload: dict[str, Any], nodeid: str = "", duration: float | None = None) -> None:
@@ -63,6 +65,11 @@ class Ledger:
         self.checks += [msgspec.structs.replace(check, test=nodeid, test_duration_s=round(duration, 4))
                         for check in records.checks]
         self.used.update(records.used)
+        for field, value in records.header.items():
+            seen = self.header.setdefault(field, [])
+            seen += [value] if value not in seen else []
+        if records.accept:
+            self.accept[nodeid] = records.accept
 
     def test_finished(self, nodeid: str, when: str, outcome: str, duration: float = 0.0) -> None:
         """Keep each test's overall outcome: failed beats skipped beats passed (and its body's duration)."""

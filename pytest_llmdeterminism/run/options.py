@@ -125,7 +125,8 @@ SETTINGS = (
              "auto"),
     _Setting("llm_batch_invariant", "--llm-batch-invariant",
              "batch-invariant CPU kernels, so a prompt gives the same bits alone or in any batch and "
-             "goldens do not depend on llm_batch_shape (it becomes a speed setting). Unset (default): "
+             "goldens do not depend on llm_batch_shape (it changes speed, not bits: B > 1 speeds up calls "
+             "that pass several prompts, and costs a one-prompt call B rows). Unset (default): "
              "on wherever they run (float32 on the CPU under portable or compatible numerics, x86-64 or "
              "Linux arm64), else the previous kernels; true: required, an error where they do not run; "
              "false: the previous kernels, the batch shape part of every golden",

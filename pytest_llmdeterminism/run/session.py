@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -25,7 +25,9 @@ from pytest_llmdeterminism.engines.hf import DEFECT_SCALE
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting import terminal
+from pytest_llmdeterminism.reporting.progress import Progress
 from pytest_llmdeterminism.reporting.recorder import TestOutcomes
+from pytest_llmdeterminism.reporting.records import TestRecords
 from pytest_llmdeterminism.run import markers as settings
 from pytest_llmdeterminism.run import writer
 from pytest_llmdeterminism.run.ledger import Ledger
@@ -33,7 +35,7 @@ from pytest_llmdeterminism.run.options import Options
 from pytest_llmdeterminism.shape import MARKER
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from pytest_llmdeterminism.engines.loaded import LoadedModel
     from pytest_llmdeterminism.model.llm_model import LLMModel
@@ -41,12 +43,14 @@ if TYPE_CHECKING:
     from pytest_llmdeterminism.run.markers import ItemSettings
 
 _OUTCOMES = pytest.StashKey[TestOutcomes]()
+_NEEDS_MODEL = ("llm_model", "golden_tokens")  # the fixtures that load the model
 
 
 class LLMSession:
     def __init__(self, options: Options, announce: Callable[[str], None] | None = None,
-                 environment: PinnedEnvironment | None = None) -> None:
+                 environment: PinnedEnvironment | None = None, *, quiet: bool = False) -> None:
         self.options = options
+        self.progress = Progress(announce, quiet=quiet)
         self.environment = environment or PinnedEnvironment(options.cpu_numerics,
                                                             threads.for_this_process(options.threads))
         self.models = ModelCache(options.model, dtype=options.dtype, device=options.device,
@@ -114,7 +118,18 @@ class LLMSession:
         hook = after_generate_hook(audit, self.options.audit_dtype, outcomes.audited) \
             if audit is not None and resolved.deterministic else None
         return LLMModel(self.models.get(item.nodeid), resolved.generation, after_generate=hook,
-                        note=outcomes.note)
+                        note=outcomes.note,
+                        progress=lambda what: self.progress.generating(item.nodeid, what))
+
+    def load_before_tests(self, items: Sequence[pytest.Item]) -> None:
+        """Load the model now, before the first test's progress line, where a test will need it (a
+        load error waits for that test, as :meth:`ModelCache.load_now` keeps it)."""
+        if any(name in getattr(item, "fixturenames", ()) for item in items for name in _NEEDS_MODEL):
+            self.models.load_now()
+
+    def test_done(self, nodeid: str, seconds: float, payload: dict[str, Any]) -> None:
+        """A test's golden checks arrived (from this process or a worker): its progress line if slow."""
+        self.progress.test_done(nodeid, seconds, TestRecords.from_payload(payload).timings)
 
     def golden_tokens(self, item: pytest.Item) -> GoldenTokens:
         """The ``golden_tokens`` fixture's object for ``item``."""
@@ -155,11 +170,20 @@ class LLMSession:
         return [
             first,
             *defect,
-            f"llm {numerics.describe(options.cpu_numerics)}; {self._kernels()}" if engine is None else
+            f"llm {numerics.describe(options.cpu_numerics)}; {self._kernels()}{self._rows_cost()}"
+            if engine is None else
             (f"llm engine {engine}: its own pinned settings are recorded in each golden's fingerprint; the "
              "shape's L still bounds prompts"),
             *self.serving_lines(),
         ]
+
+    def _rows_cost(self) -> str:
+        """What B > 1 costs: a call of fewer prompts still runs B rows (filler rows cost as much)."""
+        rows = self.options.batch_shape.rows
+        if rows == 1:
+            return ""
+        return (f". B = {rows}: a call of fewer than {rows} prompts still runs {rows} rows (filler rows cost "
+                "as much as real ones), so B > 1 speeds up only calls that pass several prompts as a list")
 
     def _kernels(self) -> str:
         """Which kernels the model will run, as far as the settings tell before it loads (the load line

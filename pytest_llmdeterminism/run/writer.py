@@ -15,6 +15,7 @@ from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting import documents, hints, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
+from pytest_llmdeterminism.reporting.run_header import source_commit
 from pytest_llmdeterminism.run import prune_trust, repro, unused
 from pytest_llmdeterminism.run.configuration import NODE_IDS_GIVEN
 from pytest_llmdeterminism.run.ledger import FileUpdates, Ledger
@@ -161,12 +162,16 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
     JSON report also says what the run checked (``run``), for ``llm-golden merge`` of shards."""
     if not ledger.checks and not options.reports:
         return
-    document = documents.run_report(ledger.checks, ledger.audits)
+    lead = {"header": {**ledger.header, **({"commit": [commit]} if (commit := source_commit(options.rootdir))
+                                            else {})},
+            "next_steps": next_steps(ledger, out, files, options)}
+    document = documents.run_report(ledger.checks, ledger.audits, lead=lead)
     markdown = documents.run_report_markdown(document)
     for path in options.reports:
         if path.suffix == ".json":
             record = run_record(ledger, files, options, failed=failed, report_folder=path.parent)
-            text = documents.json_text(documents.run_report(ledger.checks, ledger.audits, run=record))
+            text = documents.json_text(documents.run_report(ledger.checks, ledger.audits, run=record,
+                                                            lead=lead))
         else:
             text = documents.run_report_html(document) if path.suffix == ".html" else markdown
         try:
@@ -205,6 +210,26 @@ def run_record(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: 
         candidates=candidates,
         commit=prune_trust.checkout_commit(options.rootdir),
     )
+
+
+def next_steps(ledger: Ledger, out: RunOutput, files: GoldenFiles, options: Options) -> list[str]:
+    """What the reports tell the reviewer to run next: the commands the terminal gives (each failing
+    test's accept command, as its failure says; after a new checkpoint, the tolerance and the review
+    commands; the prune command for unused goldens)."""
+    folder = options.artifacts
+    candidates = None if options.plant_defect or folder is None else files.display(folder)
+    failing = sorted(nodeid for nodeid, outcome in ledger.outcomes.items() if outcome == "failed")
+    accept = [ledger.accept[nodeid] for nodeid in failing if nodeid in ledger.accept]
+    more = len(accept) - _ACCEPTS_LISTED
+    lines = ["review each failing test's checks, then record or accept its goldens (as its failure says):",
+             *(f"  {command}" for command in accept[:_ACCEPTS_LISTED]),
+             *([f"  … {more} more failing test(s)"] if more > 0 else [])] if accept else []
+    lines += hints.after_model_change(ledger.checks, candidates=candidates)
+    lines += terminal.unused_summary(out.unused, [], [], files.display, prune=options.prune)
+    return lines
+
+
+_ACCEPTS_LISTED = 20
 
 
 def summary_lines(ledger: Ledger, out: RunOutput | None, files: GoldenFiles, *, prune: bool,

@@ -6,7 +6,9 @@ near ties of the draw in ``llm-golden show``, the HTML report's filters and ``ll
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -121,6 +123,48 @@ def test_failures_name_the_condition_that_failed_and_the_markdown_ranks_by_the_d
     assert "draw    0.001  " + flagged in story
 
 
+def test_the_reviewers_reports_lead_with_the_run_the_next_steps_and_the_time_per_test(two_runs):
+    suite, run = two_runs
+    import torch
+    import transformers
+
+    markdown = (suite.path / "b.md").read_text()
+    lead = markdown.split("| verdict | checks | failed |")[0]
+    run_line = next(line for line in lead.splitlines() if line.startswith("**Run:** "))
+    for part in ("model: builtin:tiny", f"torch: {torch.__version__}",
+                 f"transformers: {transformers.__version__}", "shape: 4x32", "dtype: float32"):
+        assert part in run_line
+    # the next steps are the commands the failures print, verbatim
+    steps = lead.split("### Next steps")[1].split("```text")[1].split("```")[0].strip().splitlines()
+    accepts = [line.strip() for line in steps if line.startswith("  pytest ")]
+    assert accepts == ["pytest test_story.py::test_greedy --llm-golden-update",
+                       "pytest test_story.py::test_story --llm-golden-update"]
+    for command in accepts:
+        assert f"Accept with: {command}" in run.stdout.str() or f"Accept all of them with: {command}" in \
+            run.stdout.str()
+    times = markdown.split("### Time per test (slowest first; ")[1].split("###")[0]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in times.splitlines()
+            if line.startswith("| `")]
+    assert sorted((row[0], row[1], row[2]) for row in rows) == [
+        ("`test_story.py::test_greedy`", "6", "4"), ("`test_story.py::test_story`", "2", "2")]
+    assert [float(row[3]) for row in rows] == sorted((float(row[3]) for row in rows), reverse=True)
+
+    page = (suite.path / "b.html").read_text()
+    head = page.split('<div class="filters">')[0]
+    assert f"torch: {torch.__version__}" in head and "shape: 4x32" in head
+    assert "<h2>Next steps</h2>" in head and "pytest test_story.py::test_greedy --llm-golden-update" in head
+    assert "<h2>Time per test (slowest first; " in head and "<code>test_story.py::test_story</code>" in head
+    # each token's tooltip: its logprob and the top 5 ([id, logprob] pairs)
+    titles = re.findall(r'<span class="tok[^"]*" title="([^"]*)"', page)
+    assert titles and all("logprob " in title and "\ntop 5: " in html.unescape(title) for title in titles)
+    # cards riskiest first: failing before passing, REGRESSION first, the most confident first
+    cards = re.findall(r'<section class="(\w+)".*?<span class="verdict">(\w+)</span> <code>[^<]*</code> — '
+                       r"<code>([^<]*)</code>", page)
+    assert [name for _, _, name in cards][:2] == ["test_greedy::regression", "test_story::confident"]
+    statuses = [status for status, _, _ in cards]
+    assert statuses == sorted(statuses, key="failed passed".index)
+
+
 def _chromium() -> tuple[str, str] | str:
     """Debian's chromium and chromedriver, or why the browser test cannot run."""
     try:
@@ -160,6 +204,19 @@ def test_compare_lists_what_moved_and_both_pages_filter_in_a_real_browser(two_ru
     assert out[1].split("->")[0].split()[1:] == ["IDENTICAL"] and "REGRESSION (failed)" in out[1]
     assert out[-1] == "wrote compare.html"
     assert main(["compare", "a.json", "a.json"]) == 0
+    capsys.readouterr()
+    # checks that fail in both runs are listed (nothing moved: the exit status stays 0)
+    assert main(["compare", "b.json", "b.json"]) == 0
+    still = capsys.readouterr().out.splitlines()
+    assert still[0].endswith("0 changed verdict, 0 appeared, 0 disappeared, 8 unchanged, 6 failing in both")
+    assert [line.split()[-1] for line in still[1:] if line.startswith("  still failing")] == [
+        "['test_greedy::regression']", "['test_story::confident']", "['test_greedy::fresh']",
+        "['test_story::flip']", "['test_greedy::tie_bad']", "['test_greedy::drift']"]
+    # run B -> run A: every change is for the better, and coloured so
+    assert main(["compare", "b.json", "a.json", "--html", "better.html"]) == 1
+    better = (suite.path / "better.html").read_text()
+    assert better.count('<tr class="changed better') == 6 and "changed (better)" in better
+    assert 'class="changed worse' not in better
     (suite.path / "notes.json").write_text('{"a": 1}')
     assert main(["compare", "a.json", "notes.json"]) == 2
     assert "notes.json is not a pytest-llmdeterminism JSON report" in capsys.readouterr().err
@@ -187,7 +244,7 @@ def test_compare_lists_what_moved_and_both_pages_filter_in_a_real_browser(two_ru
         everything = shown_after("all")
         assert len(everything) == 8 and driver.find_element(By.ID, "shown").text == "8 of 8 shown"
         assert shown_after("regression") == ["test_greedy::regression", "test_story::confident"]
-        assert shown_after("near-tie") == ["test_greedy::tie_ok", "test_greedy::tie_bad", "test_story::flip"]
+        assert shown_after("near-tie") == ["test_story::flip", "test_greedy::tie_bad", "test_greedy::tie_ok"]
         assert shown_after("drift") == ["test_greedy::drift"]
         assert shown_after("changed") == [name for name in everything if name != "test_greedy::steady"]
         assert "test_greedy::tie_ok" not in shown_after("failed")
@@ -196,9 +253,26 @@ def test_compare_lists_what_moved_and_both_pages_filter_in_a_real_browser(two_ru
         assert _visible(driver, "section[data-groups]", 1) == ["test_greedy::regression"]
         assert shown_after("drift") == []  # the search and the filter both apply
         assert driver.find_element(By.ID, "shown").text == "0 of 8 shown"
+        # the filter and the search are in the address: a reload (or a link) opens the page as it was
+        assert driver.current_url.endswith("#filter=drift&search=Japan")
+        driver.get((suite.path / "b.html").as_uri() + "#filter=regression&search=Japan")
+        assert _visible(driver, "section[data-groups]", 1) == ["test_greedy::regression"]
+        assert driver.find_element(By.ID, "search").get_attribute("value") == "Japan"
+        pressed = driver.find_element(By.CSS_SELECTOR, '.filters button[aria-pressed="true"]')
+        assert pressed.get_attribute("data-filter") == "regression"
 
+        driver.set_window_size(1400, 900)
         driver.get((suite.path / "compare.html").as_uri())
         assert len(_visible(driver, "tr[data-groups]", 1)) == 9
+        # no sideways scrolling at 1400 px; a change for the worse in red, for the better in green
+        assert driver.execute_script("return document.documentElement.scrollWidth <= "
+                                     "document.documentElement.clientWidth")
+        worse = driver.find_element(By.CSS_SELECTOR, "tr.changed.worse td")
+        assert worse.value_of_css_property("color") in ("rgba(221, 51, 51, 1)", "rgb(221, 51, 51)")
+        driver.get((suite.path / "better.html").as_uri())
+        better = driver.find_element(By.CSS_SELECTOR, "tr.changed.better td")
+        assert better.value_of_css_property("color") in ("rgba(26, 127, 55, 1)", "rgb(26, 127, 55)")
+        driver.get((suite.path / "compare.html").as_uri())
         driver.find_element(By.CSS_SELECTOR, '.filters button[data-filter="appeared"]').click()
         assert _visible(driver, "tr[data-groups]", 1) == ["test_greedy::fresh"]
         driver.find_element(By.CSS_SELECTOR, '.filters button[data-filter="disappeared"]').click()

@@ -72,7 +72,8 @@ def test_a_perturbed_model_fails_a_score_golden_naming_the_positions_that_moved(
     markdown = (recorded.path / "r.md").read_text()
     assert "### Score checks that moved (log-likelihood of the continuation, golden → now)" in markdown
     assert "  - log-likelihood -" in markdown and "  - position " in markdown
-    assert "score: log-likelihood -" in (recorded.path / "r.html").read_text()
+    page = (recorded.path / "r.html").read_text()
+    assert "<ul class=score><li>log-likelihood -" in page and "</li><li>position " in page  # one per line
     # llm-golden merge: the shard's report and candidates into one review
     monkeypatch.chdir(recorded.path)
     assert cli.main(["merge", "shard/report.json", "--report", "merged.md", "--candidates", "merged"]) == 1

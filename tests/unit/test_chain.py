@@ -376,7 +376,7 @@ def test_a_model_loaded_without_a_compiler_says_so_and_generates_the_same_bits(w
     assert kernel.checked and all(kernel.checked.values()), kernel.checked
     assert {rows for _, _, rows, _, _ in kernel.checked} >= {4, 64}, "decode steps and the prefill"
     assert none is None and "no-such-compiler" in slower
-    assert "oneDNN's products stay on oneDNN (the same bits, slower)" in slower
+    assert "the same results to the bit, only slower, because" in slower
     for a, b in zip(fast, slow, strict=True):
         assert (a.token_ids, a.step_hashes, a.top_logprobs) == (b.token_ids, b.step_hashes, b.top_logprobs)
 

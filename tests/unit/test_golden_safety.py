@@ -386,7 +386,9 @@ def test_reports_are_strict_json_and_inert_markdown():
     text = json.dumps(document, allow_nan=False)  # raises on NaN or Infinity
     assert json.loads(text)["checks"][0]["golden_margin"] is None
     markdown = documents.run_report_markdown(document)
-    row = next(line for line in markdown.splitlines() if "script" in line)
+    timed = next(line for line in markdown.split("### Time per test")[1].splitlines() if "script" in line)
+    assert len(re.split(r"(?<!\\)\|", timed)[1:-1]) == 4  # the time per test's row too
+    row = next(line for line in markdown.split("### Failing checks")[1].splitlines() if "script" in line)
     cells = re.split(r"(?<!\\)\|", row)[1:-1]
     assert len(cells) == 7  # no cell was split by a '|' from the data
     test, _, _, _, _, _, changed = (cell.strip() for cell in cells)

@@ -74,8 +74,10 @@ def test_the_fixed_order_kernel_is_built_only_for_onednns_products_and_never_whe
     recording = Kernels.choose(x86, in_force=MKL, dtype="float32", device="cpu", recording=True,
                                folder=tmp_path)
     assert recording.fixed_order is None
-    assert recording.slower == ("oneDNN's products stay on oneDNN (the same bits, slower): goldens are "
-                                "recorded from oneDNN itself (--llm-golden-update)")
+    assert recording.slower == (
+        "matrix multiplications run on PyTorch's own kernel (oneDNN), not the plugin's faster copy of it: "
+        "the same results to the bit, only slower, because goldens are recorded with PyTorch's own kernel, "
+        "the reference the faster copy is checked against (--llm-golden-update)")
     monkeypatch.setenv("LLMDET_OWN_KERNELS", "0")
     switched_off = Kernels.choose(x86, in_force=MKL, dtype="float32", device="cpu", folder=tmp_path)
     assert switched_off.fixed_order is None and switched_off.slower.endswith("LLMDET_OWN_KERNELS=0")

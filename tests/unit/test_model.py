@@ -59,6 +59,27 @@ def test_prompt_longer_than_the_shape_names_the_setting(make_llm):
     assert info.value.n_tokens > 8
 
 
+@pytest.mark.parametrize("shape_in_goldens", [True, False], ids=["previous-kernels", "batch-invariant"])
+def test_a_too_long_prompt_says_what_a_new_shape_does_to_goldens_under_the_kernels_in_use(shape_in_goldens):
+    message = str(PromptTooLongError("a long prompt", 40, "2x8", fitting="2x64",
+                                     shape_in_goldens=shape_in_goldens))
+    if shape_in_goldens:
+        assert "the shape is part of every golden, so re-record them afterwards (--llm-golden-update)" \
+            in message
+    else:
+        assert "The goldens stay valid: under the kernels in use they do not depend on the batch shape" \
+            in message
+        assert "re-record" not in message
+
+
+def test_the_model_tells_a_too_long_prompt_whether_its_kernels_put_the_shape_in_goldens(make_llm, tiny):
+    with pytest.raises(PromptTooLongError) as info:
+        make_llm("2x8").generate("Once upon a time there was a small model that liked to count.")
+    invariant = tiny.engine.kernels.batch_invariant
+    assert ("re-record" in str(info.value)) is not invariant
+    assert ("The goldens stay valid" in str(info.value)) is invariant
+
+
 def test_rng_consumption_before_generate_changes_nothing(make_llm):
     llm = make_llm()
     reference = llm.generate(PROMPT)
