@@ -163,6 +163,8 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.score is not None:
         return _score_headline(comparison, decode, failed)
+    if comparison.verdict is Verdict.IDENTICAL:  # shown where nothing failed (llm-golden review)
+        return f"{verdict} — same tokens, same logits"
     if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
         return (f"{verdict} — same tokens; the step hashes are not comparable "
                 f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "

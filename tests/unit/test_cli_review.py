@@ -34,7 +34,7 @@ def test_an_unknown_verdict_is_a_usage_error_that_lists_the_verdicts(tmp_path):
     wrong = llm_golden("accept", tmp_path, "--only", "REGRESSON", cwd=tmp_path)
     assert wrong.returncode == 2
     assert ("'REGRESSON' is not a verdict: give one or more of NEW,IDENTICAL,LOGIT_DRIFT,TIE_FLIP,"
-            "SAMPLE_FLIP,RANK_FLIP,REGRESSION,INPUT_CHANGED, separated by commas") in wrong.stderr
+            "SAMPLE_FLIP,RANK_FLIP,REGRESSION,INPUT_CHANGED,FIELDS_CHANGED, separated by commas") in wrong.stderr
 
 
 def test_review_without_a_terminal_names_accept_only_and_k(tmp_path):
