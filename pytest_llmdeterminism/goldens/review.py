@@ -22,7 +22,7 @@ from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
-from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
 from pytest_llmdeterminism.reporting.text import printable
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
@@ -210,11 +210,23 @@ def _json_files(folder: Path, *, skip: Path) -> list[Path]:
     found = []
     for top, folders, files in os.walk(folder):
         folders[:] = [name for name in folders if not (
-            name.startswith(".") or name in _NOT_WALKED
-            or os.path.isfile(os.path.join(top, name, "pyvenv.cfg"))
-            or os.path.realpath(os.path.join(top, name)) == skip_real)]
+            _not_walked(top, name) or os.path.realpath(os.path.join(top, name)) == skip_real)]
         found += [Path(top, name).relative_to(folder) for name in files if name.endswith(".json")]
     return found
+
+
+def _not_walked(top: str, name: str) -> bool:
+    """Folder ``name`` of ``top`` is not entered by a walk of BASE or CAND: it is hidden (``.git``,
+    ``.venv``), holds installed packages, is a virtual environment, or is the plugin's output."""
+    return (name.startswith(".") or name in _NOT_WALKED or _is_output(top, name)
+            or os.path.isfile(os.path.join(top, name, "pyvenv.cfg")))
+
+
+def _is_output(top: str, name: str) -> bool:
+    """Folder ``name`` of ``top`` holds the plugin's own output (``--llm-repro``: entries in the
+    golden format that are no goldens of the project), as its :data:`OUTPUT_MARKER` says: no walk
+    for golden files enters it, neither diff's nor accept's."""
+    return os.path.isfile(os.path.join(top, name, OUTPUT_MARKER))
 
 
 def _is_golden_file(path: Path) -> bool:
@@ -397,6 +409,7 @@ def candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
                         "permissions.")
 
     for top, folders, files in os.walk(folder, onerror=unreadable):  # a linked folder is listed, not entered
+        folders[:] = [name for name in folders if not _is_output(top, name)]
         links += [printable(Path(top, name)) for name in folders + files if Path(top, name).is_symlink()]
         names += [Path(top, name).relative_to(folder) for name in files
                   if name.endswith(".json") and not Path(top, name).is_symlink()]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.goldens import atomic, store
+from pytest_llmdeterminism.goldens.files import OUTPUT_MARKER, OUTPUT_MARKER_TEXT
 from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.run.options import SETTINGS, Options
@@ -173,8 +174,16 @@ def _json(value: Any) -> str:
 
 def write(packs: Iterable[Pack], folder: Path) -> tuple[list[Path], list[str]]:
     """Write each pack under ``folder`` (its files replaced atomically; nothing else there is
-    touched); returns the pack folders written and a line per pack that could not be."""
+    touched), and the marker that keeps golden walks out of it; returns the pack folders written and
+    a line per pack that could not be."""
     written, errors = [], []
+    packs = list(packs)
+    if packs:
+        marker = folder / OUTPUT_MARKER
+        try:
+            atomic.write_text_atomic(marker, OUTPUT_MARKER_TEXT.format(flag="--llm-repro"))
+        except OSError as error:
+            errors.append(f"{marker}: {type(error).__name__}: {error}")
     for pack in packs:
         target = folder / pack.folder
         try:
