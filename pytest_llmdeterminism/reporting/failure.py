@@ -30,6 +30,12 @@ def message(decision: Decision, key: str, *, location: str, nodeid: str, attempt
     comparison, expected, actual = decision.comparison, decision.expected, decision.actual
     if expected is None:
         return missing(key, location, nodeid, decision.others)
+    if decision.contradiction is not None:
+        return (f"golden {key!r} does not describe its own token ids: {decision.contradiction}. The check "
+                f"compares ids and logits ({comparison.verdict.value}), but a golden's text and pieces are "
+                f"what failures, `llm-golden show` and a review print, so it fails until they agree.\n"
+                f"  golden: {location}\n"
+                f"Re-record it with: {accept_command(nodeid)}")
     decode = decoder_for(expected, actual, tokenizer)
     if decision.earlier is not None and decision.between is not None:
         return nondeterministic(key, location, nodeid, decision.between, expected, actual, decode,

@@ -258,6 +258,9 @@ class Decision:
     changed: tuple[Change, ...] = ()  # every fingerprint field that differs
     write: Written | None = None  # a golden ``--llm-golden-update`` writes instead of the check
     candidate: bool = False  # the reviewer gets this run's generation as a candidate
+    # Where the golden's text or pieces contradict what this run decoded for the same ids (an edited
+    # golden): what contradicts what. Such a check fails, whatever its verdict.
+    contradiction: str | None = None
     others: tuple[str, ...] = ()  # MISSING: the variants the test's key does have
     earlier: Attempt | None = None  # NONDETERMINISTIC: the attempt this one contradicts,
     between: Comparison | None = None  # and how the two outputs differ
