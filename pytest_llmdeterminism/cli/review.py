@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pytest_llmdeterminism.cli import accept, diff
+from pytest_llmdeterminism.cli import accept, diff, project, tokenizer
 from pytest_llmdeterminism.goldens.review import REVIEW_ORDER, Case
 from pytest_llmdeterminism.reporting import failure
 
@@ -70,12 +70,15 @@ def review(path: Path, root: Path | None, golden_dir: Path | None, *,
     same = len(planned.cases) - len(asked)
     unchanged = f" ({same} IDENTICAL to the project's golden, nothing to accept)" if same else ""
     print(f"{len(asked)} case(s) to review{unchanged}; answer each with a key and Enter: {KEYS}")
+    tokens = _tokenizer(asked, root)
+    if tokens is not None:
+        print(tokens.line)
     written: list[Case] = []
     try:
         for number, case in enumerate(asked, 1):
             print()
             print(f"[{number}/{len(asked)}] {diff.case_line(case)}")
-            for line in _detail(case):
+            for line in _detail(case, tokens):
                 print(line)
             answer = _ask()
             if answer == "q":
@@ -105,12 +108,26 @@ def _ask() -> str:
         print(KEYS)
 
 
-def _detail(case: Case) -> list[str]:
+def _tokenizer(cases: list[Case], root: Path | None) -> tokenizer.ProjectTokenizer | None:
+    """The project's tokenizer, for the ids of the cases compared that no piece spells; None where no
+    case was compared."""
+    compared = [side for case in cases if case.comparison is not None for side in (case.expected, case.actual)
+                if side is not None]
+    if not compared:
+        return None
+    found = project.find(root if root is not None else Path.cwd())
+    recorded = {str(side.fingerprint.get("tokenizer_hash")) for side in compared}
+    return tokenizer.load(found.config_file, recorded)
+
+
+def _detail(case: Case, tokens: tokenizer.ProjectTokenizer | None) -> list[str]:
     """The failure text's body for this case (tokens, top candidates, drift, environment), without
-    its headline, which the diff line already gives."""
+    its headline, which the diff line already gives; the ids no piece spells decoded as the failing
+    check decoded them, with the project's tokenizer where it is the one the case recorded."""
     if case.comparison is None or case.expected is None or case.actual is None:
         return []
-    decode = failure.decoder_for(case.expected, case.actual)
+    known = tokens.for_case(case.expected, case.actual) if tokens is not None else None
+    decode = failure.decoder_for(case.expected, case.actual, known)
     text = failure.mismatch(case.key, case.file, None, case.comparison, case.expected, case.actual, decode,
                             profile="review")
     return text.splitlines()[1:]

@@ -170,6 +170,10 @@ def test_review_asks_case_by_case_riskiest_first_and_writes_each_case_as_it_is_a
     assert first.startswith("REGRESSION     tests/__golden__/test_suite.json ['test_param[Count: one,]']"
                             "['cpu/float32']  step 2: ' three'(374) -> ' b'(282), golden margin")  # as diff
     assert "\n  expected top-" in first and "\n  got:      " in first  # then the tokens around the change
+    # Every top-k id decoded as the failing check decoded it, with the model's tokenizer (before: '<id 416>').
+    assert "token ids are decoded with the tokenizer of llm_model 'builtin:tiny', as the failing check " \
+           "decoded them" in shown
+    assert "<id " not in shown
     terminal.type("a\n")
     terminal.read_until(f"[2/{len(found)}] REGRESSION")
     # Written as soon as it is accepted: no later crash or Ctrl-C can lose it.
