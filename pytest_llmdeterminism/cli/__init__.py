@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from pytest_llmdeterminism.cli import accept, compare, diff, fetch, merge, perturb, review, show
-from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.reporting.text import printable
+from pytest_llmdeterminism.errors import GoldenFileError, printable
 
 __all__ = ["main", "parser"]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
@@ -28,7 +29,7 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_candidates,
 )
-from pytest_llmdeterminism.reporting.text import printable, short
+from pytest_llmdeterminism.reporting.text import short
 from pytest_llmdeterminism.sampling import settings_text
 
 SUMMARY = "compare two golden sets case by case"

@@ -7,10 +7,9 @@ import argparse
 from pathlib import Path
 
 from pytest_llmdeterminism.compare import default_tie_margin
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Score
 from pytest_llmdeterminism.goldens import schema, store
-from pytest_llmdeterminism.reporting.text import printable
 
 SUMMARY = "print a golden file in human form"
 _BAR = 20  # the widest margin bar, in characters

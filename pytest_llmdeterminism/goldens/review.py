@@ -18,12 +18,11 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
-from pytest_llmdeterminism.reporting.text import printable
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing

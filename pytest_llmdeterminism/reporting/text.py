@@ -1,6 +1,5 @@
-"""Pieces of text every report shares: text from an artifact made safe to print, a value shortened
-to fit a line, a logprob change, the label of a prompt's form, and where two texts or id lists first
-differ."""
+"""Pieces of text every report shares: a value shortened to fit a line, a logprob change, the label
+of a prompt's form, and where two texts or id lists first differ."""
 
 from __future__ import annotations
 
@@ -10,19 +9,6 @@ from typing import Any
 from pytest_llmdeterminism.compare import first_token_divergence
 
 _MAX_IDS_SHOWN = 12
-
-
-def printable(text: object) -> str:
-    """``text`` as a terminal or a CI log may show it: every character Python's ``repr`` would escape
-    (C0 and C1 controls, ESC, CR and LF, DEL, bidi overrides and other format characters, line and
-    paragraph separators) written as its escape (``\\x1b``, ``\\n``, ``\\u202e``), the rest as it
-    is. Every string an ``llm-golden`` command prints from an artifact (a candidate's file name, a
-    report's test id or verdict) goes through it: a name cannot move the cursor, rewrite a line,
-    reach the clipboard (OSC 52) or start a line of its own."""
-    text = str(text)
-    if text.isprintable():  # the common case, checked at C speed
-        return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def form_label(old: str, new: str) -> str:

@@ -6,7 +6,7 @@ an artifact reaches the terminal with a control character in it."""
 import json
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.reporting.text import printable
+from pytest_llmdeterminism.errors import printable
 from tests.helpers import DATA
 
 VALID = (DATA / "test_tiny_model.intel-avx512-native-0.1.0.json").read_bytes()
