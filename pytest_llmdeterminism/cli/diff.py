@@ -51,8 +51,9 @@ candidate's dtype (float32 0.05, float16 0.25, bfloat16 0.5 in logprob).
 In folders, only golden files are read: those in a __golden__ folder, and those whose header
 declares the golden format (goldens under llm_golden_dir). Other JSON (data/cities.json, a model's
 config.json) is ignored and counted on one line; hidden folders, virtual environments,
-node_modules, and CAND where it lies inside BASE are not walked. When BASE holds no golden that a
-candidate pairs with, a hint line says so.
+node_modules, the plugin's own output (the --llm-repro folder, marked by its LLM-OUTPUT.txt) and
+CAND where it lies inside BASE are not walked. When BASE holds no golden that a candidate pairs
+with, a hint line says so.
 
 verdicts:
   NEW            only in CAND, and BASE has no variant of that test key: nothing to compare with
