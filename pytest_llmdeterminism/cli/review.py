@@ -120,7 +120,7 @@ def _tokenizer(cases: list[Case], root: Path | None) -> tokenizer.ProjectTokeniz
     return tokenizer.load(found.config_file, recorded)
 
 
-def _detail(case: Case, tokens: tokenizer.ProjectTokenizer | None) -> list[str]:
+def _detail(case: Case, tokens: tokenizer.ProjectTokenizer | None = None) -> list[str]:
     """The failure text's body for this case (tokens, top candidates, drift, environment), without
     its headline, which the diff line already gives; the ids no piece spells decoded as the failing
     check decoded them, with the project's tokenizer where it is the one the case recorded."""
