@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
-from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
@@ -59,7 +58,6 @@ exit status: 0 every candidate case of PATH accepted (or IDENTICAL to the projec
 leaves nothing to accept); 1 accepted the cases chosen, some left (or none matched); 2 a usage
 error or any problem above (nothing was written)."""
 
-IDENTICAL = Verdict.IDENTICAL.value
 VERDICTS = tuple(verdict for verdict in ORDER if verdict != ABSENT)  # the verdicts a candidate can have
 
 

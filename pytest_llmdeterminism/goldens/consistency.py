@@ -1,12 +1,19 @@
-"""Whether a golden describes its own token ids: its ``text`` and its steps' ``piece`` s against what
-a check computes for the same ids. Neither is compared by the verdict (token ids and logits are),
-yet both are what a failure, ``llm-golden show`` and a review diff print: a golden whose text was
-edited would read IDENTICAL for ever while showing words its model never produced. Pure: no I/O."""
+"""What the verdict does not compare in a golden, checked: its ``text`` and its steps' ``piece`` s
+against what a check computes for the same ids (:func:`stored_text_problem`), and every field of a
+candidate that compares IDENTICAL with the golden it would replace (:func:`unjudged_changes`). The
+verdict compares token ids and logits, yet the text and pieces are what a failure, ``llm-golden
+show`` and a review diff print, and the fingerprint picks the tolerance of every later check: a
+golden edited there would read IDENTICAL for ever. Pure: no I/O."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from pytest_llmdeterminism.compare import Recorded, first_token_divergence
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.goldens import schema
 
 # Fingerprint fields that say how ids were decoded: where one differs, the decoding itself may have
 # changed (a new tokenizer, a transformers release that cleans up spaces otherwise), which the
@@ -36,6 +43,29 @@ def stored_text_problem(golden: Recorded, actual: Recorded) -> str | None:
     cause = (f"the decoding changed since it was recorded ({', '.join(changed)})" if changed else
              "the same tokenizer decodes them otherwise, so the golden was edited after it was recorded")
     return f"{'; '.join(found)}: {cause}"
+
+
+def unjudged_changes(base: schema.Entry, candidate: schema.Entry) -> tuple[tuple[str, Any, Any], ...]:
+    """Where two entries of one variant that compare IDENTICAL still differ: ``(field, BASE's value,
+    CAND's value)`` for each top-level field, each fingerprint field (``fingerprint.torch``), and each
+    field of the steps (``steps.piece``: some step's piece; values not given)."""
+    old, new = msgspec.to_builtins(base), msgspec.to_builtins(candidate)
+    changes: list[tuple[str, Any, Any]] = []
+    for field in sorted(set(old) | set(new)):
+        a, b = old.get(field), new.get(field)
+        if a == b:
+            continue
+        if field == "fingerprint" and isinstance(a, dict) and isinstance(b, dict):
+            changes += [(f"{field}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+                        if a.get(k) != b.get(k)]
+        elif field in ("steps", "positions") and isinstance(a, list) and isinstance(b, list) \
+                and len(a) == len(b):
+            names = sorted({k for s, t in zip(a, b, strict=True) for k in set(s) | set(t)
+                            if s.get(k) != t.get(k)})
+            changes += [(f"{field}.{k}", None, None) for k in names]
+        else:
+            changes.append((field, a, b))
+    return tuple(changes)
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
+from pytest_llmdeterminism.goldens.consistency import unjudged_changes
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
@@ -36,9 +35,8 @@ ORDER = (NEW, ABSENT, Verdict.IDENTICAL.value, Verdict.LOGIT_DRIFT.value, Verdic
 
 # The order a reviewer meets the cases in: the riskiest first.
 REVIEW_ORDER = (Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, FIELDS_CHANGED, NEW,
-                Verdict.SAMPLE_FLIP.value,
-                Verdict.TIE_FLIP.value, Verdict.RANK_FLIP.value, Verdict.LOGIT_DRIFT.value,
-                Verdict.IDENTICAL.value)
+                Verdict.SAMPLE_FLIP.value, Verdict.TIE_FLIP.value, Verdict.RANK_FLIP.value,
+                Verdict.LOGIT_DRIFT.value, Verdict.IDENTICAL.value)
 # Folders no walk of a BASE or CAND folder enters, as pytest collects no tests there: hidden ones
 # (.git, .venv, .tox), and others that hold installed packages' JSON.
 _NOT_WALKED = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
@@ -122,29 +120,6 @@ def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -
                               expected=expected, actual=actual, fields=fields))
         cases += [Case(name, key, variant, ABSENT) for variant in sorted(set(base_variants) - paired)]
     return sorted(cases, key=lambda case: (case.key, case.variant))
-
-
-def unjudged_changes(base: schema.Entry, candidate: schema.Entry) -> tuple[tuple[str, Any, Any], ...]:
-    """Where two entries of one variant that compare IDENTICAL still differ: ``(field, BASE's value,
-    CAND's value)`` for each top-level field, each fingerprint field (``fingerprint.torch``), and each
-    field of the steps (``steps.piece``: some step's piece; values not given)."""
-    old, new = msgspec.to_builtins(base), msgspec.to_builtins(candidate)
-    changes: list[tuple[str, Any, Any]] = []
-    for field in sorted(set(old) | set(new)):
-        a, b = old.get(field), new.get(field)
-        if a == b:
-            continue
-        if field == "fingerprint" and isinstance(a, dict) and isinstance(b, dict):
-            changes += [(f"{field}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-                        if a.get(k) != b.get(k)]
-        elif field in ("steps", "positions") and isinstance(a, list) and isinstance(b, list) \
-                and len(a) == len(b):
-            names = sorted({k for s, t in zip(a, b, strict=True) for k in set(s) | set(t)
-                            if s.get(k) != t.get(k)})
-            changes += [(f"{field}.{k}", None, None) for k in names]
-        else:
-            changes.append((field, a, b))
-    return tuple(changes)
 
 
 def review_candidates(candidates: Path, root: Path, *,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, PositionChange, Recorded, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
+from pytest_llmdeterminism.reporting import hints
 from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
@@ -31,11 +32,7 @@ def message(decision: Decision, key: str, *, location: str, nodeid: str, attempt
     if expected is None:
         return missing(key, location, nodeid, decision.others)
     if decision.contradiction is not None:
-        return (f"golden {key!r} does not describe its own token ids: {decision.contradiction}. The check "
-                f"compares ids and logits ({comparison.verdict.value}), but a golden's text and pieces are "
-                f"what failures, `llm-golden show` and a review print, so it fails until they agree.\n"
-                f"  golden: {location}\n"
-                f"Re-record it with: {accept_command(nodeid)}")
+        return hints.contradiction(key, location, nodeid, decision.contradiction, comparison.verdict)
     decode = decoder_for(expected, actual, tokenizer)
     if decision.earlier is not None and decision.between is not None:
         return nondeterministic(key, location, nodeid, decision.between, expected, actual, decode,
