@@ -52,7 +52,9 @@ A candidate folder is usually an artifact from CI, so it is checked before anyth
 every *.json file in the part accepted must be a golden file directly in a __golden__ folder (or
 under llm_golden_dir = D, or --golden-dir D); it holds no symbolic link; no target resolves to
 outside the root; every candidate and every golden file it merges into must be valid. Any problem:
-each is named, and no file is written.
+each is named, and no file is written. A candidate IDENTICAL to the project's golden is never
+written (the golden stays byte for byte); one identical in tokens and logits but not in its
+fingerprint, text or pieces is FIELDS_CHANGED, which no run writes: `llm-golden diff` flags it.
 
 exit status: 0 every candidate case of PATH accepted (or IDENTICAL to the project's golden, which
 leaves nothing to accept); 1 accepted the cases chosen, some left (or none matched); 2 a usage
