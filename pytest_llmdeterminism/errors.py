@@ -1,5 +1,6 @@
 """One exception tree. Each error keeps the objects it failed on, so reports need not parse text.
-Beside it, the two readings of what a user passes that every error about a setting starts from:
+Beside it, how a name read from an artifact is shown in a message (:func:`printable`), and the two
+readings of what a user passes that every error about a setting starts from:
 a setting as a message suggests it (:func:`pasteable`), and a number as a test passes it (a numpy
 scalar, a ``Fraction``, ...) as the plain ``int`` or ``float`` that goldens and reports hold as JSON
 (:func:`as_int`, :func:`as_float`; a ``bool`` is never a number here: ``max_new_tokens=True`` is a
@@ -37,6 +38,19 @@ def pasteable(ini: str, value: str) -> str:
     flag = "--" + ini.replace("_", "-")
     return (f"{flag}={shlex.quote(value)} (pytest.ini: {ini} = {value}; "
             f"pyproject.toml: {ini} = {json.dumps(value)})")
+
+
+def printable(text: object) -> str:
+    """``text`` as a terminal or a CI log may show it: every character Python's ``repr`` would escape
+    (C0 and C1 controls, ESC, CR and LF, DEL, bidi overrides and other format characters, line and
+    paragraph separators) written as its escape (``\\x1b``, ``\\n``, ``\\u202e``), the rest as it
+    is. Every string an ``llm-golden`` command prints from an artifact (a candidate's file name, a
+    report's test id or verdict) goes through it: a name cannot move the cursor, rewrite a line,
+    reach the clipboard (OSC 52) or start a line of its own."""
+    text = str(text)
+    if text.isprintable():  # the common case, checked at C speed
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def as_int(value: object) -> int | None:

@@ -9,13 +9,15 @@ documentation's CLI reference is generated from it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 from pytest_llmdeterminism.cli import accept, compare, diff, fetch, merge, perturb, review, show
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, printable
 
 __all__ = ["main", "parser"]
 
@@ -54,13 +56,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     assert args.command != "prune"
     try:
+        with _printable_output():
+            return _run(args)
+    except BrokenPipeError:  # e.g. `llm-golden show FILE | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps interpreter shutdown from raising again
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         return _RUN[args.command](args)
     except GoldenFileError as error:
         print(f"llm-golden: {error}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # e.g. `llm-golden show FILE | head`: the reader has what it wanted
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps interpreter shutdown from raising again
-        return 0
+
+
+class _PrintableLines:
+    """A text stream whose every line is written through :func:`printable`: the one boundary all of a
+    command's output passes, so that no name or text read from an artifact (a candidate's file name,
+    a golden file's path in an error, a report's test id) reaches the terminal or a CI log with a
+    control character, an escape sequence or a bidi override in it. Only the line breaks the
+    command itself writes stay line breaks; one inside a value is escaped where the value is shown."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write("\n".join(printable(line) for line in text.split("\n")))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _printable_output() -> Iterator[None]:
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PrintableLines(sys.stdout), _PrintableLines(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 def parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
-from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
@@ -52,13 +52,14 @@ A candidate folder is usually an artifact from CI, so it is checked before anyth
 every *.json file in the part accepted must be a golden file directly in a __golden__ folder (or
 under llm_golden_dir = D, or --golden-dir D); it holds no symbolic link; no target resolves to
 outside the root; every candidate and every golden file it merges into must be valid. Any problem:
-each is named, and no file is written.
+each is named, and no file is written. A candidate IDENTICAL to the project's golden is never
+written (the golden stays byte for byte); one identical in tokens and logits but not in its
+fingerprint, text or pieces is FIELDS_CHANGED, which no run writes: `llm-golden diff` flags it.
 
 exit status: 0 every candidate case of PATH accepted (or IDENTICAL to the project's golden, which
 leaves nothing to accept); 1 accepted the cases chosen, some left (or none matched); 2 a usage
 error or any problem above (nothing was written)."""
 
-IDENTICAL = Verdict.IDENTICAL.value
 VERDICTS = tuple(verdict for verdict in ORDER if verdict != ABSENT)  # the verdicts a candidate can have
 
 
@@ -172,20 +173,35 @@ def plan(command: str, path: Path, root: Path | None, golden_dir: Path | None,
 def apply(planned: Plan, taken: Collection[Case]) -> int:
     """Write the goldens of the ``taken`` cases, list each case taken and each left; the exit status
     (0 all taken, 1 some left, 2 a write failed)."""
+    written = write(planned, taken)
+    return 2 if written is None else summarize(planned, written)
+
+
+def write(planned: Plan, taken: Collection[Case]) -> list[Case] | None:
+    """Write the goldens of the ``taken`` cases, each file at once, and list each case written; the
+    cases written, or None where a file could not be (said on stderr; the files before it were)."""
+    # A case IDENTICAL to the project's golden (one accepted before, say) leaves nothing to accept:
+    # never written, so the golden stays byte for byte; one that differs in another field is no such
+    # case (FIELDS_CHANGED).
+    taken = [case for case in taken if not case.changes_nothing]
     chosen = [acceptance.only(taken) for acceptance in planned.acceptances]
     written: list[Case] = []
     for acceptance in chosen:
         if not acceptance.goldens:
             continue
         if not _written(acceptance, "cases"):
-            return 2
+            return None
         for case in acceptance.cases:
             print(f"accepted {case_text(case)}")
         written += acceptance.cases
+    return written
+
+
+def summarize(planned: Plan, written: Collection[Case]) -> int:
+    """List each case of the plan left, and the summary; 0 when none is left, else 1."""
     done = {id(case) for case in written}
-    # A case IDENTICAL to the project's golden (one accepted before, say) leaves nothing to decide.
-    same = [case for case in planned.cases if id(case) not in done and case.verdict == IDENTICAL]
-    left = [case for case in planned.cases if id(case) not in done and case.verdict != IDENTICAL]
+    same = [case for case in planned.cases if case.changes_nothing]
+    left = [case for case in planned.cases if id(case) not in done and not case.changes_nothing]
     for case in left:
         print(f"left     {case_text(case)}")
     unchanged = f" ({len(same)} IDENTICAL to the project's, nothing to accept)" if same else ""
@@ -194,16 +210,25 @@ def apply(planned: Plan, taken: Collection[Case]) -> int:
 
 
 def case_text(case: Case) -> str:
-    return f"{case.verdict:<14} {case.file} [{case.key!r}][{case.variant!r}]"
+    return f"{case.verdict:<14} {printable(case.file)} [{case.key!r}][{case.variant!r}]"
 
 
 def _accept_all(accepted: list[Acceptance]) -> int:
-    """The whole candidates folder, as accept always wrote it."""
+    """The whole candidates folder, but for the cases IDENTICAL to the project's golden (nothing to
+    accept: a file of only those is not written at all)."""
+    same = 0
     for acceptance in accepted:
+        changing = [case for case in acceptance.cases if not case.changes_nothing]
+        same += len(acceptance.cases) - len(changing)
+        acceptance = acceptance.only(changing)
+        if not acceptance.goldens:
+            continue
         if not _written(acceptance, "files"):
             return 2
         for key, variants in sorted(acceptance.goldens.items()):
-            print(f"accepted {acceptance.name} [{key!r}] ({', '.join(sorted(variants))})")
+            print(f"accepted {printable(acceptance.name)} [{key!r}] ({', '.join(sorted(variants))})")
+    if same:
+        print(f"{same} case(s) IDENTICAL to the project's golden: nothing to accept, left as they are")
     return 0
 
 

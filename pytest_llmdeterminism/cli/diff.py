@@ -14,11 +14,13 @@ from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
     FAIL_ON,
+    FIELDS_CHANGED,
     NEW,
     ORDER,
     Case,
@@ -27,6 +29,7 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_candidates,
 )
+from pytest_llmdeterminism.reporting.text import short
 from pytest_llmdeterminism.sampling import settings_text
 
 SUMMARY = "compare two golden sets case by case"
@@ -48,8 +51,9 @@ candidate's dtype (float32 0.05, float16 0.25, bfloat16 0.5 in logprob).
 In folders, only golden files are read: those in a __golden__ folder, and those whose header
 declares the golden format (goldens under llm_golden_dir). Other JSON (data/cities.json, a model's
 config.json) is ignored and counted on one line; hidden folders, virtual environments,
-node_modules, and CAND where it lies inside BASE are not walked. When BASE holds no golden that a
-candidate pairs with, a hint line says so.
+node_modules, the plugin's own output (the --llm-repro folder, marked by its LLM-OUTPUT.txt) and
+CAND where it lies inside BASE are not walked. When BASE holds no golden that a candidate pairs
+with, a hint line says so.
 
 verdicts:
   NEW            only in CAND, and BASE has no variant of that test key: nothing to compare with
@@ -60,10 +64,13 @@ verdicts:
   SAMPLE_FLIP    a sampled golden's token changed where its draw was a near tie
   REGRESSION     a token changed where the golden was confident
   INPUT_CHANGED  prompt, batch shape or generation config differ: outputs not compared
+  FIELDS_CHANGED same tokens, same logits, but another field differs (the fingerprint, the text,
+                 a piece): no run writes that; a later check reads them
 
 exit status:
   0  nothing needs review at the --fail-on level
-  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression, the default);
+  1  a case needs review: REGRESSION, INPUT_CHANGED, FIELDS_CHANGED or NEW (--fail-on=regression,
+     the default);
      also TIE_FLIP and SAMPLE_FLIP (--fail-on=tie_flip); also LOGIT_DRIFT (--fail-on=drift).
      ABSENT never fails.
   2  usage error, a path that does not exist, or a file that is not a readable golden file"""
@@ -147,7 +154,7 @@ def diff(base: Path, candidate: Path, *, fail_on: str) -> int:
 def _files(folder: Path, names: list[Path], other: Path | None = None) -> str:
     """``2 JSON file(s) (data/cities.json, models/tiny/config.json)``: at most three named."""
     more = f", … ({len(names) - 3} more)" if len(names) > 3 else ""
-    shown = ", ".join(name.as_posix() for name in names[:3]) + more
+    shown = ", ".join(printable(name.as_posix()) for name in names[:3]) + more
     under = f"under {folder}{f' or {other}' if other is not None else ''}"
     return f"{len(names)} JSON file(s) {under} ({shown})"
 
@@ -179,7 +186,8 @@ def _usage_problem(base: Path, candidate: Path) -> str | None:
 def case_line(case: Case) -> str:
     """A case as diff lists it: verdict, file, key, variant and what changed."""
     against = f" (vs {case.compared_with})" if case.compared_with else ""
-    return f"{case.verdict:<14} {case.file} [{case.key!r}][{case.variant!r}]{against}{_detail(case)}"
+    return (f"{case.verdict:<14} {printable(case.file)} [{case.key!r}][{case.variant!r}]{against}"
+            f"{_detail(case)}")
 
 
 def _detail(case: Case) -> str:
@@ -188,7 +196,18 @@ def _detail(case: Case) -> str:
     comparison = case.comparison
     if comparison is None:
         return "  (not in CAND: no candidate, that check passed)"
+    if case.verdict == FIELDS_CHANGED:
+        return "  same tokens and logit hashes, but " + fields_text(case)
     return _comparison_detail(comparison, case.expected, case.actual)
+
+
+def fields_text(case: Case) -> str:
+    """What a FIELDS_CHANGED candidate changes, BASE's value -> CAND's (a step field: by name)."""
+    shown = [field if old is None and new is None and field.startswith(("steps.", "positions."))
+             else f"{field} {short(old, 40)} -> {short(new, 40)}" for field, old, new in case.fields]
+    return (f"{', '.join(shown)}: no run writes that (a later check reads these fields: the fingerprint "
+            "picks the tolerance, the text and pieces are what a failure shows); accept it only if you "
+            "changed them yourself")
 
 
 def _comparison_detail(comparison: Comparison, expected: Generation | Score | None,

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from pytest_llmdeterminism.compare import default_tie_margin
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Score
 from pytest_llmdeterminism.goldens import schema, store
 
@@ -33,12 +33,14 @@ def show(path: Path) -> int:
             if isinstance(gen, Score):
                 _show_score(key, variant, gen)
                 continue
-            print(f"{key} [{variant}]  shape {gen.batch_shape}, finish: {gen.finish_reason}")
+            print(f"{printable(key)} [{printable(variant)}]  shape {gen.batch_shape}, finish: "
+                  f"{printable(gen.finish_reason)}")
             print(f"  prompt: {gen.prompt!r}")
             config = gen.generation_config
             if config.get("do_sample") is True:  # a sampled golden: how it was drawn
-                print(f"  sampled: {config.get('sampler')}, temperature {config.get('temperature')}, top_k "
-                      f"{config.get('top_k')}, top_p {config.get('top_p')}, min_p {config.get('min_p')}, "
+                print(f"  sampled: {printable(config.get('sampler'))}, temperature "
+                      f"{config.get('temperature')}, top_k {config.get('top_k')}, "
+                      f"top_p {config.get('top_p')}, min_p {config.get('min_p')}, "
                       f"seed {config.get('seed')}; draw margins {list(gen.draw_margins)}")
             print(f"  output: {gen.text!r}")
             tie_margin = default_tie_margin(str(gen.fingerprint.get("dtype", "float32")))
@@ -67,8 +69,8 @@ def show(path: Path) -> int:
 def _show_score(key: str, variant: str, score: Score) -> None:
     """A score golden: the continuation's log-likelihood, then each position's given token, its
     logprob, its rank, and how far it was from changing rank (a near tie marked)."""
-    print(f"{key} [{variant}]  score, shape {score.batch_shape}, log-likelihood {score.total:.6f} "
-          f"over {len(score.token_ids)} tokens")
+    print(f"{printable(key)} [{printable(variant)}]  score, shape {score.batch_shape}, log-likelihood "
+          f"{score.total:.6f} over {len(score.token_ids)} tokens")
     print(f"  prompt: {score.prompt!r}")
     print(f"  continuation: {score.continuation!r}")
     tie_margin = default_tie_margin(str(score.fingerprint.get("dtype", "float32")))

@@ -14,6 +14,12 @@ from pytest_llmdeterminism.goldens.atomic import inside as _inside
 from pytest_llmdeterminism.goldens.atomic import link_out
 
 GOLDEN_FOLDER = "__golden__"
+# A folder the plugin writes its output into (``--llm-repro``: entries in the golden format beside
+# other JSON) holds this file; no walk for golden files (``llm-golden diff``, ``accept``) enters a
+# folder that does, as none enters a virtual environment (``pyvenv.cfg``).
+OUTPUT_MARKER = "LLM-OUTPUT.txt"
+OUTPUT_MARKER_TEXT = ("pytest-llmdeterminism wrote this folder ({flag}). llm-golden diff and accept do not "
+                      "walk a folder holding this file: what it holds are no goldens of the project.\n")
 
 
 @dataclass(frozen=True)

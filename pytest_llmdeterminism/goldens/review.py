@@ -13,30 +13,36 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
-from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
-from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
+from pytest_llmdeterminism.goldens.consistency import unjudged_changes
+from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing
+# Same tokens, same logit hashes, but another field differs (the fingerprint, the text, a piece, a
+# margin): nothing a run compares, yet a later check reads it (a fingerprint picks the tolerance, a
+# text is what a failure shows). No run writes such a candidate for its own variant.
+FIELDS_CHANGED = "FIELDS_CHANGED"
 ORDER = (NEW, ABSENT, Verdict.IDENTICAL.value, Verdict.LOGIT_DRIFT.value, Verdict.TIE_FLIP.value,
          Verdict.SAMPLE_FLIP.value, Verdict.RANK_FLIP.value, Verdict.REGRESSION.value,
-         Verdict.INPUT_CHANGED.value)
+         Verdict.INPUT_CHANGED.value, FIELDS_CHANGED)
 
 # The order a reviewer meets the cases in: the riskiest first.
-REVIEW_ORDER = (Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW, Verdict.SAMPLE_FLIP.value,
-                Verdict.TIE_FLIP.value, Verdict.RANK_FLIP.value, Verdict.LOGIT_DRIFT.value,
-                Verdict.IDENTICAL.value)
+REVIEW_ORDER = (Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, FIELDS_CHANGED, NEW,
+                Verdict.SAMPLE_FLIP.value, Verdict.TIE_FLIP.value, Verdict.RANK_FLIP.value,
+                Verdict.LOGIT_DRIFT.value, Verdict.IDENTICAL.value)
 # Folders no walk of a BASE or CAND folder enters, as pytest collects no tests there: hidden ones
 # (.git, .venv, .tox), and others that hold installed packages' JSON.
 _NOT_WALKED = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
 _SNIFF_LIMIT = 256 * 2**20  # a larger JSON file outside a __golden__ folder is not read to find out
 
-_REGRESSION = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, NEW})
+_REGRESSION = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, FIELDS_CHANGED, NEW})
 _TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value, Verdict.SAMPLE_FLIP.value, Verdict.RANK_FLIP.value}
 FAIL_ON = {  # --fail-on level -> the verdicts that need a reviewer (exit 1); ABSENT never does
     "regression": _REGRESSION,
@@ -57,6 +63,13 @@ class Case:
     comparison: Comparison | None = None
     expected: Generation | Score | None = None  # BASE's golden and the candidate, where they were compared
     actual: Generation | Score | None = None
+    fields: tuple[tuple[str, Any, Any], ...] = ()  # FIELDS_CHANGED: (field, BASE's value, CAND's)
+
+    @property
+    def changes_nothing(self) -> bool:
+        """The candidate is the project's golden of its own variant, as ``diff`` reads it: accepting it
+        would write nothing new, so accept never writes it (the golden stays byte for byte)."""
+        return self.verdict == Verdict.IDENTICAL.value and self.compared_with is None
 
 
 @dataclass(frozen=True)
@@ -98,9 +111,13 @@ def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -
             # Judged as the plugin judges a run: with the tie margin of the dtype that ran.
             dtype = str(actual.fingerprint.get("dtype", "float32"))
             comparison = compare(expected, actual, tie_margin=default_tie_margin(dtype))
-            cases.append(Case(name, key, variant, comparison.verdict.value,
+            verdict, fields = comparison.verdict.value, tuple[tuple[str, Any, Any], ...]()
+            if comparison.verdict is Verdict.IDENTICAL and against == variant:
+                fields = unjudged_changes(base_variants[against], entry)
+                verdict = FIELDS_CHANGED if fields else verdict
+            cases.append(Case(name, key, variant, verdict,
                               compared_with=None if against == variant else against, comparison=comparison,
-                              expected=expected, actual=actual))
+                              expected=expected, actual=actual, fields=fields))
         cases += [Case(name, key, variant, ABSENT) for variant in sorted(set(base_variants) - paired)]
     return sorted(cases, key=lambda case: (case.key, case.variant))
 
@@ -167,11 +184,23 @@ def _json_files(folder: Path, *, skip: Path) -> list[Path]:
     found = []
     for top, folders, files in os.walk(folder):
         folders[:] = [name for name in folders if not (
-            name.startswith(".") or name in _NOT_WALKED
-            or os.path.isfile(os.path.join(top, name, "pyvenv.cfg"))
-            or os.path.realpath(os.path.join(top, name)) == skip_real)]
+            _not_walked(top, name) or os.path.realpath(os.path.join(top, name)) == skip_real)]
         found += [Path(top, name).relative_to(folder) for name in files if name.endswith(".json")]
     return found
+
+
+def _not_walked(top: str, name: str) -> bool:
+    """Folder ``name`` of ``top`` is not entered by a walk of BASE or CAND: it is hidden (``.git``,
+    ``.venv``), holds installed packages, is a virtual environment, or is the plugin's output."""
+    return (name.startswith(".") or name in _NOT_WALKED or _is_output(top, name)
+            or os.path.isfile(os.path.join(top, name, "pyvenv.cfg")))
+
+
+def _is_output(top: str, name: str) -> bool:
+    """Folder ``name`` of ``top`` holds the plugin's own output (``--llm-repro``: entries in the
+    golden format that are no goldens of the project), as its :data:`OUTPUT_MARKER` says: no walk
+    for golden files enters it, neither diff's nor accept's."""
+    return os.path.isfile(os.path.join(top, name, OUTPUT_MARKER))
 
 
 def _is_golden_file(path: Path) -> bool:
@@ -288,7 +317,7 @@ def plan_accept(candidates: Path, root: Path, *, golden_dir: Path | None = None,
     refused = {name for name in names if not _is_golden_path(name, golden_dir)}
     if refused:
         also = f" or under the golden dir {golden_dir.as_posix()}/" if golden_dir else ""
-        listed = ", ".join(str(candidates / name) for name in sorted(refused))
+        listed = ", ".join(printable(candidates / name) for name in sorted(refused))
         example = f"tests/{GOLDEN_FOLDER}/test_x.json"
         problems.append(
             f"not in a {GOLDEN_FOLDER} folder{also}: {listed}. accept writes only golden files, each to its "
@@ -317,7 +346,7 @@ def plan_accept(candidates: Path, root: Path, *, golden_dir: Path | None = None,
 def _files_within(candidates: Path, within: Path) -> tuple[list[Path], list[str]]:
     """The ``*.json`` files of ``candidates`` under ``within`` (or ``within`` itself, a file), relative
     to ``candidates``; and what keeps them from being trusted: a link on the way down to ``within``."""
-    links = [str(candidates.joinpath(*within.parts[:n])) for n in range(1, len(within.parts) + 1)
+    links = [printable(candidates.joinpath(*within.parts[:n])) for n in range(1, len(within.parts) + 1)
              if candidates.joinpath(*within.parts[:n]).is_symlink()]
     if links:
         return [], [f"symbolic links in {candidates}: {', '.join(links)}. accept follows none: a link can "
@@ -333,9 +362,9 @@ def _target_problem(target: Path, real_root: Path) -> str | None:
     """Why ``target`` cannot take candidates: it resolves to outside the root, or is no valid golden file."""
     real = Path(os.path.realpath(target))
     if not real.is_relative_to(real_root):
-        return (f"{target} resolves to {real}, outside the root {real_root}: a symbolic link on the way "
-                "leads out, and accept writes only inside the root. Make that path a real folder or file, "
-                "or copy this golden by hand.")
+        return (f"{printable(target)} resolves to {printable(real)}, outside the root {real_root}: a "
+                "symbolic link on the way leads out, and accept writes only inside the root. Make that path "
+                "a real folder or file, or copy this golden by hand.")
     try:
         store.read(target)  # a corrupt golden is never merged into
     except GoldenFileError as error:
@@ -350,10 +379,12 @@ def candidate_files(folder: Path) -> tuple[list[Path], list[str]]:
     problems: list[str] = []
 
     def unreadable(error: OSError) -> None:
-        problems.append(f"{error.filename} cannot be read ({error.strerror}). Check its permissions.")
+        problems.append(f"{printable(error.filename)} cannot be read ({error.strerror}). Check its "
+                        "permissions.")
 
     for top, folders, files in os.walk(folder, onerror=unreadable):  # a linked folder is listed, not entered
-        links += [str(Path(top, name)) for name in folders + files if Path(top, name).is_symlink()]
+        folders[:] = [name for name in folders if not _is_output(top, name)]
+        links += [printable(Path(top, name)) for name in folders + files if Path(top, name).is_symlink()]
         names += [Path(top, name).relative_to(folder) for name in files
                   if name.endswith(".json") and not Path(top, name).is_symlink()]
     if links:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from pytest_llmdeterminism.engines.loaded import LoadedModel
 
-__all__ = ["fingerprint"]
+__all__ = ["fingerprint", "tokenizer_hash"]
 
 
 def fingerprint(loaded: LoadedModel, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def _static(loaded: LoadedModel) -> dict[str, Any]:
         # a hub id's commit (its branch or tag can move): only hub models carry the field
         **({"model_commit": loaded.hub_commit} if loaded.hub_commit else {}),
         "weights_hash": _weights_hash(loaded),
-        "tokenizer_hash": _tokenizer_hash(tokenizer),
+        "tokenizer_hash": tokenizer_hash(tokenizer),
         "chat_template_hash": _text_hash(getattr(tokenizer, "chat_template", None)),
         # only goldens computed on batch-invariant kernels carry the field (compute/kernels.py)
         **({"batch_invariant": kernels_generation}
@@ -105,7 +105,7 @@ def _static_engine(loaded: LoadedModel) -> dict[str, Any]:
         "machine": platform.machine(),
         **{key: value for key, value in loaded.describe.items() if key != "weights_file"},
         "weights_hash": file_hash(Path(weights)) if weights else None,
-        "tokenizer_hash": _tokenizer_hash(loaded.tokenizer),
+        "tokenizer_hash": tokenizer_hash(loaded.tokenizer),
         "chat_template_hash": _text_hash(getattr(loaded.tokenizer, "chat_template", None)),
     }
 
@@ -135,7 +135,7 @@ def _weights_hash(loaded: LoadedModel) -> str:
     return digest.hexdigest()
 
 
-def _tokenizer_hash(tokenizer: Any) -> str | None:
+def tokenizer_hash(tokenizer: Any) -> str | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         return _text_hash(backend.to_str())

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compare import Comparison, PositionChange, Recorded, Verdict, id_window
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
+from pytest_llmdeterminism.reporting import hints
 from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
 from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
@@ -30,6 +31,8 @@ def message(decision: Decision, key: str, *, location: str, nodeid: str, attempt
     comparison, expected, actual = decision.comparison, decision.expected, decision.actual
     if expected is None:
         return missing(key, location, nodeid, decision.others)
+    if decision.contradiction is not None:
+        return hints.contradiction(key, location, nodeid, decision.contradiction, comparison.verdict)
     decode = decoder_for(expected, actual, tokenizer)
     if decision.earlier is not None and decision.between is not None:
         return nondeterministic(key, location, nodeid, decision.between, expected, actual, decode,
@@ -163,6 +166,8 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.score is not None:
         return _score_headline(comparison, decode, failed)
+    if comparison.verdict is Verdict.IDENTICAL:  # shown where nothing failed (llm-golden review)
+        return f"{verdict} — same tokens, same logits"
     if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
         return (f"{verdict} — same tokens; the step hashes are not comparable "
                 f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "

@@ -228,3 +228,12 @@ def after_model_change(checks: Sequence[CheckRecord], *, candidates: str | None)
               f"  to accept only what you judged: llm-golden accept {folder} --only LOGIT_DRIFT,TIE_FLIP "
               "(or -k KEY)"]
     return lines
+
+
+def contradiction(key: str, location: str, nodeid: str, problem: str, verdict: Verdict) -> str:
+    """The failure of a check whose golden's text or pieces contradict its own ids (``problem``)."""
+    return (f"golden {key!r} does not describe its own token ids: {problem}. The check compares ids and "
+            f"logits ({verdict.value}), but a golden's text and pieces are what failures, `llm-golden show` "
+            f"and a review print, so it fails until they agree.\n"
+            f"  golden: {location}\n"
+            f"Re-record it with: {accept_command(nodeid)}")

@@ -264,6 +264,9 @@ class Decision:
     changed: tuple[Change, ...] = ()  # every fingerprint field that differs
     write: Written | None = None  # a golden ``--llm-golden-update`` writes instead of the check
     candidate: bool = False  # the reviewer gets this run's generation as a candidate
+    # Where the golden's text or pieces contradict what this run decoded for the same ids (an edited
+    # golden): what contradicts what. Such a check fails, whatever its verdict.
+    contradiction: str | None = None
     others: tuple[str, ...] = ()  # MISSING: the variants the test's key does have
     earlier: Attempt | None = None  # NONDETERMINISTIC: the attempt this one contradicts,
     between: Comparison | None = None  # and how the two outputs differ
@@ -332,3 +335,39 @@ def _steps(generation: Recorded, limit: int = _STEPS_SHOWN) -> list[tuple[str, i
     return [(piece, token, margin, top[0][1] if top else None)
             for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
                                                  generation.top_logprobs, strict=False)][:limit]
+
+
+# What a CI log reads as a command of its own: GitHub Actions' ``::set-output`` (at a line's start),
+# Azure Pipelines' ``##vso[`` and ``##[`` (anywhere in a line).
+_LOG_COMMANDS = ("##vso[", "##[")
+_OUTCOMES = ("passed", "skipped", "failed")
+
+
+def report_strings_problem(checks: list[CheckRecord], run: RunRecord | None) -> str | None:
+    """What in a JSON report read back (a CI artifact, untrusted) no run of the plugin writes, in the
+    strings ``llm-golden compare`` and ``merge`` print: a verdict that is no :class:`Verdict`, an
+    outcome that is none of passed, skipped, failed, or a test id, golden key or variant holding a
+    control character (an escape sequence, a line break, a bidi override) or a CI log command. None
+    where every one is as a run writes it."""
+    verdicts = {verdict.value for verdict in Verdict}
+    for check in checks:
+        if check.verdict not in verdicts:
+            return (f"check {check.name!r} of {check.test!r} has verdict {check.verdict!r}, which is none "
+                    f"of {', '.join(sorted(verdicts))}")
+    strings = [(f"a check's {field}", value) for check in checks
+               for field, value in (("test id", check.test), ("golden key", check.name),
+                                    ("variant", check.variant), ("variant", check.run_variant))]
+    if run is not None:
+        strings += [("a test id of its run", nodeid) for nodeid in
+                    (*run.suite, *run.selected, *run.outcomes, *run.golden_files)]
+        strings += [("a reason its run gives", reason) for reason in (*run.stopped, *run.partial)]
+        strings += [("a golden file of its run", name) for name in run.golden_files.values()]
+        strings += [("a golden key of its run", key) for _, key in run.used]
+        wrong = sorted({outcome for outcome in run.outcomes.values() if outcome not in _OUTCOMES})
+        if wrong:
+            return f"its run has the test outcome {wrong[0]!r}, which is none of {', '.join(_OUTCOMES)}"
+    for what, value in strings:
+        if not value.isprintable() or value.startswith("::") or any(c in value for c in _LOG_COMMANDS):
+            return (f"{what} {value!r} holds a control character or a CI log command, which no test id, "
+                    "golden key or variant that pytest writes holds")
+    return None

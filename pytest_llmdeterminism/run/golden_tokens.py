@@ -9,6 +9,7 @@ for two generations in memory. The path is drawn in docs/design/check-path.md.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import shlex
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Recor
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.goldens.consistency import stored_text_problem
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Decision, Written
 from pytest_llmdeterminism.run.decision import decide, judge
@@ -120,8 +122,16 @@ class GoldenTokens:
                                     fallback=not update and self._options.golden_fallback)
         explicit = self._tolerance or self._options.tolerance.explicit_for(
             str(generation.fingerprint.get("device_class", "cpu")))
-        return decide(generation, golden=found.golden, variant=found.variant, explicit=explicit,
-                      update=update, earlier=self._earlier.get(key, ()), others=found.variants)
+        decision = decide(generation, golden=found.golden, variant=found.variant, explicit=explicit,
+                          update=update, earlier=self._earlier.get(key, ()), others=found.variants)
+        contradiction = None if found.golden is None or decision.expected is not found.golden else \
+            stored_text_problem(found.golden, generation)
+        if contradiction is None:
+            return decision
+        # The golden does not describe its own ids: the check fails (an update re-records it).
+        rewrite = update == "all"
+        return dataclasses.replace(decision, passed=False, contradiction=contradiction, candidate=not rewrite,
+                                   write=Written.UPDATED if rewrite else decision.write)
 
     def _record(self, decision: Decision, key: str, notes: list[str], site: Site | None,
                 accept: str) -> Comparison | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.goldens import atomic, store
+from pytest_llmdeterminism.goldens.files import OUTPUT_MARKER, OUTPUT_MARKER_TEXT
 from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.run.options import SETTINGS, Options
@@ -172,11 +173,20 @@ def _json(value: Any) -> str:
 
 def write(packs: Iterable[Pack], folder: Path, *, rootdir: Path) -> tuple[list[Path], list[str]]:
     """Write each pack under ``folder`` (its files replaced atomically; nothing else there is
-    touched); returns the pack folders written and a line per pack that could not be. No file is
-    written through a symbolic link that leads out of ``folder`` (out of ``rootdir`` where ``folder``
-    lies in it), and every file gets a new file's mode (``rerun.sh`` executable), whatever was there."""
+    touched), and the marker that keeps golden walks out of it; returns the pack folders written and
+    a line per pack that could not be. No file is written through a symbolic link that leads out of
+    ``folder`` (out of ``rootdir`` where ``folder`` lies in it), and every file gets a new file's mode
+    (``rerun.sh`` executable), whatever was there."""
     home = [atomic.output_home(folder, rootdir)]
     written, errors = [], []
+    packs = list(packs)
+    if packs:
+        marker = folder / OUTPUT_MARKER
+        try:
+            atomic.refuse_link_out(marker, home, what="repro packs")
+            atomic.write_text_atomic(marker, OUTPUT_MARKER_TEXT.format(flag="--llm-repro"))
+        except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+            errors.append(f"{marker}: {type(error).__name__}: {error}")
     for pack in packs:
         target = folder / pack.folder
         try:

@@ -25,7 +25,7 @@ from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, GoldenFiles
 from pytest_llmdeterminism.goldens.review import candidate_files
 from pytest_llmdeterminism.reporting import documents
-from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
+from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord, report_strings_problem
 from pytest_llmdeterminism.run import unused
 from pytest_llmdeterminism.run.writer import module_source
 
@@ -86,6 +86,9 @@ def read_shard(path: Path) -> Shard:
         raise ShardError(f"{path} has schema {document.schema!r} version {document.version!r}; this "
                          f"pytest-llmdeterminism merges {documents.REPORT_SCHEMA!r} version "
                          f"{documents.REPORT_VERSION}. {rerun}")
+    problem = report_strings_problem(document.checks, document.run)
+    if problem:  # before a string of it is printed or trusted
+        raise ShardError(f"{path} is not a report this plugin wrote: {problem}. {rerun}")
     if document.run is None:
         raise ShardError(f"{path} has no 'run' section (which tests the shard collected and ran), so it "
                          f"cannot say what the shard covered. {rerun}")

@@ -80,7 +80,8 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
         assert f"\n  {verdict} " in diff.stdout
     exit_status = diff.stdout.split("exit status:\n")[1]
     assert exit_status.startswith("  0  nothing needs review")
-    assert "\n  1  a case needs review: REGRESSION, INPUT_CHANGED or NEW (--fail-on=regression" in exit_status
+    assert ("\n  1  a case needs review: REGRESSION, INPUT_CHANGED, FIELDS_CHANGED or NEW "
+            "(--fail-on=regression") in exit_status
     assert "\n  2  usage error" in exit_status
     for command in ("accept", "fetch", "perturb", "merge"):
         shown = llm_golden(command, "--help", cwd=suite.path)

@@ -160,50 +160,81 @@ class Terminal:
             return ""
 
 
-def test_review_asks_case_by_case_riskiest_first_and_writes_only_at_the_end(mixed):
+def test_review_asks_case_by_case_riskiest_first_and_writes_each_case_as_it_is_accepted(mixed):
     original, candidates = (mixed.path / GOLDEN).read_bytes(), read_goldens(mixed, CANDIDATE)
     found = verdicts(mixed)
     terminal = Terminal("review", cwd=mixed.path)
-    shown = terminal.read_until("accept? [a/s/d/q] ")
-    assert f"{len(found)} case(s) to review; answer each with a key and Enter: [a]ccept  [s]kip" in shown
+    shown = terminal.read_until("accept? [a/s/q] ")
+    assert f"{len(found)} case(s) to review; answer each with a key and Enter: [a]ccept" in shown
     first = shown.split(f"[1/{len(found)}] ")[1]
     assert first.startswith("REGRESSION     tests/__golden__/test_suite.json ['test_param[Count: one,]']"
                             "['cpu/float32']  step 2: ' three'(374) -> ' b'(282), golden margin")  # as diff
     assert "\n  expected top-" in first and "\n  got:      " in first  # then the tokens around the change
+    # Every top-k id decoded as the failing check decoded it, with the model's tokenizer (before: '<id 416>').
+    assert "token ids are decoded with the tokenizer of llm_model 'builtin:tiny', as the failing check " \
+           "decoded them" in shown
+    assert "<id " not in shown
     terminal.type("a\n")
     terminal.read_until(f"[2/{len(found)}] REGRESSION")
-    assert (mixed.path / GOLDEN).read_bytes() == original  # nothing is written while asking
+    # Written as soon as it is accepted: no later crash or Ctrl-C can lose it.
+    assert read_goldens(mixed, GOLDEN)["test_param[Count: one,]"] == candidates["test_param[Count: one,]"]
     terminal.type("x\n")  # not a key: asked again
-    terminal.read_until("[a]ccept  [s]kip")
+    terminal.read_until("[a]ccept")
     terminal.type("s\n")
     terminal.read_until(f"[3/{len(found)}] REGRESSION")
     terminal.type("s\n")
     terminal.read_until(f"[4/{len(found)}] INPUT_CHANGED")  # after the regressions
-    terminal.type("d\n")
+    terminal.type("q\n")
     assert terminal.finish() == 1  # cases were left
     assert ("accepted REGRESSION     tests/__golden__/test_suite.json ['test_param[Count: one,]']"
             "['cpu/float32']") in terminal.output
     assert f"summary: accepted 1 case(s), left {len(found) - 1} in llm-candidates" in terminal.output
     after, before = read_goldens(mixed, GOLDEN), json.loads(original)["goldens"]
-    assert after["test_param[Count: one,]"] == candidates["test_param[Count: one,]"]
     assert {k: v for k, v in after.items() if k != "test_param[Count: one,]"} == \
         {k: v for k, v in before.items() if k != "test_param[Count: one,]"}
 
 
 @pytest.mark.parametrize(("keys", "status", "said"), [
-    ("\x03", 130, "interrupted: nothing was written."),  # Ctrl-C
-    ("q\n", 1, "quit: nothing was written."),
+    ("\x03", 130, "interrupted: the rest is left in the candidates."),  # Ctrl-C
+    ("q\n", 1, "quit: the rest is left in the candidates."),
+    ("\x04", 1, "end of input: the rest is left in the candidates."),  # Ctrl-D
 ])
-def test_ctrl_c_or_quit_in_review_writes_nothing(mixed, keys, status, said):
-    original = (mixed.path / GOLDEN).read_bytes()
+def test_ctrl_c_ctrl_d_or_quit_in_review_keep_every_case_accepted_before(mixed, keys, status, said):
+    """Before, Ctrl-C and Ctrl-D threw away every answer given (nothing was written until the end)."""
+    candidates = read_goldens(mixed, CANDIDATE)
     terminal = Terminal("review", "llm-candidates", cwd=mixed.path)
-    terminal.read_until("accept? [a/s/d/q] ")
+    terminal.read_until("accept? [a/s/q] ")
     terminal.type("a\n")
     terminal.read_until("[2/")
     terminal.type(keys)
     assert terminal.finish() == status, terminal.output
-    assert said in terminal.output and "\naccepted " not in terminal.output
-    assert (mixed.path / GOLDEN).read_bytes() == original
+    assert said in terminal.output
+    assert "\naccepted REGRESSION     tests/__golden__/test_suite.json ['test_param[Count: one,]']" \
+        in terminal.output
+    assert "summary: accepted 1 case(s)" in terminal.output
+    assert read_goldens(mixed, GOLDEN)["test_param[Count: one,]"] == candidates["test_param[Count: one,]"]
+
+
+def test_review_after_an_accept_passes_over_the_identical_cases_instead_of_crashing(mixed):
+    """Before, review met the cases accepted earlier (now IDENTICAL) last, crashed on the first of
+    them (an AssertionError in the failure text) and wrote none of the answers given before it."""
+    found = verdicts(mixed)
+    regressions = sorted(key for key, verdict in found.items() if verdict == "REGRESSION")
+    assert llm_golden("accept", "llm-candidates", "--only", "REGRESSION", cwd=mixed.path).returncode == 1
+    candidates = read_goldens(mixed, CANDIDATE)
+    terminal = Terminal("review", cwd=mixed.path)
+    left = len(found) - len(regressions)
+    shown = terminal.read_until("accept? [a/s/q] ")
+    assert (f"{left} case(s) to review ({len(regressions)} IDENTICAL to the project's golden, nothing to "
+            "accept); answer each") in shown
+    for number in range(1, left + 1):
+        terminal.type("a\n")
+        if number < left:
+            terminal.read_until(f"[{number + 1}/{left}] ")
+    assert terminal.finish() == 0, terminal.output
+    assert "Traceback" not in terminal.output
+    assert f"summary: accepted {left} case(s), left 0 in llm-candidates" in terminal.output
+    assert read_goldens(mixed, GOLDEN) == candidates
 
 
 # -- diff reads goldens only ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.run.repro import safe_name
 from tests.helpers.models import perturbed_tiny_copy
+from tests.helpers.projects import llm_golden
 
 SUITE = """
 import pytest
@@ -69,9 +70,17 @@ def test_a_failing_check_writes_a_pack_whose_command_reruns_that_check_alone(rec
                                  "sh repro/*/rerun.sh)"])
     repro = project.path / "repro"
     # One folder per failing test; a test with several failing checks gets one per key below it.
-    assert sorted(p.name for p in repro.iterdir()) == sorted(safe_name(f"test_suite.py::{name}") for name in (
-        "test_capital", "test_param[Count: one,]", "test_param[The cat sat on the]", "test_two_checks",
-        "test_new"))
+    assert sorted(p.name for p in repro.iterdir() if p.is_dir()) == sorted(
+        safe_name(f"test_suite.py::{name}") for name in (
+            "test_capital", "test_param[Count: one,]", "test_param[The cat sat on the]", "test_two_checks",
+            "test_new"))
+    # Marked as the plugin's output: no walk for goldens enters it (before, `llm-golden diff .` read
+    # the packs' golden.json and new.json as goldens of the project, and listed their other JSON).
+    assert (repro / "LLM-OUTPUT.txt").is_file()
+    for args in (["."], [".", "."]):
+        walked = llm_golden("diff", *args, cwd=project.path)
+        assert walked.returncode == 0, walked.stdout + walked.stderr
+        assert "repro" not in walked.stdout + walked.stderr
     two = pack_of(repro, "test_suite.py::test_two_checks")
     assert sorted(p.name for p in two.iterdir()) == sorted(map(safe_name, ["test_two_checks",
                                                                            "test_two_checks::code"]))

@@ -34,7 +34,8 @@ def test_an_unknown_verdict_is_a_usage_error_that_lists_the_verdicts(tmp_path):
     wrong = llm_golden("accept", tmp_path, "--only", "REGRESSON", cwd=tmp_path)
     assert wrong.returncode == 2
     assert ("'REGRESSON' is not a verdict: give one or more of NEW,IDENTICAL,LOGIT_DRIFT,TIE_FLIP,"
-            "SAMPLE_FLIP,RANK_FLIP,REGRESSION,INPUT_CHANGED, separated by commas") in wrong.stderr
+            "SAMPLE_FLIP,RANK_FLIP,REGRESSION,INPUT_CHANGED,FIELDS_CHANGED, separated by commas"
+            ) in wrong.stderr
 
 
 def test_review_without_a_terminal_names_accept_only_and_k(tmp_path):
@@ -46,3 +47,24 @@ def test_review_without_a_terminal_names_accept_only_and_k(tmp_path):
         "llm-golden review: needs a terminal to ask case by case, and its input is not one. Choose the cases "
         "to accept instead with: llm-golden accept llm-candidates --only VERDICT[,...] (or --except, or -k "
         "SUBSTRING of the test key); `llm-golden diff` lists the verdicts.\n")
+
+
+def test_review_decodes_ids_with_the_projects_tokenizer_only_where_the_goldens_recorded_it(tmp_path):
+    import json
+
+    from pytest_llmdeterminism.cli import tokenizer
+
+    recorded = json.loads((DATA / "test_tiny_model.intel-avx512-native-0.1.0.json").read_text())
+    tiny_hash = recorded["goldens"]["test_capital"]["cpu/float32"]["fingerprint"]["tokenizer_hash"]
+    (tmp_path / "tox.ini").write_text("[pytest]\nllm_model = builtin:tiny\n")
+    found = tokenizer.load(tmp_path / "tox.ini", {tiny_hash})
+    assert found.tokenizer is not None and found.hash == tiny_hash
+    assert found.line == ("token ids are decoded with the tokenizer of llm_model 'builtin:tiny', as the "
+                          "failing check decoded them")
+    other = tokenizer.load(tmp_path / "tox.ini", {"0123456789abcdef"})
+    assert other.tokenizer is None and other.line.endswith(
+        "is not the one these goldens were recorded with")
+    (tmp_path / "tox.ini").write_text("[pytest]\n")
+    assert tokenizer.load(tmp_path / "tox.ini", {tiny_hash}).line == (
+        "token ids the goldens hold no piece for are shown as <id N>: the project's configuration names no "
+        "llm_model whose tokenizer would decode them")

@@ -30,7 +30,8 @@ PACKAGES = {
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.server_score"],
                 ["engines.openai", "engines.companions"],
                 ["engines"]],
-    "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"], ["goldens.codec"],
+    "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"],
+                ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files"], ["goldens.review"]],
     "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit", "reporting.run_header",
                    "reporting.progress"],
@@ -45,8 +46,9 @@ PACKAGES = {
             ["run.configuration", "run.repro"],
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
-    "cli": [["cli.project"], ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb",
-                              "cli.compare"], ["cli.review"], ["cli"], ["cli.__main__"]],
+    "cli": [["cli.project", "cli.tokenizer"],
+            ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb", "cli.compare"],
+            ["cli.review"], ["cli"], ["cli.__main__"]],
     "top": [["strategies", "plugin"], ["__init__"]],
 }
 LAYERS = [line for block in PACKAGES.values() for line in block]
