@@ -219,8 +219,8 @@ class _OutcomeCollector:
         payload = getattr(report, REPORT_ATTRIBUTE, None)
         if payload is not None and not self._session.ledger.retried(report.nodeid):  # a retried attempt:
             self._session.ledger.collect(payload, report.nodeid)  # its records are not the test's
-            ledger = self._session.ledger
-            self._session.test_done(report.nodeid, ledger.durations.get(report.nodeid, report.duration), payload)
+            body = self._session.ledger.durations.get(report.nodeid, report.duration)
+            self._session.test_done(report.nodeid, body, payload)
 
     @pytest.hookimpl(trylast=True)  # after pytest's line for the test, percentage included
     def pytest_runtest_logfinish(self, nodeid: str) -> None:

@@ -225,7 +225,7 @@ def next_steps(ledger: Ledger, out: RunOutput, files: GoldenFiles, options: Opti
              *(f"  {command}" for command in accept[:_ACCEPTS_LISTED]),
              *([f"  … {more} more failing test(s)"] if more > 0 else [])] if accept else []
     lines += hints.after_model_change(ledger.checks, candidates=candidates)
-    lines += terminal.unused_summary(out.unused, [], [], files.display, prune=options.prune)
+    lines += terminal.unused_summary(out.unused, [], [], files.display, prune=options.prune is not None)
     return lines
 
 

@@ -33,9 +33,10 @@ PACKAGES = {
     "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"],
                 ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files"], ["goldens.review"]],
-    "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit", "reporting.run_header",
-                   "reporting.progress"],
-                  ["reporting.recorder", "reporting.hints", "reporting.markdown_report", "reporting.html_report"],
+    "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit",
+                   "reporting.run_header", "reporting.progress"],
+                  ["reporting.recorder", "reporting.hints", "reporting.markdown_report",
+                   "reporting.html_report"],
                   ["reporting.failure", "reporting.terminal", "reporting.documents"],
                   ["reporting.run_comparison"]],
     # The llm_model fixture object over the engines, and the audit on top of it.
