@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import accept, diff
-from pytest_llmdeterminism.goldens.review import REVIEW_ORDER, Case
+from pytest_llmdeterminism.goldens.review import Case, case_risk
 from pytest_llmdeterminism.reporting import failure
 
 SUMMARY = "go through candidate goldens case by case on a terminal: accept or skip each"
@@ -62,7 +62,7 @@ def review(path: Path, root: Path | None, golden_dir: Path | None, *,
     planned = accept.plan("review", path, root, golden_dir, candidates_root)
     if planned is None:
         return 2
-    cases = sorted(planned.cases, key=lambda case: (REVIEW_ORDER.index(case.verdict), case.file, case.key,
+    cases = sorted(planned.cases, key=lambda case: (case_risk(case.verdict), case.file, case.key,
                                                     case.variant))
     print(f"{len(cases)} case(s) to review; answer each with a key and Enter: {KEYS}")
     taken: list[Case] = []

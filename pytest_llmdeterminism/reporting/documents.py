@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.reporting.text import (
     delta,
     differing_window,
@@ -358,8 +359,8 @@ _CHECK_FILTERS: tuple[tuple[str, str, Callable[[str, bool], bool]], ...] = (
     ("changed", "changed", lambda verdict, passed: verdict != "IDENTICAL"),
     ("failed", "failed", lambda verdict, passed: not passed),
     ("regression", "REGRESSION", lambda verdict, passed: verdict == "REGRESSION"),
-    ("near-tie", "near ties (TIE_FLIP, SAMPLE_FLIP, RANK_FLIP)",
-     lambda verdict, passed: verdict in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP")),
+    ("near-tie", f"near ties ({', '.join(v.value for v in Verdict.by_risk() if v.flip)})",
+     lambda verdict, passed: Verdict.is_flip(verdict)),
     ("drift", "drift (LOGIT_DRIFT)", lambda verdict, passed: verdict == "LOGIT_DRIFT"),
 )
 
@@ -442,7 +443,7 @@ def run_report_html(document: dict[str, Any]) -> str:
     sections = []
     for check in document["checks"]:
         status = "passed" if check["passed"] else "failed"
-        flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP", "REGRESSION")
+        flipped = Verdict.is_flip(check["verdict"]) or check["verdict"] == Verdict.REGRESSION.value
         step = check["first_divergence"] if flipped else None
         lines = []
         inputs = check.get("inputs") or {}

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.reporting.documents import (
     FILTER_SCRIPT,
     HTML_STYLE,
@@ -20,9 +21,6 @@ from pytest_llmdeterminism.reporting.documents import (
 # How a check moved between the runs, in the order a reviewer reads them.
 CHANGED, APPEARED, DISAPPEARED, SAME = "changed", "appeared", "disappeared", "same"
 _ORDER = (CHANGED, APPEARED, DISAPPEARED, SAME)
-# Within "changed": the later run's verdict, worst first.
-_SEVERITY = ("REGRESSION", "NONDETERMINISTIC", "INPUT_CHANGED", "MISSING", "SAMPLE_FLIP", "TIE_FLIP",
-             "RANK_FLIP", "LOGIT_DRIFT", "IDENTICAL")
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,7 @@ def compare_runs(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any
 
     def rank(change: CheckChange) -> tuple[int, int, str, str]:
         verdict = change.after["verdict"] if change.after is not None else ""
-        severity = _SEVERITY.index(verdict) if verdict in _SEVERITY else len(_SEVERITY)
-        worst = severity if change.status == CHANGED else 0
+        worst = Verdict.risk_of(verdict) if change.status == CHANGED else 0  # within "changed": worst first
         return _ORDER.index(change.status), worst, change.test, change.name
 
     return sorted(changes, key=rank)

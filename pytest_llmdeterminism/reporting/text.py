@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_llmdeterminism.compare import first_token_divergence
+from pytest_llmdeterminism.compare import first_token_divergence, within_drift
 
 _MAX_IDS_SHOWN = 12
 
@@ -45,6 +45,19 @@ def number(value: float | None) -> str:
 def delta(value: float | None) -> str:
     # Logprobs are stored to 6 decimals: a smaller change shows only in the hash.
     return "< 1e-6" if value is not None and value < 1e-6 else number(value)
+
+
+def tie_text(margin: float, tie_margin: float, drift: float, *, name: str = "golden margin") -> str:
+    """A changed decision's golden margin against the near-tie bound: below the tie margin, within the
+    drift this run measured around it (a near tie too, DESIGN §14), or neither: ``golden margin 0.176
+    >= tie margin 0.05, within this run's drift (0.61): near tie``."""
+    head = f"{name} {margin:.3g}"
+    if within_drift(margin, tie_margin, drift):
+        return f"{head} >= tie margin {tie_margin:g}, within this run's drift ({drift:.3g}): near tie"
+    if margin < tie_margin:
+        return f"{head} < tie margin {tie_margin:g}: near tie"
+    drift_note = f", outside this run's drift ({drift:.3g})" if drift > 0 else ""
+    return f"{head} >= tie margin {tie_margin:g}{drift_note}: not a near tie"
 
 
 def short(value: Any, limit: int = 100) -> str:

@@ -21,9 +21,10 @@ from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Recor
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.judgement import judge_with
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Decision, Written
-from pytest_llmdeterminism.run.decision import decide, judge
+from pytest_llmdeterminism.run.decision import decide
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def assert_tokens_match(actual: Generation | Score, expected: Generation | Score
                             f"(goldens[key][variant], e.g. goldens['test_x']['cpu/float32']): {problem}"
                             ) from None
     profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
-    comparison, passed = judge(expected, actual, profile)
+    comparison, passed = judge_with(expected, actual, profile)
     if not passed:
         decode = failure.decoder_for(expected, actual, tokenizer)
         dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))  # judge's
