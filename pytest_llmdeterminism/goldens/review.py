@@ -17,7 +17,7 @@ from pathlib import Path
 from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation, Score
-from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.goldens import judged, schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, fallback_variant
 from pytest_llmdeterminism.judgement import judge
@@ -96,7 +96,7 @@ def review(base: Path, candidate: Path) -> Review:
     for name, base_file, cand_file in pairs:
         base_goldens = store.read(base_file) if base_file.exists() else {}
         cand_goldens = store.read(cand_file) if cand_file.exists() else {}
-        cases += review_goldens(name, base_goldens, cand_goldens)
+        cases += review_goldens(name, base_goldens, cand_goldens, judged.read(cand_file))
     return Review(cases, ignored)
 
 
@@ -135,7 +135,8 @@ def review_candidates(candidates: Path, root: Path, *,
     cases: list[Case] = []
     for name in names:
         if _is_golden_path(name, golden_dir):
-            cases += review_goldens(name.as_posix(), store.read(root / name), store.read(candidates / name))
+            cases += review_goldens(name.as_posix(), store.read(root / name), store.read(candidates / name),
+                                    judged.read(candidates / name))
     return cases, problems, [name for name in names if not _is_golden_path(name, golden_dir)]
 
 
@@ -328,7 +329,12 @@ def plan_accept(candidates: Path, root: Path, *, golden_dir: Path | None = None,
         if problem:
             problems.append(problem)
         else:
-            cases = review_goldens(name.as_posix(), store.read(root / name), goldens)
+            try:
+                tolerances = judged.read(candidates / name)
+            except GoldenFileError as error:
+                problems.append(str(error))
+                continue
+            cases = review_goldens(name.as_posix(), store.read(root / name), goldens, tolerances)
             accepted.append(Acceptance(name, root / name, goldens,
                                        tuple(case for case in cases if case.verdict != ABSENT)))
     return accepted, problems

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import atomic, store
+from pytest_llmdeterminism.goldens import atomic, judged, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting import documents, hints, terminal
@@ -43,6 +43,7 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
         folder = options.artifacts
         _merge(ledger.candidates, lambda path: folder / files.under_root(path), lambda n: f"{n} candidate(s)",
                files, out)
+        _record_tolerances(ledger, lambda path: folder / files.under_root(path), files, out)
     out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
         out.unused = find_unused(ledger, files, options.rootdir)
@@ -67,6 +68,21 @@ def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describ
             out.errors.append(f"{files.display(destination)}: {type(error).__name__}: {error}")
         else:
             out.written.append(f"{files.display(destination)} ({describe(len(updates))})")
+
+
+def _record_tolerances(ledger: Ledger, target: Callable[[Path], Path], files: GoldenFiles,
+                       out: RunOutput) -> None:
+    """Beside each candidate file, the profile the run set for its candidates, so that the review
+    tools judge them as this run did (:mod:`~pytest_llmdeterminism.goldens.judged`)."""
+    for path, tolerances in sorted(ledger.candidate_tolerances.items()):
+        destination = target(Path(path))
+        if not destination.is_file():
+            continue  # its candidates were not written: already reported
+        try:
+            judged.merge(destination, tolerances)
+        except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+            where = files.display(judged.path_for(destination))
+            out.errors.append(f"{where}: {type(error).__name__}: {error}")
 
 
 def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options: Options,

@@ -1,21 +1,28 @@
 """One verdict per check whatever reads it: the verdicts' facts live on the verdict, the run and the
 review tools make one judgement, and a flip within the run's own drift is a flip, said so."""
 
-import dataclasses
 
 import pytest
 
 from pytest_llmdeterminism.compare import Verdict, compare
+from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.goldens.review import FAIL_ON, ORDER, case_risk, review_goldens
+from pytest_llmdeterminism.goldens import judged, schema, store
+from pytest_llmdeterminism.goldens.review import (
+    FAIL_ON,
+    ORDER,
+    case_risk,
+    plan_accept,
+    review,
+    review_goldens,
+)
 from pytest_llmdeterminism.reporting import failure
 from pytest_llmdeterminism.reporting.hints import after_model_change
 from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.reporting.run_comparison import compare_runs
 from pytest_llmdeterminism.run.decision import decide
 from pytest_llmdeterminism.tolerance import parse_profile
-from tests.helpers.strategies import sample_score
+from tests.helpers.strategies import moved_score, sample_score
 
 # -- the verdicts' facts ---------------------------------------------------------------------------
 
@@ -44,40 +51,60 @@ def test_compare_lists_changed_checks_by_the_verdicts_risk():
 
 # -- one judgement: the run and `llm-golden diff/review/accept` ------------------------------------
 
-def _moved(score, position, logprob, rank=None):
-    def at(values, value):
-        return tuple(value if t == position else v for t, v in enumerate(values))
-    return dataclasses.replace(score, logprobs=at(score.logprobs, logprob),
-                               step_hashes=at(score.step_hashes, "ffffffffffffffff"),
-                               ranks=at(score.ranks, score.ranks[position] if rank is None else rank))
-
-
 @pytest.mark.parametrize("explicit", [None, "near_tie(margin=0.05, atol=0.001)", "exact"])
 def test_a_score_check_has_the_runs_verdict_in_diff_review_and_accept(explicit):
     """Issue 49 F1: a score whose logprobs moved beyond the profile's atol (and whose near tie at
     position 1 swapped) was a REGRESSION in the run and a RANK_FLIP in `llm-golden diff`, `review` and
     `accept`, each judging with another tolerance; `accept --only LOGIT_DRIFT,TIE_FLIP` left it behind."""
     golden = sample_score()
-    actual = _moved(_moved(golden, 0, -0.9), 1, -0.6995, rank=1)
+    actual = moved_score(moved_score(golden, 0, -0.9), 1, -0.6995, rank=1)
     profile = parse_profile(explicit) if explicit else None
     decision = decide(actual, golden=golden, variant="cpu/float32", explicit=profile, update=None)
     assert decision.comparison.verdict is Verdict.RANK_FLIP and not decision.passed  # drift 0.4 > atol
     tolerances = {"test_s": {"cpu/float32": profile}} if profile else {}
-    (case,) = review_goldens("t.json", {"test_s": {"cpu/float32": schema.to_struct(schema.to_entry(golden))}},
-                             {"test_s": {"cpu/float32": schema.to_struct(schema.to_entry(actual))}}, tolerances)
+    base, candidate = ({"test_s": {"cpu/float32": schema.to_struct(schema.to_entry(score))}}
+                       for score in (golden, actual))
+    (case,) = review_goldens("t.json", base, candidate, tolerances)
     assert case.verdict == decision.comparison.verdict.value
     assert case.comparison == decision.comparison
 
 
 def test_an_explicit_margin_judges_the_review_as_it_judged_the_run():
     golden = sample_score()
-    flipped = _moved(golden, 1, -0.6995, rank=1)  # the planted near tie, golden rank margin 0.01
+    flipped = moved_score(golden, 1, -0.6995, rank=1)  # the planted near tie, golden rank margin 0.01
     tight = parse_profile("near_tie(margin=0.005, atol=0.01)")
     decision = decide(flipped, golden=golden, variant="cpu/float32", explicit=tight, update=None)
     assert decision.comparison.verdict is Verdict.REGRESSION  # 0.01 >= the test's own margin
     entries = [{"test_s": {"cpu/float32": schema.to_struct(schema.to_entry(s))}} for s in (golden, flipped)]
     assert review_goldens("t.json", *entries, {"test_s": {"cpu/float32": tight}})[0].verdict == "REGRESSION"
     assert review_goldens("t.json", *entries)[0].verdict == "RANK_FLIP"  # the default margin, 0.05
+
+
+def test_the_profile_the_run_set_travels_beside_the_candidates_and_a_forged_one_is_refused(tmp_path):
+    golden = sample_score()
+    flipped = moved_score(golden, 1, -0.6995, rank=1)
+    root, cands = tmp_path / "root", tmp_path / "cands"
+    store.write(root / "__golden__" / "test_x.json", {"test_s": {"cpu/float32": schema.to_entry(golden)}})
+    candidate = cands / "__golden__" / "test_x.json"
+    store.write(candidate, {"test_s": {"cpu/float32": schema.to_entry(flipped)}})
+    def verdicts():
+        return [case.verdict for case in review(root / "__golden__", cands / "__golden__").cases]
+
+    assert verdicts() == ["RANK_FLIP"]  # the default tie margin, 0.05
+    judged.merge(candidate, {"test_s": {"cpu/float32": "near_tie(margin=0.005, atol=0.01)"}})
+    assert verdicts() == ["REGRESSION"]
+    (planned,), problems = plan_accept(cands, root)
+    assert problems == [] and [case.verdict for case in planned.cases] == ["REGRESSION"]
+    judged.merge(candidate, {"test_s": {"cpu/float32": ""}})  # judged by the default: no entry, no file
+    assert not judged.path_for(candidate).exists()
+    judged.path_for(candidate).write_text('{"test_s": {"cpu/float32": "near_tie(margin=inf)"}}')
+    accepted, problems = plan_accept(cands, root)
+    assert accepted == [] and len(problems) == 1
+    assert "test_x.tolerances' is no tolerance file of candidates" in problems[0]
+    assert "margin must be a finite number" in problems[0]
+    assert f"Delete {judged.path_for(candidate)}" in problems[0]
+    with pytest.raises(GoldenFileError, match="is no tolerance file"):
+        verdicts()
 
 
 # -- a flip within the run's own drift (DESIGN §14) ------------------------------------------------
@@ -102,7 +129,8 @@ def test_a_flip_whose_margin_lies_within_the_drift_before_it_is_a_tie_flip_and_s
     and nothing said the run's own drift covers it."""
     comparison = compare(GOLDEN, _drifted(0.61))
     assert comparison.verdict is Verdict.TIE_FLIP and comparison.max_logprob_delta == pytest.approx(0.61)
-    text = failure.mismatch("test_x", "g.json", None, comparison, GOLDEN, _drifted(0.61), str, profile="exact")
+    text = failure.mismatch("test_x", "g.json", None, comparison, GOLDEN, _drifted(0.61), str,
+                            profile="exact")
     assert ("golden margin 0.176 >= tie margin 0.05, within this run's drift (0.61): near tie"
             in text.splitlines()[0])
     # the drift is still the profile's to judge: a near tie passes only within its atol
@@ -113,17 +141,18 @@ def test_a_flip_whose_margin_lies_within_the_drift_before_it_is_a_tie_flip_and_s
 def test_a_flip_whose_margin_exceeds_both_the_tie_margin_and_the_drift_is_a_regression():
     comparison = compare(GOLDEN, _drifted(0.1))
     assert comparison.verdict is Verdict.REGRESSION
-    text = failure.mismatch("test_x", "g.json", None, comparison, GOLDEN, _drifted(0.1), str, profile="exact")
+    text = failure.mismatch("test_x", "g.json", None, comparison, GOLDEN, _drifted(0.1), str,
+                            profile="exact")
     assert ("golden margin 0.176 >= tie margin 0.05, outside this run's drift (0.1): not a near tie"
             in text.splitlines()[0])
 
 
 def test_a_score_rank_change_within_the_drift_of_its_other_positions_is_a_rank_flip():
     golden = sample_score()  # position 1: the given token 0.01 below the top-1
-    swapped = _moved(golden, 1, -0.6995, rank=1)
+    swapped = moved_score(golden, 1, -0.6995, rank=1)
     tight = 0.005  # a tie margin below the golden's rank margin: the swap alone is confident
     assert compare(golden, swapped, tie_margin=tight).verdict is Verdict.REGRESSION
-    drifted = compare(golden, _moved(swapped, 0, -0.52), tie_margin=tight)  # 0.02 of drift elsewhere
+    drifted = compare(golden, moved_score(swapped, 0, -0.52), tie_margin=tight)  # 0.02 of drift elsewhere
     assert drifted.verdict is Verdict.RANK_FLIP
     (change,) = drifted.score.rank_changes
     assert change.drift_elsewhere == pytest.approx(0.02)
