@@ -1,7 +1,10 @@
 """The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
 confident), nondeterministic across attempts (:func:`message` picks the one a
 :class:`~pytest_llmdeterminism.reporting.records.Decision` needs), and ``assert a == b`` on two
-generations. Built from data; nothing here prints or raises."""
+generations. Built from data; nothing here prints or raises.
+
+Over the 400-line fence: one text per verdict family (generation, sampled, score), kept together so
+that every failure reads alike; issue 50's kinds split it per kind."""
 
 from __future__ import annotations
 
