@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.compare import Verdict, within_drift
 from pytest_llmdeterminism.reporting.text import (
     delta,
     differing_window,
@@ -187,10 +187,11 @@ def _draw(check: dict[str, Any]) -> tuple[float, float] | None:
 
 def _confidence(check: dict[str, Any]) -> float:
     """How far from a near tie the golden was where the tokens parted, as a multiple of the bound
-    that decided the verdict: the tie margin for a greedy check, the tie margin over T for the
-    draw margin of a sampled one, so both kinds rank on one scale (the raw margin where the report
-    has no tie margin; 0 without a divergence, or where the golden had stopped: JSON null)."""
-    tie = check.get("tie_margin") or 0.0
+    that decided the verdict: the tie margin (or the drift before it, where larger) for a greedy
+    check, that over T for the draw margin of a sampled one, so both kinds rank on one scale (the
+    raw margin where the report has no tie margin; 0 without a divergence, or where the golden had
+    stopped: JSON null)."""
+    tie = max(check.get("tie_margin") or 0.0, check.get("max_logprob_delta") or 0.0)
     draw = _draw(check)
     if draw is not None:
         margin, temperature = draw
@@ -202,11 +203,16 @@ def _confidence(check: dict[str, Any]) -> float:
 
 
 def margin_text(check: dict[str, Any]) -> str:
-    """The margin that decided a divergence: a sampled check's draw margin (and T), else the golden's."""
+    """The margin that decided a divergence: a sampled check's draw margin (and T), else the golden's;
+    a near tie only by the drift before it says so."""
     draw = _draw(check)
     if draw is not None:
         return f"draw {number(draw[0])} (T {draw[1]:g})"
-    return "" if check["golden_margin"] is None else number(check["golden_margin"])
+    golden, drift = check["golden_margin"], check.get("max_logprob_delta") or 0.0
+    if golden is None:
+        return ""
+    within = Verdict.is_flip(check["verdict"]) and within_drift(golden, check.get("tie_margin") or 0.0, drift)
+    return f"{number(golden)} (within this run's drift {number(drift)})" if within else number(golden)
 
 
 def drift_text(check: dict[str, Any]) -> str:

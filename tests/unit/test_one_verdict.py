@@ -138,6 +138,15 @@ def test_a_flip_whose_margin_lies_within_the_drift_before_it_is_a_tie_flip_and_s
     assert parse_profile("near_tie(margin=0.05, atol=1)").accepts(comparison)
 
 
+def test_the_reports_say_a_flip_was_within_the_runs_drift():
+    from pytest_llmdeterminism.reporting.documents import margin_text
+
+    check = {"verdict": "TIE_FLIP", "golden_margin": 0.176, "max_logprob_delta": 0.61, "tie_margin": 0.05}
+    assert margin_text(check) == "0.176 (within this run's drift 0.61)"
+    assert margin_text({**check, "golden_margin": 0.01}) == "0.01"  # below the tie margin itself
+    assert margin_text({**check, "verdict": "REGRESSION", "max_logprob_delta": 0.1}) == "0.176"
+
+
 def test_a_flip_whose_margin_exceeds_both_the_tie_margin_and_the_drift_is_a_regression():
     comparison = compare(GOLDEN, _drifted(0.1))
     assert comparison.verdict is Verdict.REGRESSION
