@@ -252,9 +252,7 @@ def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None =
     margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
     ks = score_top_k(expected), score_top_k(actual)
     reranked = {t for t in range(positions) if _rank_changed(expected.ranks[t], actual.ranks[t], *ks)}
-    deltas = [max(abs(expected.logprobs[t] - actual.logprobs[t]),
-                  _max_logprob_delta(expected.top_logprobs[t:t + 1], actual.top_logprobs[t:t + 1]))
-              for t in range(positions)]
+    deltas = _position_deltas(expected, actual)
     highest = sorted(range(positions), key=lambda t: -deltas[t])[:2]  # the drift elsewhere of any position
 
     def elsewhere(t: int) -> float:
@@ -280,6 +278,15 @@ def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None =
     return Comparison(verdict, first_hash_step=first_hash, steps_compared=positions, total_steps=positions,
                       max_logprob_delta=delta, tie_margin=margin, hash_definitions=definitions,
                       score=evidence)
+
+
+def _position_deltas(expected: Score, actual: Score) -> list[float]:
+    """Per position: the largest |Δlogprob| of the given token and the top-k ids both sides share."""
+    if expected.logprobs == actual.logprobs and expected.top_logprobs == actual.top_logprobs:
+        return [0.0] * len(expected.token_ids)  # the common case, compared at C speed
+    return [max(abs(expected.logprobs[t] - actual.logprobs[t]),
+                _max_logprob_delta(expected.top_logprobs[t:t + 1], actual.top_logprobs[t:t + 1]))
+            for t in range(len(expected.token_ids))]
 
 
 STOPPED = "<stopped at EOS>"
