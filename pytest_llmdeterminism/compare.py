@@ -3,13 +3,13 @@ no torch."""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, Score, TopK
+from pytest_llmdeterminism.verdict import Verdict as Verdict  # re-exported: what compare() returns
 
 # What a golden records and a check compares: a generation, or a score (a teacher-forced continuation).
 Recorded = Union[Generation, Score]  # noqa: UP007 - an alias evaluated at run time (Python 3.10)
@@ -19,27 +19,6 @@ Recorded = Union[Generation, Score]  # noqa: UP007 - an alias evaluated at run t
 # ~1e-5..1e-4 in logprob; half precisions round at ~1e-3 (fp16) and ~1e-2 (bf16) relative on
 # logits of magnitude ~10, so their margins are wider.
 DEFAULT_TIE_MARGIN = {"float32": 0.05, "float16": 0.25, "bfloat16": 0.5}
-
-
-class Verdict(enum.Enum):
-    """What one golden check found; the tolerance profile decides whether it passes."""
-
-    MISSING = "MISSING"  # no golden to compare with: decided by run.decision.decide, not compare()
-    INPUT_CHANGED = "INPUT_CHANGED"
-    IDENTICAL = "IDENTICAL"
-    LOGIT_DRIFT = "LOGIT_DRIFT"
-    TIE_FLIP = "TIE_FLIP"
-    # A sampled golden (do_sample=True) whose token changed where its draw was a near tie: the
-    # recorded draw margin is below what the tie margin's logit drift moves a perturbed score (tie
-    # margin / temperature). Judged like TIE_FLIP.
-    SAMPLE_FLIP = "SAMPLE_FLIP"
-    # A score whose given token's rank changed at a position where it was a near tie with its
-    # neighbour in rank (the golden's rank margin below the tie margin). Judged like TIE_FLIP.
-    RANK_FLIP = "RANK_FLIP"
-    REGRESSION = "REGRESSION"
-    # Not from compare() either: a rerun of a test (pytest-rerunfailures) in the same process whose
-    # output for a key differs from an earlier attempt's (run.decision.decide), so a rerun never passes.
-    NONDETERMINISTIC = "NONDETERMINISTIC"
 
 
 @dataclass(frozen=True)
@@ -69,6 +48,7 @@ class PositionChange:
     expected_rank: int | None
     actual_rank: int | None
     rank_margin: float | None
+    drift_elsewhere: float = 0.0  # the score's largest |Δlogprob| at its other positions
 
     @property
     def delta(self) -> float:
@@ -88,7 +68,6 @@ class ScoreEvidence:
     rank_changes: tuple[PositionChange, ...]
     expected_total: float
     actual_total: float
-    atol: float | None = None  # the logprob distance beyond which a moved position was a REGRESSION
 
 
 MOVED_SHOWN = 5
@@ -118,6 +97,18 @@ class Comparison:
     score: ScoreEvidence | None = None  # two scores: the per-position evidence
 
 
+def near_tie(margin: float | None, tie_margin: float, drift: float) -> bool:
+    """A changed decision whose golden margin was below the tie margin, or within the drift this run
+    measured around it (DESIGN §14: a changed decision at a near tie, within the drift, is a flip;
+    away from a tie it is a REGRESSION). An unknown margin is no near tie."""
+    return margin is not None and margin < max(tie_margin, drift)
+
+
+def within_drift(margin: float | None, tie_margin: float, drift: float) -> bool:
+    """A near tie only by the run's own drift: its margin was at or above the tie margin."""
+    return margin is not None and tie_margin <= margin < drift
+
+
 def default_tie_margin(dtype: str) -> float:
     return DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"])
 
@@ -127,17 +118,16 @@ def kind_of(recorded: Recorded) -> str:
     return "score" if isinstance(recorded, Score) else "generation"
 
 
-def compare(expected: Recorded, actual: Recorded, *, tie_margin: float | None = None,
-            atol: float | None = None) -> Comparison:
+def compare(expected: Recorded, actual: Recorded, *, tie_margin: float | None = None) -> Comparison:
     """Golden ``expected`` vs ``actual``. ``tie_margin`` defaults to the one for the golden's dtype.
-    ``atol``: for scores, the logprob distance beyond which a moved position is a REGRESSION (None:
-    a moved logprob is LOGIT_DRIFT, the profile judges it). A generation compared with a score is
-    INPUT_CHANGED (``kind``)."""
+    The verdict says what happened, whatever the tolerance: drift (of a generation's or a score's
+    logprobs) is LOGIT_DRIFT, and the profile decides whether its size passes. A generation compared
+    with a score is INPUT_CHANGED (``kind``)."""
     if isinstance(expected, Score) or isinstance(actual, Score):
         if not (isinstance(expected, Score) and isinstance(actual, Score)):
             return Comparison(Verdict.INPUT_CHANGED,
                               input_changes=(("kind", kind_of(expected), kind_of(actual)),))
-        return compare_scores(expected, actual, tie_margin=tie_margin, atol=atol)
+        return compare_scores(expected, actual, tie_margin=tie_margin)
     assert isinstance(expected, Generation) and isinstance(actual, Generation)
     changes = input_changes(expected, actual)
     if changes:
@@ -164,7 +154,7 @@ def compare(expected: Recorded, actual: Recorded, *, tie_margin: float | None = 
         verdict, divergence = (Verdict.IDENTICAL if first_hash is None else Verdict.LOGIT_DRIFT), None
     else:
         divergence = _divergence(expected, actual, token_step)
-        verdict = _classify(divergence, margin)
+        verdict = _classify(divergence, margin, delta)
     beyond = [0 if limit is None else max(0, len(gen.token_ids) - limit) for gen in (actual, expected)]
     return Comparison(verdict, divergence=divergence, first_hash_step=first_hash, steps_compared=compared,
                       total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin,
@@ -242,12 +232,12 @@ def score_top_k(score: Score) -> int:
     return max(map(len, score.top_logprobs), default=0)
 
 
-def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None = None,
-                   atol: float | None = None) -> Comparison:
+def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None = None) -> Comparison:
     """Two scores of the same continuation, position by position: IDENTICAL (every hash equal),
-    LOGIT_DRIFT (logprobs moved, within ``atol``), RANK_FLIP (a given token's rank changed where its
-    golden rank margin was below ``tie_margin``), REGRESSION (a logprob moved beyond ``atol``, or a
-    rank changed where the golden was confident), INPUT_CHANGED (prompt, continuation or settings)."""
+    LOGIT_DRIFT (logprobs moved, no rank changed), RANK_FLIP (a given token's rank changed at a near
+    tie: its golden rank margin below ``tie_margin``, or within the drift of the score's other
+    positions), REGRESSION (a rank changed where the golden was confident), INPUT_CHANGED (prompt,
+    continuation or settings). As for generations, the size of the drift is the profile's to judge."""
     changes = score_input_changes(expected, actual)
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
@@ -262,17 +252,22 @@ def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None =
     margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
     ks = score_top_k(expected), score_top_k(actual)
     reranked = {t for t in range(positions) if _rank_changed(expected.ranks[t], actual.ranks[t], *ks)}
+    deltas = _position_deltas(expected, actual)
+    highest = sorted(range(positions), key=lambda t: -deltas[t])[:2]  # the drift elsewhere of any position
+
+    def elsewhere(t: int) -> float:
+        return max((deltas[s] for s in highest if s != t), default=0.0)
+
     changed = [PositionChange(t, expected.token_ids[t], expected.logprobs[t], actual.logprobs[t],
-                              expected.ranks[t], actual.ranks[t], expected.rank_margins[t])
+                              expected.ranks[t], actual.ranks[t], expected.rank_margins[t], elsewhere(t))
                for t in range(positions) if expected.logprobs[t] != actual.logprobs[t] or t in reranked]
     moved = sorted((c for c in changed if c.delta > 0), key=lambda c: (-c.delta, c.position))
     ranks = tuple(c for c in changed if c.position in reranked)
-    delta = max([moved[0].delta] if moved else [0.0])
-    delta = max(delta, _max_logprob_delta(expected.top_logprobs, actual.top_logprobs))
+    delta = max(deltas, default=0.0)
     evidence = ScoreEvidence(positions, tuple(moved[:MOVED_SHOWN]), len(moved), ranks, expected.total,
-                             actual.total, atol)
-    confident = [c for c in ranks if c.rank_margin is None or c.rank_margin >= margin]
-    if (atol is not None and delta > atol) or confident:
+                             actual.total)
+    confident = [c for c in ranks if not near_tie(c.rank_margin, margin, c.drift_elsewhere)]
+    if confident:
         verdict = Verdict.REGRESSION
     elif ranks:
         verdict = Verdict.RANK_FLIP
@@ -283,6 +278,15 @@ def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None =
     return Comparison(verdict, first_hash_step=first_hash, steps_compared=positions, total_steps=positions,
                       max_logprob_delta=delta, tie_margin=margin, hash_definitions=definitions,
                       score=evidence)
+
+
+def _position_deltas(expected: Score, actual: Score) -> list[float]:
+    """Per position: the largest |Δlogprob| of the given token and the top-k ids both sides share."""
+    if expected.logprobs == actual.logprobs and expected.top_logprobs == actual.top_logprobs:
+        return [0.0] * len(expected.token_ids)  # the common case, compared at C speed
+    return [max(abs(expected.logprobs[t] - actual.logprobs[t]),
+                _max_logprob_delta(expected.top_logprobs[t:t + 1], actual.top_logprobs[t:t + 1]))
+            for t in range(len(expected.token_ids))]
 
 
 STOPPED = "<stopped at EOS>"
@@ -341,14 +345,18 @@ def _divergence(expected: Generation, actual: Generation, step: int) -> Divergen
     return Divergence(step, expected_token, actual_token, expected_top, actual_top, margin)
 
 
-def _classify(divergence: Divergence, tie_margin: float) -> Verdict:
+def _classify(divergence: Divergence, tie_margin: float, drift: float) -> Verdict:
+    """TIE_FLIP (SAMPLE_FLIP for a draw) where the golden's margin at the divergence was a near tie
+    (:func:`near_tie`: ``drift`` is what this run measured before it), else REGRESSION."""
     if divergence.draw_margin is not None and divergence.temperature is not None:
         # A draw: both tokens' perturbed scores move by the logit drift over T. Neither side stopped.
         drawn = divergence.expected_token >= 0 and divergence.actual_token >= 0
-        near = divergence.draw_margin < tie_margin / divergence.temperature
+        t = divergence.temperature
+        near = near_tie(divergence.draw_margin, tie_margin / t, drift / t)
         return Verdict.SAMPLE_FLIP if drawn and near else Verdict.REGRESSION
     in_top = any(token == divergence.actual_token for token, _ in divergence.expected_top)
-    return Verdict.TIE_FLIP if divergence.golden_margin < tie_margin and in_top else Verdict.REGRESSION
+    near = near_tie(divergence.golden_margin, tie_margin, drift)
+    return Verdict.TIE_FLIP if near and in_top else Verdict.REGRESSION
 
 
 def _max_logprob_delta(expected: tuple[TopK, ...], actual: tuple[TopK, ...]) -> float:

@@ -6,8 +6,9 @@ The verdict says what happened; the profile decides whether that passes::
     tokens                          tokens must match; logit drift passes
     close(atol=1e-3)                tokens must match and top-k logprobs agree within atol
     near_tie(margin=0.1, atol=1e-2) like close; a first divergence at a step whose golden
-                                    top-1/top-2 margin was below `margin` passes as TIE_FLIP
-                                    (a score's rank change at such a margin: RANK_FLIP)
+                                    top-1/top-2 margin was below `margin` (or within the drift
+                                    measured before it) passes as TIE_FLIP (a score's rank
+                                    change at such a margin: RANK_FLIP)
 
 A setting may map device classes to profiles: ``cpu: exact, cuda: near_tie(margin=0.2)``.
 Without a setting the default follows the environment: ``exact`` when the golden was recorded
@@ -85,19 +86,11 @@ class Profile:
             return self.margin
         return DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"])
 
-    def score_atol(self, dtype: str) -> float | None:
-        """The logprob distance beyond which a score's moved position is a REGRESSION: the profile's
-        atol (``exact``: the dtype's default); None for ``tokens``, which passes any drift."""
-        if self.name is ProfileName.TOKENS:
-            return None
-        return self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
-
     def accepts(self, comparison: Comparison, dtype: str = "float32") -> bool:
         verdict = comparison.verdict
         if verdict is Verdict.IDENTICAL:
             return True
-        if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP) \
-                or self.name is ProfileName.EXACT:
+        if not verdict.tolerable or self.name is ProfileName.EXACT:
             return False
         if self.name is ProfileName.TOKENS:
             return verdict is Verdict.LOGIT_DRIFT

@@ -20,7 +20,6 @@ from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
     FAIL_ON,
-    FIELDS_CHANGED,
     NEW,
     ORDER,
     Case,
@@ -29,7 +28,7 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_candidates,
 )
-from pytest_llmdeterminism.reporting.text import short
+from pytest_llmdeterminism.reporting.text import short, tie_text
 from pytest_llmdeterminism.sampling import settings_text
 
 SUMMARY = "compare two golden sets case by case"
@@ -196,7 +195,7 @@ def _detail(case: Case) -> str:
     comparison = case.comparison
     if comparison is None:
         return "  (not in CAND: no candidate, that check passed)"
-    if case.verdict == FIELDS_CHANGED:
+    if case.verdict == Verdict.FIELDS_CHANGED.value:
         return "  same tokens and logit hashes, but " + fields_text(case)
     return _comparison_detail(comparison, case.expected, case.actual)
 
@@ -222,7 +221,7 @@ def _comparison_detail(comparison: Comparison, expected: Generation | Score | No
             bound = comparison.tie_margin / d.temperature
             return (f"{tokens}, draw margin {d.draw_margin:.3g} (bound {bound:.3g} = tie margin "
                     f"{comparison.tie_margin:g} / T {d.temperature:g}); {settings_text(actual.sampling)}")
-        return f"{tokens}, golden margin {d.golden_margin:.3g} (tie margin {comparison.tie_margin:g})"
+        return f"{tokens}, {tie_text(d.golden_margin, comparison.tie_margin, comparison.max_logprob_delta)}"
     if comparison.input_changes:
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT:
@@ -241,9 +240,9 @@ def _score_detail(comparison: Comparison, expected: Generation | Score | None) -
                      f"{c.expected_logprob:.4f} -> {c.actual_logprob:.4f}")
     if evidence.rank_changes:
         c = evidence.rank_changes[0]
-        margin = "?" if c.rank_margin is None else f"{c.rank_margin:.3g}"
-        parts.append(f"rank at position {c.position} {c.expected_rank} -> {c.actual_rank} (rank margin "
-                     f"{margin}, tie margin {comparison.tie_margin:g})")
+        margin = ("rank margin unknown" if c.rank_margin is None else
+                  tie_text(c.rank_margin, comparison.tie_margin, c.drift_elsewhere, name="rank margin"))
+        parts.append(f"rank at position {c.position} {c.expected_rank} -> {c.actual_rank} ({margin})")
     return ", ".join(parts)
 
 

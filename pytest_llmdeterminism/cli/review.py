@@ -9,17 +9,19 @@ import sys
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import accept, diff, project, tokenizer
-from pytest_llmdeterminism.goldens.review import REVIEW_ORDER, Case
+from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.goldens.review import ABSENT, ORDER, Case, case_risk
 from pytest_llmdeterminism.reporting import failure
 
 SUMMARY = "go through candidate goldens case by case on a terminal: accept or skip each"
-HELP = """\
+_ASKED = ", ".join(name for name in ORDER if name not in (Verdict.IDENTICAL.value, ABSENT))
+HELP = f"""\
 Show each candidate golden of DIR (default: llm-candidates, the folder --llm-golden-artifacts
 wrote, or a folder or golden file inside it) against the project's golden, one case at a time,
-riskiest first (REGRESSION, INPUT_CHANGED, FIELDS_CHANGED, NEW, SAMPLE_FLIP, TIE_FLIP, RANK_FLIP,
-LOGIT_DRIFT): the line `llm-golden diff` prints for it, then the tokens around the first change,
-the top candidates at that step, and what changed in the environment. A candidate IDENTICAL to
-the project's golden is not asked about: there is nothing to accept. Answer each with a key and
+riskiest first ({_ASKED}):
+the line `llm-golden diff` prints for it, then the tokens around the first change, the top
+candidates at that step, and what changed in the environment. A candidate IDENTICAL to the
+project's golden is not asked about: there is nothing to accept. Answer each with a key and
 Enter:
 
   a  accept this case: its golden is written now
@@ -66,7 +68,7 @@ def review(path: Path, root: Path | None, golden_dir: Path | None, *,
     if planned is None:
         return 2
     asked = sorted((case for case in planned.cases if not case.changes_nothing),
-                   key=lambda case: (REVIEW_ORDER.index(case.verdict), case.file, case.key, case.variant))
+                   key=lambda case: (case_risk(case.verdict), case.file, case.key, case.variant))
     same = len(planned.cases) - len(asked)
     unchanged = f" ({same} IDENTICAL to the project's golden, nothing to accept)" if same else ""
     print(f"{len(asked)} case(s) to review{unchanged}; answer each with a key and Enter: {KEYS}")

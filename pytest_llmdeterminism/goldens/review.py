@@ -10,44 +10,58 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.compare import Comparison, Verdict, compare, default_tie_margin
+from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Generation, Score
-from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.goldens import judged, schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.consistency import unjudged_changes
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
+from pytest_llmdeterminism.judgement import judge
+from pytest_llmdeterminism.tolerance import Profile
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing
-# Same tokens, same logit hashes, but another field differs (the fingerprint, the text, a piece, a
-# margin): nothing a run compares, yet a later check reads it (a fingerprint picks the tolerance, a
-# text is what a failure shows). No run writes such a candidate for its own variant.
-FIELDS_CHANGED = "FIELDS_CHANGED"
-ORDER = (NEW, ABSENT, Verdict.IDENTICAL.value, Verdict.LOGIT_DRIFT.value, Verdict.TIE_FLIP.value,
-         Verdict.SAMPLE_FLIP.value, Verdict.RANK_FLIP.value, Verdict.REGRESSION.value,
-         Verdict.INPUT_CHANGED.value, FIELDS_CHANGED)
 
-# The order a reviewer meets the cases in: the riskiest first.
-REVIEW_ORDER = (Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, FIELDS_CHANGED, NEW,
-                Verdict.SAMPLE_FLIP.value, Verdict.TIE_FLIP.value, Verdict.RANK_FLIP.value,
-                Verdict.LOGIT_DRIFT.value, Verdict.IDENTICAL.value)
+
+def case_verdict(name: str) -> Verdict | None:
+    """The verdict a case's ``name`` stands for: NEW is a MISSING golden seen from the candidate side;
+    ABSENT (nothing to accept) is none."""
+    return Verdict.MISSING if name == NEW else Verdict.named(name)
+
+
+def case_risk(name: str) -> int:
+    """Where a case of verdict ``name`` comes in the order a reviewer meets the cases: the riskiest
+    first (the verdicts' own ``risk``), ABSENT last."""
+    verdict = case_verdict(name)
+    return verdict.risk if verdict is not None else len(Verdict)
+
+
+# Every verdict a case can have, the riskiest first (FIELDS_CHANGED: same tokens and logits, but a
+# field the verdict does not compare differs), NEW and ABSENT.
+ORDER = tuple(NEW if verdict is Verdict.MISSING else verdict.value for verdict in Verdict.by_risk()
+              if verdict.reviewed) + (ABSENT,)
 # Folders no walk of a BASE or CAND folder enters, as pytest collects no tests there: hidden ones
 # (.git, .venv, .tox), and others that hold installed packages' JSON.
 _NOT_WALKED = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
 _SNIFF_LIMIT = 256 * 2**20  # a larger JSON file outside a __golden__ folder is not read to find out
 
-_REGRESSION = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value, FIELDS_CHANGED, NEW})
-_TIE_FLIP = _REGRESSION | {Verdict.TIE_FLIP.value, Verdict.SAMPLE_FLIP.value, Verdict.RANK_FLIP.value}
+
+
+def _verdicts(takes: Callable[[Verdict], bool]) -> frozenset[str]:
+    return frozenset(name for name in ORDER if (verdict := case_verdict(name)) is not None and takes(verdict))
+
+
+_CHANGED = _verdicts(lambda verdict: verdict is not Verdict.IDENTICAL and not verdict.tolerable)
 FAIL_ON = {  # --fail-on level -> the verdicts that need a reviewer (exit 1); ABSENT never does
-    "regression": _REGRESSION,
-    "tie_flip": _TIE_FLIP,
-    "drift": _TIE_FLIP | {Verdict.LOGIT_DRIFT.value},
+    "regression": _CHANGED,
+    "tie_flip": _CHANGED | _verdicts(lambda verdict: verdict.flip),
+    "drift": _CHANGED | _verdicts(lambda verdict: verdict.tolerable),
 }
 
 
@@ -92,12 +106,16 @@ def review(base: Path, candidate: Path) -> Review:
     for name, base_file, cand_file in pairs:
         base_goldens = store.read(base_file) if base_file.exists() else {}
         cand_goldens = store.read(cand_file) if cand_file.exists() else {}
-        cases += review_goldens(name, base_goldens, cand_goldens)
+        cases += review_goldens(name, base_goldens, cand_goldens, judged.read(cand_file))
     return Review(cases, ignored)
 
 
-def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -> list[Case]:
-    """The cases of one golden file's two versions."""
+def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens,
+                   tolerances: Mapping[str, Mapping[str, Profile]] | None = None) -> list[Case]:
+    """The cases of one golden file's two versions. ``tolerances``: key -> variant -> the profile the
+    run set for that check (its test's or the run's setting); a check not named was judged by the
+    environment's default, as here."""
+    tolerances = tolerances or {}
     cases = []
     for key in sorted(set(base) | set(candidate)):
         base_variants, paired = base.get(key, {}), set()
@@ -108,13 +126,12 @@ def review_goldens(name: str, base: schema.Goldens, candidate: schema.Goldens) -
                 continue
             paired.add(against)
             expected, actual = schema.from_entry(base_variants[against]), schema.from_entry(entry)
-            # Judged as the plugin judges a run: with the tie margin of the dtype that ran.
-            dtype = str(actual.fingerprint.get("dtype", "float32"))
-            comparison = compare(expected, actual, tie_margin=default_tie_margin(dtype))
+            # Judged as the run judged it: the same judgement, under the profile the run used.
+            comparison = judge(expected, actual, explicit=tolerances.get(key, {}).get(variant)).comparison
             verdict, fields = comparison.verdict.value, tuple[tuple[str, Any, Any], ...]()
             if comparison.verdict is Verdict.IDENTICAL and against == variant:
                 fields = unjudged_changes(base_variants[against], entry)
-                verdict = FIELDS_CHANGED if fields else verdict
+                verdict = Verdict.FIELDS_CHANGED.value if fields else verdict
             cases.append(Case(name, key, variant, verdict,
                               compared_with=None if against == variant else against, comparison=comparison,
                               expected=expected, actual=actual, fields=fields))
@@ -132,7 +149,8 @@ def review_candidates(candidates: Path, root: Path, *,
     cases: list[Case] = []
     for name in names:
         if _is_golden_path(name, golden_dir):
-            cases += review_goldens(name.as_posix(), store.read(root / name), store.read(candidates / name))
+            cases += review_goldens(name.as_posix(), store.read(root / name), store.read(candidates / name),
+                                    judged.read(candidates / name))
     return cases, problems, [name for name in names if not _is_golden_path(name, golden_dir)]
 
 
@@ -337,7 +355,12 @@ def plan_accept(candidates: Path, root: Path, *, golden_dir: Path | None = None,
         if problem:
             problems.append(problem)
         else:
-            cases = review_goldens(name.as_posix(), store.read(root / name), goldens)
+            try:
+                tolerances = judged.read(candidates / name)
+            except GoldenFileError as error:
+                problems.append(str(error))
+                continue
+            cases = review_goldens(name.as_posix(), store.read(root / name), goldens, tolerances)
             accepted.append(Acceptance(name, root / name, goldens,
                                        tuple(case for case in cases if case.verdict != ABSENT)))
     return accepted, problems

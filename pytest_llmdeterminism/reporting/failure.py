@@ -1,18 +1,36 @@
 """The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
 confident), nondeterministic across attempts (:func:`message` picks the one a
 :class:`~pytest_llmdeterminism.reporting.records.Decision` needs), and ``assert a == b`` on two
-generations. Built from data; nothing here prints or raises."""
+generations. Built from data; nothing here prints or raises.
+
+Over the 400-line fence: one text per verdict family (generation, sampled, score), kept together so
+that every failure reads alike; issue 50's kinds split it per kind."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import Comparison, PositionChange, Recorded, Verdict, id_window
+from pytest_llmdeterminism.compare import (
+    Comparison,
+    PositionChange,
+    Recorded,
+    Verdict,
+    id_window,
+    near_tie,
+    within_drift,
+)
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
 from pytest_llmdeterminism.reporting import hints
 from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
-from pytest_llmdeterminism.reporting.text import delta, differing_window, first_difference, form_label, short
+from pytest_llmdeterminism.reporting.text import (
+    delta,
+    differing_window,
+    first_difference,
+    form_label,
+    short,
+    tie_text,
+)
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
 from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
@@ -142,8 +160,7 @@ def _failed_condition(comparison: Comparison, profile: Profile, dtype: str) -> s
     """The condition of ``profile`` that a verdict it may pass failed, with both numbers; "" where
     the verdict alone fails the profile (a REGRESSION, anything under ``exact``)."""
     verdict = comparison.verdict
-    if verdict not in (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP) \
-            or profile.name is ProfileName.EXACT:
+    if not verdict.tolerable or profile.name is ProfileName.EXACT:
         return ""
     flipped = verdict is not Verdict.LOGIT_DRIFT
     if profile.name is ProfileName.TOKENS:
@@ -179,21 +196,21 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
     assert d is not None
     tokens = (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
               f"got {_token(d.actual_token, decode)}")
+    drift = comparison.max_logprob_delta  # measured before the divergence
     if d.draw_margin is not None and d.temperature is not None:
         bound = comparison.tie_margin / d.temperature
         against = f"bound {bound:.3g} (tie margin {comparison.tie_margin:g} / T {d.temperature:g})"
-        near = (f"draw margin {d.draw_margin:.3g} < {against}: a near tie of the draw"
-                if d.draw_margin < bound else
-                f"draw margin {d.draw_margin:.3g} >= {against}: not a near tie of the draw")
+        if within_drift(d.draw_margin, bound, drift / d.temperature):
+            near = (f"draw margin {d.draw_margin:.3g} >= {against}, within this run's drift "
+                    f"({drift:.3g} / T = {drift / d.temperature:.3g}): a near tie of the draw")
+        elif d.draw_margin < bound:
+            near = f"draw margin {d.draw_margin:.3g} < {against}: a near tie of the draw"
+        else:
+            near = f"draw margin {d.draw_margin:.3g} >= {against}: not a near tie of the draw"
         return f"{tokens} (sampled); " + (f"{failed} ({near}, which alone would pass)" if failed else near)
-    margins = f"golden margin {d.golden_margin:.3g}"
-    if d.golden_margin >= comparison.tie_margin:
-        confidence = f"{margins} >= tie margin {comparison.tie_margin:g}: not a near tie"
-    elif comparison.verdict is Verdict.TIE_FLIP:
-        confidence = f"{margins} < tie margin {comparison.tie_margin:g}: near tie"
-    else:
-        confidence = (f"{margins} < tie margin {comparison.tie_margin:g}, "
-                      "but the new token was not in its top-k")
+    confidence = tie_text(d.golden_margin, comparison.tie_margin, drift)
+    if comparison.verdict is Verdict.REGRESSION and near_tie(d.golden_margin, comparison.tie_margin, drift):
+        confidence = confidence.removesuffix(": near tie") + ", but the new token was not in its top-k"
     return f"{tokens}; " + (f"{failed} ({confidence}, which alone would pass)" if failed else confidence)
 
 
@@ -201,26 +218,22 @@ def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
     """A score's verdict: where it moved, the rank change that decided it, the condition that failed."""
     assert comparison.score is not None
     evidence, verdict = comparison.score, comparison.verdict.value
-    beyond = evidence.atol is not None and comparison.max_logprob_delta > evidence.atol
     where = (f"{evidence.moved_positions} of {evidence.positions} positions' logprobs moved, "
-             f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}"
-             + (f" > atol {evidence.atol:g}" if beyond and not failed else ""))
+             f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
     if comparison.hash_definitions is not None:
         where += (f" (golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: "
                   "not comparable bit for bit)")
     # The rank change that decided the verdict: a confident one (a REGRESSION), else a near tie's.
     confident = [c for c in evidence.rank_changes
-                 if c.rank_margin is None or c.rank_margin >= comparison.tie_margin]
+                 if not near_tie(c.rank_margin, comparison.tie_margin, c.drift_elsewhere)]
     flips = confident or (evidence.rank_changes if comparison.verdict is Verdict.RANK_FLIP else ())
     if flips:
         c = flips[0]
-        margin = "unknown" if c.rank_margin is None else f"{c.rank_margin:.3g}"
-        near = c.rank_margin is not None and c.rank_margin < comparison.tie_margin
-        rank = (f"the rank of {_token(c.token, decode)} at position {c.position} changed "
-                f"{_rank(c.expected_rank)} -> {_rank(c.actual_rank)}; golden rank margin {margin} "
-                + (f"< tie margin {comparison.tie_margin:g}: near tie" if near else
-                   f">= tie margin {comparison.tie_margin:g}: not a near tie"))
-        where = f"{rank}; {where}" if not beyond else f"{where}; {rank}"
+        name = "golden rank margin"
+        margin = (f"{name} unknown: not a near tie" if c.rank_margin is None else
+                  tie_text(c.rank_margin, comparison.tie_margin, c.drift_elsewhere, name=name))
+        where = (f"the rank of {_token(c.token, decode)} at position {c.position} changed "
+                 f"{_rank(c.expected_rank)} -> {_rank(c.actual_rank)}; {margin}; {where}")
     lead = f"{verdict} (score) at position {comparison.first_hash_step}"
     return f"{lead} — {failed}; {where}" if failed else f"{lead} — {where}"
 

@@ -144,23 +144,13 @@ def wider_tolerance(comparison: Comparison, *, dtype: str) -> str:
     """For a check that failed only on the size of its logit drift: a ``near_tie`` profile that
     would pass it, with the drift rounded up; "" for any other failure."""
     drift = comparison.max_logprob_delta
-    tolerable = (Verdict.LOGIT_DRIFT, Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP)
-    if comparison.verdict not in tolerable and not _score_drift_only(comparison):
+    if not comparison.verdict.tolerable:
         return ""
     if not 0 < drift < math.inf:
         return ""
     atol = _round_up(drift)
     return (f"to pass {dtype} drift of this size instead (max |Δlogprob| {delta(drift)}): "
             f"--llm-tolerance='near_tie(margin={comparison.tie_margin:g}, atol={atol:g})'")
-
-
-def _score_drift_only(comparison: Comparison) -> bool:
-    """A score's REGRESSION that only its logprobs' distance made one (no rank changed where the
-    golden was confident): a wider atol would pass it."""
-    evidence = comparison.score
-    return (comparison.verdict is Verdict.REGRESSION and evidence is not None and all(
-        change.rank_margin is not None and change.rank_margin < comparison.tie_margin
-        for change in evidence.rank_changes))
 
 
 def _round_up(value: float) -> float:
@@ -195,7 +185,6 @@ def budget_note(comparison: Comparison, accept: str | None = None) -> str:
 
 # Fingerprint fields that say the checkpoint itself changed (its weights, or a hub id's commit).
 _MODEL_FIELDS = ("weights_hash", "model_commit")
-_DRIFT_VERDICTS = ("LOGIT_DRIFT", "TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP")
 
 
 def after_model_change(checks: Sequence[CheckRecord], *, candidates: str | None) -> list[str]:
@@ -216,24 +205,32 @@ def after_model_change(checks: Sequence[CheckRecord], *, candidates: str | None)
     lines = [f"the model changed ({', '.join(fields)}) under {len(changed)} failing check(s) ({verdicts}): "
              "a new checkpoint in the goldens' own environment is judged 'exact', so any drift fails. "
              "After a checkpoint upgrade:"]
-    drifts = [check.max_logprob_delta for check in changed
-              if check.verdict in _DRIFT_VERDICTS and 0 < check.max_logprob_delta < math.inf]
+    tolerable = [check for check in changed if _tolerable(check.verdict)]
+    drifts = [check.max_logprob_delta for check in tolerable if 0 < check.max_logprob_delta < math.inf]
     if drifts:
         margin, atol = max(check.tie_margin for check in changed) or 0.1, _round_up(max(drifts))
         lines.append(f"  to pass drift up to this run's (max |Δlogprob| {delta(max(drifts))}) but not a "
                      f"changed token: --llm-tolerance='near_tie(margin={margin:g}, atol={atol:g})'")
     write = "" if candidates else f" (rerun with --llm-golden-artifacts={folder} to write them)"
-    lines += [f"  to see what moved, case by case: llm-golden diff {folder}{write}, or llm-golden review "
-              f"{folder}",
-              f"  to accept only what you judged: llm-golden accept {folder} --only LOGIT_DRIFT,TIE_FLIP "
-              "(or -k KEY)"]
+    lines.append(f"  to see what moved, case by case: llm-golden diff {folder}{write}, or llm-golden review "
+                 f"{folder}")
+    # --only names the verdicts this run has that a tolerance may pass: a list that takes something.
+    names = sorted({check.verdict for check in tolerable}, key=Verdict.risk_of)
+    if names:
+        lines.append(f"  to accept only the drift and near ties: llm-golden accept {folder} --only "
+                     f"{','.join(names)} (or -k KEY)")
     return lines
 
 
 def contradiction(key: str, location: str, nodeid: str, problem: str, verdict: Verdict) -> str:
     """The failure of a check whose golden's text or pieces contradict its own ids (``problem``)."""
-    return (f"golden {key!r} does not describe its own token ids: {problem}. The check compares ids and "
-            f"logits ({verdict.value}), but a golden's text and pieces are what failures, `llm-golden show` "
-            f"and a review print, so it fails until they agree.\n"
+    return (f"golden {key!r} does not describe its own token ids ({verdict.value}): {problem}. A check "
+            "compares ids and logits, but a golden's text and pieces are what failures, `llm-golden show` "
+            "and a review print, so it fails until they agree.\n"
             f"  golden: {location}\n"
             f"Re-record it with: {accept_command(nodeid)}")
+
+
+def _tolerable(name: str) -> bool:
+    verdict = Verdict.named(name)
+    return verdict is not None and verdict.tolerable

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.reporting.run_header import header_lines, times_per_test
 from pytest_llmdeterminism.reporting.text import (
-    SEVERITY,
     budget_text,
     confidence,
     delta,
@@ -41,8 +41,8 @@ _CHECK_FILTERS: tuple[tuple[str, str, Callable[[str, bool], bool]], ...] = (
     ("changed", "changed", lambda verdict, passed: verdict != "IDENTICAL"),
     ("failed", "failed", lambda verdict, passed: not passed),
     ("regression", "REGRESSION", lambda verdict, passed: verdict == "REGRESSION"),
-    ("near-tie", "near ties (TIE_FLIP, SAMPLE_FLIP, RANK_FLIP)",
-     lambda verdict, passed: verdict in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP")),
+    ("near-tie", f"near ties ({', '.join(v.value for v in Verdict.by_risk() if v.flip)})",
+     lambda verdict, passed: Verdict.is_flip(verdict)),
     ("drift", "drift (LOGIT_DRIFT)", lambda verdict, passed: verdict == "LOGIT_DRIFT"),
 )
 
@@ -137,9 +137,7 @@ def run_report_html(document: dict[str, Any]) -> str:
 
 def _risk(check: dict[str, Any]) -> tuple[bool, int, float]:
     """Riskiest first: failing checks, then the worse verdict, then the more confident divergence."""
-    verdict = check["verdict"]
-    severity = SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY)
-    return check["passed"], severity, -confidence(check)
+    return check["passed"], Verdict.risk_of(check["verdict"]), -confidence(check)
 
 
 def _lead(document: dict[str, Any]) -> str:
@@ -170,7 +168,7 @@ def _tokens(check: dict[str, Any]) -> str:
     """Both sides' tokens, each with its margin's bar and a tooltip: step, id, margin, logprob, top 5."""
     import html
 
-    flipped = check["verdict"] in ("TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP", "REGRESSION")
+    flipped = Verdict.is_flip(check["verdict"]) or check["verdict"] == Verdict.REGRESSION.value
     step = check["first_divergence"] if flipped else None
     new_from = check.get("judged_steps", 0) if check.get("new_steps") else None
     labels = {"expected": "recorded output", "actual": "new output"} if check.get("inputs") else {}

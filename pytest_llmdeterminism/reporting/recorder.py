@@ -89,9 +89,10 @@ class TestOutcomes:
     def audited(self, report: dict[str, Any]) -> None:
         self.data.audits.append(report)
 
-    def candidate(self, path: Path, key: str, generation: Recorded) -> None:
-        """A missing or failing check's actual result, for ``--llm-golden-artifacts``."""
-        self.data.candidates.append(GoldenWrite.of(path, key, generation))
+    def candidate(self, path: Path, key: str, generation: Recorded, *, tolerance: str = "") -> None:
+        """A missing or failing check's actual result, for ``--llm-golden-artifacts``; ``tolerance``:
+        the profile the test or the run set for it ("": the environment's default)."""
+        self.data.candidates.append(GoldenWrite.of(path, key, generation, tolerance=tolerance))
 
     def used(self, path: Path, key: str) -> None:
         self.data.used.append((str(path), key))
@@ -119,7 +120,9 @@ class TestOutcomes:
             self._outputs[key] = Attempt(self.attempt, decision.actual, outcome)
             self.data.checks.append(CheckRecord.of(decision, name=key))
             if decision.candidate:
-                self.candidate(path, key, decision.actual)
+                explicit = decision.explicit and decision.profile is not None
+                tolerance = str(decision.profile) if explicit else ""
+                self.candidate(path, key, decision.actual, tolerance=tolerance)
         self.data.notes.extend(notes)
         if failure is None:
             return

@@ -42,12 +42,14 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     variant: str
     entry: Entry
     overwrote: str = ""  # the verdict of the golden an update replaced (a Verdict's value); "" for none
+    # A candidate's: the profile the run set for its check (goldens.judged); "": the environment's default
+    tolerance: str = ""
 
     @classmethod
     def of(cls, path: Path, key: str, generation: Recorded, *,
-           overwrote: Verdict | None = None) -> GoldenWrite:
+           overwrote: Verdict | None = None, tolerance: str = "") -> GoldenWrite:
         return cls(str(path), key, generation.variant, schema.to_struct(schema.to_entry(generation)),
-                   overwrote.value if overwrote is not None else "")
+                   overwrote.value if overwrote is not None else "", tolerance)
 
 
 class InputRecord(msgspec.Struct, kw_only=True, gc=False):

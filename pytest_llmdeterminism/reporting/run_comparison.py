@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.reporting.html_report import (
     filter_attributes,
     filter_bar,
     static,
 )
-from pytest_llmdeterminism.reporting.text import SEVERITY, drift_text, margin_text
+from pytest_llmdeterminism.reporting.text import drift_text, margin_text
 
 # How a check moved between the runs, in the order a reviewer reads them: FAILING is a check that
 # failed in both runs with the same verdict (nothing moved, but it still needs a look).
@@ -49,13 +50,8 @@ class CheckChange:
             return ""
         if self.before["passed"] != self.after["passed"]:
             return "better" if self.after["passed"] else "worse"
-        old, new = (_severity(side["verdict"]) for side in (self.before, self.after))
+        old, new = (Verdict.risk_of(side["verdict"]) for side in (self.before, self.after))
         return "better" if new > old else "worse" if new < old else ""
-
-
-def _severity(verdict: str) -> int:
-    """A verdict's place in :data:`SEVERITY`: 0 is the worst."""
-    return SEVERITY.index(verdict) if verdict in SEVERITY else len(SEVERITY)
 
 
 def compare_runs(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[CheckChange]:
@@ -70,7 +66,7 @@ def compare_runs(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any
 
     def rank(change: CheckChange) -> tuple[int, int, str, str]:
         verdict = change.after["verdict"] if change.after is not None else ""
-        worst = _severity(verdict) if change.status in (CHANGED, FAILING) else 0
+        worst = Verdict.risk_of(verdict) if change.status in (CHANGED, FAILING) else 0
         return _ORDER.index(change.status), worst, change.test, change.name
 
     return sorted(changes, key=rank)

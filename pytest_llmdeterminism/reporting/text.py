@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_llmdeterminism.compare import first_token_divergence
+from pytest_llmdeterminism.compare import Verdict, first_token_divergence, within_drift
 from pytest_llmdeterminism.sampling import settings_text
 
 _MAX_IDS_SHOWN = 12
-# Verdicts, worst first: the order reports list checks in (riskiest first).
-SEVERITY = ("REGRESSION", "NONDETERMINISTIC", "INPUT_CHANGED", "MISSING", "SAMPLE_FLIP", "TIE_FLIP",
-            "RANK_FLIP", "LOGIT_DRIFT", "IDENTICAL")
 
 
 def form_label(old: str, new: str) -> str:
@@ -52,6 +49,19 @@ def delta(value: float | None) -> str:
     return "< 1e-6" if value is not None and value < 1e-6 else number(value)
 
 
+def tie_text(margin: float, tie_margin: float, drift: float, *, name: str = "golden margin") -> str:
+    """A changed decision's golden margin against the near-tie bound: below the tie margin, within the
+    drift this run measured around it (a near tie too, DESIGN §14), or neither: ``golden margin 0.176
+    >= tie margin 0.05, within this run's drift (0.61): near tie``."""
+    head = f"{name} {margin:.3g}"
+    if within_drift(margin, tie_margin, drift):
+        return f"{head} >= tie margin {tie_margin:g}, within this run's drift ({drift:.3g}): near tie"
+    if margin < tie_margin:
+        return f"{head} < tie margin {tie_margin:g}: near tie"
+    drift_note = f", outside this run's drift ({drift:.3g})" if drift > 0 else ""
+    return f"{head} >= tie margin {tie_margin:g}{drift_note}: not a near tie"
+
+
 def short(value: Any, limit: int = 100) -> str:
     if isinstance(value, (list, tuple)) and len(value) > _MAX_IDS_SHOWN:
         text = f"[{', '.join(map(str, value[:_MAX_IDS_SHOWN]))}, … ({len(value)} ids)]"
@@ -88,10 +98,11 @@ def _draw(check: dict[str, Any]) -> tuple[float, float] | None:
 
 def confidence(check: dict[str, Any]) -> float:
     """How far from a near tie the golden was where the tokens parted, as a multiple of the bound
-    that decided the verdict: the tie margin for a greedy check, the tie margin over T for the
-    draw margin of a sampled one, so both kinds rank on one scale (the raw margin where the report
-    has no tie margin; 0 without a divergence, or where the golden had stopped: JSON null)."""
-    tie = check.get("tie_margin") or 0.0
+    that decided the verdict: the tie margin (or the drift before it, where larger) for a greedy
+    check, that over T for the draw margin of a sampled one, so both kinds rank on one scale (the
+    raw margin where the report has no tie margin; 0 without a divergence, or where the golden had
+    stopped: JSON null)."""
+    tie = max(check.get("tie_margin") or 0.0, check.get("max_logprob_delta") or 0.0)
     draw = _draw(check)
     if draw is not None:
         margin, temperature = draw
@@ -103,11 +114,16 @@ def confidence(check: dict[str, Any]) -> float:
 
 
 def margin_text(check: dict[str, Any]) -> str:
-    """The margin that decided a divergence: a sampled check's draw margin (and T), else the golden's."""
+    """The margin that decided a divergence: a sampled check's draw margin (and T), else the golden's;
+    a near tie only by the drift before it says so."""
     draw = _draw(check)
     if draw is not None:
         return f"draw {number(draw[0])} (T {draw[1]:g})"
-    return "" if check["golden_margin"] is None else number(check["golden_margin"])
+    golden, drift = check["golden_margin"], check.get("max_logprob_delta") or 0.0
+    if golden is None:
+        return ""
+    within = Verdict.is_flip(check["verdict"]) and within_drift(golden, check.get("tie_margin") or 0.0, drift)
+    return f"{number(golden)} (within this run's drift {number(drift)})" if within else number(golden)
 
 
 def drift_text(check: dict[str, Any]) -> str:

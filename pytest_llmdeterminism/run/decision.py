@@ -13,21 +13,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from pytest_llmdeterminism.compare import Comparison, Recorded, Verdict, compare
-from pytest_llmdeterminism.goldens.fingerprint import diff, numerics_changes
+from pytest_llmdeterminism.goldens.fingerprint import diff
+from pytest_llmdeterminism.judgement import judge
 from pytest_llmdeterminism.reporting.records import Attempt, Decision, Written
-from pytest_llmdeterminism.tolerance import Profile, default_profile
+from pytest_llmdeterminism.tolerance import Profile
 
-__all__ = ["Decision", "contradicted", "decide", "judge"]
-
-
-def judge(expected: Recorded, actual: Recorded, profile: Profile) -> tuple[Comparison, bool]:
-    """The one comparison every check goes through: the verdict, and whether ``profile`` passes it
-    (generations and scores alike; a score's logprob moved beyond the profile's atol is a REGRESSION)."""
-    # Defaults follow the run's dtype: a bf16 run against an fp32 golden is judged with bf16 noise.
-    dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))
-    comparison = compare(expected, actual, tie_margin=profile.tie_margin(dtype),
-                         atol=profile.score_atol(dtype))
-    return comparison, profile.accepts(comparison, dtype)
+__all__ = ["Decision", "contradicted", "decide"]
 
 
 def contradicted(earlier: Sequence[Attempt], actual: Recorded) -> tuple[Attempt, Comparison] | None:
@@ -56,19 +47,16 @@ def decide(actual: Recorded, *, golden: Recorded | None, variant: str, explicit:
             return Decision(Comparison(Verdict.MISSING), True, actual, None, variant, write=Written.RECORDED)
         return Decision(Comparison(Verdict.MISSING), False, actual, None, variant, candidate=True,
                         others=tuple(others))
-    dtype = str(actual.fingerprint.get("dtype", "float32"))
-    environment = tuple(numerics_changes(golden.fingerprint, actual.fingerprint))
-    profile = explicit or default_profile(dtype, same_environment=not environment)
-    comparison, passed = judge(golden, actual, profile)
+    judged = judge(golden, actual, explicit=explicit)  # the judgement every tool makes of it
+    comparison, passed = judged.comparison, judged.passed
     # A flip at a near tie may pass, but the golden's continuation after it no longer describes the
     # model: updating re-records it, as it does every failing check. A golden its smaller budget cut
     # short is incomplete: updating records the steps it lacks.
-    flipped = comparison.verdict in (Verdict.TIE_FLIP, Verdict.SAMPLE_FLIP, Verdict.RANK_FLIP)
-    rerecord = update == "all" and (not passed or flipped or bool(comparison.new_steps))
+    rerecord = update == "all" and (not passed or comparison.verdict.flip or bool(comparison.new_steps))
     # A check judged against another variant leaves this run's own variant missing: the reviewer gets
     # it as a candidate, passing or not.
     candidate = not rerecord and (not passed or variant != actual.variant)
-    return Decision(comparison, passed, actual, golden, variant, profile=profile,
-                    explicit=explicit is not None, dtype=dtype, environment=environment,
+    return Decision(comparison, passed, actual, golden, variant, profile=judged.profile,
+                    explicit=explicit is not None, dtype=judged.dtype, environment=judged.environment,
                     changed=tuple(diff(golden.fingerprint, actual.fingerprint)),
                     write=Written.UPDATED if rerecord else None, candidate=candidate)

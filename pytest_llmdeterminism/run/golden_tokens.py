@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Recorded
+from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Recorded, Verdict
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.consistency import stored_text_problem
+from pytest_llmdeterminism.judgement import judge_with
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Decision, Written
-from pytest_llmdeterminism.run.decision import decide, judge
+from pytest_llmdeterminism.run.decision import decide
 from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
@@ -129,8 +130,13 @@ class GoldenTokens:
         if contradiction is None:
             return decision
         # The golden does not describe its own ids: the check fails (an update re-records it).
+        # Its ids and logits compare IDENTICAL: its verdict is what was found, FIELDS_CHANGED.
         rewrite = update == "all"
-        return dataclasses.replace(decision, passed=False, contradiction=contradiction, candidate=not rewrite,
+        comparison = decision.comparison
+        if comparison.verdict is Verdict.IDENTICAL:
+            comparison = dataclasses.replace(comparison, verdict=Verdict.FIELDS_CHANGED)
+        return dataclasses.replace(decision, passed=False, contradiction=contradiction,
+                                   comparison=comparison, candidate=not rewrite,
                                    write=Written.UPDATED if rewrite else decision.write)
 
     def _record(self, decision: Decision, key: str, notes: list[str], site: Site | None,
@@ -218,7 +224,7 @@ def assert_tokens_match(actual: Generation | Score, expected: Generation | Score
                             f"(goldens[key][variant], e.g. goldens['test_x']['cpu/float32']): {problem}"
                             ) from None
     profile = tolerance if isinstance(tolerance, Profile) else parse_profile(tolerance, setting="tolerance")
-    comparison, passed = judge(expected, actual, profile)
+    comparison, passed = judge_with(expected, actual, profile)
     if not passed:
         decode = failure.decoder_for(expected, actual, tokenizer)
         dtype = str(actual.fingerprint.get("dtype", expected.fingerprint.get("dtype", "float32")))  # judge's

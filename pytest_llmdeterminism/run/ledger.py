@@ -27,6 +27,7 @@ class Ledger:
     def __init__(self, partial: Iterable[str] = ()) -> None:
         self.recorded: dict[str, list[GoldenWrite]] = {}  # node id -> goldens its checks recorded
         self.candidates: FileUpdates = {}  # missing and failing checks' results, for artifacts
+        self.candidate_tolerances: dict[str, dict[str, dict[str, str]]] = {}  # the same, the profile set
         self.counts: Counter[Outcome] = Counter()  # the checks judged (see outcome_counts for all)
         self.writes: dict[str, list[Outcome]] = {}  # node id -> its goldens recorded or updated
         self.notes: list[str] = []
@@ -58,6 +59,9 @@ class Ledger:
         records = TestRecords.from_payload(payload)
         self.recorded.setdefault(nodeid, []).extend(records.records)
         fold(self.candidates, records.candidates)
+        for row in records.candidates:
+            variants = self.candidate_tolerances.setdefault(row.path, {}).setdefault(row.key, {})
+            variants[row.variant] = row.tolerance
         self.counts.update(outcome for outcome in records.outcomes if outcome.written is None)
         self.writes.setdefault(nodeid, []).extend(o for o in records.outcomes if o.written is not None)
         self.notes += [note for note in records.notes if note not in self.notes]

@@ -12,9 +12,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_llmdeterminism.goldens import atomic, store
+from pytest_llmdeterminism.goldens import atomic, judged, store
 from pytest_llmdeterminism.reporting import documents, terminal
 from pytest_llmdeterminism.run.shards import MergePlan
+
+
+def _tolerances(merge: MergePlan) -> dict[str, dict[str, dict[str, str]]]:
+    """The profiles the shards' runs set for their candidates (:mod:`~pytest_llmdeterminism.goldens.judged`),
+    per candidate file of the merged tree, so that the review tools judge them as the shards did."""
+    found: dict[str, dict[str, dict[str, str]]] = {}
+    folders = [shard.candidates for shard in merge.shards if shard.candidates is not None]
+    for folder, name in ((folder, name) for folder in folders for name in merge.candidates):
+        if (folder / name).is_file():
+            for key, variants in judged.read(folder / name).items():
+                found.setdefault(name, {}).setdefault(key, {}).update(
+                    (variant, str(profile)) for variant, profile in variants.items())
+    return found
 
 
 @dataclass
@@ -36,8 +49,12 @@ def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports:
         home = [atomic.output_home(candidates_out, root)]
         for name in sorted(merge.candidates):  # all refused before any is written
             atomic.refuse_link_out(candidates_out / name, home, what="candidates")
+            atomic.refuse_link_out(judged.path_for(candidates_out / name), home, what="candidates")
+        tolerances = _tolerances(merge)  # read (and refused, GoldenFileError) before anything is written
         for name, goldens in sorted(merge.candidates.items()):
             store.write(candidates_out / name, goldens)
+            if tolerances.get(name):
+                judged.merge(candidates_out / name, tolerances[name])
             count = sum(len(variants) for variants in goldens.values())
             out.lines.append(f"wrote {display(candidates_out / name)} ({count} candidate(s))")
     document = merge.document()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens import atomic, store
+from pytest_llmdeterminism.goldens import atomic, judged, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.reporting import documents, hints, terminal
@@ -47,6 +47,8 @@ def finish(ledger: Ledger, files: GoldenFiles, options: Options, *, failed: bool
         home = [atomic.output_home(folder, options.rootdir)]
         _merge(ledger.candidates, lambda path: folder / files.under_root(path), lambda n: f"{n} candidate(s)",
                files, out, refuse=lambda path: atomic.link_out(path, home, what="candidates"))
+        _record_tolerances(ledger, lambda path: folder / files.under_root(path), files, out,
+                           refuse=lambda path: atomic.link_out(path, home, what="candidates"))
     out.partial = ledger.why_partial() + (["some tests failed"] if failed else [])
     if not out.partial:
         out.unused, out.cases_kept = find_unused(ledger, files, options.rootdir,
@@ -72,6 +74,25 @@ def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describ
             out.errors.append(f"{files.display(destination)}: {type(error).__name__}: {error}")
         else:
             out.written.append(f"{files.display(destination)} ({describe(len(updates))})")
+
+
+def _record_tolerances(ledger: Ledger, target: Callable[[Path], Path], files: GoldenFiles,
+                       out: RunOutput, *, refuse: Callable[[Path], str | None]) -> None:
+    """Beside each candidate file, the profile the run set for its candidates, so that the review
+    tools judge them as this run did (:mod:`~pytest_llmdeterminism.goldens.judged`)."""
+    for path, tolerances in sorted(ledger.candidate_tolerances.items()):
+        destination = target(Path(path))
+        if not destination.is_file():
+            continue  # its candidates were not written: already reported
+        refused = refuse(judged.path_for(destination))
+        if refused:
+            out.errors.append(f"{files.display(judged.path_for(destination))}: {refused}")
+            continue
+        try:
+            judged.merge(destination, tolerances)
+        except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+            where = files.display(judged.path_for(destination))
+            out.errors.append(f"{where}: {type(error).__name__}: {error}")
 
 
 def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options: Options,

@@ -31,7 +31,7 @@ def test_a_transformers_score_golden_read_by_llamacpp_reports_each_positions_dif
     (check,) = json.loads((pytester.path / "report.json").read_text())["checks"]
     assert (check["kind"], check["variant"], check["run_variant"]) == ("score", "cpu/float32",
                                                                        "llamacpp:cpu/Q4_1")
-    # Two engines' numbers are never identical; beyond near_tie's default atol (1e-3): a REGRESSION.
+    # Two engines' numbers are never identical; beyond near_tie's default atol (1e-3) it fails.
     assert check["verdict"] in ("LOGIT_DRIFT", "RANK_FLIP", "REGRESSION") and not check["passed"]
     golden_total, llamacpp_total = check["log_likelihood"]
     assert golden_total != llamacpp_total

@@ -1,5 +1,8 @@
 """Hypothesis strategies for Generation records (test helpers, not public API)."""
 
+import dataclasses
+from typing import Any
+
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism.generation import Generation, Score
@@ -67,3 +70,13 @@ def sample_score(positions: int = 3, *, prompt_logprobs: bool = False) -> Score:
         pieces=tuple("xyz"[i % 3] for i in range(positions)), fingerprint={"dtype": "float32"},
         prompt_logprobs=(None, -1.5) if prompt_logprobs else (),
     )
+
+
+def moved_score(score: Score, position: int, logprob: float, *, rank: int | None = None,
+                hash_: str = "ffffffffffffffff") -> Score:
+    """``score`` with one position's logprob (and its hash, and optionally rank) changed."""
+    def at(values: tuple[Any, ...], value: Any) -> tuple[Any, ...]:
+        return tuple(value if t == position else v for t, v in enumerate(values))
+    return dataclasses.replace(score, logprobs=at(score.logprobs, logprob),
+                               step_hashes=at(score.step_hashes, hash_),
+                               ranks=at(score.ranks, score.ranks[position] if rank is None else rank))

@@ -39,7 +39,7 @@ def test_a_flip_at_a_near_tie_reads_tie_flip_and_fails_only_the_tie_flip_gate(ca
     # Tokens as the goldens store them, read without loading a model: piece(id).
     assert lines[0].startswith("TIE_FLIP       test_cat.json ['test_cat']['cpu/float32']  "
                                "step 0: ' s'(276) -> ' m'(326), golden margin 0.02"), lines
-    assert lines[0].endswith(" (tie margin 0.05)")
+    assert lines[0].endswith(" < tie margin 0.05: near tie")
     assert lines[1] == "summary: 1 TIE_FLIP; nothing needs review (--fail-on=regression)"
     for level in ("tie_flip", "drift"):
         strict = llm_golden("diff", "__golden__", "artifacts/__golden__", f"--fail-on={level}",

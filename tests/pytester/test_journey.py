@@ -144,8 +144,8 @@ def test_hub_id_sampled_test_upgrade_selective_review_accepted_subset(pytester, 
     checked.assert_outcomes(failed=3)
     checked.stdout.fnmatch_lines(["*to see what moved, case by case: llm-golden diff llm-candidates, or "
                                   "llm-golden review llm-candidates",
-                                  "*to accept only what you judged: llm-golden accept llm-candidates --only "
-                                  "LOGIT_DRIFT,TIE_FLIP (or -k KEY)"])
+                                  "*to accept only the drift and near ties: llm-golden accept llm-candidates "
+                                  "--only LOGIT_DRIFT (or -k KEY)"])
 
     status, out = llm_golden(monkeypatch, capsys, pytester.path, "diff", "llm-candidates")
     verdicts = {line.split()[0] for line in out.splitlines() if "['test_" in line}

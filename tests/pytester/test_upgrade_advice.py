@@ -50,7 +50,7 @@ def test_a_new_checkpoint_s_failing_run_names_the_tolerance_and_the_review_comma
         "  to pass drift up to this run's (max |Δlogprob| *) but not a changed token: "
         "--llm-tolerance='near_tie(margin=0.05, atol=*)'",
         "  to see what moved, case by case: llm-golden diff candidates, or llm-golden review candidates",
-        "  to accept only what you judged: llm-golden accept candidates --only LOGIT_DRIFT,TIE_FLIP "
+        "  to accept only the drift and near ties: llm-golden accept candidates --only LOGIT_DRIFT "
         "(or -k KEY)",
     ])
     tolerance = re.search(r"--llm-tolerance='([^']+)'", failed.stdout.str())[1]
