@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
+from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
@@ -54,7 +55,8 @@ under llm_golden_dir = D, or --golden-dir D); it holds no symbolic link; no targ
 outside the root; every candidate and every golden file it merges into must be valid. Any problem:
 each is named, and no file is written. A candidate IDENTICAL to the project's golden is never
 written (the golden stays byte for byte); one identical in tokens and logits but not in its
-fingerprint, text or pieces is FIELDS_CHANGED, which no run writes: `llm-golden diff` flags it.
+fingerprint, text or pieces is FIELDS_CHANGED, which no run writes: `llm-golden diff` flags it, and
+accept leaves it unless --only names it.
 
 exit status: 0 every candidate case of PATH accepted (or IDENTICAL to the project's golden, which
 leaves nothing to accept); 1 accepted the cases chosen, some left (or none matched); 2 a usage
@@ -128,7 +130,8 @@ def accept(folder: Path, root: Path | None, golden_dir: Path | None, *, selectio
     planned = plan("accept", folder, root, golden_dir, candidates_root)
     if planned is None:
         return 2
-    if planned.whole and not selection.given:
+    forged = any(case.verdict == Verdict.FIELDS_CHANGED.value for case in planned.cases)
+    if planned.whole and not selection.given and not forged:  # else case by case: Selection leaves those
         return _accept_all(planned.acceptances)
     taken = [case for case in planned.cases if selection.takes(case)]
     status = apply(planned, taken)

@@ -22,7 +22,7 @@ from pytest_llmdeterminism.goldens import judged, schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.consistency import unjudged_changes
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
-from pytest_llmdeterminism.judgement import judge
+from pytest_llmdeterminism.goldens.judgement import judge
 from pytest_llmdeterminism.tolerance import Profile
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
@@ -271,7 +271,12 @@ class Selection:
         return bool(self.only or self.excluded or self.key_part)
 
     def takes(self, case: Case) -> bool:
-        return ((not self.only or case.verdict in self.only) and case.verdict not in self.excluded
+        """Whether the selection takes ``case``: FIELDS_CHANGED only where ``--only`` names it (no run
+        writes one for its own variant; a plain ``accept DIR`` of a forged artifact leaves it)."""
+        named = case.verdict in self.only
+        if case.verdict == Verdict.FIELDS_CHANGED.value and not named:
+            return False
+        return ((not self.only or named) and case.verdict not in self.excluded
                 and self.key_part in case.key)
 
     def describe(self) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from pytest_llmdeterminism.compare import Comparison, Recorded, Verdict, compare
 from pytest_llmdeterminism.goldens.fingerprint import diff
-from pytest_llmdeterminism.judgement import judge
+from pytest_llmdeterminism.goldens.judgement import judge
 from pytest_llmdeterminism.reporting.records import Attempt, Decision, Written
 from pytest_llmdeterminism.tolerance import Profile
 

@@ -23,7 +23,7 @@ from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.consistency import stored_text_problem
-from pytest_llmdeterminism.judgement import judge_with
+from pytest_llmdeterminism.goldens.judgement import judge_with
 from pytest_llmdeterminism.reporting import failure, hints
 from pytest_llmdeterminism.reporting.records import Decision, Written
 from pytest_llmdeterminism.run.decision import decide

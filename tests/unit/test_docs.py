@@ -129,9 +129,10 @@ def test_the_verdicts_page_lists_every_verdict_in_the_order_the_code_decides_the
     # run.decision.decide asks NONDETERMINISTIC (an earlier attempt's other output),
     # then MISSING; compare() then INPUT_CHANGED, then the first token divergence (TIE_FLIP, for a
     # sampled golden SAMPLE_FLIP, or REGRESSION; a score's rank change at a near tie RANK_FLIP), and
-    # only with every token equal the hashes (LOGIT_DRIFT or IDENTICAL).
+    # only with every token equal the hashes (LOGIT_DRIFT, or with the golden's text and pieces
+    # against what its ids decode to, FIELDS_CHANGED or IDENTICAL).
     decided = ["NONDETERMINISTIC", "MISSING", "INPUT_CHANGED", "TIE_FLIP", "SAMPLE_FLIP", "RANK_FLIP",
-               "REGRESSION", "LOGIT_DRIFT", "IDENTICAL"]
+               "REGRESSION", "LOGIT_DRIFT", "FIELDS_CHANGED", "IDENTICAL"]
     assert sorted(decided) == sorted(verdict.value for verdict in Verdict)
     assert _verdict_table((DOCS / "concepts" / "verdicts.md").read_text(encoding="utf-8")) == decided
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

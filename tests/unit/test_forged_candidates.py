@@ -49,7 +49,8 @@ def test_accept_leaves_a_golden_that_diff_reads_identical_byte_for_byte(tmp_path
     assert (root / GOLDEN).read_bytes() == kept
 
 
-def test_a_forged_fingerprint_is_its_own_finding_in_diff_and_accept_lists_it(tmp_path, capsys, monkeypatch):
+def test_a_forged_fingerprint_is_its_own_finding_and_accept_takes_it_only_by_name(tmp_path, capsys,
+                                                                                   monkeypatch):
     """Before, a candidate whose torch version was forged read IDENTICAL ("nothing needs review") and
     accept wrote it: every later check of it was judged across environments, near_tie."""
     root, candidates = project(tmp_path, forged(fingerprint={"torch": "9.9.9"}))
@@ -58,8 +59,13 @@ def test_a_forged_fingerprint_is_its_own_finding_in_diff_and_accept_lists_it(tmp
     out = capsys.readouterr().out
     assert (f"FIELDS_CHANGED {GOLDEN} ['test_capital']['cpu/float32']  same tokens and logit hashes, but "
             "fingerprint.torch '2.13.0+cpu' -> '9.9.9': no run writes that") in out
-    assert out.splitlines()[-1] == ("summary: 7 IDENTICAL, 1 FIELDS_CHANGED; 1 case(s) need review "
+    assert out.splitlines()[-1] == ("summary: 1 FIELDS_CHANGED, 7 IDENTICAL; 1 case(s) need review "
                                     "(--fail-on=regression)")
+    before = (root / GOLDEN).read_bytes()
+    assert cli.main(["accept", str(candidates)]) == 1  # a plain accept of the folder leaves it
+    out = capsys.readouterr().out
+    assert f"left     FIELDS_CHANGED {GOLDEN} ['test_capital']['cpu/float32']" in out
+    assert (root / GOLDEN).read_bytes() == before
     assert cli.main(["accept", str(candidates), "--only", "FIELDS_CHANGED"]) == 0
     out = capsys.readouterr().out
     assert f"accepted FIELDS_CHANGED {GOLDEN} ['test_capital']['cpu/float32']" in out

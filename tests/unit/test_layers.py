@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmdeterminism"
 # The pure core sits flat at the package root; ``strategies`` and ``plugin`` are its top, and the
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
-    "core": [["errors"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
+    "core": [["errors", "verdict"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
     "compute": [["compute.numerics", "compute.determinism", "compute.threads", "compute.private_folder"],
                 ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
                 ["compute"]],
@@ -32,7 +32,8 @@ PACKAGES = {
                 ["engines"]],
     "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"],
                 ["goldens.codec", "goldens.consistency"],
-                ["goldens.store"], ["goldens.files"], ["goldens.review"]],
+                ["goldens.store"], ["goldens.files", "goldens.judged", "goldens.judgement"],
+                ["goldens.review"]],
     "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit",
                    "reporting.run_header", "reporting.progress"],
                   ["reporting.recorder", "reporting.hints", "reporting.markdown_report",
@@ -151,4 +152,5 @@ def test_the_package_root_shows_its_plan_in_a_few_entries():
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
     # 16: sampling.py, generation's sibling in the core; compute/, how the process computes;
     # 17: model/, the llm_model fixture object over the engines (engines/ holds backends only)
-    assert len(entries) <= 17, entries
+    # 18: verdict.py, the verdicts and the facts every tool reads of them, below compare.py
+    assert len(entries) <= 18, entries

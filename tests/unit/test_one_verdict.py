@@ -33,9 +33,9 @@ def test_every_verdict_carries_its_risk_and_family_and_every_order_is_read_from_
     assert {v for v in Verdict if v.tolerable} == {Verdict.LOGIT_DRIFT, *(v for v in Verdict if v.flip)}
     assert Verdict.by_risk()[0] is Verdict.REGRESSION and Verdict.by_risk()[-1] is Verdict.IDENTICAL
     # The review order: every verdict compare() returns has its place (a missing one crashed review).
-    assert set(ORDER) == {v.value for v in Verdict if v.compared} | {"NEW", "ABSENT"}
+    assert set(ORDER) == {v.value for v in Verdict if v.compared} | {"FIELDS_CHANGED", "NEW", "ABSENT"}
     assert sorted(ORDER, key=case_risk) == list(ORDER)
-    assert FAIL_ON["regression"] == {"REGRESSION", "INPUT_CHANGED", "NEW"}
+    assert FAIL_ON["regression"] == {"REGRESSION", "INPUT_CHANGED", "FIELDS_CHANGED", "NEW"}
     assert FAIL_ON["tie_flip"] - FAIL_ON["regression"] == {v.value for v in Verdict if v.flip}
     assert FAIL_ON["drift"] - FAIL_ON["tie_flip"] == {"LOGIT_DRIFT"}
     assert Verdict.risk_of("NOT_A_VERDICT") == len(Verdict)
@@ -139,7 +139,7 @@ def test_a_flip_whose_margin_lies_within_the_drift_before_it_is_a_tie_flip_and_s
 
 
 def test_the_reports_say_a_flip_was_within_the_runs_drift():
-    from pytest_llmdeterminism.reporting.documents import margin_text
+    from pytest_llmdeterminism.reporting.text import margin_text
 
     check = {"verdict": "TIE_FLIP", "golden_margin": 0.176, "max_logprob_delta": 0.61, "tie_margin": 0.05}
     assert margin_text(check) == "0.176 (within this run's drift 0.61)"

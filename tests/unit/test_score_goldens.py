@@ -13,8 +13,8 @@ from pytest_llmdeterminism import GoldenFileError
 from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.generation import Generation, HashDefinition, Score
 from pytest_llmdeterminism.goldens import codec, schema, store
+from pytest_llmdeterminism.goldens.judgement import judge_with
 from pytest_llmdeterminism.goldens.review import review_goldens
-from pytest_llmdeterminism.judgement import judge_with
 from pytest_llmdeterminism.reporting import failure
 from pytest_llmdeterminism.reporting.records import CheckRecord, Written
 from pytest_llmdeterminism.run.decision import decide
