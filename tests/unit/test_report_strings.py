@@ -26,7 +26,7 @@ def test_two_reports_as_a_run_writes_them_compare(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("changes", "said"), [
-    ({"verdict": "FINE"}, "has verdict 'FINE', which is none of IDENTICAL, INPUT_CHANGED"),
+    ({"verdict": "FINE"}, "has verdict 'FINE', which is none of FIELDS_CHANGED, IDENTICAL, INPUT_CHANGED"),
     ({"test": "test_a.py::x\x1b]52;c;ZXZpbA==\x07"},
      "a check's test id 'test_a.py::x\\x1b]52;c;ZXZpbA==\\x07' holds a control character"),
     ({"test": "test_a.py::x\n::set-output name=a::b"}, "holds a control character"),

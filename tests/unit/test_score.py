@@ -163,6 +163,7 @@ def test_an_engine_that_cannot_score_is_refused_by_name(tiny):
     @dataclasses.dataclass
     class Generating:  # the generation protocol only
         name: str = "someengine"
+        runs_rows_alone: bool = True
 
     llm = LLMModel(dataclasses.replace(tiny, engine=Generating()), GenerationSettings(BatchShape(4, 32), 8,
                                                                                       0))
