@@ -43,15 +43,14 @@ SMOKE = "one round, two shapes, 3 weights each, so the script cannot rot (its fi
 
 def measure(mode: str, threads: int, smoke: bool) -> None:
     sys.path.insert(0, str(ROOT))
-    import tempfile
-
     from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
+    from pytest_llmdeterminism.engines.cached import cache_dir
 
     numerics.pin(mode)
     import torch
 
     torch.set_num_threads(threads)
-    own, why = fixed_order.build(Path(tempfile.mkdtemp()))
+    own, why = fixed_order.build(cache_dir() / "kernels")  # the plugin's own (a folder in /tmp is refused)
     if own is None:
         raise SystemExit(f"the fixed-order kernel did not build: {why}")
     torch.manual_seed(0)
