@@ -87,7 +87,7 @@ def main() -> None:
         return time.perf_counter() - started
 
     context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
-    short_prompt, long_prompt = "Once upon a time", LONG_PROMPT
+    short_prompt, long_prompt = "Once upon a time", LONG_PROMPT[:400] if args.smoke else LONG_PROMPT
 
     def tokens_in(text: str) -> int:
         return len(loaded.tokenizer(text, verbose=False)["input_ids"])
