@@ -92,7 +92,8 @@ def run(arm64: Path, qemu: str | None, config: tuple[str, str, str | None, int],
     mode, cpu, coretype, threads = config
     pinned = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_MATMUL_MIN_DIM"}
     env = {k: v for k, v in os.environ.items() if k not in pinned}
-    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{arm64 / 'SITE'}", OMP_NUM_THREADS=str(threads),
+    site = [str(arm64 / "SITE")] if qemu else []  # the arm64 packages; --smoke: this Python's own
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *site]), OMP_NUM_THREADS=str(threads),
                PYTHONDONTWRITEBYTECODE="1", **({"OPENBLAS_CORETYPE": coretype} if coretype else {}))
     python = [qemu, "-L", str(arm64 / "ROOT"), "-cpu", cpu, str(arm64 / "ROOT/usr/bin/python3.11")] \
         if qemu else [sys.executable]  # --smoke: this machine's own
@@ -124,6 +125,7 @@ def main() -> None:
     print(f"{'mode':9} {'-cpu':12} {'forced':11} {'thr':>3} {'openblas':11} "
           + " ".join(f"{c:8}" for c in columns) + "  seconds")
     pending = [config for config in configs if args.mode in (None, config[0])]
+    failed = 0
     while pending:
         batch, pending = pending[:args.parallel], pending[args.parallel:]
         started = time.monotonic()
@@ -133,11 +135,14 @@ def main() -> None:
             rows = [line[4:] for line in output.splitlines() if line.startswith("ROW ")]
             if not rows:
                 print(f"{mode} -cpu {cpu}: failed\n{output[-2000:]}")
+                failed += 1
                 continue
             row = json.loads(rows[0])
             print(f"{mode:9} {cpu:12} {coretype or '-':11} {row['threads']:>3} "
                   f"{row['blas_coretype'] or '?':11} "
                   + " ".join(f"{row[c]:8}" for c in columns) + f"  {time.monotonic() - started:.0f}")
+    if failed:
+        sys.exit(f"{failed} configuration(s) failed: see above")
 
 
 if __name__ == "__main__":
