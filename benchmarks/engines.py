@@ -20,6 +20,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -49,19 +50,24 @@ def start_server(gguf: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    log = tempfile.TemporaryFile()  # the server's output, shown if it does not start
     server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
                                "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
                                "--n_ctx", "2048", "--seed", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):
         try:
             urllib.request.urlopen(f"{url}/models", timeout=1).close()
             return server, url
         except OSError:
+            if server.poll() is not None:
+                break
             time.sleep(0.1)
     server.kill()
-    raise SystemExit("the llama.cpp server did not start")
+    log.seek(0)
+    raise SystemExit(f"the llama.cpp server did not start (exit {server.wait()}):\n"
+                     f"{log.read().decode(errors='replace')[-2000:]}")
 
 
 def post(url: str, body: dict) -> dict:
