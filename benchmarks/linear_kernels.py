@@ -16,6 +16,7 @@ not) of one product, each over 30 distinct weights so they stream from memory as
 
     python benchmarks/linear_kernels.py                # 3 alternating rounds, one thread
     python benchmarks/linear_kernels.py --rounds 5 --threads 2
+    python benchmarks/linear_kernels.py --smoke         # one round, two shapes, 3 weights each
 
 A one-row product streams its weight once: there the kernel's loads decide. A packed weight saves
 oneDNN's copy of the plain weight on every call, but its one-row kernel gives other bits.
@@ -37,19 +38,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 ROWS = (1, 4, 265)
 WEIGHTS = 30
+SMOKE = "one round, two shapes, 3 weights each, so the script cannot rot (its figures mean nothing)"
 
 
-def measure(mode: str, threads: int) -> None:
+def measure(mode: str, threads: int, smoke: bool) -> None:
     sys.path.insert(0, str(ROOT))
-    import tempfile
-
     from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
+    from pytest_llmdeterminism.engines.cached import cache_dir
 
     numerics.pin(mode)
     import torch
 
     torch.set_num_threads(threads)
-    own, why = fixed_order.build(Path(tempfile.mkdtemp()))
+    own, why = fixed_order.build(cache_dir() / "kernels")  # the plugin's own (a folder in /tmp is refused)
     if own is None:
         raise SystemExit(f"the fixed-order kernel did not build: {why}")
     torch.manual_seed(0)
@@ -57,11 +58,11 @@ def measure(mode: str, threads: int) -> None:
     if portable:
         numerics.check(mode)
     results = {}
-    for out_features, in_features in SHAPES:
-        count = 3 if out_features > 4096 else WEIGHTS
+    for out_features, in_features in [SHAPES[0], SHAPES[-1]] if smoke else SHAPES:
+        count = 3 if out_features > 4096 or smoke else WEIGHTS
         weights = [torch.randn(out_features, in_features) * 0.05 for _ in range(count)]
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights] if portable else []
-        for rows in ROWS:
+        for rows in ROWS[:2] if smoke else ROWS:
             if out_features > 4096 and rows > 1:
                 continue  # generate() computes the LM head for the last row only
             x = torch.randn(1, rows, in_features)
@@ -97,14 +98,17 @@ def measure(mode: str, threads: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 3 and sys.argv[1] == "--measure":
-        measure(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) > 4 and sys.argv[1] == "--measure":
+        measure(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "smoke")
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 1
     from natural_test import NUMERICS_ENV, cpu_vendor  # type: ignore[import-not-found]
 
     sys.path.insert(0, str(ROOT))
@@ -113,7 +117,8 @@ def main() -> None:
     rounds: dict[str, list[dict]] = {"native": [], "portable": []}
     for r in range(args.rounds):
         for mode in (("native", "portable") if r % 2 == 0 else ("portable", "native")):
-            command = [sys.executable, __file__, "--measure", mode, str(args.threads)]
+            command = [sys.executable, __file__, "--measure", mode, str(args.threads),
+                       "smoke" if args.smoke else "full"]
             done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
             rounds[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"{'shape':24} {'portable kernel':17} {'native':>9} {'portable':>9} {'ratio':>6} "

@@ -9,6 +9,7 @@ A pin is portable when every CPU gives one hash. Emulation is slow: shapes stay 
 
     python benchmarks/mkl_branches.py                  # all candidates, Haswell/EPYC (+Nehalem)
     python benchmarks/mkl_branches.py --cpus EPYC      # one emulated CPU
+    python benchmarks/mkl_branches.py --smoke          # natively: no pin and one candidate, 1 thread
 
 Measured 2026-12-01 on a 2-core Intel Xeon (AVX512) with torch 2.13 / MKL 2024.2: only
 ``MKL_CBWR=COMPATIBLE`` gave one hash on the host, an emulated Haswell and an emulated EPYC;
@@ -30,11 +31,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ("natively (no emulated CPU), no pin and the first candidate, 1 thread, fewer repeats, so the "
+         "script cannot rot (its figures mean nothing)")
 CANDIDATES = [("COMPATIBLE", "default"), ("COMPATIBLE", "avx2"), ("AVX2", "default"), ("AVX2", "avx2"),
               ("AVX2,STRICT", "default")]
 
 
-def probe(threads: int, timed: bool) -> dict:
+def probe(threads: int, timed: bool, repeats: int) -> dict:
     import torch
     import xxhash
 
@@ -60,7 +63,7 @@ def probe(threads: int, timed: bool) -> dict:
             for _ in range(3):
                 torch.nn.functional.linear(x, w)
             times = []
-            for _ in range(21):
+            for _ in range(repeats):
                 started = time.perf_counter()
                 torch.nn.functional.linear(x, w)
                 times.append(time.perf_counter() - started)
@@ -68,11 +71,12 @@ def probe(threads: int, timed: bool) -> dict:
     return result
 
 
-def run(cbwr: str | None, aten: str | None, threads: int, cpu: str | None, timed: bool) -> dict:
+def run(cbwr: str | None, aten: str | None, threads: int, cpu: str | None, timed: bool,
+        repeats: int = 21) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY")}
     env.update({k: v for k, v in (("MKL_CBWR", cbwr), ("ATEN_CPU_CAPABILITY", aten)) if v})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, __file__, "--probe", str(threads), "1" if timed else "0"]
+    command = [sys.executable, __file__, "--probe", str(threads), "1" if timed else "0", str(repeats)]
     if cpu:
         command = [shutil.which("qemu-x86_64") or "qemu-x86_64", "-cpu", cpu, *command]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=True)
@@ -81,20 +85,24 @@ def run(cbwr: str | None, aten: str | None, threads: int, cpu: str | None, timed
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
-        print(json.dumps(probe(int(sys.argv[2]), sys.argv[3] == "1")))
+        print(json.dumps(probe(int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4]))))
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpus", nargs="*", default=["Haswell", "EPYC"],
                         help="qemu -cpu models to compare with (none: time only)")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
-    rows = [("native", None, None, "", "")] + [(f"{c} + aten {a}", c, a, "", "") for c, a in CANDIDATES]
+    candidates, repeats = (CANDIDATES[:1], 3) if args.smoke else (CANDIDATES, 21)
+    if args.smoke:
+        args.cpus, args.threads = [], [1]
+    rows = [("native", None, None, "", "")] + [(f"{c} + aten {a}", c, a, "", "") for c, a in candidates]
     print("candidate | threads | portable across host and " + ", ".join(args.cpus)
           + " | decode ms | prefill ms")
     for label, cbwr, aten, _, _ in rows:
         for threads in args.threads:
-            host = run(cbwr, aten, threads, None, timed=True)
+            host = run(cbwr, aten, threads, None, timed=True, repeats=repeats)
             differing = []
             for cpu in args.cpus:
                 other = run(cbwr, aten, threads, cpu, timed=False)

@@ -52,6 +52,8 @@ PROMPTS = {
 }
 SIDES = ("plain", "plugin", "plugin-compatible", "plugin-native")
 NUMERICS_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+# Every script in benchmarks/ takes --smoke (tests/pytester/test_benchmarks.py runs each so):
+SMOKE = "one short round of every step on builtin:tiny, so the script cannot rot (its figures mean nothing)"
 
 
 # --- the two sides, each a long-lived process that answers commands on stdin -----------------
@@ -100,50 +102,65 @@ def plugin_side(spec: str, prompts: list, max_new_tokens: int, folder: Path, mod
     numerics.pin(mode)  # what the plugin does before any conftest imports torch
     started = time.perf_counter()  # both sides' load times count importing torch and transformers
     from pytest_llmdeterminism import engines as backends
-    from pytest_llmdeterminism.goldens import schema, store
-    from pytest_llmdeterminism.goldens.files import GoldenFiles
     from pytest_llmdeterminism.model.llm_model import LLMModel
-    from pytest_llmdeterminism.reporting.recorder import TestOutcomes
-    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
     from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
-    from pytest_llmdeterminism.tolerance import ToleranceSetting
 
     loaded = backends.load(spec, dtype="float32", device="cpu", cpu_numerics=mode)
     load_s = time.perf_counter() - started
     llm = LLMModel(loaded, GenerationSettings(BatchShape.parse(DEFAULT_BATCH_SHAPE), max_new_tokens, 0))
-    test_path = folder / "test_bench.py"
-    files = GoldenFiles(None, folder, folder)
-    path = files.path_for(test_path)
     # Record each prompt's golden once, as --llm-golden-update would, so every timed call checks one.
-    for index, prompt in enumerate(prompts):
-        generation = llm.generate(prompt)
-        store.merge(path, {f"test_{index}": {generation.variant: schema.to_entry(generation)}})
-    options = _options(folder, ToleranceSetting({}), mode)
+    checks = GoldenChecks(folder, spec, mode, llm.settings.batch_shape, max_new_tokens)
+    checks.record({f"test_{index}": llm.generate(prompt) for index, prompt in enumerate(prompts)})
     _answer({"load_s": load_s})
 
     def call(prompt: object) -> int:
-        index = prompts.index(prompt)
-        golden = GoldenTokens(files, TestOutcomes(), options,  # one GoldenFiles per run, as in pytest
-                              nodeid=f"test_bench.py::test_{index}", test_path=test_path,
-                              tokenizer=lambda: None)
         generation = llm.generate(prompt)
-        comparison = golden.check(generation)
-        assert comparison is not None and comparison.verdict.value == "IDENTICAL", comparison
+        checks.check(f"test_{prompts.index(prompt)}", generation)
         return len(generation.token_ids)
 
     _serve(prompts, call)
 
 
-def _options(folder: Path, tolerance: object, mode: str):
-    from pytest_llmdeterminism.run.options import DEFAULT_BATCH_SHAPE, Options
-    from pytest_llmdeterminism.shape import BatchShape
+class GoldenChecks:
+    """``golden_tokens.check`` outside pytest: the goldens of one test file in ``folder``, each check
+    built as the plugin's fixture builds it (``run/session.py``), one ``GoldenFiles`` per run.
+    Also used by overhead.py."""
 
-    return Options(model=None, golden_dir=None, batch_shape=BatchShape.parse(DEFAULT_BATCH_SHAPE),
-                   dtype="float32", device="cpu", seed=0, max_new_tokens=32, cpu_numerics=mode,
-                   update=None, tolerance=tolerance, golden_fallback=False, audit=None,  # type: ignore[arg-type]
-                   audit_dtype=None, reports=(), artifacts=None, prune=False, partial=(), rootdir=folder,
-                   invocation_dir=folder)
+    def __init__(self, folder: Path, spec: str, mode: str, shape: object, max_new_tokens: int) -> None:
+        from pytest_llmdeterminism.engines import ModelCache
+        from pytest_llmdeterminism.goldens.files import GoldenFiles
+        from pytest_llmdeterminism.run.options import Options
+        from pytest_llmdeterminism.tolerance import ToleranceSetting
+
+        self.test_path = folder / "test_bench.py"
+        self.files = GoldenFiles(None, folder, folder)
+        self.options = Options(model=spec, golden_dir=None, batch_shape=shape,  # type: ignore[arg-type]
+                               dtype="float32", device="cpu", seed=0, max_new_tokens=max_new_tokens,
+                               cpu_numerics=mode, update=None, tolerance=ToleranceSetting({}),
+                               golden_fallback=False, audit=None, audit_dtype=None, reports=(),
+                               artifacts=None, prune=False, partial=(), rootdir=folder, invocation_dir=folder)
+        # asked for the tokenizer only to word a failing check: it loads nothing until then
+        self.models = ModelCache(spec, dtype="float32", device="cpu", cpu_numerics=mode)
+
+    def record(self, generations: dict) -> None:
+        """Each generation's golden under its key (``test`` or ``test::name``), as an update writes it."""
+        from pytest_llmdeterminism.goldens import schema, store
+
+        store.merge(self.files.path_for(self.test_path),
+                    {key: {generation.variant: schema.to_entry(generation)}
+                     for key, generation in generations.items()})
+
+    def check(self, test: str, generation: object, name: str | None = None) -> None:
+        """One test's check of ``generation`` against its golden, which must be IDENTICAL."""
+        from pytest_llmdeterminism.reporting.recorder import TestOutcomes
+        from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
+
+        golden = GoldenTokens(self.files, TestOutcomes(), self.options, nodeid=f"test_bench.py::{test}",
+                              test_path=self.test_path, models=self.models)
+        comparison = golden.check(generation, name=name)  # type: ignore[arg-type]
+        if comparison is None or comparison.verdict.value != "IDENTICAL":
+            raise SystemExit(f"the benchmark's own golden check of {test!r} did not pass: {comparison}")
 
 
 def _serve(prompts: list, call) -> None:
@@ -200,19 +217,19 @@ def prompts_for(spec: str) -> list:
     return PROMPTS["builtin:tiny" if spec == "builtin:tiny" else "smollm2"]
 
 
-def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
+def per_call(spec: str, max_new_tokens: int, rounds: int, roles: tuple[str, ...] = SIDES) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sides = {}
-        for role in SIDES:  # loaded one after the other: each load alone on the machine
+        for role in roles:  # loaded one after the other: each load alone on the machine
             sides[role] = Side(role, spec, max_new_tokens, Path(tmp, role))
-        times: dict[str, list[list[float]]] = {role: [] for role in SIDES}
-        cpu: dict[str, list[list[float]]] = {role: [] for role in SIDES}
+        times: dict[str, list[list[float]]] = {role: [] for role in roles}
+        cpu: dict[str, list[list[float]]] = {role: [] for role in roles}
         tokens: dict[str, list[int]] = {}
         for _ in range(1):  # one warm-up round each, untimed
             for side in sides.values():
                 side.round()
         for r in range(rounds):
-            for role in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:
+            for role in roles[r % len(roles):] + roles[:r % len(roles)]:
                 answer = sides[role].round()
                 times[role].append(answer["times"])
                 cpu[role].append(answer["cpu"])
@@ -230,7 +247,7 @@ def per_call(spec: str, max_new_tokens: int, rounds: int) -> dict:
     # counts the waits for a core; CPU time counts the work.
     cpu_medians = {role: [statistics.median(t[p] for t in cpu[role]) for p in range(n)] for role in cpu}
     result["cpu_median_s"] = cpu_medians
-    for role in SIDES[1:]:
+    for role in roles[1:]:
         ratios = [medians[role][p] / medians["plain"][p] for p in range(n)]
         cpu_ratios = [cpu_medians[role][p] / cpu_medians["plain"][p] for p in range(n)]
         result[role] = {"ratio_per_prompt": ratios, "per_call": statistics.median(ratios[:-2]),
@@ -367,7 +384,12 @@ def main() -> None:
     parser.add_argument("--pytest-rounds", type=int, default=3, help="0 skips the whole-run comparison")
     parser.add_argument("--load-rounds", type=int, default=3,
                         help="model loads per side in fresh processes, alternating (0 skips them)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.max_new_tokens, args.rounds, args.pytest_rounds, args.load_rounds = \
+            ["builtin:tiny"], 4, 1, 1, 1
+    roles = SIDES[:2] if args.smoke else SIDES  # the other two sides differ from the plugin's by a mode
     sys.path.insert(0, str(ROOT))
     models = args.model or ["builtin:tiny", *([str(SMOLLM2)] if SMOLLM2.is_file() else [])]
     results = {}
@@ -375,7 +397,7 @@ def main() -> None:
     for spec in models:
         print(f"== {spec}: {args.rounds} alternating rounds of {len(prompts_for(spec))} prompts, "
               f"{args.max_new_tokens} new tokens", flush=True)
-        results[spec] = per_call(spec, args.max_new_tokens, args.rounds)
+        results[spec] = per_call(spec, args.max_new_tokens, args.rounds, roles)
         if args.pytest_rounds:
             results[spec].update(whole_runs(spec, args.max_new_tokens, args.pytest_rounds))
         if args.load_rounds:
@@ -385,15 +407,17 @@ def main() -> None:
     print(f"  on {cpu_vendor()}")
     for spec, r in results.items():
         name = Path(spec).name if not spec.startswith("builtin:") else spec
-        print(f"  {name} (native kernels: ATen {r['native_isa']}; spread ±{r['spread']:.0%}; "
-              f"load: plain {r['load_s']['plain']:.1f} s, plugin "
-              f"{r['load_s']['plugin']:.1f} s, plugin native {r['load_s']['plugin-native']:.1f} s)")
+        loads = ", ".join(f"{role.replace('-', ' ')} {seconds:.1f} s" for role, seconds in r["load_s"].items()
+                          if role != "plugin-compatible")
+        print(f"  {name} (native kernels: ATen {r['native_isa']}; spread ±{r['spread']:.0%}; load: {loads})")
         if "median_load_plain_s" in r:
             print(f"    model load, {len(r['loads_s']['plain'])} alternating fresh loads each: plain "
                   f"{r['median_load_plain_s']:.1f} s, plugin {r['median_load_plugin_s']:.1f} s (medians)")
         for role, label in (("plugin", "defaults (portable numerics)"),
                             ("plugin-compatible", "llm_cpu_numerics=compatible"),
                             ("plugin-native", "llm_cpu_numerics=native")):
+            if role not in r:
+                continue
             whole = (f"; whole pytest run {r['ratio_whole_run']:.2f}x"
                      if role == "plugin" and "ratio_whole_run" in r else "")
             print(f"    {label:30} per call {r[role]['per_call']:.2f}x, "

