@@ -132,7 +132,7 @@ def main() -> None:
 def table(transformers, llama, served) -> None:
     from collections import Counter
 
-    from pytest_llmdeterminism.run.golden_tokens import judge
+    from pytest_llmdeterminism.goldens.judgement import judge_with as judge
     from pytest_llmdeterminism.tolerance import parse_profile
 
     profile = parse_profile("near_tie")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmdeterminism.goldens import schema, store
-from pytest_llmdeterminism.run.golden_tokens import judge
+from pytest_llmdeterminism.goldens.judgement import judge_with as judge
 from pytest_llmdeterminism.tolerance import Profile
 
 SMOKE = "2 files of 5 goldens of 4 steps, one round, so the script cannot rot (its figures mean nothing)"
