@@ -258,7 +258,7 @@ def suite(pytester):
 def llama_server(tmp_path_factory):
     """Start servers with ``llama_server(model_path)``; each is killed when the test ends."""
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: "
-                        "pip install -e '.[llamacpp]' (.ci/run does)")
+                        "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]' (.ci/run does)")
     started: list[LlamaServer] = []
 
     def start(model: Path) -> LlamaServer:

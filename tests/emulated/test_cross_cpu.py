@@ -163,7 +163,8 @@ def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not
 def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smollm2_gguf):
     """The llama.cpp engine's greedy choice and top-5 must not depend on the CPU's SIMD dispatch
     (numpy's argpartition did: a REGRESSION at step 7 of the first prompt under an emulated Haswell)."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -e '.[llamacpp]'")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: "
+                        "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]'")
     (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = "
                                          f"llamacpp:{smollm2_gguf}\nllm_batch_shape = 1x32\n")
     (tmp_path / "test_probe.py").write_text(PROBE.replace("max_new_tokens=4", "max_new_tokens=8"))

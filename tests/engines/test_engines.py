@@ -16,7 +16,8 @@ from tests.helpers.projects import REAL_GOLDEN, REAL_SUITE, llm_golden, read_gol
 SUITE = REAL_SUITE.replace(' and "Paris" in result.text', "")
 assert SUITE != REAL_SUITE
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -e '.[llamacpp]' "
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: CMAKE_ARGS=-DGGML_NATIVE=OFF "
+                    "pip install -e '.[llamacpp]' "
                     "(.ci/run does)")
 
 def record_and_reproduce(pytester, spec: str, variant: str) -> dict:

@@ -9,7 +9,8 @@ from pytest_llmdeterminism import engines
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -e '.[llamacpp]' "
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: CMAKE_ARGS=-DGGML_NATIVE=OFF "
+                    "pip install -e '.[llamacpp]' "
                     "(.ci/run does)")
 
 PAIRS = [("The capital of France is", " Paris. It is known for the Eiffel Tower."),
@@ -57,7 +58,7 @@ def test_llamacpp_scores_the_same_tokens_as_transformers_within_the_engines_tole
 def server(smollm2_gguf, tmp_path_factory):
     """One llama-cpp-python server for the module's tests."""
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: "
-                        "pip install -e '.[llamacpp]' (.ci/run does)")
+                        "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]' (.ci/run does)")
     from tests.helpers.llama_server import LlamaServer
 
     started = LlamaServer(smollm2_gguf, tmp_path_factory.mktemp("server") / "server.log")

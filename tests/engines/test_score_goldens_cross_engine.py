@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install -e '.[llamacpp]' "
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: CMAKE_ARGS=-DGGML_NATIVE=OFF "
+                    "pip install -e '.[llamacpp]' "
                     "(.ci/run does)")
 
 SUITE = """

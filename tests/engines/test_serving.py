@@ -30,8 +30,8 @@ from tests.helpers.projects import read_goldens
 
 
 def needs_llama_cpp_python_server():
-    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: pip install "
-                        "-e '.[llamacpp]' (.ci/run does)")
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed: "
+                        "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]' (.ci/run does)")
 
 
 PROMPT = "Q: What is the capital of Japan? A:"

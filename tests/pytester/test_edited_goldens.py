@@ -35,9 +35,9 @@ def test_an_edited_text_fails_its_check_until_it_is_re_recorded(suite):
     failed = suite.runpytest()
     failed.assert_outcomes(failed=1)
     failed.stdout.fnmatch_lines([
-        f"*golden 'test_capital' does not describe its own token ids (FIELDS_CHANGED): its text is ' Lyon, "
-        f"the capital of Japan.', but its ids decode to {recorded['text']!r}: the same tokenizer decodes them "
-        "otherwise, so the golden was edited after it was recorded. A check compares ids and logits*",
+        f"*golden 'test_capital' does not describe its own token ids (FIELDS_CHANGED): its text is "
+        f"' Lyon, the capital of Japan.', but its ids decode to {recorded['text']!r}: the same tokenizer "
+        "decodes them otherwise, so the golden was edited after it was recorded. A check compares ids*",
         "*Re-record it with: pytest *test_suite.py::test_capital --llm-golden-update"])
     failed.stdout.fnmatch_lines(["golden checks: 1 FIELDS_CHANGED (failed)"])  # one verdict, in the summary
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
