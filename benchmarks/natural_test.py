@@ -156,7 +156,9 @@ class GoldenChecks:
         from pytest_llmdeterminism.reporting.recorder import TestOutcomes
         from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 
-        golden = GoldenTokens(self.files, TestOutcomes(), self.options, nodeid=f"test_bench.py::{test}",
+        outcomes = TestOutcomes()
+        outcomes.phase = "call"  # the check runs in its test's body, as the plugin's hook marks it
+        golden = GoldenTokens(self.files, outcomes, self.options, nodeid=f"test_bench.py::{test}",
                               test_path=self.test_path, models=self.models)
         comparison = golden.check(generation, name=name)  # type: ignore[arg-type]
         if comparison is None or comparison.verdict.value != "IDENTICAL":
