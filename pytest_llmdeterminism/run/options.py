@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -140,22 +140,20 @@ SETTINGS = (
 )
 
 
-def _update_mode(value: str) -> str:
-    if value in ("all", "new"):
-        return value
-    raise argparse.ArgumentTypeError(
-        f"expected 'all' or 'new', got {value!r}. To update and name test paths, write "
-        "'--llm-golden-update=all PATH' (or put PATH before the flag)."
-    )
+def _flag_mode(flag: str, first: str, second: str) -> Callable[[str], str]:
+    """The type of a flag whose value is ``first`` or ``second`` (the bare flag: ``first``)."""
+    def mode(value: str) -> str:
+        if value in (first, second):
+            return value
+        raise argparse.ArgumentTypeError(
+            f"expected {first!r} or {second!r}, got {value!r}. To {flag.removeprefix('--llm-golden-')} and "
+            f"name test paths, write '{flag}={first} PATH' (or put PATH before the flag)."
+        )
+    return mode
 
 
-def _prune_mode(value: str) -> str:
-    if value in ("tests", "cases"):
-        return value
-    raise argparse.ArgumentTypeError(
-        f"expected 'tests' or 'cases', got {value!r}. To prune and name test paths, write "
-        "'--llm-golden-prune=tests PATH' (or put PATH before the flag)."
-    )
+_update_mode = _flag_mode("--llm-golden-update", "all", "new")
+_prune_mode = _flag_mode("--llm-golden-prune", "tests", "cases")
 
 
 def _audit_repeats(value: str) -> int:

@@ -4,6 +4,7 @@ stops the rest, and every problem is reported (and fails the run)."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,15 +65,7 @@ def _merge(updates_by_file: FileUpdates, target: Callable[[Path], Path], describ
            refuse: Callable[[Path], str | None] = lambda path: None) -> None:
     for path, updates in sorted(updates_by_file.items()):
         destination = target(Path(path))
-        refused = refuse(destination)
-        if refused:
-            out.errors.append(f"{files.display(destination)}: {refused}")
-            continue
-        try:
-            store.merge(destination, updates)
-        except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
-            out.errors.append(f"{files.display(destination)}: {type(error).__name__}: {error}")
-        else:
+        if _wrote(destination, functools.partial(store.merge, destination, updates), files, out, refuse):
             out.written.append(f"{files.display(destination)} ({describe(len(updates))})")
 
 
@@ -84,15 +77,24 @@ def _record_tolerances(ledger: Ledger, target: Callable[[Path], Path], files: Go
         destination = target(Path(path))
         if not destination.is_file():
             continue  # its candidates were not written: already reported
-        refused = refuse(judged.path_for(destination))
-        if refused:
-            out.errors.append(f"{files.display(judged.path_for(destination))}: {refused}")
-            continue
-        try:
-            judged.merge(destination, tolerances)
-        except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
-            where = files.display(judged.path_for(destination))
-            out.errors.append(f"{where}: {type(error).__name__}: {error}")
+        _wrote(judged.path_for(destination), functools.partial(judged.merge, destination, tolerances),
+               files, out, refuse)
+
+
+def _wrote(destination: Path, write: Callable[[], object], files: GoldenFiles, out: RunOutput,
+           refuse: Callable[[Path], str | None]) -> bool:
+    """``write()`` the file ``destination`` unless ``refuse`` names why not; a refusal or a failure is
+    one line of the run's errors (the summary reports it and the run is marked failed)."""
+    refused = refuse(destination)
+    if refused:
+        out.errors.append(f"{files.display(destination)}: {refused}")
+        return False
+    try:
+        write()
+    except Exception as error:  # noqa: BLE001 - reported in the summary, run marked failed
+        out.errors.append(f"{files.display(destination)}: {type(error).__name__}: {error}")
+        return False
+    return True
 
 
 def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options: Options,
