@@ -172,7 +172,7 @@ class ToyServer:
         with self._lock:
             self._in_flight += 1
             batch = self._in_flight
-        held = int(body["max_tokens"]) > 1 or batch > 1
+        held = int(body["max_tokens"]) > 1 or batch > 1 or self.behaviour.hang_up_in_batch
         ends = time.monotonic() + (HOLD if held else 0.0)
         while time.monotonic() < ends:  # the most requests in flight while this one was held
             time.sleep(0.01)
