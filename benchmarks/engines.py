@@ -132,8 +132,8 @@ def main() -> None:
 def table(transformers, llama, served) -> None:
     from collections import Counter
 
-    from pytest_llmdeterminism.goldens.judgement import judge_with as judge
-    from pytest_llmdeterminism.tolerance import parse_profile
+    from pytest_llmdeterminism.judge.judgement import judge_with as judge
+    from pytest_llmdeterminism.judge.tolerance import parse_profile
 
     profile = parse_profile("near_tie")
     prompts = [*PROMPTS, CHAT]

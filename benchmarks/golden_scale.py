@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_llmdeterminism.goldens import schema, store
-from pytest_llmdeterminism.goldens.judgement import judge_with as judge
-from pytest_llmdeterminism.tolerance import Profile
+from pytest_llmdeterminism.judge.judgement import judge_with as judge
+from pytest_llmdeterminism.judge.tolerance import Profile
 
 SMOKE = "2 files of 5 goldens of 4 steps, one round, so the script cannot rot (its figures mean nothing)"
 TEMPLATE = ROOT / "examples" / "__golden__" / "test_tiny_model.json"

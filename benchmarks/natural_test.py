@@ -130,8 +130,8 @@ class GoldenChecks:
     def __init__(self, folder: Path, spec: str, mode: str, shape: object, max_new_tokens: int) -> None:
         from pytest_llmdeterminism.engines import ModelCache
         from pytest_llmdeterminism.goldens.files import GoldenFiles
+        from pytest_llmdeterminism.judge.tolerance import ToleranceSetting
         from pytest_llmdeterminism.run.options import Options
-        from pytest_llmdeterminism.tolerance import ToleranceSetting
 
         self.test_path = folder / "test_bench.py"
         self.files = GoldenFiles(None, folder, folder)

@@ -64,7 +64,7 @@ def measure(model: str, scales: list[float], *, seed: int,
             max_new_tokens: int) -> list[tuple[float, Counter[str]]]:
     """Per scale, how many of PROMPTS end in each verdict against the unperturbed model."""
     from pytest_llmdeterminism.cli.perturb import perturb
-    from pytest_llmdeterminism.compare import compare
+    from pytest_llmdeterminism.judge.compare import compare
 
     before = generate(model, max_new_tokens)
     rows = []

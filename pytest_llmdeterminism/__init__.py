@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Verdict
 from pytest_llmdeterminism.compute.numerics import CPUNumericsError
 from pytest_llmdeterminism.compute.private_folder import CacheFolderError
 from pytest_llmdeterminism.engines.server_client import HTTPStatusError
@@ -30,6 +29,7 @@ from pytest_llmdeterminism.errors import (
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.atomic import LinkOutError
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
+from pytest_llmdeterminism.judge.compare import Comparison, GoldenMismatchError, Verdict
 from pytest_llmdeterminism.model.audit import (
     DecodePrefillMismatchError,
     NondeterminismError,

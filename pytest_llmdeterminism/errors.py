@@ -7,7 +7,7 @@ scalar, a ``Fraction``, ...) as the plain ``int`` or ``float`` that goldens and 
 mistake, not 1).
 
 This module imports nothing from the package; ``GoldenMismatchError`` lives beside the
-``Comparison`` it carries, in ``compare.py``, and every error is exported from the package root.
+``Comparison`` it carries, in ``judge/compare.py``, and every error is exported from the package root.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ import json
 import math
 import numbers
 import shlex
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "BatchInvarianceProbeError",

@@ -26,8 +26,8 @@ from typing import Any
 from hypothesis import currently_in_test_context, reject
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.errors import LLMDeterminismError, PromptTooLongError
+from pytest_llmdeterminism.judge.compare import Verdict, compare
 from pytest_llmdeterminism.reporting.failure import decoder_for, mismatch
 
 __all__ = ["BatchComposition", "BatchInvarianceError", "assert_batch_invariant", "batch_compositions",

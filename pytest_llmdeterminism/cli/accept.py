@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
-from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
@@ -29,6 +28,7 @@ from pytest_llmdeterminism.goldens.review import (
     find_candidates_root,
     plan_accept,
 )
+from pytest_llmdeterminism.judge.compare import Verdict
 
 SUMMARY = "import candidate goldens from --llm-golden-artifacts DIR: all, or the cases chosen"
 HELP = """\

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
-from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
@@ -28,6 +27,7 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_candidates,
 )
+from pytest_llmdeterminism.judge.compare import Comparison, Verdict
 from pytest_llmdeterminism.reporting.text import short, tie_text
 from pytest_llmdeterminism.sampling import settings_text
 

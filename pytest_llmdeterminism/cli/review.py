@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import accept, diff, project, tokenizer
-from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.goldens.review import ABSENT, ORDER, Case, case_risk
+from pytest_llmdeterminism.judge.compare import Verdict
 from pytest_llmdeterminism.reporting import failure
 
 SUMMARY = "go through candidate goldens case by case on a terminal: accept or skip each"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pytest_llmdeterminism.compare import default_tie_margin
 from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Score
 from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.judge.compare import default_tie_margin
 
 SUMMARY = "print a golden file in human form"
 _BAR = 20  # the widest margin bar, in characters

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.compare import Recorded
 from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.judge.compare import Recorded
 from pytest_llmdeterminism.run.configuration import config_file_values
 
 

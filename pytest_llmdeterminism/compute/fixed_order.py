@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute import profiles
 from pytest_llmdeterminism.compute.private_folder import CacheFolderError, private_folder, require_private
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def build(folder: Path) -> tuple[FixedOrderKernel | None, str]:
     if os.environ.get(SWITCH, "1") == "0":
         return None, f"{SWITCH}=0"
     # the order of oneDNN's AVX2 kernels: where portable numerics run them (x86-64), on Linux
-    if numerics.profile(numerics.PORTABLE).onednn_isa != numerics.ONEDNN_ISA or sys.platform != "linux":
+    if profiles.profile(profiles.PORTABLE).onednn_isa != profiles.ONEDNN_ISA or sys.platform != "linux":
         return None, f"built for Linux x86-64 only, not {sys.platform} {platform.machine()}"
     import xxhash
 

@@ -19,14 +19,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
+from pytest_llmdeterminism.compute import fixed_order, profiles, tensor_ops
 from pytest_llmdeterminism.errors import ConfigurationError, pasteable
 
 if TYPE_CHECKING:
     import torch
 
     from pytest_llmdeterminism.compute.fixed_order import FixedOrderKernel
-    from pytest_llmdeterminism.compute.numerics import NumericsProfile
+    from pytest_llmdeterminism.compute.profiles import NumericsProfile
 
 # A linear's kernel: F.linear's arguments (input, weight, bias), its result.
 Kernel = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor | None"], "torch.Tensor"]
@@ -226,7 +226,7 @@ def _lone_row_linear(rows: Kernel) -> Kernel:
 
 def _previous(profile: NumericsProfile, in_force: Mapping[str, Any], device: str) -> Policy:
     """The kernels before batch invariance: routed only where MKL's reproducible branch is in force."""
-    if device != "cpu" or in_force.get("mkl_cbwr") != numerics.MKL_REPRODUCIBLE_BRANCH:
+    if device != "cpu" or in_force.get("mkl_cbwr") != profiles.MKL_REPRODUCIBLE_BRANCH:
         return Policy.LINEAR  # native, a GPU, or a torch without MKL (arm64: OpenBLAS's kernels)
     return Policy.ONEDNN_AVX2 if profile.onednn_isa else Policy.SPLIT_ONE_ROW
 
@@ -238,7 +238,7 @@ def _invariant(profile: NumericsProfile, previous: Policy, dtype: str, device: s
         return None
     if profile.pins_mkl and previous is Policy.LINEAR:  # a torch without MKL's reproducible branch
         return None
-    return Policy.BATCH_INVARIANT if profile.batch_invariant == numerics.ONEDNN_ROWS \
+    return Policy.BATCH_INVARIANT if profile.batch_invariant == profiles.ONEDNN_ROWS \
         else Policy.BATCH_INVARIANT_TILES
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute import numerics, profiles
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
 from pytest_llmdeterminism.compute.kernels import Kernels
 from pytest_llmdeterminism.engines import cached, hf, hub, llamacpp, openai, vllm
@@ -94,7 +94,7 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable", 
         # before the load: a run refused here (a CPU without AVX2, torch started first) loads no model
         in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
     model, tokenizer, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
-    kernels = Kernels.choose(numerics.profile(cpu_numerics), in_force=in_force, dtype=dtype, device=device,
+    kernels = Kernels.choose(profiles.profile(cpu_numerics), in_force=in_force, dtype=dtype, device=device,
                              batch_invariant=batch_invariant, recording=recording,
                              folder=cached.cache_dir() / "kernels", model=model)
     engine = hf.HFEngine(model, tokenizer, device, kernels=kernels)

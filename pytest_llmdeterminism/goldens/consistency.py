@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Recorded, first_token_divergence
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.judge.compare import Recorded, first_token_divergence
 
 # Fingerprint fields that say how ids were decoded: where one differs, the decoding itself may have
 # changed (a new tokenizer, a transformers release that cleans up spaces otherwise), which the

@@ -19,7 +19,7 @@ import msgspec
 from pytest_llmdeterminism.errors import ConfigurationError, GoldenFileError
 from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.atomic import folder_lock, write_text_atomic
-from pytest_llmdeterminism.tolerance import Profile, parse_profile
+from pytest_llmdeterminism.judge.tolerance import Profile, parse_profile
 
 __all__ = ["SUFFIX", "merge", "path_for", "read"]
 

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import GoldenFileError, printable
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import judged, schema, store
 from pytest_llmdeterminism.goldens.codec import declares_golden_format
 from pytest_llmdeterminism.goldens.consistency import unjudged_changes
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, OUTPUT_MARKER, fallback_variant
-from pytest_llmdeterminism.goldens.judgement import judge
-from pytest_llmdeterminism.tolerance import Profile
+from pytest_llmdeterminism.judge.compare import Comparison, Verdict
+from pytest_llmdeterminism.judge.judgement import judge
+from pytest_llmdeterminism.judge.tolerance import Profile
 
 NEW = "NEW"  # only in CAND, and BASE has no variant of the key: nothing to compare with
 ABSENT = "ABSENT"  # only in BASE: a candidate set holds just the checks that failed or were missing

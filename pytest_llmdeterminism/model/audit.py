@@ -36,10 +36,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import first_token_divergence
 from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, resolve_generation_config
+from pytest_llmdeterminism.judge.compare import first_token_divergence
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
 from pytest_llmdeterminism.reporting.audit import (
     AuditReport,
@@ -355,7 +355,7 @@ def decode_vs_prefill(llm_model: LLMModel, generation: Generation, *,
     kernels) and the generated token's logprob and the top-k logprobs both name (within ``tolerance``
     otherwise: the dtype's default ``atol``). A sampled generation's token may be outside its step's
     top-k: there only the shared top-k are compared."""
-    from pytest_llmdeterminism.tolerance import DEFAULT_ATOL
+    from pytest_llmdeterminism.judge.tolerance import DEFAULT_ATOL
 
     if not generation.token_ids:
         raise ConfigurationError("decode_vs_prefill(generation)", generation.text,

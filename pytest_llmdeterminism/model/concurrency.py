@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.engines.companions import run_among
 from pytest_llmdeterminism.engines.loaded import ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.judge.compare import Comparison, Verdict, compare
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import Chunk

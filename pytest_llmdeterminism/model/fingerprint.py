@@ -1,6 +1,6 @@
 """The fingerprint of a loaded model: what produced a generation (versions, device, CPU numerics,
 kernels, the hashes of the weights and the tokenizer), stored with every golden. What its fields
-mean for a comparison is ``goldens/fingerprint.py``'s."""
+mean for a comparison is ``judge/fingerprint.py``'s."""
 
 from __future__ import annotations
 

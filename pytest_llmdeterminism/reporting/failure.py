@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import (
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
+from pytest_llmdeterminism.judge.compare import (
     Comparison,
     PositionChange,
     Recorded,
@@ -20,7 +21,7 @@ from pytest_llmdeterminism.compare import (
     near_tie,
     within_drift,
 )
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
+from pytest_llmdeterminism.judge.tolerance import DEFAULT_ATOL, Profile, ProfileName
 from pytest_llmdeterminism.reporting import hints
 from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
 from pytest_llmdeterminism.reporting.text import (
@@ -32,10 +33,9 @@ from pytest_llmdeterminism.reporting.text import (
     tie_text,
 )
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
-from pytest_llmdeterminism.tolerance import DEFAULT_ATOL, Profile, ProfileName
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.reporting.records import Change, Decision, Outcome
+    from pytest_llmdeterminism.judge.decision import Change, Decision, Outcome
 
 Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
@@ -370,7 +370,7 @@ def decoder_for(expected: Recorded, actual: Recorded, tokenizer: Any = None) -> 
 def assertrepr(actual: Recorded, expected: Recorded) -> list[str]:
     """Lines for ``assert actual == expected`` on two Generations (or two Scores), as golden checks
     show them."""
-    from pytest_llmdeterminism.compare import compare
+    from pytest_llmdeterminism.judge.compare import compare
 
     kind = type(actual).__name__
     comparison = compare(expected, actual)
@@ -407,7 +407,7 @@ def _top(top: TopK, decode: Decode) -> str:
 def _fingerprint_changes(expected: Recorded, actual: Recorded,
                          changes: Sequence[Change] | None = None) -> list[str]:
     if changes is None:
-        from pytest_llmdeterminism.goldens.fingerprint import diff
+        from pytest_llmdeterminism.judge.fingerprint import diff
 
         changes = diff(expected.fingerprint, actual.fingerprint)
     if not changes:

@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_llmdeterminism.compare import Comparison, Verdict
 from pytest_llmdeterminism.errors import pasteable
-from pytest_llmdeterminism.reporting.records import CheckRecord, Decision
+from pytest_llmdeterminism.judge.compare import Comparison, Verdict
+from pytest_llmdeterminism.judge.decision import Decision
+from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.reporting.text import delta
 
 
@@ -93,7 +94,7 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
     record; another thread count (pytest-xdist's share of the cores) is pinned with ``llm_threads``;
     a library upgrade is accepted by re-recording; another machine can be re-recorded to compare
     exactly."""
-    from pytest_llmdeterminism.goldens.fingerprint import describe_changes
+    from pytest_llmdeterminism.judge.fingerprint import describe_changes
 
     line = (f"compared across environments: {describe_changes(list(changes))}; "
             f"tolerance {tolerance} {'as set' if explicit else 'by default'}")

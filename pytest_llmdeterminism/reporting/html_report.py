@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
-from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.judge.compare import Verdict
 from pytest_llmdeterminism.reporting.run_header import header_lines, times_per_test
 from pytest_llmdeterminism.reporting.text import (
     budget_text,

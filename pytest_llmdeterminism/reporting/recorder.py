@@ -8,22 +8,15 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compare import GoldenMismatchError, Verdict
-from pytest_llmdeterminism.reporting.records import (
-    Attempt,
-    CheckRecord,
-    Decision,
-    GoldenWrite,
-    Outcome,
-    TestRecords,
-    Written,
-)
+from pytest_llmdeterminism.judge.compare import GoldenMismatchError, Verdict
+from pytest_llmdeterminism.judge.decision import Attempt, Decision, Outcome, Written
+from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, TestRecords
 from pytest_llmdeterminism.reporting.run_header import header_of
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_llmdeterminism.compare import Recorded
+    from pytest_llmdeterminism.judge.compare import Recorded
 
 
 Site = tuple[types.FrameType, int, int]  # the frame that called check(), its instruction and line

@@ -1,6 +1,6 @@
 """Typed records of what one test decided, carried from the test to the run's end and into reports.
 
-A golden check's :class:`Decision` (what ``run.decision.decide`` returns: data, no words) becomes a
+A golden check's :class:`Decision` (what ``judge.decision.decide`` returns: data, no words) becomes a
 :class:`CheckRecord` with :meth:`CheckRecord.of`. A test's recorder
 (:class:`~pytest_llmdeterminism.reporting.recorder.TestOutcomes`) holds a
 :class:`TestRecords`. Under pytest-xdist that travels to the controller on the test's report as
@@ -10,15 +10,15 @@ plain JSON types (:meth:`TestRecords.to_payload`) and is decoded back, and valid
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.compare import (
-    Comparison,
+from pytest_llmdeterminism.generation import Generation, Score
+from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.goldens.schema import Entry
+from pytest_llmdeterminism.judge.compare import (
     PositionChange,
     Recorded,
     Verdict,
@@ -26,12 +26,7 @@ from pytest_llmdeterminism.compare import (
     id_window,
     kind_of,
 )
-from pytest_llmdeterminism.generation import Generation, Score
-from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.goldens.schema import Entry
-
-if TYPE_CHECKING:
-    from pytest_llmdeterminism.tolerance import Profile
+from pytest_llmdeterminism.judge.decision import Decision, Outcome
 
 
 class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
@@ -207,81 +202,6 @@ class RunRecord(msgspec.Struct, kw_only=True):
     suite_collected: bool = True
     candidates: str | None = None  # the --llm-golden-artifacts folder, relative to the report's folder
     commit: str | None = None  # the git commit the run's checkout was at (None: not a git checkout)
-
-
-class Written(enum.Enum):
-    """A golden that ``--llm-golden-update`` wrote where a check would have been judged."""
-
-    RECORDED = "recorded"  # there was none
-    UPDATED = "updated"  # it failed, flipped at a near tie or lacked steps: re-recorded
-    # Recorded or updated by a test that then failed or was skipped: held back, nothing written.
-    NOT_RECORDED = "not recorded"
-
-
-class Outcome(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """How one golden check ended, the key the run counts by: its verdict and whether it passed.
-    A golden written instead of checked says which write in ``written``; an update keeps the verdict
-    of the golden it replaced, a first recording has none."""
-
-    verdict: Verdict | None
-    passed: bool
-    written: Written | None = None
-
-    def __str__(self) -> str:
-        """As the terminal summary and JUnit's ``llm_verdict`` property spell it: ``REGRESSION (failed)``."""
-        if self.written is not None:
-            return self.written.value
-        name = self.verdict.value if self.verdict is not None else "?"
-        return name if self.passed else f"{name} (failed)"
-
-
-class Attempt(NamedTuple):
-    """What one earlier attempt of a test (pytest-rerunfailures runs a failed test again in the same
-    process) generated for one golden key, and how its check ended."""
-
-    number: int
-    output: Recorded
-    outcome: Outcome
-
-
-Change = tuple[str, Any, Any]  # a fingerprint field, the golden's value, this run's
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one golden check decided, as data (``run.decision.decide`` builds it; ``reporting``
-    words it): the verdict and its evidence, whether it passed, the golden it was judged against,
-    and what happens next (a golden written instead, a candidate for the reviewer)."""
-
-    comparison: Comparison  # the verdict and its evidence; MISSING and NONDETERMINISTIC included
-    passed: bool
-    actual: Recorded  # this run's generation (or score)
-    # The golden it was judged against; for NONDETERMINISTIC the earlier attempt's output; None: MISSING.
-    expected: Recorded | None
-    variant: str  # the golden variant looked up (another than ``actual.variant`` under fallback)
-    profile: Profile | None = None  # the tolerance that judged it; None where none did
-    explicit: bool = False  # the profile was set (by the test or the run), not the default
-    dtype: str = "float32"  # the dtype the profile's thresholds were taken for
-    environment: tuple[Change, ...] = ()  # fingerprint fields that decide the bits and differ
-    changed: tuple[Change, ...] = ()  # every fingerprint field that differs
-    write: Written | None = None  # a golden ``--llm-golden-update`` writes instead of the check
-    candidate: bool = False  # the reviewer gets this run's generation as a candidate
-    # Where the golden's text or pieces contradict what this run decoded for the same ids (an edited
-    # golden): what contradicts what. Such a check fails, whatever its verdict.
-    contradiction: str | None = None
-    others: tuple[str, ...] = ()  # MISSING: the variants the test's key does have
-    earlier: Attempt | None = None  # NONDETERMINISTIC: the attempt this one contradicts,
-    between: Comparison | None = None  # and how the two outputs differ
-
-    @property
-    def fails(self) -> bool:
-        """The check fails its test: it did not pass, and no update writes the golden instead."""
-        return not self.passed and self.write is None
-
-    @property
-    def rerecord(self) -> bool:
-        """An update writes this run's generation over the golden it was judged against."""
-        return self.write is Written.UPDATED
 
 
 class TestRecords(msgspec.Struct):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.judge.compare import Verdict
 from pytest_llmdeterminism.reporting.html_report import (
     filter_attributes,
     filter_bar,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.compare import Recorded
+    from pytest_llmdeterminism.judge.compare import Recorded
 
 # (fingerprint field, label) in the order the header names them; only the fields a run has appear.
 HEADER_FIELDS = (("model", "model"), ("model_commit", "model commit"), ("weights_hash", "weights"),

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.reporting.records import Written
+from pytest_llmdeterminism.judge.decision import Written
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.reporting.records import CheckRecord, Outcome
+    from pytest_llmdeterminism.judge.decision import Outcome
+    from pytest_llmdeterminism.reporting.records import CheckRecord
 
 
 _LISTED = 20  # lines of a list in the summary before "… N more"

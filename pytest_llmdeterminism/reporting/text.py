@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_llmdeterminism.compare import Verdict, first_token_divergence, within_drift
+from pytest_llmdeterminism.judge.compare import Verdict, first_token_divergence, within_drift
 from pytest_llmdeterminism.sampling import settings_text
 
 _MAX_IDS_SHOWN = 12

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism.compute import numerics, threads
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
+from pytest_llmdeterminism.judge.tolerance import ToleranceSetting, parse_setting
 from pytest_llmdeterminism.run.options import (
     DEFAULT_BATCH_SHAPE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -35,7 +36,6 @@ from pytest_llmdeterminism.run.options import (
     resolve_path,
 )
 from pytest_llmdeterminism.shape import DTYPES, BatchShape
-from pytest_llmdeterminism.tolerance import ToleranceSetting, parse_setting
 
 if TYPE_CHECKING:
     from collections.abc import Callable

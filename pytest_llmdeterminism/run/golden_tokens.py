@@ -1,7 +1,7 @@
 """The ``golden_tokens`` fixture object: one check engine for missing / record / compare / fail.
 
 ``check()`` runs in one direction, each module once: look up (the golden, from ``goldens.files``),
-decide (:func:`~pytest_llmdeterminism.run.decision.decide`, pure), word (``reporting`` words the
+decide (:func:`~pytest_llmdeterminism.judge.decision.decide`, pure), word (``reporting`` words the
 decision), record (the test's recorder keeps it; a failing check fails the test). The earlier
 attempts' outputs are taken when the object is built. ``assert_tokens_match`` is the same judgement
 for two generations in memory. The path is drawn in docs/design/check-path.md.
@@ -18,16 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Comparison, GoldenMismatchError, Recorded, Verdict
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens import schema
 from pytest_llmdeterminism.goldens.consistency import stored_text_problem
-from pytest_llmdeterminism.goldens.judgement import judge_with
+from pytest_llmdeterminism.judge.compare import Comparison, GoldenMismatchError, Recorded, Verdict
+from pytest_llmdeterminism.judge.decision import Decision, Written, decide
+from pytest_llmdeterminism.judge.judgement import judge_with
+from pytest_llmdeterminism.judge.tolerance import Profile, parse_profile
 from pytest_llmdeterminism.reporting import failure, hints
-from pytest_llmdeterminism.reporting.records import Decision, Written
-from pytest_llmdeterminism.run.decision import decide
-from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines import ModelCache

@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.compare import Verdict
 from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, Outcome, TestRecords, Written
+from pytest_llmdeterminism.judge.compare import Verdict
+from pytest_llmdeterminism.judge.decision import Outcome, Written
+from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, TestRecords
 
 FileUpdates = dict[str, dict[str, dict[str, schema.Entry]]]  # file -> key -> variant -> entry
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError, as_int
+from pytest_llmdeterminism.judge.tolerance import Profile, parse_profile
 from pytest_llmdeterminism.run.options import Options, parse_integer, parse_seed
 from pytest_llmdeterminism.shape import MARKER, BatchShape, GenerationSettings
-from pytest_llmdeterminism.tolerance import Profile, parse_profile
 
 
 @dataclass(frozen=True)

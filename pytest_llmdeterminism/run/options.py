@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute import profiles
 from pytest_llmdeterminism.engines.spec import (
     BUILTIN_PREFIX,
     HubId,
@@ -26,9 +26,9 @@ from pytest_llmdeterminism.engines.spec import (
     with_local_paths,
 )
 from pytest_llmdeterminism.errors import ConfigurationError
+from pytest_llmdeterminism.judge.tolerance import ToleranceSetting
 from pytest_llmdeterminism.sampling import MAX_SEED
 from pytest_llmdeterminism.shape import DTYPES, BatchShape
-from pytest_llmdeterminism.tolerance import ToleranceSetting
 
 if TYPE_CHECKING:
     import pytest
@@ -52,7 +52,7 @@ class Options:
     device: str
     seed: int
     max_new_tokens: int
-    cpu_numerics: str  # numerics.MODES: portable, compatible, native
+    cpu_numerics: str  # profiles.MODES: portable, compatible, native
     update: UpdateMode | None
     tolerance: ToleranceSetting
     golden_fallback: bool
@@ -117,7 +117,7 @@ SETTINGS = (
              "(x86-64 with AVX2, or arm64) at a given thread count; compatible: the same on any x86-64 "
              "CPU, AVX2 or not, prefill about twice as slow; "
              "native: the CPU's fastest kernels, goldens specific to the CPU model and thread count",
-             numerics.DEFAULT_MODE),
+             profiles.DEFAULT_MODE),
     _Setting("llm_threads", "--llm-threads",
              "torch's CPU threads: a count, or auto (default): torch's default, and under pytest-xdist each "
              "worker's share of the usable cores (cores // workers, at least 1); an OMP_NUM_THREADS or "

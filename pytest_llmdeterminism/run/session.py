@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmdeterminism.compute import numerics, threads
+from pytest_llmdeterminism.compute import numerics, profiles, threads
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
 from pytest_llmdeterminism.compute.kernels import why_not_batch_invariant
 from pytest_llmdeterminism.engines import ModelCache
@@ -189,7 +189,7 @@ class LLMSession:
         """Which kernels the model will run, as far as the settings tell before it loads (the load line
         says which run: ``Kernels.describe``), and whether goldens depend on the batch shape."""
         options = self.options
-        why_not = why_not_batch_invariant(numerics.profile(options.cpu_numerics), options.dtype,
+        why_not = why_not_batch_invariant(profiles.profile(options.cpu_numerics), options.dtype,
                                           "cpu" if options.device == "auto" else options.device)
         if options.batch_invariant is False or why_not:
             kept = ("llm_batch_invariant = false" if options.batch_invariant is False

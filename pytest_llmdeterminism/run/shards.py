@@ -290,7 +290,7 @@ def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
               a: schema.Entry, b: schema.Entry) -> str:
     fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
     if "fingerprint" in fields:
-        from pytest_llmdeterminism.goldens.fingerprint import diff
+        from pytest_llmdeterminism.judge.fingerprint import diff
 
         changed = ", ".join(f for f, _, _ in diff(a.fingerprint, b.fingerprint))
         fields[fields.index("fingerprint")] = f"fingerprint ({changed})"

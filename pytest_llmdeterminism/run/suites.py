@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
+from pytest_llmdeterminism.judge.tolerance import parse_profile
 from pytest_llmdeterminism.sampling import SamplingConfig
 from pytest_llmdeterminism.shape import MARKER
-from pytest_llmdeterminism.tolerance import parse_profile
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr  # the type pytest.Item.repr_failure returns; not exported

@@ -3,8 +3,8 @@
 
 import pytest
 
-from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
+from pytest_llmdeterminism.judge.compare import Verdict, compare
 from tests.helpers import ROOT
 from tests.helpers.models import perturbed_tiny_copy
 from tests.helpers.projects import llm_golden

@@ -5,8 +5,8 @@ import dataclasses
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.generation import Generation
+from pytest_llmdeterminism.judge.compare import Verdict, compare
 from tests.helpers.strategies import generations
 
 

@@ -1,4 +1,4 @@
-"""The pure decision of one golden check (run/decision.py): verdict, profile, pass, re-record,
+"""The pure decision of one golden check (judge/decision.py): verdict, profile, pass, re-record,
 candidate, as data, from the generation, what ``check()`` looked up and the run's settings alone;
 and the words ``reporting`` gives it."""
 
@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from pytest_llmdeterminism.compare import Verdict
+from pytest_llmdeterminism.judge.compare import Verdict
+from pytest_llmdeterminism.judge.decision import Attempt, Outcome, Written, decide
+from pytest_llmdeterminism.judge.tolerance import Profile, ProfileName
 from pytest_llmdeterminism.reporting import failure, hints
-from pytest_llmdeterminism.reporting.records import Attempt, CheckRecord, Outcome, Written
-from pytest_llmdeterminism.run.decision import decide
-from pytest_llmdeterminism.tolerance import Profile, ProfileName
+from pytest_llmdeterminism.reporting.records import CheckRecord
 
 
 @pytest.fixture(scope="module")

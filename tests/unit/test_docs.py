@@ -126,7 +126,7 @@ def _verdict_table(text: str) -> list[str]:
 def test_the_verdicts_page_lists_every_verdict_in_the_order_the_code_decides_them():
     from pytest_llmdeterminism import Verdict
 
-    # run.decision.decide asks NONDETERMINISTIC (an earlier attempt's other output),
+    # judge.decision.decide asks NONDETERMINISTIC (an earlier attempt's other output),
     # then MISSING; compare() then INPUT_CHANGED, then the first token divergence (TIE_FLIP, for a
     # sampled golden SAMPLE_FLIP, or REGRESSION; a score's rank change at a near tie RANK_FLIP), and
     # only with every token equal the hashes (LOGIT_DRIFT, or with the golden's text and pieces

@@ -14,13 +14,13 @@ import xxhash
 from hypothesis import given
 
 from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError
-from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 from pytest_llmdeterminism.engines.completions import Completion, parse_choice, request_body, text_only_id
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
-from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
+from pytest_llmdeterminism.judge.compare import Verdict, compare
+from pytest_llmdeterminism.judge.fingerprint import numerics_changes
 from pytest_llmdeterminism.reporting.failure import mismatch
 from tests.helpers.strategies import generations
 

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, codec, schema, store
+from pytest_llmdeterminism.judge.compare import Comparison, Verdict, compare
+from pytest_llmdeterminism.judge.decision import Decision
 from pytest_llmdeterminism.reporting import documents
-from pytest_llmdeterminism.reporting.records import Decision
 from pytest_llmdeterminism.run.session import TestOutcomes
 from tests.helpers.golden_safety import BAD_GOLDENS, VALID_GOLDEN
 from tests.helpers.strategies import generations, sample_generation

@@ -60,7 +60,7 @@ def test_the_types_a_user_annotates_or_matches_on_are_exported():
     import typing
 
     import pytest_llmdeterminism as package
-    from pytest_llmdeterminism.compare import Comparison, Verdict
+    from pytest_llmdeterminism.judge.compare import Comparison, Verdict
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from pytest_llmdeterminism.run.golden_tokens import GoldenTokens
 

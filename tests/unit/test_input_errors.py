@@ -102,9 +102,9 @@ def test_the_text_limit_is_the_same_for_writing_and_reading(tmp_path):
 
 @pytest.mark.parametrize("huge", [1e308, 1.7976931348623157e308, math.inf, -math.inf, math.nan])
 def test_every_report_renders_huge_infinite_and_nan_numbers(huge):
-    from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
+    from pytest_llmdeterminism.judge.compare import Comparison, Divergence, Verdict
+    from pytest_llmdeterminism.judge.decision import Decision
     from pytest_llmdeterminism.reporting import documents
-    from pytest_llmdeterminism.reporting.records import Decision
     from pytest_llmdeterminism.run.session import TestOutcomes
 
     golden = dataclasses.replace(sample_generation(), margins=(huge, huge))

@@ -20,19 +20,23 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytest_llmdeterminism"
 # The pure core sits flat at the package root; ``strategies`` and ``plugin`` are its top, and the
 # root's ``__init__`` (the public surface, which exports from every layer) sits above them.
 PACKAGES = {
-    "core": [["errors", "verdict"], ["shape", "sampling"], ["generation"], ["compare"], ["tolerance"]],
-    "compute": [["compute.numerics", "compute.determinism", "compute.threads", "compute.private_folder"],
+    "core": [["errors"], ["shape", "sampling"], ["generation"]],
+    "compute": [["compute.profiles"],
+                ["compute.numerics", "compute.determinism", "compute.threads", "compute.private_folder"],
                 ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
                 ["compute"]],
+    # The pure judgement (no pytest, torch or I/O: test_the_judgement_is_pure below).
+    "judge": [["judge", "judge.verdict"], ["judge.compare"], ["judge.tolerance", "judge.fingerprint"],
+              ["judge.judgement"], ["judge.decision"]],
     "engines": [["engines.secret", "engines.cached", "engines.checkpoint"],
                 ["engines.capture", "engines.spec"],
                 ["engines.hf", "engines.hub", "engines.loaded", "engines.completions"],
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.server_score"],
                 ["engines.openai", "engines.companions"],
                 ["engines"]],
-    "goldens": [["goldens", "goldens.schema", "goldens.atomic", "goldens.fingerprint"],
+    "goldens": [["goldens", "goldens.schema", "goldens.atomic"],
                 ["goldens.codec", "goldens.consistency"],
-                ["goldens.store"], ["goldens.files", "goldens.judged", "goldens.judgement"],
+                ["goldens.store"], ["goldens.files", "goldens.judged"],
                 ["goldens.review"]],
     "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit",
                    "reporting.run_header", "reporting.progress"],
@@ -44,7 +48,7 @@ PACKAGES = {
     "model": [["model", "model.inputs"], ["model.fingerprint"],
               ["model.probe", "model.concurrency", "model.served_sampling"], ["model.llm_model"],
               ["model.audit"]],
-    "run": [["run", "run.options", "run.ledger", "run.decision", "run.unused", "run.prune_trust"],
+    "run": [["run", "run.options", "run.ledger", "run.unused", "run.prune_trust"],
             ["run.configuration", "run.repro"],
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
@@ -151,6 +155,41 @@ def test_each_module_sits_in_the_package_its_layer_block_names():
 def test_the_package_root_shows_its_plan_in_a_few_entries():
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
     # 16: sampling.py, generation's sibling in the core; compute/, how the process computes;
-    # 17: model/, the llm_model fixture object over the engines (engines/ holds backends only)
-    # 18: verdict.py, the verdicts and the facts every tool reads of them, below compare.py
-    assert len(entries) <= 18, entries
+    # model/, the llm_model fixture object over the engines (engines/ holds backends only);
+    # judge/, the pure judgement (verdicts, compare and tolerance moved there from the root)
+    assert len(entries) <= 16, entries
+
+
+# What the judgement may import: the standard library's pure parts and these data modules below it.
+_PURE_PACKAGE_MODULES = {"errors", "shape", "sampling", "generation", "compute.profiles"}
+_IMPURE_LIBRARIES = {"pytest", "_pytest", "torch", "transformers", "os", "io", "pathlib", "shutil",
+                     "subprocess", "socket", "tempfile", "ctypes", "urllib", "http", "threading", "filelock"}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """The top-level names of every non-package import in ``path`` that runs (not for type checkers only)."""
+    found = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for block in ast.walk(tree):  # drop the imports only type checkers read
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING":
+            block.body = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"pytest_llmdeterminism"}
+
+
+def test_the_judgement_is_pure():
+    """judge/ imports no pytest, torch or I/O module, and of this package only itself and the pure
+    data modules below it (so it reads no file, and no engine, model, run, reporting or cli floor)."""
+    judge = sorted((PACKAGE / "judge").glob("*.py"))
+    assert {path.name for path in judge} >= {"verdict.py", "compare.py", "tolerance.py", "decision.py"}
+    for path in [*judge, *(PACKAGE / (name.replace(".", "/") + ".py") for name in _PURE_PACKAGE_MODULES)]:
+        assert _third_party_imports(path) & _IMPURE_LIBRARIES == set(), path
+        if path.parent.name == "judge":
+            outside = {target for _, target in package_imports(path)
+                       if not target.startswith("judge") and target not in _PURE_PACKAGE_MODULES}
+            assert outside == set(), f"{path.name} imports {outside}"
+        assert "open(" not in path.read_text(encoding="utf-8"), path

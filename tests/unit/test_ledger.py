@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from pytest_llmdeterminism.goldens.store import read
+from pytest_llmdeterminism.judge.decision import Written
 from pytest_llmdeterminism.reporting.recorder import TestOutcomes
-from pytest_llmdeterminism.reporting.records import Written
 from pytest_llmdeterminism.run.ledger import Ledger
 from tests.helpers import ROOT
 
@@ -42,9 +42,9 @@ def test_an_attempt_that_will_be_retried_is_not_an_outcome():
 def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(tmp_path):
     import dataclasses
 
-    from pytest_llmdeterminism.compare import Verdict
     from pytest_llmdeterminism.goldens import schema
-    from pytest_llmdeterminism.run.decision import contradicted
+    from pytest_llmdeterminism.judge.compare import Verdict
+    from pytest_llmdeterminism.judge.decision import contradicted
 
     examples = ROOT / "examples" / "__golden__" / "test_tiny_model.json"
     generation = schema.from_entry(next(iter(read(examples).values()))["cpu/float32"])
@@ -60,8 +60,8 @@ def test_each_attempt_of_a_rerun_test_starts_clean_and_sees_the_earlier_outputs(
 
 
 def test_counts_are_honest_about_held_back_goldens_and_updates_name_what_they_replaced(tmp_path):
-    from pytest_llmdeterminism.compare import Verdict
     from pytest_llmdeterminism.goldens import schema
+    from pytest_llmdeterminism.judge.compare import Verdict
     from pytest_llmdeterminism.reporting.terminal import summary
 
     examples = ROOT / "examples" / "__golden__" / "test_tiny_model.json"

@@ -13,7 +13,7 @@ import pytest
 from pytest_llmdeterminism import BatchInvarianceProbeError, engines
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.engines import hf
-from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
+from pytest_llmdeterminism.judge.fingerprint import numerics_changes
 
 PORTABLE_CPU = {"device_class": "cpu", "machine": "x86_64", "dtype": "float32", "torch": "2.13.0",
                 "transformers": "5.24.0", "attention_implementation": "sdpa", "cpu_numerics": "portable",

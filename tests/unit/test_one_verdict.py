@@ -4,7 +4,6 @@ review tools make one judgement, and a flip within the run's own drift is a flip
 
 import pytest
 
-from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import judged, schema, store
@@ -16,12 +15,13 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_goldens,
 )
+from pytest_llmdeterminism.judge.compare import Verdict, compare
+from pytest_llmdeterminism.judge.decision import decide
+from pytest_llmdeterminism.judge.tolerance import parse_profile
 from pytest_llmdeterminism.reporting import failure
 from pytest_llmdeterminism.reporting.hints import after_model_change
 from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.reporting.run_comparison import compare_runs
-from pytest_llmdeterminism.run.decision import decide
-from pytest_llmdeterminism.tolerance import parse_profile
 from tests.helpers.strategies import moved_score, sample_score
 
 # -- the verdicts' facts ---------------------------------------------------------------------------

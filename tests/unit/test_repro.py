@@ -3,10 +3,10 @@
 import shlex
 from pathlib import Path
 
+from pytest_llmdeterminism.judge.tolerance import ToleranceSetting
 from pytest_llmdeterminism.run.options import Options
 from pytest_llmdeterminism.run.repro import rerun_command, safe_name
 from pytest_llmdeterminism.shape import BatchShape
-from pytest_llmdeterminism.tolerance import ToleranceSetting
 from tests.helpers import ROOT
 
 

@@ -6,8 +6,8 @@ near ties of the draw in ``llm-golden show``, the HTML report's filters and ``ll
 
 from __future__ import annotations
 
-from pytest_llmdeterminism.compare import Verdict
-from pytest_llmdeterminism.reporting.records import Outcome, Written
+from pytest_llmdeterminism.judge.compare import Verdict
+from pytest_llmdeterminism.judge.decision import Outcome, Written
 from pytest_llmdeterminism.reporting.terminal import summary
 
 

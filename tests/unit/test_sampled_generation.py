@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pytest_llmdeterminism.compare import Verdict, compare, input_changes
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.judge.compare import Verdict, compare, input_changes
 
 PROMPT = "Once upon a time"
 SAMPLED = {"do_sample": True, "temperature": 1.5}
@@ -125,7 +125,7 @@ def test_a_flip_at_a_near_tie_of_the_draw_is_sample_flip_and_a_confident_draw_a_
     T it is SAMPLE_FLIP, which near_tie tolerates and exact does not; with a wide one, REGRESSION."""
     import dataclasses
 
-    from pytest_llmdeterminism.tolerance import Profile, ProfileName
+    from pytest_llmdeterminism.judge.tolerance import Profile, ProfileName
 
     llm = make_llm("4x32", max_new_tokens=8)
     run = llm.generate(PROMPT, **SAMPLED, seed=3)
@@ -160,8 +160,8 @@ def test_bfloat16_drift_flips_sampled_draws_only_at_near_ties_and_changed_weight
     rule."""
     from collections import Counter
 
-    from pytest_llmdeterminism.compare import default_tie_margin
     from pytest_llmdeterminism.engines import load
+    from pytest_llmdeterminism.judge.compare import default_tie_margin
     from pytest_llmdeterminism.model.llm_model import LLMModel
     from tests.helpers.models import perturbed_tiny_copy
 

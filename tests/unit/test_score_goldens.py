@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from pytest_llmdeterminism import GoldenFileError
-from pytest_llmdeterminism.compare import Verdict, compare
 from pytest_llmdeterminism.generation import Generation, HashDefinition, Score
 from pytest_llmdeterminism.goldens import codec, schema, store
-from pytest_llmdeterminism.goldens.judgement import judge_with
 from pytest_llmdeterminism.goldens.review import review_goldens
+from pytest_llmdeterminism.judge.compare import Verdict, compare
+from pytest_llmdeterminism.judge.decision import Written, decide
+from pytest_llmdeterminism.judge.judgement import judge_with
+from pytest_llmdeterminism.judge.tolerance import Profile, ProfileName, default_profile, parse_profile
 from pytest_llmdeterminism.reporting import failure
-from pytest_llmdeterminism.reporting.records import CheckRecord, Written
-from pytest_llmdeterminism.run.decision import decide
-from pytest_llmdeterminism.tolerance import Profile, ProfileName, default_profile, parse_profile
+from pytest_llmdeterminism.reporting.records import CheckRecord
 from tests.helpers.strategies import moved_score, sample_generation, sample_score
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.compare import Comparison, Divergence, Verdict
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.tolerance import (
+from pytest_llmdeterminism.judge.compare import Comparison, Divergence, Verdict
+from pytest_llmdeterminism.judge.tolerance import (
     Profile,
     ProfileName,
     default_profile,

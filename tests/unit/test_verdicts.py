@@ -11,8 +11,8 @@ def test_a_golden_recorded_padded_at_one_row_reads_as_a_changed_shape_with_the_r
     (Those goldens ran the previous kernels: a padded golden of the batch-invariant ones never existed.)"""
     import dataclasses
 
-    from pytest_llmdeterminism.compare import Verdict, compare
     from pytest_llmdeterminism.compute.kernels import Policy
+    from pytest_llmdeterminism.judge.compare import Verdict, compare
     from pytest_llmdeterminism.reporting.failure import mismatch
     from tests.helpers.batch_invariant import on_policy
 

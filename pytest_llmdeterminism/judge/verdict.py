@@ -8,7 +8,7 @@ import enum
 __all__ = ["Verdict"]
 
 _FLIP = "flip"  # a verdict's facts, as its definition below names them
-_DECIDED = "decided by run.decision, not compare()"
+_DECIDED = "decided by judge.decision, not compare()"
 _NOT_A_CASE = "no candidate file holds it"
 
 
@@ -55,7 +55,7 @@ class Verdict(enum.Enum):
     RANK_FLIP = "RANK_FLIP", 7, _FLIP
     REGRESSION = "REGRESSION", 0
     # Not from compare() either: a rerun of a test (pytest-rerunfailures) in the same process whose
-    # output for a key differs from an earlier attempt's (run.decision.decide), so a rerun never passes.
+    # output for a key differs from an earlier attempt's (judge.decision.decide), so a rerun never passes.
     NONDETERMINISTIC = "NONDETERMINISTIC", 1, _DECIDED, _NOT_A_CASE
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_llmdeterminism.compute import numerics
+from pytest_llmdeterminism.compute import profiles
 
 __all__ = ["describe_changes", "diff", "numerics_changes"]
 
@@ -71,15 +71,15 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
 
 
 def _ran_portable(fingerprint: Mapping[str, Any]) -> bool:
-    """A pinned mode asked for and in force: a numerics profile whose bits travel ran (numerics.py)."""
-    return numerics.profile_that_ran(fingerprint) is not None
+    """A pinned mode asked for and in force: a numerics profile whose bits travel ran (profiles.py)."""
+    return profiles.profile_that_ran(fingerprint) is not None
 
 
 def _profile(fingerprint: Mapping[str, Any]) -> Mapping[str, Any]:
     """Names the pinned kernels, not the word the ini file used: goldens recorded as ``portable``
     before it moved to AVX2 kernels ran the generic ones, which ``compatible`` pins now; on arm64
     both modes pin the same kernels."""
-    ran = numerics.profile_that_ran(fingerprint)
+    ran = profiles.profile_that_ran(fingerprint)
     return fingerprint if ran is None else {**fingerprint, "cpu_numerics": ran.mode}
 
 

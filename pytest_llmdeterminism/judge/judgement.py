@@ -1,6 +1,6 @@
 """The one judgement of a golden: golden vs actual under the effective tolerance profile -> the
 verdict with its evidence, the profile that judged it and whether it passes. Pure: no pytest, torch
-or I/O. The run (``run.decision.decide``) and every tool that reads candidates (``llm-golden diff``,
+or I/O. The run (``judge.decision.decide``) and every tool that reads candidates (``llm-golden diff``,
 ``review``, ``accept``) call :func:`judge`, so a check has one verdict whatever reads it; the
 reports, ``compare`` and ``merge`` read the verdict the run wrote.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmdeterminism.compare import Comparison, Recorded, compare
-from pytest_llmdeterminism.goldens.fingerprint import numerics_changes
-from pytest_llmdeterminism.tolerance import Profile, default_profile
+from pytest_llmdeterminism.judge.compare import Comparison, Recorded, compare
+from pytest_llmdeterminism.judge.fingerprint import numerics_changes
+from pytest_llmdeterminism.judge.tolerance import Profile, default_profile
 
 __all__ = ["Judgement", "dtype_of", "effective_profile", "judge", "judge_with"]
 

@@ -9,7 +9,7 @@ from typing import Any, Union
 
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, Score, TopK
-from pytest_llmdeterminism.verdict import Verdict as Verdict  # re-exported: what compare() returns
+from pytest_llmdeterminism.judge.verdict import Verdict as Verdict  # re-exported: what compare() returns
 
 # What a golden records and a check compares: a generation, or a score (a teacher-forced continuation).
 Recorded = Union[Generation, Score]  # noqa: UP007 - an alias evaluated at run time (Python 3.10)

@@ -24,8 +24,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pytest_llmdeterminism.compare import DEFAULT_TIE_MARGIN, Comparison, Verdict
 from pytest_llmdeterminism.errors import ConfigurationError, as_float
+from pytest_llmdeterminism.judge.compare import DEFAULT_TIE_MARGIN, Comparison, Verdict
 
 # near_tie's and close's default atol per dtype (the default margin lives beside the comparator).
 DEFAULT_ATOL = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
