@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.reporting import documents
 
 SUMMARY = "one review from the JSON reports and candidates of a suite's shards"
 HELP = """\
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=Path, metavar="DIR",
                         help="write every shard's candidates into DIR (a new or empty folder)")
     parser.add_argument("--report", type=Path, action="append", default=[], metavar="PATH",
-                        help="write the merged report: .json, .md or .html; repeat for several")
+                        help=f"write the merged report: {documents.suffixes()}; repeat for several")
     parser.add_argument("--root", type=Path, metavar="ROOT",
                         help="project root (pytest's rootdir), where the golden files are; default: the "
                              "folder of the project's pytest configuration file, found from here upwards")

@@ -1,12 +1,16 @@
 """The ``--llm-report`` documents: the JSON report (the schema ``llm-golden merge`` reads back), and
 the Markdown pull-request comment (``markdown_report``) and self-contained HTML page
-(``html_report``) built from it."""
+(``html_report``) built from it. :data:`REPORT_FORMATS` is the one table of formats: the run's
+writer, ``llm-golden merge``'s writer and both option checks read it (a new format is one row and
+its module)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.reporting.html_report import run_report_html
@@ -15,8 +19,9 @@ from pytest_llmdeterminism.reporting.markdown_report import run_report_markdown,
 if TYPE_CHECKING:
     from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 
-__all__ = ["REPORT_SCHEMA", "REPORT_VERSION", "json_text", "run_report", "run_report_html",
-           "run_report_markdown", "shards_markdown"]
+__all__ = ["REPORT_FORMATS", "REPORT_SCHEMA", "REPORT_VERSION", "ReportFormat", "format_of", "json_text",
+           "repeated_format", "run_report", "run_report_html", "run_report_markdown", "shards_markdown",
+           "suffixes"]
 
 
 REPORT_SCHEMA = "pytest-llmdeterminism/report"
@@ -61,6 +66,47 @@ def run_report(checks: Sequence[CheckRecord], audits: Sequence[tuple[str, dict[s
                          "audits": [{"test": nodeid, **audit} for nodeid, audit in audits],
                          **({"run": msgspec.to_builtins(run)} if run is not None else {}),
                          **(lead or {})})
+
+
+@dataclass(frozen=True)
+class ReportFormat:
+    """One report format: the path suffix that picks it, what it is for (the options' help), and how
+    a report document and its Markdown (the run's, or a merge's with its shards section) become the
+    file's text."""
+
+    suffix: str
+    purpose: str
+    render: Callable[[dict[str, Any], str], str]
+    # its document also says what the run checked (``run``: what ``llm-golden merge`` reads back)
+    records_the_run: bool = False
+
+
+REPORT_FORMATS: list[ReportFormat] = [
+    ReportFormat(".json", "machine-readable", lambda document, _: json_text(document), records_the_run=True),
+    ReportFormat(".md", "pull-request comment", lambda _, markdown: markdown),
+    ReportFormat(".html", "for reviewers", lambda document, _: run_report_html(document)),
+]
+
+
+def format_of(path: PurePath | str) -> ReportFormat | None:
+    """The format a report path's suffix picks, or None."""
+    suffix = PurePath(path).suffix
+    return next((found for found in REPORT_FORMATS if found.suffix == suffix), None)
+
+
+def suffixes(last: str | None = "or", *, purposes: bool = False) -> str:
+    """The suffixes as a sentence lists them: ``.json, .md or .html`` (``last=None``: ``.json, .md,
+    .html``; ``purposes``: ``.json (machine-readable), ...``)."""
+    words = [f"{found.suffix} ({found.purpose})" if purposes else found.suffix for found in REPORT_FORMATS]
+    if last is None or len(words) < 2:
+        return ", ".join(words)
+    return f"{', '.join(words[:-1])} {last} {words[-1]}"
+
+
+def repeated_format(paths: Sequence[PurePath]) -> str | None:
+    """The first suffix (in sorted order) that two report paths share: one report per format."""
+    given = [path.suffix for path in paths]
+    return next(iter(sorted({suffix for suffix in given if given.count(suffix) > 1})), None)
 
 
 def json_text(document: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from pytest_llmdeterminism.compute import numerics, threads
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.judge.tolerance import ToleranceSetting, parse_setting
+from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.run.options import (
     DEFAULT_BATCH_SHAPE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -173,11 +174,11 @@ def _on_the_cpu(device: str) -> bool:
 def _reports(given: list[str], base: Path) -> tuple[Path, ...]:
     # as given, not resolved: a link to the report is checked where it is written (atomic.link_out)
     paths = tuple(dict.fromkeys(Path(os.path.abspath(base / path)) for path in given))
-    suffixes = [path.suffix for path in paths]
-    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
+    twice = documents.repeated_format(paths)
     if twice:
-        raise ConfigurationError("--llm-report", given, f"two {twice[0]} reports; give one path per format "
-                                 "(.json, .md, .html), e.g. --llm-report=llm.json --llm-report=llm.html")
+        example = "e.g. --llm-report=llm.json --llm-report=llm.html"
+        raise ConfigurationError("--llm-report", given, f"two {twice} reports; give one path per format "
+                                 f"({documents.suffixes(None)}), {example}")
     return paths
 
 

@@ -60,8 +60,9 @@ def write(merge: MergePlan, *, root: Path, candidates_out: Path | None, reports:
     document = merge.document()
     markdown = documents.run_report_markdown(document) + "\n" + "\n".join(coverage_markdown(merge)) + "\n"
     for path in reports:
-        text = (documents.json_text(document) if path.suffix == ".json"
-                else documents.run_report_html(document) if path.suffix == ".html" else markdown)
+        chosen = documents.format_of(path)
+        assert chosen is not None, path  # report_problems refused any other suffix
+        text = chosen.render(document, markdown)
         atomic.write_text_atomic(path, text, homes=[atomic.output_home(path.parent, root)], what="reports",
                                  mode=atomic.new_file_mode())
         out.lines.append(f"wrote {display(path)} (report)")
@@ -118,11 +119,10 @@ def coverage_markdown(merge: MergePlan) -> list[str]:
 
 def report_problems(reports: Sequence[Path]) -> str | None:
     """Why the ``--report`` paths cannot be written as given (one per format)."""
-    suffixes = [path.suffix for path in reports]
-    bad = [str(path) for path in reports if path.suffix not in (".json", ".md", ".html")]
+    bad = [str(path) for path in reports if documents.format_of(path) is None]
     if bad:
-        return f"--report {bad[0]!r}: expected a path ending in .json, .md or .html"
-    twice = sorted({suffix for suffix in suffixes if suffixes.count(suffix) > 1})
+        return f"--report {bad[0]!r}: expected a path ending in {documents.suffixes()}"
+    twice = documents.repeated_format(reports)
     if twice:
-        return f"two {twice[0]} reports; give one --report per format (.json, .md, .html)"
+        return f"two {twice} reports; give one --report per format ({documents.suffixes(None)})"
     return None

@@ -27,6 +27,7 @@ from pytest_llmdeterminism.engines.spec import (
 )
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.judge.tolerance import ToleranceSetting
+from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.sampling import MAX_SEED
 from pytest_llmdeterminism.shape import DTYPES, BatchShape
 
@@ -58,7 +59,7 @@ class Options:
     golden_fallback: bool
     audit: int | None  # repeats per audited generation, or None when --llm-audit is off
     audit_dtype: str | None
-    reports: tuple[Path, ...]  # --llm-report, each .json, .md or .html
+    reports: tuple[Path, ...]  # --llm-report, each of a format documents.REPORT_FORMATS has
     artifacts: Path | None
     prune: PruneMode | None  # --llm-golden-prune, or None
     partial: tuple[str, ...]  # why this run does not see every test (then unused goldens are not judged)
@@ -166,9 +167,9 @@ def _audit_repeats(value: str) -> int:
 
 
 def _report_path(value: str) -> str:
-    if Path(value).suffix in (".json", ".md", ".html"):
+    if documents.format_of(value) is not None:
         return value
-    raise argparse.ArgumentTypeError(f"expected a path ending in .json, .md or .html, got {value!r}")
+    raise argparse.ArgumentTypeError(f"expected a path ending in {documents.suffixes()}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,8 @@ COMMAND_LINE_OPTIONS = (
     ),
     _CommandLineOption(
         "--llm-report", "llm_report",
-        "write a report of every golden check: .json (machine-readable), .md (pull-request comment) or "
-        ".html (for reviewers); repeat the option for several",
+        f"write a report of every golden check: {documents.suffixes(purposes=True)}; "
+        "repeat the option for several",
         [], {"action": "append", "metavar": "PATH", "type": _report_path},
     ),
     _CommandLineOption(

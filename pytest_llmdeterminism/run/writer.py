@@ -191,12 +191,14 @@ def _write_reports(ledger: Ledger, options: Options, files: GoldenFiles, out: Ru
     document = documents.run_report(ledger.checks, ledger.audits, lead=lead)
     markdown = documents.run_report_markdown(document)
     for path in options.reports:
-        if path.suffix == ".json":
+        chosen = documents.format_of(path)
+        assert chosen is not None, path  # the option's check refused any other suffix
+        if chosen.records_the_run:
             record = run_record(ledger, files, options, failed=failed, report_folder=path.parent)
-            text = documents.json_text(documents.run_report(ledger.checks, ledger.audits, run=record,
-                                                            lead=lead))
+            text = chosen.render(documents.run_report(ledger.checks, ledger.audits, run=record, lead=lead),
+                                 markdown)
         else:
-            text = documents.run_report_html(document) if path.suffix == ".html" else markdown
+            text = chosen.render(document, markdown)
         try:
             atomic.write_text_atomic(path, text, homes=[atomic.output_home(path.parent, options.rootdir)],
                                      what="reports", mode=atomic.new_file_mode())
