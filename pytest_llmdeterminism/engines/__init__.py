@@ -6,7 +6,7 @@ The spec chooses the engine:
   found in the local Hugging Face cache (``hub.py``; a local path of the same spelling wins):
   transformers in the test process (``hf.py``), the default;
 - ``llamacpp:PATH.gguf``: llama.cpp in the test process (``llamacpp.py``);
-- ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``openai.py``);
+- ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``server/openai.py``);
 - ``vllm:MODEL``: vLLM's offline engine (``vllm.py``, needs a GPU).
 
 Each engine implements :class:`Engine`; everything above this package (the ``model/`` layer, goldens,
@@ -24,9 +24,10 @@ from pathlib import Path
 from pytest_llmdeterminism.compute import numerics
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
 from pytest_llmdeterminism.compute.kernels import Kernels
-from pytest_llmdeterminism.engines import cached, hf, hub, llamacpp, openai, vllm
+from pytest_llmdeterminism.engines import cached, hf, hub, llamacpp, vllm
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
+from pytest_llmdeterminism.engines.server import openai
 from pytest_llmdeterminism.engines.spec import (
     BUILTIN_PREFIX,
     ENGINE_PREFIXES,

@@ -49,7 +49,7 @@ class AuditedEngine(Engine, Protocol):
 class ServedEngine(Engine, Protocol):
     """An engine that sends each prompt to a server (``openai:``), which may batch it with others' and
     draws samples with its own generator: the serving audit runs its request among concurrent
-    companions and with the server's prefix cache on (``model/audit.serving_audit``);
+    companions and with the server's prefix cache on (``model/serving_audit.py``);
     ``@deterministic(concurrency=N)`` and seeded server sampling run on it (``model/concurrency.py``,
     ``model/served_sampling.py``)."""
 

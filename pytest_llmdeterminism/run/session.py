@@ -68,7 +68,7 @@ class LLMSession:
         """``llm_server_checks``: a server's serving audited once, as it loads; what it verified goes
         into every golden's fingerprint."""
         from pytest_llmdeterminism.engines.loaded import ServedEngine
-        from pytest_llmdeterminism.model.audit import verify_serving
+        from pytest_llmdeterminism.model.serving_audit import verify_serving
 
         if isinstance(loaded.engine, ServedEngine):
             self.serving = verify_serving(loaded, seed=self.options.seed).lines()

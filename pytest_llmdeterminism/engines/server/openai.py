@@ -19,7 +19,8 @@ from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer
-from pytest_llmdeterminism.engines.completions import (
+from pytest_llmdeterminism.engines.loaded import LoadedModel
+from pytest_llmdeterminism.engines.server.completions import (
     Completion,
     ModelList,
     exact_id,
@@ -28,10 +29,9 @@ from pytest_llmdeterminism.engines.completions import (
     request_body,
     text_only_id,
 )
-from pytest_llmdeterminism.engines.loaded import LoadedModel
-from pytest_llmdeterminism.engines.secret import Secret
-from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
-from pytest_llmdeterminism.engines.server_score import ServedScores
+from pytest_llmdeterminism.engines.server.secret import Secret
+from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatusError, check_url
+from pytest_llmdeterminism.engines.server.server_score import ServedScores
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
 from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond

@@ -20,15 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
-from pytest_llmdeterminism.engines.completions import (
+from pytest_llmdeterminism.engines.server.completions import (
     POSITIVE_SLACK,
     UNTRUE,
     Completion,
     Logprobs,
     refuses_token_ids,
 )
-from pytest_llmdeterminism.engines.secret import KEY_ECHOED, Secret, key_echoed
-from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
+from pytest_llmdeterminism.engines.server.secret import KEY_ECHOED, Secret, key_echoed
+from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
 
 # A token's logprob and its entry in the top-k are one number, either printed with at least 4 decimals
