@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_llmdeterminism.compare import Comparison, Verdict
+from pytest_llmdeterminism.engines.registry import recorded_by
 from pytest_llmdeterminism.errors import pasteable
 from pytest_llmdeterminism.reporting.records import CheckRecord, Decision
 from pytest_llmdeterminism.reporting.text import delta
@@ -50,7 +51,10 @@ def serving_note(decision: Decision) -> str:
     fingerprint's ``serving_verified``, recorded under ``llm_server_checks = true``), and what that
     leaves possible; "" for a check that passed or is not a server's."""
     expected = decision.expected
-    if decision.passed or expected is None or expected.fingerprint.get("engine") != "openai":
+    if decision.passed or expected is None:
+        return ""
+    engine = recorded_by(expected.fingerprint)
+    if engine is None or not engine.served:
         return ""
     verified = expected.fingerprint.get("serving_verified")
     if not verified:
