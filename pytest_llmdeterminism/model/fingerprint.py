@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.engines.fingerprints import tokenizer_hash
-
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.loaded import LoadedModel
 
-__all__ = ["fingerprint", "tokenizer_hash"]
+__all__ = ["fingerprint"]
 
 
 def fingerprint(loaded: LoadedModel, flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
