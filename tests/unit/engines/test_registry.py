@@ -75,3 +75,15 @@ def test_the_engines_entries_say_what_callers_ask():
     assert recorded_by({"device_class": "cpu"}) is registry.ENGINES["transformers"]
     assert recorded_by({"engine": "gone"}) is None
     assert entry_of("builtin:tiny").default and entry_of("ORG/NAME").default
+
+
+def test_each_entry_names_a_module_of_the_engines_package_that_loads():
+    """The modules are imported by name when a spec chooses them: each must exist, inside ``engines/``
+    (where the layering test places it), and take ``load(spec, request)``."""
+    import importlib
+    import inspect
+
+    for entry in registry.ENGINES.values():
+        assert entry.module.startswith("pytest_llmdeterminism.engines."), entry
+        module = importlib.import_module(entry.module)
+        assert list(inspect.signature(module.load).parameters) == ["spec", "request"], entry.module
