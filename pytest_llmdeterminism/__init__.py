@@ -14,7 +14,7 @@ import pytest
 
 from pytest_llmdeterminism.compute.numerics import CPUNumericsError
 from pytest_llmdeterminism.compute.private_folder import CacheFolderError
-from pytest_llmdeterminism.engines.server_client import HTTPStatusError
+from pytest_llmdeterminism.engines.server.server_client import HTTPStatusError
 from pytest_llmdeterminism.errors import (
     BatchInvarianceProbeError,
     ConfigurationError,
@@ -30,13 +30,12 @@ from pytest_llmdeterminism.generation import Generation, Score
 from pytest_llmdeterminism.goldens.atomic import LinkOutError
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.judge.compare import Comparison, GoldenMismatchError, Verdict
-from pytest_llmdeterminism.model.audit import (
-    DecodePrefillMismatchError,
-    NondeterminismError,
-    assert_decode_matches_prefill,
-    audit,
-)
+from pytest_llmdeterminism.model.audit import NondeterminismError, audit
 from pytest_llmdeterminism.model.concurrency import ConcurrencyError
+from pytest_llmdeterminism.model.decode_prefill import (
+    DecodePrefillMismatchError,
+    assert_decode_matches_prefill,
+)
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.reporting.audit import AuditReport
 from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_match

@@ -43,7 +43,7 @@ def load(config_file: Path | None, recorded: Iterable[str]) -> ProjectTokenizer:
     try:
         path = _tokenizer_path(spec, config_file.parent if config_file else Path())
         from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
-        from pytest_llmdeterminism.model.fingerprint import tokenizer_hash
+        from pytest_llmdeterminism.engines.fingerprints import tokenizer_hash
 
         tokenizer = load_tokenizer(spec, path)
     except (LLMDeterminismError, OSError, ValueError, ImportError) as error:

@@ -4,37 +4,33 @@ The spec chooses the engine:
 
 - a local folder (safetensors) or ``.gguf`` file, ``builtin:tiny``, or a hub id ``ORG/NAME[@REVISION]``
   found in the local Hugging Face cache (``hub.py``; a local path of the same spelling wins):
-  transformers in the test process (``hf.py``), the default;
+  transformers in the test process (``hf.py``, loaded by ``hf_load.py``), the default;
 - ``llamacpp:PATH.gguf``: llama.cpp in the test process (``llamacpp.py``);
-- ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``openai.py``);
+- ``openai:URL#model=NAME&tokenizer=PATH``: any OpenAI-compatible server (``server/openai.py``);
 - ``vllm:MODEL``: vLLM's offline engine (``vllm.py``, needs a GPU).
 
-Each engine implements :class:`Engine`; everything above this package (the ``model/`` layer, goldens,
-reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` an engine returns.
+Each engine is one entry in ``registry.py`` (the transformers one loaded by ``hf_load.py``) and
+implements :class:`Engine`, its fingerprint included; everything above this package (the ``model/``
+layer, goldens, reports, audit) sees only :class:`LoadedModel` and the :class:`~capture.Chunk` an
+engine returns, and asks an engine's entry what it is, never its name.
 :class:`ModelCache` loads each spec once per process and remembers a failure as well.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import cast
 
-from pytest_llmdeterminism.compute import numerics, profiles
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
-from pytest_llmdeterminism.compute.kernels import Kernels
-from pytest_llmdeterminism.engines import cached, hf, hub, llamacpp, openai, vllm
+from pytest_llmdeterminism.engines import hf
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
-from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel
-from pytest_llmdeterminism.engines.spec import (
-    BUILTIN_PREFIX,
-    ENGINE_PREFIXES,
-    EngineSpec,
-    engine_of,
-    how_to_get,
-    hub_id,
-)
+from pytest_llmdeterminism.engines.hf_load import BUILTIN_MODELS, resolve
+from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel, LoadRequest
+from pytest_llmdeterminism.engines.registry import ENGINES, entry_of
+from pytest_llmdeterminism.engines.spec import EngineSpec, engine_of
 from pytest_llmdeterminism.errors import (
     NO_VALUE,
     ConfigurationError,
@@ -46,34 +42,11 @@ from pytest_llmdeterminism.errors import (
 __all__ = ["BUILTIN_MODELS", "ENGINES", "Engine", "EngineSpec", "LoadedModel", "ModelCache", "load",
            "resolve", "worker_cuda_index"]
 
-BUILTIN_MODELS = {"tiny": Path(__file__).parent / "tiny"}
-ENGINES: dict[str, EngineModule] = {"llamacpp": llamacpp, "openai": openai, "vllm": vllm}  # prefix -> module
-assert tuple(ENGINES) == ENGINE_PREFIXES
-
-
-def resolve(spec: str) -> tuple[str, Path]:
-    """Classify a spec as a folder or a GGUF file, or fail naming the fix."""
-    __tracebackhide__ = True
-    if spec.startswith(BUILTIN_PREFIX):
-        name = spec[len(BUILTIN_PREFIX):]
-        if name not in BUILTIN_MODELS:
-            raise ModelLoadError(spec, f"no built-in model {name!r}; built-in models: "
-                                 + ", ".join(f"{BUILTIN_PREFIX}{n}" for n in BUILTIN_MODELS))
-        return "folder", BUILTIN_MODELS[name]
-    path = Path(spec)
-    if path.is_file() and path.suffix == ".gguf":
-        return "gguf", path
-    if path.is_dir():
-        return "folder", path
-    if path.exists():
-        raise ModelLoadError(spec, "expected a folder with safetensors weights or a .gguf file")
-    raise ModelLoadError(spec, f"no such folder or .gguf file. The plugin never downloads from a model hub; "
-                         f"{how_to_get(spec)}")
-
 
 def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable", pinned_late: bool = False,
          batch_invariant: bool | None = None, recording: bool = False) -> LoadedModel:
-    """Load ``spec`` under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
+    """Load ``spec`` on the engine it names (``registry.entry_of``), as a :class:`LoadRequest` of these
+    settings: under CPU numerics ``cpu_numerics``, refusing a run where they are not in force
     (``pinned_late``: the plugin could set them only now, not before conftests loaded);
     ``batch_invariant``: None (the default) runs batch-invariant kernels wherever they exist, else the
     previous ones; True requires them (an error saying why not); False keeps the previous kernels
@@ -81,27 +54,12 @@ def load(spec: str, *, dtype: str, device: str, cpu_numerics: str = "portable", 
     not touch them. ``recording``: a run that records goldens computes oneDNN's products on oneDNN
     itself."""
     __tracebackhide__ = True
-    if engine_of(spec) is not None:
-        parsed = EngineSpec.parse(spec)
-        loaded = ENGINES[parsed.engine].load(parsed, dtype=dtype, device=device)
-        return dataclasses.replace(loaded, cpu_numerics=cpu_numerics)
-    named = hub_id(spec)
-    snapshot = hub.find(spec, named) if named is not None else None
-    kind, path = ("folder", snapshot.folder) if snapshot is not None else resolve(spec)
-    device = hf.pick_device(spec, device)
-    in_force = {}
-    if device == "cpu":  # on a GPU the CPU's kernels do not touch the logits
-        # before the load: a run refused here (a CPU without AVX2, torch started first) loads no model
-        in_force = numerics.check(cpu_numerics, pinned_late=pinned_late)
-    model, tokenizer, origin = hf.load(spec, kind, path, dtype=dtype, device=device)
-    kernels = Kernels.choose(profiles.profile(cpu_numerics), in_force=in_force, dtype=dtype, device=device,
-                             batch_invariant=batch_invariant, recording=recording,
-                             folder=cached.cache_dir() / "kernels", model=model)
-    engine = hf.HFEngine(model, tokenizer, device, kernels=kernels)
-    return LoadedModel(spec=spec, kind=kind, path=path, model=model, tokenizer=tokenizer, dtype=dtype,
-                       device=device, engine=engine, cpu_numerics=cpu_numerics,
-                       hub_commit=snapshot.commit if snapshot is not None else None, origin=origin,
-                       slower=kernels.slower)
+    entry = entry_of(spec)
+    parsed = EngineSpec(spec, entry.name, spec) if entry.default else EngineSpec.parse(spec)
+    module = cast("EngineModule", importlib.import_module(entry.module))
+    request = LoadRequest(dtype=dtype, device=device, cpu_numerics=cpu_numerics, pinned_late=pinned_late,
+                          batch_invariant=batch_invariant, recording=recording)
+    return dataclasses.replace(module.load(parsed, request), cpu_numerics=cpu_numerics)
 
 
 class ModelCache:

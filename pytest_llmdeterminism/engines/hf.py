@@ -24,6 +24,7 @@ from pytest_llmdeterminism.engines.checkpoint import (
     pretrained_arguments,
     silence_gguf_progress_bar,
 )
+from pytest_llmdeterminism.engines.fingerprints import transformers_fingerprint
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -31,6 +32,8 @@ from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from pytest_llmdeterminism.engines.loaded import LoadedModel
 
 _PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -78,6 +81,11 @@ class HFEngine:
 
     def vocab_size(self) -> int:
         return min(len(self.tokenizer), getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, Any]:
+        """Read from torch and the model, with the generation of the batch-invariant kernels chosen at
+        load (only goldens computed on them carry it)."""
+        return transformers_fingerprint(loaded, kernels_generation=self.kernels.generation)
 
     def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:

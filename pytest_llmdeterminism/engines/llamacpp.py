@@ -24,7 +24,8 @@ from pytest_llmdeterminism.engines.capture import (
     prompt_positions,
     score_positions,
 )
-from pytest_llmdeterminism.engines.loaded import LoadedModel
+from pytest_llmdeterminism.engines.fingerprints import described
+from pytest_llmdeterminism.engines.loaded import LoadedModel, LoadRequest
 from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
 from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
@@ -88,10 +89,11 @@ class LlamaCppOptions:
     n_ctx: int = 2048
 
 
-def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
+def load(spec: EngineSpec, request: LoadRequest) -> LoadedModel:
     """``llamacpp:PATH.gguf``, loaded. ``dtype`` is the file's own (quantisation): llm_dtype does not
     apply, and ``device`` must allow the CPU."""
     __tracebackhide__ = True
+    dtype, device = request.dtype, request.device
     knobs = spec.options(LlamaCppOptions)
     target = spec.target
     path = Path(target)
@@ -158,6 +160,10 @@ class LlamaCppEngine:
 
     def vocab_size(self) -> int:
         return len(self._tokenizer)
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, Any]:
+        """What its load described (version, pinned knobs), plus the model's hashes."""
+        return described(loaded)
 
     def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:

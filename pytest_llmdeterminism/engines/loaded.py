@@ -1,5 +1,5 @@
 """What every engine hands the layers above: an :class:`Engine` to generate with (and what it can
-do), in a :class:`LoadedModel` with what fingerprints it."""
+do, and its fingerprint), in a :class:`LoadedModel`; what a load is asked (:class:`LoadRequest`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Engine(Protocol):
     """What the model layer needs of an engine: greedy generation with per-step capture, and what
     the engine can do (callers ask these, never the engine's name)."""
 
-    name: str  # "transformers", "llamacpp", "openai", "vllm": the variant's prefix (none for transformers)
+    name: str  # its entry in registry.py: "transformers", "llamacpp", "openai", "vllm"
     hash_definition: HashDefinition  # what its step hashes hash
     runs_rows_alone: bool  # each prompt runs alone, so companions cannot change it: nothing to probe
     owns_sampling: bool  # do_sample=True: the plugin's own sampler draws over the engine's full logits
@@ -32,6 +32,11 @@ class Engine(Protocol):
     def eos_token_ids(self) -> list[int]: ...
 
     def vocab_size(self) -> int: ...
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, Any]:
+        """What produced ``loaded``'s generations (versions, device, knobs, the hashes of the weights
+        and the tokenizer), but for the determinism flags of a call; ``model/fingerprint.py`` keeps it."""
+        ...
 
 
 @runtime_checkable
@@ -49,7 +54,7 @@ class AuditedEngine(Engine, Protocol):
 class ServedEngine(Engine, Protocol):
     """An engine that sends each prompt to a server (``openai:``), which may batch it with others' and
     draws samples with its own generator: the serving audit runs its request among concurrent
-    companions and with the server's prefix cache on (``model/audit.serving_audit``);
+    companions and with the server's prefix cache on (``model/serving_audit.py``);
     ``@deterministic(concurrency=N)`` and seeded server sampling run on it (``model/concurrency.py``,
     ``model/served_sampling.py``)."""
 
@@ -87,10 +92,26 @@ class ScoringEngine(Engine, Protocol):
         ...
 
 
-class EngineModule(Protocol):
-    """An engine's module (``llamacpp``, ``openai``, ``vllm``): it loads the spec that names it."""
+@dataclass(frozen=True)
+class LoadRequest:
+    """How the run asks for a model; each engine reads what applies to it (``registry.py`` says
+    whether ``dtype`` and ``device`` do). ``cpu_numerics``: the ``llm_cpu_numerics`` mode, refused
+    where not in force (``pinned_late``: the plugin could set it only now, not before conftests
+    loaded); ``batch_invariant``: None runs batch-invariant kernels wherever they exist, True requires
+    them, False keeps the previous ones (``Kernels.choose``); ``recording``: a run that records goldens."""
 
-    def load(self, spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel: ...
+    dtype: str
+    device: str
+    cpu_numerics: str = "portable"
+    pinned_late: bool = False
+    batch_invariant: bool | None = None
+    recording: bool = False
+
+
+class EngineModule(Protocol):
+    """An engine's module (its entry in ``registry.py`` names it): it loads the spec that names it."""
+
+    def load(self, spec: EngineSpec, request: LoadRequest) -> LoadedModel: ...
 
 
 @dataclass
@@ -109,11 +130,11 @@ class LoadedModel:
     hub_commit: str | None = None  # a hub id's commit, as resolved in the local Hugging Face cache
     origin: str = ""  # a .gguf file's: loaded from its converted float32 copy, or converted now (cached.py)
     slower: str = ""  # why the fixed-order kernel does not run where it could (compute/kernels.py), if so
-    # Fingerprint fields the engine knows best (its version, knobs, the server's model id); None
-    # for transformers, whose fingerprint the fingerprint module builds itself.
+    # Fingerprint fields the engine knew at load (its version, knobs, the server's model id), for its
+    # fingerprint (engines/fingerprints.described); None for transformers, which reads them lazily.
     describe: dict[str, Any] | None = None
     # Computed once per loaded model by the layer above, each by its one owner:
-    # model/fingerprint.py: the fingerprint but for the flags of a call
+    # model/fingerprint.py: the fingerprint but for the flags of a call (Engine.fingerprint's)
     static_fingerprint: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # model/probe.py: what the batch-invariance probe found, by shape and thread count
     probed: dict[str, str | BatchInvarianceProbeError] = field(default_factory=dict, repr=False,

@@ -2,7 +2,8 @@
 
 ``builtin:tiny``, a folder or a ``.gguf`` file run on transformers, or a Hugging Face hub id
 (``ORG/NAME[@REVISION]``, read from the local cache: ``hub.py``); ``ENGINE:TARGET#key=value&...``
-names another engine (``llamacpp``, ``openai``, ``vllm``). Nothing here imports torch or an engine.
+names another engine (``llamacpp``, ``openai``, ``vllm``: ``registry.py``). Nothing here imports torch
+or an engine.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pytest_llmdeterminism.engines.registry import ENGINES, entry_of
 from pytest_llmdeterminism.errors import ConfigurationError, pasteable
 
 BUILTIN_PREFIX = "builtin:"
-ENGINE_PREFIXES = ("llamacpp", "openai", "vllm")  # llm_model = "ENGINE:..." (engines/)
 # Model files `llm-golden fetch NAME DIR` puts into DIR (fetch.MODELS holds what it downloads).
 FETCHABLE_FILES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2"}
 # Hub ids `llm-golden fetch NAME --hub-cache` puts into the local Hugging Face cache.
@@ -50,7 +51,8 @@ class EngineSpec:
         __tracebackhide__ = True
         engine = engine_of(text)
         if engine is None:
-            raise ValueError(f"{text!r} names no engine prefix ({', '.join(ENGINE_PREFIXES)})")
+            prefixes = ", ".join(name for name, entry in ENGINES.items() if not entry.default)
+            raise ValueError(f"{text!r} names no engine prefix ({prefixes})")
         target, _, fragment = text.partition(":")[2].partition("#")
         params: dict[str, str] = {}
         for pair in filter(None, fragment.split("&")):
@@ -123,9 +125,10 @@ def hub_id(spec: str) -> HubId | None:
 
 
 def engine_of(spec: str) -> str | None:
-    """The engine a spec names (``llamacpp:model.gguf`` -> ``llamacpp``), None for transformers."""
-    prefix, colon, _ = spec.partition(":")
-    return prefix if colon and prefix in ENGINE_PREFIXES else None
+    """The engine a spec names (``llamacpp:model.gguf`` -> ``llamacpp``), None for the default engine
+    (transformers), which no prefix names."""
+    entry = entry_of(spec)
+    return None if entry.default else entry.name
 
 
 def with_local_paths(spec: str, absolute: Callable[[str], str]) -> str:
@@ -136,7 +139,7 @@ def with_local_paths(spec: str, absolute: Callable[[str], str]) -> str:
     if engine is None:
         return absolute(spec)
     target, hash_sign, fragment = spec.partition(":")[2].partition("#")
-    if engine != "openai" and target:
+    if ENGINES[engine].local_target and target:
         target = absolute(target)
     pairs = [f"{key}={absolute(value)}" if key == "tokenizer" and sep and value else pair
              for pair in fragment.split("&") if pair for key, sep, value in [pair.partition("=")]]

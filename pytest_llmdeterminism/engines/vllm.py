@@ -31,7 +31,8 @@ from pytest_llmdeterminism.engines.capture import (
     rounded,
 )
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer, read_json
-from pytest_llmdeterminism.engines.loaded import LoadedModel
+from pytest_llmdeterminism.engines.fingerprints import described
+from pytest_llmdeterminism.engines.loaded import LoadedModel, LoadRequest
 from pytest_llmdeterminism.engines.spec import EngineSpec
 from pytest_llmdeterminism.errors import (
     ConfigurationError,
@@ -242,9 +243,10 @@ def scores_from_outputs(outputs: Sequence[Any], rows: list[tuple[list[int], list
     return ScoreChunk(rows=scored, flags=dict(flags or {}))
 
 
-def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
+def load(spec: EngineSpec, request: LoadRequest) -> LoadedModel:
     """``vllm:FOLDER``, loaded: a local folder with safetensors weights, on CUDA."""
     __tracebackhide__ = True
+    dtype, device = request.dtype, request.device
     knobs = spec.options(VLLMOptions)
     target = spec.target
     if not 0 < knobs.gpu_memory_utilization <= 1:
@@ -336,6 +338,10 @@ class VLLMEngine:
 
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, Any]:
+        """What its load described (version, pinned knobs), plus the model's hashes."""
+        return described(loaded)
 
     def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:

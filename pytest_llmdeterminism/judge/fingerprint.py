@@ -1,6 +1,6 @@
-"""What a golden's fingerprint means: the fields that decide its bits, by device class, CPU numerics
-and engine, and the diff of two fingerprints. Pure: no torch, no I/O. The fingerprint itself is
-collected from a loaded model by ``model/fingerprint.py``."""
+"""What a golden's fingerprint means: the fields that decide its bits (each engine names its own, by
+device class and CPU numerics: ``engines/registry.py``), and the diff of two fingerprints. Pure: no
+torch, no I/O. The fingerprint itself is collected from a loaded model by ``model/fingerprint.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_llmdeterminism.compute import profiles
+from pytest_llmdeterminism.engines.registry import ENGINES
+from pytest_llmdeterminism.generation import DEFAULT_ENGINE
 
 __all__ = ["describe_changes", "diff", "numerics_changes"]
 
@@ -24,31 +26,6 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any,
     return changes
 
 
-# The fields that decide a golden's bits, by device class and CPU numerics mode. Equal fields:
-# the same numerics, so exact comparison is the default; any difference: near-tie tolerance.
-_NUMERICS_COMMON = ("device_class", "machine", "dtype", "torch", "transformers", "attention_implementation")
-_NUMERICS_BY_KIND = {
-    # MKL's COMPATIBLE branch is bit-identical across thread counts 1, 2, 4, 8 and 16 but not 3 or 6
-    # (measured), and Intel documents it for a fixed thread count only: threads stay a field.
-    # cpu_numerics and cpu_capability name the pinned profile: portable's AVX2 kernels or the
-    # compatible (and older portable) generic ones.
-    "cpu-portable": ("cpu_numerics", "cpu_capability", "blas", "torch_threads", "batch_invariant"),
-    # native kernels depend on the SIMD level, MKL's branch (picked by CPU and vendor), OpenBLAS's
-    # core type (picked by CPU: arm64 Neoverse vs generic ARMv8 kernels differ) and threads
-    "cpu-native": ("cpu_numerics", "device_name", "cpu_capability", "mkl_cbwr", "blas", "blas_coretype",
-                   "torch_threads"),
-    "gpu": ("device_name", "compute_capability", "cuda", "cudnn", "cuda_driver"),
-}
-# Other engines: their own version and pinned knobs decide the bits (and, in process, the CPU).
-_NUMERICS_BY_ENGINE = {
-    "llamacpp": ("engine", "engine_version", "machine", "device_name", "cpu_features", "dtype", "threads",
-                 "n_batch", "n_ubatch", "n_ctx", "weights_hash"),
-    "openai": ("engine", "server_model", "server_version", "flags", "dtype"),  # flags: system_fingerprint
-    "vllm": ("engine", "engine_version", "device_name", "compute_capability", "cuda", "dtype", "torch",
-             "batch_invariant"),
-}
-
-
 def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """Fields that decide the bits and differ between a golden's fingerprint and this run's.
 
@@ -56,16 +33,15 @@ def numerics_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
     BLAS of a golden that recorded MKL's branch: that torch used MKL, which has no core type.
     """
     recorded, current = _profile(_with_legacy_blas(recorded)), _profile(_with_legacy_blas(current))
-    engines = {side.get("engine", "transformers") for side in (recorded, current)}
-    if engines != {"transformers"}:
-        fields = _NUMERICS_BY_ENGINE.get(str(current.get("engine")), ("engine",))
-        return [(name, recorded.get(name), current.get(name)) for name in fields
-                if recorded.get(name) != current.get(name)]
+    # Each engine names the fields that decide its bits (engines/registry.py); across engines, this
+    # run's engine's (a fingerprint of the default engine names none of another's: "engine" alone).
+    engines = {side.get("engine", DEFAULT_ENGINE) for side in (recorded, current)}
+    engine = ENGINES.get(DEFAULT_ENGINE if engines == {DEFAULT_ENGINE} else str(current.get("engine")))
     if current.get("device_class") != "cpu":
         kind = "gpu"
     else:  # portable only where both sides ran the pinned kernels (not, e.g., a torch without MKL)
         kind = "cpu-portable" if all(_ran_portable(side) for side in (recorded, current)) else "cpu-native"
-    fields = _NUMERICS_COMMON + _NUMERICS_BY_KIND[kind]
+    fields = ("engine",) if engine is None else engine.fields_for(kind)
     return [(name, recorded.get(name), current.get(name)) for name in fields
             if recorded.get(name) != current.get(name)]
 

@@ -1,7 +1,7 @@
 """``@deterministic(concurrency=N)``: a generation on a server, checked among N concurrent requests.
 
 Each prompt a test generates is sent again, :data:`ROUNDS` times, among ``N`` concurrent companion
-requests of random lengths, itself at a random position (``engines/companions.py``, the needle
+requests of random lengths, itself at a random position (``engines/server/companions.py``, the needle
 pattern). Its answer must be what the server answered it alone, bit for bit: the same tokens and the
 same logprobs (a served step's hash covers both). A server that batches requests together with kernels
 whose results depend on the batch answers otherwise, and the test fails with
@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_llmdeterminism.engines.companions import run_among
 from pytest_llmdeterminism.engines.loaded import ServedEngine
+from pytest_llmdeterminism.engines.server.companions import run_among
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.judge.compare import Comparison, Verdict, compare
 
@@ -131,7 +131,7 @@ def check_among(engine: Engine, spec: str, *, prompt: str, ids: list[int], confi
     """Send ``ids`` :data:`ROUNDS` times among ``companions`` concurrent requests; raise
     :class:`ConcurrencyError` naming the first answer that is not ``alone`` exactly and counting every
     round that differed. ``record`` turns a one-row chunk into a generation as the alone one was made.
-    A request of a round that fails fails this check with what happened (``engines/companions.py``)."""
+    A request of a round that fails fails this check with what happened (``engines/server/companions.py``)."""
     __tracebackhide__ = True
     served = refuse_where_not_served(engine, spec, companions)
     rounds = run_among(served, ids, config, companions=companions, rounds=ROUNDS, seed=seed)

@@ -155,7 +155,7 @@ class LLMModel:
             concurrency.refuse_where_not_served(self._loaded.engine, self._loaded.spec,
                                                 self.settings.concurrency)
         engine = self._loaded.engine
-        served = isinstance(engine, ServedEngine)  # audited as it is served (model/audit.serving_audit)
+        served = isinstance(engine, ServedEngine)  # audited as it is served (model/serving_audit.py)
         if self._after_generate is not None and not (engine.supports_audit or served):
             raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
                                      f"and dtype of the transformers backend; {self._loaded.spec} runs on "

@@ -6,7 +6,7 @@ That is only a regression test where the server draws each request from its own 
 is verified first, once per server and session (the result is kept on the loaded model), by two rows:
 
 ``concurrent``: a sampled request (:data:`NEEDLE_TOKENS` tokens) alone, then :data:`ROUNDS` times among
-:data:`COMPANIONS` concurrent requests (``engines/companions.py``): the sample must not change (a
+:data:`COMPANIONS` concurrent requests (``engines/server/companions.py``): the sample must not change (a
 server whose generator is shared by the batch, or keyed by a row's place in it, fails).
 
 ``seed``: do different prompts sent with one seed share noise (vLLM #50440: one seed broadcast over
@@ -43,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_llmdeterminism.engines.companions import alone, run_among
 from pytest_llmdeterminism.engines.loaded import ServedEngine
+from pytest_llmdeterminism.engines.server.companions import alone, run_among
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import TOP_K, DecodingConfig
 from pytest_llmdeterminism.sampling import SamplingConfig

@@ -94,7 +94,7 @@ class AuditReport:
                    data["unique"], data["repeats"], data.get("sampling", {}))
 
 
-# --- the serving audit (model/audit.py's serving_audit): a server engine's request as it is served ---
+# --- the serving audit (model/serving_audit.py): a server engine's request as it is served ---
 
 SERVING_EXPLANATIONS = {
     "concurrent": "other requests in flight changed the answer: the server batches requests together "

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_llmdeterminism.engines.registry import recorded_by
 from pytest_llmdeterminism.errors import pasteable
 from pytest_llmdeterminism.judge.compare import Comparison, Verdict
 from pytest_llmdeterminism.judge.decision import Decision
@@ -51,7 +52,10 @@ def serving_note(decision: Decision) -> str:
     fingerprint's ``serving_verified``, recorded under ``llm_server_checks = true``), and what that
     leaves possible; "" for a check that passed or is not a server's."""
     expected = decision.expected
-    if decision.passed or expected is None or expected.fingerprint.get("engine") != "openai":
+    if decision.passed or expected is None:
+        return ""
+    engine = recorded_by(expected.fingerprint)
+    if engine is None or not engine.served:
         return ""
     verified = expected.fingerprint.get("serving_verified")
     if not verified:

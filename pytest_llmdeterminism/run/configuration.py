@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute import numerics, threads
+from pytest_llmdeterminism.engines.registry import entry_of
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.judge.tolerance import ToleranceSetting, parse_setting
@@ -147,7 +148,7 @@ def auto_workers(config: pytest.Config) -> tuple[int, str] | None:
     namespace = config.known_args_namespace
     model = str(getattr(namespace, "llm_model", None) or config.getini("llm_model") or "").strip()
     device = str(getattr(namespace, "llm_device", None) or config.getini("llm_device") or "auto")
-    if not model or engine_of(model) not in (None, "llamacpp") or not _on_the_cpu(device.strip()):
+    if not model or not entry_of(model).shares_cpu_cores or not _on_the_cpu(device.strip()):
         return None
     cores = threads.usable_cores()
     workers = threads.auto_workers(cores)

@@ -77,7 +77,7 @@ class Options:
     # command passes again; the model and golden folder relative to the rootdir where inside it.
     settings_in_force: tuple[tuple[str, str], ...] = ()
     # llm_server_checks: a server run starts with the serving audit, whose verified capability each
-    # golden's fingerprint then records (model/audit.serving_audit)
+    # golden's fingerprint then records (model/serving_audit.py)
     server_checks: bool = False
 
 

@@ -22,6 +22,7 @@ from pytest_llmdeterminism.compute.environment import PinnedEnvironment
 from pytest_llmdeterminism.compute.kernels import why_not_batch_invariant
 from pytest_llmdeterminism.engines import ModelCache
 from pytest_llmdeterminism.engines.hf import DEFECT_SCALE
+from pytest_llmdeterminism.engines.registry import entry_of
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles
 from pytest_llmdeterminism.reporting import terminal
@@ -68,7 +69,7 @@ class LLMSession:
         """``llm_server_checks``: a server's serving audited once, as it loads; what it verified goes
         into every golden's fingerprint."""
         from pytest_llmdeterminism.engines.loaded import ServedEngine
-        from pytest_llmdeterminism.model.audit import verify_serving
+        from pytest_llmdeterminism.model.serving_audit import verify_serving
 
         if isinstance(loaded.engine, ServedEngine):
             self.serving = verify_serving(loaded, seed=self.options.seed).lines()
@@ -77,7 +78,7 @@ class LLMSession:
         """The header's lines for ``llm_server_checks``: the model loads now, and is audited."""
         from pytest_llmdeterminism.errors import LLMDeterminismError
 
-        if not self.options.server_checks or engine_of(self.options.model or "") != "openai":
+        if not self.options.server_checks or not entry_of(self.options.model or "").served:
             return []
         loaded = self.models.load_now()
         if isinstance(loaded, LLMDeterminismError):
@@ -160,7 +161,8 @@ class LLMSession:
         tolerance = (options.tolerance.describe() if options.tolerance.by_device else
                      "exact (near_tie across environments)")
         engine = engine_of(options.model)
-        where = [f"dtype={options.dtype} device={options.device}"] if engine in (None, "vllm") else []
+        takes = entry_of(options.model).takes_dtype_and_device
+        where = [f"dtype={options.dtype} device={options.device}"] if takes else []
         pinned = " ".join([*([f"engine={engine}"] if engine else []), *where])
         first = (f"llm: model={options.model} shape={options.batch_shape} {pinned} seed={options.seed} "
                  f"max_new_tokens={options.max_new_tokens} tolerance={tolerance}"

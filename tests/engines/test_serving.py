@@ -152,7 +152,7 @@ def test_llama_server_four_slots_negative_control_the_concurrent_row_finds_the_d
     among 4) find the request's answer moved among companions, and the capability says so. Which
     round drifts depends on where the server put the request's cells (measured: 3 of 6 rounds, 4 of
     12); at the lower rate, 20 rounds all identical would be a chance of about 1 in 3,000."""
-    from pytest_llmdeterminism.model.audit import CHECKED_PROMPT, CHECKED_TOKENS, serving_audit
+    from pytest_llmdeterminism.model.serving_audit import CHECKED_PROMPT, CHECKED_TOKENS, serving_audit
 
     ids = list(native_four_slots.tokenizer(CHECKED_PROMPT)["input_ids"])
     found = serving_audit(native_four_slots, ids, config(native_four_slots, CHECKED_TOKENS), rounds=10,

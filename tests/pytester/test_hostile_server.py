@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_llmdeterminism.engines.secret import RUN
+from pytest_llmdeterminism.engines.server.secret import RUN
 from tests.helpers.fake_openai_server import Connection, Request
 from tests.helpers.hostile_server import (
     KEY,

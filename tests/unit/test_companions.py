@@ -1,4 +1,4 @@
-"""The needle runner (engines/companions.py): a server engine's request among concurrent companions.
+"""The needle runner (engines/server/companions.py): a server engine's request among concurrent companions.
 
 The server is the fake OpenAI-compatible one answering each connection in its own thread; each
 completion waits (a few seconds at most) until every request of the round is in flight, so a
@@ -15,7 +15,7 @@ import pytest
 
 from pytest_llmdeterminism import EngineError
 from pytest_llmdeterminism.engines import load
-from pytest_llmdeterminism.engines.companions import alone, companion_prompts, run_among
+from pytest_llmdeterminism.engines.server.companions import alone, companion_prompts, run_among
 from pytest_llmdeterminism.generation import resolve_generation_config
 from tests.helpers.fake_openai_server import Connection, FakeServer, Request
 from tests.helpers.hostile_server import GREEDY, honest, routes, spec

@@ -15,7 +15,12 @@ from hypothesis import given
 
 from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
-from pytest_llmdeterminism.engines.completions import Completion, parse_choice, request_body, text_only_id
+from pytest_llmdeterminism.engines.server.completions import (
+    Completion,
+    parse_choice,
+    request_body,
+    text_only_id,
+)
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
@@ -213,7 +218,7 @@ def test_steps_that_returned_part_of_a_character_get_the_ids_of_its_bytes():
 
 
 def test_ids_a_server_returns_as_token_id_text_are_taken_as_they_are(tiny):
-    from pytest_llmdeterminism.engines.openai import OpenAIEngine
+    from pytest_llmdeterminism.engines.server.openai import OpenAIEngine
 
     engine = OpenAIEngine("spec", None, "m", tiny.tokenizer)
     assert engine.token_id("token_id:42") == 42 and engine.token_id("token_id:x") >= TEXT_ONLY_IDS
@@ -240,7 +245,7 @@ class FakeClient:
         return text
 
     def post(self, path, body, into):
-        from pytest_llmdeterminism.engines.server_client import HTTPStatusError
+        from pytest_llmdeterminism.engines.server.server_client import HTTPStatusError
 
         self.prompts.append(body["prompt"])
         if isinstance(body["prompt"], list):
@@ -250,7 +255,7 @@ class FakeClient:
 
 
 def test_the_prompt_goes_as_token_ids_where_the_server_takes_them_else_as_text_from_then_on(tiny):
-    from pytest_llmdeterminism.engines.openai import OpenAIEngine
+    from pytest_llmdeterminism.engines.server.openai import OpenAIEngine
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     client = FakeClient()
@@ -264,7 +269,7 @@ def test_the_prompt_goes_as_token_ids_where_the_server_takes_them_else_as_text_f
 
 @pytest.mark.parametrize("override", [{"repetition_penalty": 1.5}, {"min_new_tokens": 3}])
 def test_penalties_a_server_applies_after_its_logprobs_are_refused_by_name(tiny, override):
-    from pytest_llmdeterminism.engines.openai import OpenAIEngine
+    from pytest_llmdeterminism.engines.server.openai import OpenAIEngine
     from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
     engine = OpenAIEngine("spec", FakeClient(), "m", tiny.tokenizer)
@@ -329,6 +334,6 @@ def test_vllm_outputs_beyond_max_tokens_or_the_vocabulary_are_refused():
     (401, "prompt must be a string", False),  # not a refusal of the request's form
 ])
 def test_only_an_error_that_names_the_prompt_type_refuses_token_ids(status, detail, refused):
-    from pytest_llmdeterminism.engines.completions import refuses_token_ids
+    from pytest_llmdeterminism.engines.server.completions import refuses_token_ids
 
     assert refuses_token_ids(status, detail) is refused

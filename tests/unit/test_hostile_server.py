@@ -148,7 +148,7 @@ def test_no_frame_on_the_request_path_holds_the_key_as_text(serve, pieces, monke
     failing = {"/v1/completions": respond(500, {"error": "overloaded"})}
     good, bad = serve(routes(pieces)), serve(routes(pieces, **failing))
     package = Path(pytest_llmdeterminism.__file__).parent
-    watched, box = (str(package), http.client.__file__), str(package / "engines" / "secret.py")
+    watched, box = (str(package), http.client.__file__), str(package / "engines" / "server" / "secret.py")
     seen: set[str] = set()
 
     def watch_line(frame, event, arg):

@@ -25,15 +25,19 @@ PACKAGES = {
                 ["compute.numerics", "compute.determinism", "compute.threads", "compute.private_folder"],
                 ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
                 ["compute"]],
-    # The pure judgement (no pytest, torch or I/O: test_the_judgement_is_pure below).
+    "engines": [["engines.registry", "engines.server", "engines.server.secret", "engines.cached",
+                 "engines.checkpoint"],
+                ["engines.capture", "engines.spec"],
+                ["engines.hub", "engines.loaded", "engines.server.completions"],
+                ["engines.fingerprints"], ["engines.hf"],
+                ["engines.hf_load", "engines.llamacpp", "engines.server.server_client", "engines.vllm"],
+                ["engines.server.server_score"],
+                ["engines.server.openai", "engines.server.companions"],
+                ["engines", "engines.companions"]],
+    # The pure judgement (no pytest, torch or I/O: test_the_judgement_is_pure below), above the engines
+    # only to read their registry (engines/registry.py: each engine's fingerprint fields, pure data).
     "judge": [["judge", "judge.verdict"], ["judge.compare"], ["judge.tolerance", "judge.fingerprint"],
               ["judge.judgement"], ["judge.decision"]],
-    "engines": [["engines.secret", "engines.cached", "engines.checkpoint"],
-                ["engines.capture", "engines.spec"],
-                ["engines.hf", "engines.hub", "engines.loaded", "engines.completions"],
-                ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.server_score"],
-                ["engines.openai", "engines.companions"],
-                ["engines"]],
     "goldens": [["goldens", "goldens.schema", "goldens.atomic"],
                 ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files", "goldens.judged"],
@@ -46,8 +50,9 @@ PACKAGES = {
                   ["reporting.run_comparison"]],
     # The llm_model fixture object over the engines, and the audit on top of it.
     "model": [["model", "model.inputs"], ["model.fingerprint"],
-              ["model.probe", "model.concurrency", "model.served_sampling"], ["model.llm_model"],
-              ["model.audit"]],
+              ["model.probe", "model.concurrency", "model.served_sampling"],
+              ["model.llm_model", "model.serving_audit"],
+              ["model.decode_prefill"], ["model.audit"]],
     "run": [["run", "run.options", "run.ledger", "run.unused", "run.prune_trust"],
             ["run.configuration", "run.repro"],
             ["run.markers", "run.golden_tokens", "run.writer"],
@@ -161,7 +166,7 @@ def test_the_package_root_shows_its_plan_in_a_few_entries():
 
 
 # What the judgement may import: the standard library's pure parts and these data modules below it.
-_PURE_PACKAGE_MODULES = {"errors", "shape", "sampling", "generation", "compute.profiles"}
+_PURE_PACKAGE_MODULES = {"errors", "shape", "sampling", "generation", "compute.profiles", "engines.registry"}
 _IMPURE_LIBRARIES = {"pytest", "_pytest", "torch", "transformers", "os", "io", "pathlib", "shutil",
                      "subprocess", "socket", "tempfile", "ctypes", "urllib", "http", "threading", "filelock"}
 
@@ -183,7 +188,8 @@ def _third_party_imports(path: Path) -> set[str]:
 
 def test_the_judgement_is_pure():
     """judge/ imports no pytest, torch or I/O module, and of this package only itself and the pure
-    data modules below it (so it reads no file, and no engine, model, run, reporting or cli floor)."""
+    data modules below it (so it reads no file, and no engine, model, run, reporting or cli floor;
+    of the engines only their registry, the table of what each engine declares)."""
     judge = sorted((PACKAGE / "judge").glob("*.py"))
     assert {path.name for path in judge} >= {"verdict.py", "compare.py", "tolerance.py", "decision.py"}
     for path in [*judge, *(PACKAGE / (name.replace(".", "/") + ".py") for name in _PURE_PACKAGE_MODULES)]:

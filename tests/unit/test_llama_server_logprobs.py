@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from pytest_llmdeterminism.engines.completions import Completion, parse_choice
+from pytest_llmdeterminism.engines.server.completions import Completion, parse_choice
 
 IDS = {" is": 314, "'s": 506, " the": 260, " it": 357}
 

@@ -178,7 +178,7 @@ def test_a_score_record_refuses_inconsistent_lengths():
 
 
 def test_decode_vs_prefill_compares_each_generated_step_with_the_score_of_its_tokens(tiny):
-    from pytest_llmdeterminism.model.audit import decode_vs_prefill
+    from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
 
     llm = llm_at(tiny, "4x32")
     one = llm.generate("The capital of France is", max_new_tokens=1)
@@ -201,7 +201,7 @@ def test_decode_vs_prefill_compares_each_generated_step_with_the_score_of_its_to
 
 
 def test_decode_vs_prefill_asks_the_tolerance_on_other_kernels(tiny, previous_kernels):
-    from pytest_llmdeterminism.model.audit import decode_vs_prefill
+    from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
 
     llm = llm_at(tiny, "4x32")
     found = decode_vs_prefill(llm, llm.generate("Once upon a time", max_new_tokens=6))
@@ -215,7 +215,7 @@ def test_the_opt_in_check_passes_within_the_tolerance_and_reports_what_is_not_bi
     """``assert_decode_matches_prefill``: within the dtype's tolerance, not bitwise (on CPU decode and
     prefill take other kernels even under batch-invariant ones); beyond it, one error with the lines."""
     from pytest_llmdeterminism import DecodePrefillMismatchError, assert_decode_matches_prefill
-    from pytest_llmdeterminism.model.audit import decode_vs_prefill
+    from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
 
     llm = llm_at(tiny, "4x32")
     generation = llm.generate("Once upon a time", max_new_tokens=6)
@@ -232,7 +232,8 @@ def test_the_opt_in_check_passes_within_the_tolerance_and_reports_what_is_not_bi
 
 
 def test_the_audit_has_a_decode_vs_prefill_row_where_the_engine_can_score(tiny):
-    from pytest_llmdeterminism.model.audit import audit, decode_vs_prefill
+    from pytest_llmdeterminism.model.audit import audit
+    from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
 
     llm = llm_at(tiny, "4x32").with_settings(max_new_tokens=6)
     found = audit(llm, "Once upon a time", repeats=1)

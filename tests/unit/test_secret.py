@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_llmdeterminism.engines.secret import RUN, Secret
+from pytest_llmdeterminism.engines.server.secret import RUN, Secret
 
 KEY = "sk-hostile-0123456789abcdef"
 B64 = base64.b64encode

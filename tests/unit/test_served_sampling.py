@@ -8,7 +8,7 @@ import pytest
 
 from pytest_llmdeterminism import ConfigurationError
 from pytest_llmdeterminism.engines import load
-from pytest_llmdeterminism.engines.completions import request_body
+from pytest_llmdeterminism.engines.server.completions import request_body
 from pytest_llmdeterminism.generation import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.model.served_sampling import SEEDS, Paired, seed_pairs, sign_test
@@ -126,7 +126,7 @@ def test_the_seed_rows_seeds_are_distant():
 
 def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
     from pytest_llmdeterminism import EngineError
-    from pytest_llmdeterminism.engines.completions import Completion, parse_choice
+    from pytest_llmdeterminism.engines.server.completions import Completion, parse_choice
 
     top = {"token_id:300": -0.5, "token_id:301": -1.0, "token_id:302": -2.0}
     answer = {"choices": [{"logprobs": {"tokens": ["token_id:302"], "token_logprobs": [-2.0],
@@ -144,7 +144,7 @@ def test_a_drawn_token_below_the_best_is_accepted_only_from_a_sampled_request():
 def test_a_drawn_token_outside_the_returned_top_k_leaves_the_top_k_as_the_model_ranked_it():
     import msgspec
 
-    from pytest_llmdeterminism.engines.completions import Completion, parse_choice
+    from pytest_llmdeterminism.engines.server.completions import Completion, parse_choice
 
     answer = {"choices": [{"logprobs": {"tokens": ["token_id:309"], "token_logprobs": [-4.0],
                                         "top_logprobs": [{"token_id:300": -0.5, "token_id:301": -1.0}]}}]}

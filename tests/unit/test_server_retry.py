@@ -8,7 +8,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from pytest_llmdeterminism.engines.server_client import ATTEMPTS, BACKOFF, RETRY_AFTER_CAP, retry_wait
+from pytest_llmdeterminism.engines.server.server_client import ATTEMPTS, BACKOFF, RETRY_AFTER_CAP, retry_wait
 
 
 @pytest.mark.parametrize(("retry_after", "attempt", "wait"), [

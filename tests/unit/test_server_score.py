@@ -1,4 +1,4 @@
-"""What a server's echoed completion means as a score (``engines/server_score.py``): pure functions of
+"""What a server's echoed completion means as a score (``engines/server/server_score.py``): pure functions of
 the answer, each rule against a hand-written answer."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 from pytest_llmdeterminism import EngineError
 from pytest_llmdeterminism.engines.capture import rank_and_margin
-from pytest_llmdeterminism.engines.completions import Completion
-from pytest_llmdeterminism.engines.server_score import score_request, scored_row
+from pytest_llmdeterminism.engines.server.completions import Completion
+from pytest_llmdeterminism.engines.server.server_score import score_request, scored_row
 
 IDS = {"A": 1, "B": 2, "C": 3, "D": 4, "E": 5}
 
@@ -138,7 +138,7 @@ def test_a_score_whose_top_k_ids_spell_the_key_is_refused_with_the_key_masked():
     tokenizer): the top-k ids a golden records would decode to it."""
     from pytest_llmdeterminism.engines import BUILTIN_MODELS
     from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
-    from pytest_llmdeterminism.engines.secret import Secret
+    from pytest_llmdeterminism.engines.server.secret import Secret
     from tests.helpers.hostile_server import KEY
 
     tokenizer = load_tokenizer("tiny", BUILTIN_MODELS["tiny"])

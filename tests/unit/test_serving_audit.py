@@ -1,4 +1,4 @@
-"""The serving audit (model/audit.serving_audit): a server engine's request alone, among concurrent
+"""The serving audit (model/serving_audit.py): a server engine's request alone, among concurrent
 companions, repeated under load and after a request that fills the server's prefix cache, each row
 identical / drift / changed; and what it verified, as a golden's fingerprint records it.
 
@@ -15,7 +15,7 @@ import pytest
 
 from pytest_llmdeterminism.engines import load
 from pytest_llmdeterminism.generation import resolve_generation_config
-from pytest_llmdeterminism.model.audit import serving_audit
+from pytest_llmdeterminism.model.serving_audit import serving_audit
 from pytest_llmdeterminism.reporting.audit import ServingAudit, ServingRow
 from tests.helpers.fake_openai_server import Connection, FakeServer, Request
 from tests.helpers.hostile_server import GREEDY, honest, routes, spec
@@ -205,7 +205,7 @@ def test_llm_audit_of_a_server_generation_is_the_serving_audit(pieces):
 
 def test_two_answers_differ_by_their_shared_top_k_before_they_part_and_the_margin_where_they_do():
     from pytest_llmdeterminism.engines.capture import Chunk, RowSteps
-    from pytest_llmdeterminism.model.audit import answer_difference
+    from pytest_llmdeterminism.model.serving_audit import answer_difference
 
     def answer(tokens, tops):
         steps = RowSteps()

@@ -19,7 +19,9 @@ from typing import Any
 
 from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer
-from pytest_llmdeterminism.engines.completions import (
+from pytest_llmdeterminism.engines.fingerprints import described
+from pytest_llmdeterminism.engines.loaded import LoadedModel, LoadRequest
+from pytest_llmdeterminism.engines.server.completions import (
     Completion,
     ModelList,
     exact_id,
@@ -28,10 +30,9 @@ from pytest_llmdeterminism.engines.completions import (
     request_body,
     text_only_id,
 )
-from pytest_llmdeterminism.engines.loaded import LoadedModel
-from pytest_llmdeterminism.engines.secret import Secret
-from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError, check_url
-from pytest_llmdeterminism.engines.server_score import ServedScores
+from pytest_llmdeterminism.engines.server.secret import Secret
+from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatusError, check_url
+from pytest_llmdeterminism.engines.server.server_score import ServedScores
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
 from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
@@ -58,9 +59,10 @@ class OpenAIOptions:
     slots: int = 0  # requests the server computes at once (llama.cpp: --parallel); 0: not said
 
 
-def load(spec: EngineSpec, *, dtype: str, device: str) -> LoadedModel:
+def load(spec: EngineSpec, request: LoadRequest) -> LoadedModel:
     """``openai:URL#...``, loaded: the server is asked for its models once."""
     __tracebackhide__ = True
+    dtype = request.dtype
     refuse_credentials(spec.text)  # before anything prints the spec
     check_url(spec.text, spec.target)
     knobs = spec.options(OpenAIOptions)
@@ -207,6 +209,10 @@ class OpenAIEngine:
 
     def vocab_size(self) -> int:
         return len(self._tokenizer)
+
+    def fingerprint(self, loaded: LoadedModel) -> dict[str, Any]:
+        """What its load described (version, pinned knobs), plus the model's hashes."""
+        return described(loaded)
 
     def run(self, rows: list[list[int]], config: DecodingConfig, settings: GenerationSettings,
             keep_logits: bool) -> Chunk:

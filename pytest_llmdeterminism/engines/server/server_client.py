@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
-from pytest_llmdeterminism.engines.completions import SHOWN_CHARS, ServerVersion
-from pytest_llmdeterminism.engines.secret import Secret
+from pytest_llmdeterminism.engines.server.completions import SHOWN_CHARS, ServerVersion
+from pytest_llmdeterminism.engines.server.secret import Secret
 from pytest_llmdeterminism.engines.spec import without_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError
 

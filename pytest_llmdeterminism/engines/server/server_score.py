@@ -20,15 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_llmdeterminism.engines.capture import ScoreChunk, ScoredRow, rank_and_margin, rounded
-from pytest_llmdeterminism.engines.completions import (
+from pytest_llmdeterminism.engines.server.completions import (
     POSITIVE_SLACK,
     UNTRUE,
     Completion,
     Logprobs,
     refuses_token_ids,
 )
-from pytest_llmdeterminism.engines.secret import KEY_ECHOED, Secret, key_echoed
-from pytest_llmdeterminism.engines.server_client import Client, HTTPStatusError
+from pytest_llmdeterminism.engines.server.secret import KEY_ECHOED, Secret, key_echoed
+from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
 
 # A token's logprob and its entry in the top-k are one number, either printed with at least 4 decimals
@@ -69,7 +69,6 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
     :class:`EngineError` naming what the server lacks or got wrong. With ``secret``, the key is masked
     in every message, and a top-k whose ids spell it (as ``tokenizer`` decodes them) is refused."""
     __tracebackhide__ = True
-    import xxhash
 
     def fail(message: str) -> EngineError:
         text = f"{source} {message}"
@@ -80,59 +79,20 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
         raise fail(problem)
     logprobs = response.choices[0].logprobs
     assert logprobs is not None  # _echo_problem refuses an answer without them
-    texts, tops, chosen = logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs
     given = prompt + continuation
     # llama-cpp-python's server (0.3) echoes one entry per prompt token and none for the generated one,
     # each entry the distribution *after* its token (its token_logprobs[t] is token t's logprob under
     # the distribution that predicts t + 1; measured against llama.cpp in process): there a token's
     # logprob is read from the entry before it, which holds the top-k only.
-    shifted = len(texts) == len(given)
+    shifted = len(logprobs.tokens) == len(given)
     row = ScoredRow()
     for position in range(len(prompt), len(given)):
-        text = texts[position]
-        if shifted:
-            top = dict(tops[position - 1] or {})
-            own = top.get(text)
-        else:
-            top = dict(tops[position] or {})
-            own = chosen[position] if chosen is not None else None
-            own = top.get(text) if own is None else own
-        if own is None:
-            where = (" (its echo gives each token's logprob under the next token's distribution, so it is "
-                     "read from the top-k of the position before: raise llm_model.score(top_k=...))"
-                     if shifted else "")
-            raise fail(f"sent no logprob for the continuation's token {text!r} at position {position}"
-                       f"{where}; it cannot score this continuation. {WHAT_IT_NEEDS}")
-        for value in (own, *top.values()):
-            if not (math.isfinite(value) and value <= POSITIVE_SLACK):
-                raise fail(f"sent {value!r} at position {position}, which is no log-probability (finite, at "
-                           f"most 0). {UNTRUE}")
-        contradiction = None if shifted else contradicted(text, own, top, top_k)
-        if contradiction is not None:
-            raise fail(f"sent logprobs that contradict each other at position {position}: the token "
-                       f"{text!r}'s logprob {contradiction}. {UNTRUE}")
-        collapsed = collapsed_texts(top, top_k) if shifted else set()
-        if collapsed is None or text in collapsed:
-            named = f"the text {text!r}" if collapsed else "one text (its top-k has fewer than k entries)"
-            raise fail(f"named two tokens with {named} in the top-k of position {position - 1}: it keys its "
-                       "top_logprobs by token text, so the later, lower one's logprob overwrote the first's "
-                       f"(llama-cpp-python), and the continuation's token {text!r} at position {position} "
-                       "has no logprob of its own there. Score this continuation on llamacpp:PATH.gguf in "
-                       "process or on the transformers backend, or on a server that names tokens by id")
-        unknown = _unknown(text, list(top), collapsed)
-        as_served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
-        hashed = as_served if text in dict(as_served) else [*as_served, (text, own)]  # as served
-        ranked = [(t, lp) for t, lp in as_served if t not in collapsed]  # theirs are another token's
-        row.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([text, hashed], separators=(",", ":"),
-                                                              ensure_ascii=False).encode()))
-        own = min(own, 0.0)  # a rounding of 0 above it: recorded as 0 (the hash keeps what was served)
-        row.logprobs.append(rounded(own))
-        row.top.append(tuple((token_id(t), rounded(min(lp, 0.0))) for t, lp in ranked))
-        rank, margin = rank_and_margin(text, own, ranked, len(ranked) if collapsed else top_k)
-        if unknown:
-            rank, margin = (None, None) if unknown == "rank" else (rank, None)
-        row.ranks.append(rank)
-        row.rank_margins.append(margin)
+        text, own, top = _served_at(logprobs, position, shifted=shifted)
+        problem, collapsed = _position_problem(text, own, top, position, shifted=shifted, top_k=top_k)
+        if problem is not None:
+            raise fail(problem)
+        assert own is not None  # _position_problem refuses a position without it
+        _record(row, text, own, top, collapsed, top_k=top_k, token_id=token_id)
     spelled = None if secret is None or tokenizer is None else key_echoed(
         secret, texts=[], chosen=[], top=row.top, tokenizer=tokenizer, vocab_size=len(tokenizer))
     if spelled is not None:
@@ -141,6 +101,71 @@ def scored_row(spec: str, response: Completion, *, prompt: list[int], continuati
         row.prompt_logprobs = [None, *(_prompt_logprob(logprobs, position, shifted=shifted, top_k=top_k)
                                        for position in range(1, len(prompt)))]
     return row
+
+
+def _served_at(logprobs: Logprobs, position: int, *,
+               shifted: bool) -> tuple[str, float | None, dict[str, float]]:
+    """The token at ``position`` as the echo gives it: its text, its own logprob (None: not said) and
+    the top-k of the distribution it was drawn from (the entry before it where the echo is shifted)."""
+    texts, tops, chosen = logprobs.tokens, logprobs.top_logprobs, logprobs.token_logprobs
+    text = texts[position]
+    if shifted:
+        top = dict(tops[position - 1] or {})
+        return text, top.get(text), top
+    top = dict(tops[position] or {})
+    own = chosen[position] if chosen is not None else None
+    return text, top.get(text) if own is None else own, top
+
+
+def _position_problem(text: str, own: float | None, top: dict[str, float], position: int, *, shifted: bool,
+                      top_k: int) -> tuple[str | None, set[str]]:
+    """What keeps the continuation's token at ``position`` from being scored (a message, None where
+    nothing), and the texts of its top-k that two tokens share (see :func:`collapsed_texts`)."""
+    if own is None:
+        where = (" (its echo gives each token's logprob under the next token's distribution, so it is "
+                 "read from the top-k of the position before: raise llm_model.score(top_k=...))"
+                 if shifted else "")
+        return (f"sent no logprob for the continuation's token {text!r} at position {position}"
+                f"{where}; it cannot score this continuation. {WHAT_IT_NEEDS}"), set()
+    for value in (own, *top.values()):
+        if not (math.isfinite(value) and value <= POSITIVE_SLACK):
+            return (f"sent {value!r} at position {position}, which is no log-probability (finite, at "
+                    f"most 0). {UNTRUE}"), set()
+    contradiction = None if shifted else contradicted(text, own, top, top_k)
+    if contradiction is not None:
+        return (f"sent logprobs that contradict each other at position {position}: the token "
+                f"{text!r}'s logprob {contradiction}. {UNTRUE}"), set()
+    collapsed = collapsed_texts(top, top_k) if shifted else set()
+    if collapsed is None or text in collapsed:
+        named = f"the text {text!r}" if collapsed else "one text (its top-k has fewer than k entries)"
+        return (f"named two tokens with {named} in the top-k of position {position - 1}: it keys its "
+                "top_logprobs by token text, so the later, lower one's logprob overwrote the first's "
+                f"(llama-cpp-python), and the continuation's token {text!r} at position {position} "
+                "has no logprob of its own there. Score this continuation on llamacpp:PATH.gguf in "
+                "process or on the transformers backend, or on a server that names tokens by id"), set()
+    return None, collapsed
+
+
+def _record(row: ScoredRow, text: str, own: float, top: dict[str, float], collapsed: set[str], *, top_k: int,
+            token_id: Callable[[str], int]) -> None:
+    """One checked position into ``row``: its hash over what was served, its logprob, top-k, rank and
+    rank margin (unknown where a collapsed text hides them)."""
+    import xxhash
+
+    unknown = _unknown(text, list(top), collapsed)
+    as_served = sorted(top.items(), key=lambda pair: (-pair[1], pair[0]))[:top_k]
+    hashed = as_served if text in dict(as_served) else [*as_served, (text, own)]  # as served
+    ranked = [(t, lp) for t, lp in as_served if t not in collapsed]  # theirs are another token's
+    row.hashes.append(xxhash.xxh3_64_hexdigest(json.dumps([text, hashed], separators=(",", ":"),
+                                                          ensure_ascii=False).encode()))
+    own = min(own, 0.0)  # a rounding of 0 above it: recorded as 0 (the hash keeps what was served)
+    row.logprobs.append(rounded(own))
+    row.top.append(tuple((token_id(t), rounded(min(lp, 0.0))) for t, lp in ranked))
+    rank, margin = rank_and_margin(text, own, ranked, len(ranked) if collapsed else top_k)
+    if unknown:
+        rank, margin = (None, None) if unknown == "rank" else (rank, None)
+    row.ranks.append(rank)
+    row.rank_margins.append(margin)
 
 
 def _unknown(text: str, order: list[str], collapsed: set[str]) -> str:

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from pytest_llmdeterminism.engines.capture import RowSteps
-from pytest_llmdeterminism.engines.secret import KEY_ECHOED, key_echoed
+from pytest_llmdeterminism.engines.server.secret import KEY_ECHOED, key_echoed
 from pytest_llmdeterminism.errors import EngineError
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, DecodingConfig
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.engines.secret import Secret
+    from pytest_llmdeterminism.engines.server.secret import Secret
 
 GREEDY_SLACK = 1e-6  # a returned logprob may be rounded: the chosen token may trail the best by this
 # A float32 log-softmax of a near-certain token can land a few ulps above 0 (ulp ~1e-5 at logits
