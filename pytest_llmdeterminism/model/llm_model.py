@@ -10,7 +10,7 @@ invariance is ``probe.py``'s.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.engines.capture import Chunk
@@ -26,7 +26,7 @@ from pytest_llmdeterminism.generation import (
 )
 from pytest_llmdeterminism.model import concurrency, inputs
 from pytest_llmdeterminism.model.fingerprint import fingerprint
-from pytest_llmdeterminism.model.inputs import Conversation, ScoreInput
+from pytest_llmdeterminism.model.inputs import Conversation, ModelInput, ScoreInput
 from pytest_llmdeterminism.model.probe import verify_batch_invariance
 from pytest_llmdeterminism.model.served_sampling import verified_sampler
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
@@ -140,8 +140,21 @@ class LLMModel:
         __tracebackhide__ = True
         given, single = inputs.model_inputs(prompt, token_ids, tokenizer=self.tokenizer,
                                             settings=self.settings, spec=self._loaded.spec)
-        config = resolve_generation_config(
-            overrides,
+        config = self._decoding(overrides)
+        self._refuse_what_the_engine_cannot_do(config, len(given))
+        self._verify_once(given[0])
+        results = self._in_the_shape(given, config)
+        if self.settings.concurrency:
+            for index, (result, item) in enumerate(zip(results, given, strict=True)):
+                self._check_among_companions(item.text, item.ids, result, config, index)
+        if self._after_generate is not None:
+            self._after_generate(self, results, overrides)
+        return results[0] if single else results
+
+    def _decoding(self, overrides: Mapping[str, Any]) -> DecodingConfig:
+        """A call's decoding settings: its overrides over the test's."""
+        return resolve_generation_config(
+            dict(overrides),
             max_new_tokens=self.settings.max_new_tokens,
             eos_token_ids=self._loaded.engine.eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
@@ -149,24 +162,33 @@ class LLMModel:
             # what an eos_token_id override must be below (asked only then: engines answer it lazily)
             vocab_size=self._loaded.engine.vocab_size() if "eos_token_id" in overrides else None,
         )
-        if config.sampling is not None:
-            self._refuse_sampling_where_not_owned(config, len(given))
-        if self.settings.concurrency:
-            concurrency.refuse_where_not_served(self._loaded.engine, self._loaded.spec,
-                                                self.settings.concurrency)
+
+    def _refuse_what_the_engine_cannot_do(self, config: DecodingConfig, prompts: int) -> None:
+        """Sampling, concurrency and the audit, refused before anything runs where the engine cannot."""
+        __tracebackhide__ = True
         engine = self._loaded.engine
+        if config.sampling is not None:
+            self._refuse_sampling_where_not_owned(config, prompts)
+        if self.settings.concurrency:
+            concurrency.refuse_where_not_served(engine, self._loaded.spec, self.settings.concurrency)
         served = isinstance(engine, ServedEngine)  # audited as it is served (model/serving_audit.py)
         if self._after_generate is not None and not (engine.supports_audit or served):
             raise ConfigurationError("--llm-audit", True, "the audit varies batch shape, padding, threads "
                                      f"and dtype of the transformers backend; {self._loaded.spec} runs on "
-                                     f"{self._loaded.engine.name}. Audit the same model without the engine "
-                                     "prefix")
+                                     f"{engine.name}. Audit the same model without the engine prefix")
+
+    def _verify_once(self, first: ModelInput) -> None:
+        """The batch-invariance probe on the call's first input, where the engine batches rows (the
+        probe itself runs once per model, shape and thread count: ``probe.py``)."""
         if self._verify and not self._loaded.engine.runs_rows_alone:
-            found = verify_batch_invariance(self._loaded, self.settings, given[0].text, given[0].ids,
-                                            self._generate_chunk, self._other_shape(len(given[0].ids)))
+            found = verify_batch_invariance(self._loaded, self.settings, first.text, first.ids,
+                                            self._generate_chunk, self._other_shape(len(first.ids)))
             if self._note is not None and not self._noted:
                 self._noted = True
                 self._note(found)
+
+    def _in_the_shape(self, given: Sequence[ModelInput], config: DecodingConfig) -> list[Generation]:
+        """Every input generated in the fixed shape's batches of rows, each with its own seed."""
         rows = self.settings.batch_shape.rows
         results: list[Generation] = []
         done = self._started(len(given), f"{len(given)} prompt(s), max_new_tokens {config.max_new_tokens}")
@@ -176,15 +198,8 @@ class LLMModel:
             chunk_config = dataclasses.replace(config, seeds=seeds) if seeds else config
             results += self._generate_chunk(chunk, chunk_config)
         done()
-        results = [result if item.form is PromptForm.TEXT else
-                   dataclasses.replace(result, prompt_form=item.form)
-                   for result, item in zip(results, given, strict=True)]
-        if self.settings.concurrency:
-            for index, (result, item) in enumerate(zip(results, given, strict=True)):
-                self._check_among_companions(item.text, item.ids, result, config, index)
-        if self._after_generate is not None:
-            self._after_generate(self, results, overrides)
-        return results[0] if single else results
+        return [result if item.form is PromptForm.TEXT else dataclasses.replace(result, prompt_form=item.form)
+                for result, item in zip(results, given, strict=True)]
 
     def _started(self, inputs: int, what: str) -> Callable[[], None]:
         """The progress line's start for a call of ``inputs`` (``what``) in this shape; returns its end."""
