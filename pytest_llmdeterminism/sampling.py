@@ -57,6 +57,9 @@ being kept and winning (``max(floor - score, winner's perturbed score - its own)
 floors) or the winner from falling out of the cut; ``inf`` when one token is finite at all.
 
 numpy comes with transformers; it is imported inside the functions, so loading the plugin costs nothing.
+
+Long: one concern, the draw, with the argument that makes it exact on every CPU (this docstring)
+beside the integer arithmetic it justifies; split, the proof and the code would drift apart.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Which shard reports ``llm-golden merge --prune`` may delete goldens on: only reports of the commit
+"""What ``llm-golden merge`` believes of a shard's report: the paths it names (``trust_problems``:
+golden files the project's configuration gives its own modules, candidates inside its own folder),
+and which reports ``--prune`` may delete goldens on (``prune_refusals``): only reports of the commit
 checked out where it prunes, each naming every golden its checks looked up.
 
 A report is CI artifact input. What its tests checked and looked up is believed only for the commit
@@ -10,13 +12,15 @@ whole golden file would go.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.goldens.files import GoldenFiles
     from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 
 
@@ -71,3 +75,63 @@ def prune_refusals(shards: Sequence[ShardReport], root: Path, head: str | None) 
                             f"name ({shown}): a run's report names every golden its checks looked up, so "
                             f"this one was edited or is damaged, and nothing is pruned on its word. {fix}")
     return problems
+
+
+_UNTRUSTED = ("A shard report is CI artifact input, so merge follows none of its paths blindly: give the "
+              "reports that `pytest --llm-report` wrote for this project, and merge them in its root with "
+              "its llm_golden_dir (or --golden-dir D)")
+
+
+def trust_problems(shard: ShardReport, files: GoldenFiles) -> list[str]:
+    """Every path of a shard's report that reaches outside what the report may name: each of its
+    modules' golden file must be the one the project's configuration gives that module (under the
+    root, no link leading out), and its candidates folder must lie inside the report's own folder."""
+    own_modules = {nodeid.partition("::")[0] for nodeid in shard.run.suite if "::" in nodeid}
+    problems = []
+    for module, path in sorted(shard.run.golden_files.items()):
+        problem = _golden_file_problem(module, path, own_modules, files)
+        if problem:
+            problems.append(f"{shard.report}: 'golden_files' maps {module!r} to {path!r}, {problem}. "
+                            f"{_UNTRUSTED}.")
+    problem = _candidates_problem(shard)
+    if problem:
+        problems.append(f"{shard.report}: 'candidates' is {shard.run.candidates!r}, {problem}. Keep each "
+                        "shard's --llm-golden-artifacts folder inside the folder of its --llm-report, e.g. "
+                        "--llm-report=shard1/report.json --llm-golden-artifacts=shard1/candidates.")
+    return problems
+
+
+def _golden_file_problem(module: str, path: str, own_modules: set[str], files: GoldenFiles) -> str | None:
+    if not _plain_relative(module):
+        return "but a test module is a path inside the root, relative to it, without '..'"
+    if module not in own_modules:
+        return ("but no test of that module is in the report's own suite: a report names only the golden "
+                "files of its own modules")
+    expected = files.portable(files.path_for_nodeid(module))
+    if path != expected:
+        return (f"but the project keeps {module}'s goldens in {expected!r} ({files.describe_location()}); "
+                "merge reads and prunes only that file")
+    link = files.link_out(files.path_for_nodeid(module))
+    return None if link is None else f"and {link.rstrip('.')}"
+
+
+def _candidates_problem(shard: ShardReport) -> str | None:
+    given = shard.run.candidates
+    if given is None:
+        return None
+    if not _plain_relative(given):
+        return (f"not a folder inside the report's own folder {str(shard.report.parent)!r}: merge reads a "
+                "shard's candidates only from beside its report (one artifact per shard)")
+    folder = shard.report.parent / given
+    real, home = os.path.realpath(folder), os.path.realpath(shard.report.parent)
+    if os.path.commonpath([real, home]) != home:
+        return (f"and {folder} resolves to {real}, outside the report's own folder {home} (a symbolic link "
+                "leads out): merge follows no link out of a shard's artifact")
+    return None
+
+
+def _plain_relative(name: str) -> bool:
+    """A path relative to its folder that cannot climb out of it by its words alone."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    climbs = path.is_absolute() or bool(PureWindowsPath(name).drive) or ".." in path.parts
+    return bool(name) and not climbs

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -26,7 +26,7 @@ from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, GoldenFiles
 from pytest_llmdeterminism.goldens.review import candidate_files
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord, report_strings_problem
-from pytest_llmdeterminism.run import unused
+from pytest_llmdeterminism.run import prune_trust, unused
 from pytest_llmdeterminism.run.writer import module_source
 
 MAX_REPORT_BYTES = 256 * 1024 * 1024  # a report is artifact input: refused unread above this
@@ -115,66 +115,6 @@ def _infinite_again(document: Any) -> Any:
                 if isinstance(step, list) and len(step) > 2 and step[2] is None:
                     step[2] = math.inf
     return document
-
-
-_UNTRUSTED = ("A shard report is CI artifact input, so merge follows none of its paths blindly: give the "
-              "reports that `pytest --llm-report` wrote for this project, and merge them in its root with "
-              "its llm_golden_dir (or --golden-dir D)")
-
-
-def trust_problems(shard: Shard, files: GoldenFiles) -> list[str]:
-    """Every path of a shard's report that reaches outside what the report may name: each of its
-    modules' golden file must be the one the project's configuration gives that module (under the
-    root, no link leading out), and its candidates folder must lie inside the report's own folder."""
-    own_modules = {nodeid.partition("::")[0] for nodeid in shard.run.suite if "::" in nodeid}
-    problems = []
-    for module, path in sorted(shard.run.golden_files.items()):
-        problem = _golden_file_problem(module, path, own_modules, files)
-        if problem:
-            problems.append(f"{shard.report}: 'golden_files' maps {module!r} to {path!r}, {problem}. "
-                            f"{_UNTRUSTED}.")
-    problem = _candidates_problem(shard)
-    if problem:
-        problems.append(f"{shard.report}: 'candidates' is {shard.run.candidates!r}, {problem}. Keep each "
-                        "shard's --llm-golden-artifacts folder inside the folder of its --llm-report, e.g. "
-                        "--llm-report=shard1/report.json --llm-golden-artifacts=shard1/candidates.")
-    return problems
-
-
-def _golden_file_problem(module: str, path: str, own_modules: set[str], files: GoldenFiles) -> str | None:
-    if not _plain_relative(module):
-        return "but a test module is a path inside the root, relative to it, without '..'"
-    if module not in own_modules:
-        return ("but no test of that module is in the report's own suite: a report names only the golden "
-                "files of its own modules")
-    expected = files.portable(files.path_for_nodeid(module))
-    if path != expected:
-        return (f"but the project keeps {module}'s goldens in {expected!r} ({files.describe_location()}); "
-                "merge reads and prunes only that file")
-    link = files.link_out(files.path_for_nodeid(module))
-    return None if link is None else f"and {link.rstrip('.')}"
-
-
-def _candidates_problem(shard: Shard) -> str | None:
-    given = shard.run.candidates
-    if given is None:
-        return None
-    if not _plain_relative(given):
-        return (f"not a folder inside the report's own folder {str(shard.report.parent)!r}: merge reads a "
-                "shard's candidates only from beside its report (one artifact per shard)")
-    folder = shard.report.parent / given
-    real, home = os.path.realpath(folder), os.path.realpath(shard.report.parent)
-    if os.path.commonpath([real, home]) != home:
-        return (f"and {folder} resolves to {real}, outside the report's own folder {home} (a symbolic link "
-                "leads out): merge follows no link out of a shard's artifact")
-    return None
-
-
-def _plain_relative(name: str) -> bool:
-    """A path relative to its folder that cannot climb out of it by its words alone."""
-    path = PurePosixPath(name.replace("\\", "/"))
-    climbs = path.is_absolute() or bool(PureWindowsPath(name).drive) or ".." in path.parts
-    return bool(name) and not climbs
 
 
 @dataclass(frozen=True)
@@ -380,7 +320,7 @@ def plan(reports: Iterable[Path], root: Path, *, candidates_out: Path | None = N
             shards.append(read_shard(path))
         except ShardError as error:
             problems.append(str(error))
-    untrusted = [problem for shard in shards for problem in trust_problems(shard, files)]
+    untrusted = [problem for shard in shards for problem in prune_trust.trust_problems(shard, files)]
     if untrusted:  # nothing else of theirs is read: their paths may lead anywhere
         problems += untrusted
         covered = coverage([shard.run for shard in shards])
