@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.goldens.kinds import GENERATION, kind_named
 from pytest_llmdeterminism.goldens.schema import (
     FORMAT,
     FORMAT_VERSION,
@@ -120,12 +121,10 @@ def _no_duplicate_keys(data: bytes, goldens: Goldens, *, header_keys: int) -> bo
     for variants in goldens.values():
         kept += len(variants)
         for entry in variants.values():
-            kept += 8 + _keys(entry.fingerprint) + len(entry.generation_config) + 5 * len(entry.steps)
-            kept += (entry.prompt_form != "text") + (entry.step_hash != "logits")  # not the defaults: given
-            kept += entry.draw_margins is not None
-            if entry.kind != "generation":  # format 3: "kind", "positions" (7 keys each), "prompt_logprobs"
-                kept += 1 + (entry.positions is not None) + 7 * len(entry.positions or ())
-            kept += entry.prompt_logprobs is not None
+            own = kind_named(entry.kind).entry_keys(entry)  # its fields' keys, as its kind counts them
+            if own is None:
+                return False
+            kept += own + _keys(entry.fingerprint) + len(entry.generation_config)
     # ``":`` preceded by a backslash is an escaped quote inside a string (JSON in a prompt), not a key.
     return data.count(b'":') - data.count(b'\\":') == kept
 
@@ -267,13 +266,11 @@ def dumps(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str
 
 def written_format(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str:
     """The format a file of ``goldens`` is written in: the oldest that holds its entries (format 2
-    unless it holds a score entry), so that a file of generations keeps its bytes."""
-    for variants in goldens.values():
-        for entry in variants.values():
-            kind = entry.kind if isinstance(entry, Entry) else entry.get("kind", "generation")
-            if kind != "generation":
-                return FORMAT
-    return GENERATION_FORMAT
+    unless one of its entries' kinds needs format 3, a score's), so that a file of generations keeps
+    its bytes."""
+    kinds = {entry.kind if isinstance(entry, Entry) else entry.get("kind", GENERATION.name)
+             for variants in goldens.values() for entry in variants.values()}
+    return FORMAT if any(kind_named(kind).format == FORMAT for kind in kinds) else GENERATION_FORMAT
 
 
 def _key(key: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation, Score, TopK
@@ -113,22 +113,58 @@ def default_tie_margin(dtype: str) -> float:
     return DEFAULT_TIE_MARGIN.get(dtype, DEFAULT_TIE_MARGIN["float32"])
 
 
+class Comparer(Protocol):
+    """What the judgement needs of a kind of golden (dependency inversion: the kinds, which also own
+    their golden fields and live above the judgement in ``goldens.kinds``, plug in here): its name (a
+    golden entry's ``kind``) and how two of its records compare."""
+
+    name: str
+
+    def compare(self, expected: Any, actual: Any, *, tie_margin: float | None) -> Comparison: ...
+
+
+# record type -> its kind's comparer; filled by goldens.kinds' registry, one line per kind
+_COMPARERS: dict[type, Comparer] = {}
+
+
+def plug_in(record_type: type, comparer: Comparer) -> None:
+    """Let :func:`compare` judge records of ``record_type`` with ``comparer`` (goldens.kinds' registry)."""
+    _COMPARERS[record_type] = comparer
+
+
+def unplug(record_type: type) -> None:
+    _COMPARERS.pop(record_type, None)
+
+
+def comparer_of(recorded: object) -> Comparer:
+    """The comparer of ``recorded``'s kind (a record of no registered kind is a TypeError)."""
+    comparer = _COMPARERS.get(type(recorded))
+    if comparer is None:
+        raise TypeError(f"{type(recorded).__name__} is no kind of golden this run knows (one of "
+                        f"{', '.join(sorted(c.name for c in _COMPARERS.values()))})")
+    return comparer
+
+
 def kind_of(recorded: Recorded) -> str:
-    """``"score"`` or ``"generation"``: a golden entry's ``kind``."""
-    return "score" if isinstance(recorded, Score) else "generation"
+    """A golden entry's ``kind`` for ``recorded``: ``"generation"``, ``"score"``, or a plugged-in one's."""
+    return comparer_of(recorded).name
 
 
 def compare(expected: Recorded, actual: Recorded, *, tie_margin: float | None = None) -> Comparison:
     """Golden ``expected`` vs ``actual``. ``tie_margin`` defaults to the one for the golden's dtype.
     The verdict says what happened, whatever the tolerance: drift (of a generation's or a score's
-    logprobs) is LOGIT_DRIFT, and the profile decides whether its size passes. A generation compared
-    with a score is INPUT_CHANGED (``kind``)."""
-    if isinstance(expected, Score) or isinstance(actual, Score):
-        if not (isinstance(expected, Score) and isinstance(actual, Score)):
-            return Comparison(Verdict.INPUT_CHANGED,
-                              input_changes=(("kind", kind_of(expected), kind_of(actual)),))
-        return compare_scores(expected, actual, tie_margin=tie_margin)
-    assert isinstance(expected, Generation) and isinstance(actual, Generation)
+    logprobs) is LOGIT_DRIFT, and the profile decides whether its size passes. Two records of
+    different kinds (a generation and a score) are INPUT_CHANGED (``kind``); two of one kind are
+    compared by that kind."""
+    golden, now = comparer_of(expected), comparer_of(actual)
+    if golden is not now:
+        return Comparison(Verdict.INPUT_CHANGED, input_changes=(("kind", golden.name, now.name),))
+    return golden.compare(expected, actual, tie_margin=tie_margin)
+
+
+def compare_generations(expected: Generation, actual: Generation, *,
+                        tie_margin: float | None = None) -> Comparison:
+    """Two generations, step by step (the generation kind's compare)."""
     changes = input_changes(expected, actual)
     if changes:
         return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)

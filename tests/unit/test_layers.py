@@ -34,7 +34,9 @@ PACKAGES = {
                 ["engines.llamacpp", "engines.server_client", "engines.vllm"], ["engines.server_score"],
                 ["engines.openai", "engines.companions"],
                 ["engines"]],
-    "goldens": [["goldens", "goldens.schema", "goldens.atomic"],
+    # A kind of golden is one module of goldens/kinds/ plus one line of its registry (goldens.kinds).
+    "goldens": [["goldens", "goldens.fields", "goldens.atomic"],
+                ["goldens.kinds.generation", "goldens.kinds.score"], ["goldens.kinds"], ["goldens.schema"],
                 ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files", "goldens.judged"],
                 ["goldens.review"]],

@@ -1,0 +1,103 @@
+"""The kinds of golden, as plug-ins: what a golden records (a generation, a score, ...) is one module
+here behind the small :class:`Kind` protocol, and one line of :data:`KINDS`. Outside these modules
+nothing asks which kind it holds: it asks the registry (:func:`kind_of` a record, :func:`kind_named`
+for a stored entry's ``kind``) and the kind answers.
+
+A kind owns its entry's fields (encoding, decoding, what its types cannot say), its comparison (its
+records are plugged into the pure judgement, :func:`~pytest_llmdeterminism.judge.compare.plug_in`,
+which sits below and so cannot import a kind), the text a report shows of it, its steps as a report
+shows them, and its lines in ``llm-golden show``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from pytest_llmdeterminism.goldens.fields import Entry
+from pytest_llmdeterminism.goldens.kinds.generation import GENERATION
+from pytest_llmdeterminism.goldens.kinds.score import SCORE
+from pytest_llmdeterminism.judge.compare import Comparison, plug_in, unplug
+
+__all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "kind_named", "kind_of", "register",
+           "unregister"]
+
+ReportStep = tuple[str, int, float, float | None]  # (piece, token id, margin, logprob), as a report shows it
+
+
+class Kind(Protocol):
+    """One kind of golden. ``name`` is its entries' ``kind``; ``record_type`` what
+    ``golden_tokens.check()`` takes for it; ``format`` the oldest golden format that holds its entries
+    (a file is written in the newest of its entries' formats)."""
+
+    name: str
+    record_type: type
+    format: str
+    shorten: str  # what a test does when its record is too long for a golden
+
+    def to_entry(self, record: Any) -> dict[str, Any]:
+        """The JSON form of ``record`` (plain types: it travels between xdist processes)."""
+
+    def from_entry(self, entry: Entry) -> Any:
+        """The record a validated entry of this kind holds."""
+
+    def entry_problem(self, entry: Entry) -> str | None:
+        """What this kind requires of its entry beyond the types, or None."""
+
+    def entry_pieces(self, entry: Entry) -> list[str]:
+        """The pieces (decoded tokens) its entry stores, for the text limits every golden keeps."""
+
+    def entry_keys(self, entry: Entry) -> int | None:
+        """How many JSON keys its entry's own fields hold (the codec's fast duplicate-key proof);
+        None: count nothing, let the exact check decide."""
+
+    def stored_texts(self, record: Any) -> Iterable[tuple[str, str]]:
+        """The named texts a golden of ``record`` would hold (see ``fields.text_problem``)."""
+
+    def compare(self, expected: Any, actual: Any, *, tie_margin: float | None) -> Comparison:
+        """Two records of this kind: the verdict and its evidence."""
+
+    def text(self, record: Any) -> str:
+        """What ``record`` says, as a report shows it (a generation's text, a score's continuation)."""
+
+    def report_steps(self, record: Any) -> list[ReportStep]:
+        """Its steps (or positions), as the HTML report shows them."""
+
+    def show_lines(self, key: str, variant: str, record: Any) -> list[str]:
+        """Its golden in human form (``llm-golden show``)."""
+
+
+# The registry: one line per kind.
+KINDS: dict[str, Kind] = {
+    GENERATION.name: GENERATION,
+    SCORE.name: SCORE,
+}
+_BY_TYPE: dict[type, Kind] = {}
+
+
+def register(kind: Kind) -> None:
+    """Add ``kind`` (or replace the one of its name): its records are checked, stored and reported."""
+    KINDS[kind.name] = kind
+    _BY_TYPE[kind.record_type] = kind
+    plug_in(kind.record_type, kind)
+
+
+def unregister(name: str) -> None:
+    """Remove a kind :func:`register` added (a test's throw-away kind)."""
+    kind = KINDS.pop(name)
+    _BY_TYPE.pop(kind.record_type, None)
+    unplug(kind.record_type)
+
+
+def kind_of(record: object) -> Kind | None:
+    """The kind of ``record`` (a Generation, a Score, ...); None: no kind of golden."""
+    return _BY_TYPE.get(type(record))
+
+
+def kind_named(name: str) -> Kind:
+    """The kind of a stored entry (``entry.kind``, validated against :data:`KINDS`)."""
+    return KINDS[name]
+
+
+for _kind in list(KINDS.values()):
+    register(_kind)
