@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
-from pytest_llmdeterminism.goldens.kinds import GENERATION, kind_named
+from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.goldens.schema import (
     FORMAT,
     FORMAT_VERSION,
@@ -121,7 +121,7 @@ def _no_duplicate_keys(data: bytes, goldens: Goldens, *, header_keys: int) -> bo
     for variants in goldens.values():
         kept += len(variants)
         for entry in variants.values():
-            own = kind_named(entry.kind).entry_keys(entry)  # its fields' keys, as its kind counts them
+            own = kinds.named(entry.kind).entry_keys(entry)  # its fields' keys, as its kind counts them
             if own is None:
                 return False
             kept += own + _keys(entry.fingerprint) + len(entry.generation_config)
@@ -268,9 +268,9 @@ def written_format(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]
     """The format a file of ``goldens`` is written in: the oldest that holds its entries (format 2
     unless one of its entries' kinds needs format 3, a score's), so that a file of generations keeps
     its bytes."""
-    kinds = {entry.kind if isinstance(entry, Entry) else entry.get("kind", GENERATION.name)
-             for variants in goldens.values() for entry in variants.values()}
-    return FORMAT if any(kind_named(kind).format == FORMAT for kind in kinds) else GENERATION_FORMAT
+    held = {entry.kind if isinstance(entry, Entry) else entry.get("kind", kinds.GENERATION.name)
+            for variants in goldens.values() for entry in variants.values()}
+    return FORMAT if any(kinds.named(kind).format == FORMAT for kind in held) else GENERATION_FORMAT
 
 
 def _key(key: str) -> str:

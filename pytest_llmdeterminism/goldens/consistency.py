@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.goldens import kinds, schema
 from pytest_llmdeterminism.judge.compare import Recorded, first_token_divergence
 
 # Fingerprint fields that say how ids were decoded: where one differs, the decoding itself may have
@@ -29,8 +28,9 @@ def stored_text_problem(golden: Recorded, actual: Recorded) -> str | None:
             golden.token_ids != actual.token_ids:
         return None
     found = []
-    if isinstance(golden, Generation) and isinstance(actual, Generation) and golden.text != actual.text:
-        found.append(f"its text is {_short(golden.text)}, but its ids decode to {_short(actual.text)}")
+    texts = kinds.of(golden).decoded_text(golden), kinds.of(actual).decoded_text(actual)
+    if texts[0] is not None and texts[1] is not None and texts[0] != texts[1]:
+        found.append(f"its text is {_short(texts[0])}, but its ids decode to {_short(texts[1])}")
     if golden.pieces and actual.pieces:
         step = first_token_divergence(golden.pieces, actual.pieces)
         if step is not None:

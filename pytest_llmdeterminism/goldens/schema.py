@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from pytest_llmdeterminism.generation import Generation, Score
+from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.goldens.fields import (
     FORMAT,
     FORMAT_VERSION,
@@ -56,7 +57,6 @@ from pytest_llmdeterminism.goldens.fields import (
     text_problem,
     validation_message,
 )
-from pytest_llmdeterminism.goldens.kinds import kind_named, kind_of
 from pytest_llmdeterminism.goldens.kinds.score import score_settings
 
 # The entry's fields are declared in goldens.fields, each kind's meaning of them in goldens.kinds;
@@ -69,10 +69,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "GENERATION_FORMAT", "LEGACY_FORMAT", "MA
 
 def to_entry(generation: Generation | Score) -> dict[str, Any]:
     """The JSON form of ``generation`` (or any record of a kind), as its kind writes it."""
-    kind = kind_of(generation)
-    if kind is None:
-        raise TypeError(f"{type(generation).__name__} is no kind of golden")
-    return kind.to_entry(generation)
+    return kinds.of(generation).to_entry(generation)
 
 
 def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
@@ -91,7 +88,7 @@ def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
 def from_entry(entry: Entry | Mapping[str, Any]) -> Generation | Score:
     """The record ``entry`` holds, as its kind (``entry.kind``) reads it."""
     entry = to_struct(entry)
-    return kind_named(entry.kind).from_entry(entry)  # type: ignore[no-any-return]
+    return kinds.named(entry.kind).from_entry(entry)  # type: ignore[no-any-return]
 
 
 def entry_problem(entry: Any) -> str | None:
@@ -105,10 +102,7 @@ def entry_problem(entry: Any) -> str | None:
 
 def generation_problem(generation: Generation | Score) -> TextProblem | None:
     """What keeps ``generation`` (or a score) out of a golden (see :func:`text_problem`), or None."""
-    kind = kind_of(generation)
-    if kind is None:
-        raise TypeError(f"{type(generation).__name__} is no kind of golden")
-    return text_problem(kind.stored_texts(generation))
+    return text_problem(kinds.of(generation).stored_texts(generation))
 
 
 def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | None:
@@ -116,7 +110,7 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
     most :data:`MAX_TEXT_CHARS` characters in the steps' pieces together, and (for entries built in
     Python: JSON has no NaN or infinity, nor a lone surrogate) finite numbers and valid Unicode
     everywhere."""
-    kind = kind_named(entry.kind)
+    kind = kinds.named(entry.kind)
     kind_problem = kind.entry_problem(entry)  # what the entry's kind requires beyond the types
     if kind_problem:
         return kind_problem

@@ -12,14 +12,14 @@ shows them, and its lines in ``llm-golden show``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from pytest_llmdeterminism.goldens.fields import Entry
 from pytest_llmdeterminism.goldens.kinds.generation import GENERATION
 from pytest_llmdeterminism.goldens.kinds.score import SCORE
-from pytest_llmdeterminism.judge.compare import Comparison, plug_in, unplug
+from pytest_llmdeterminism.judge.compare import Comparison, Recorded, plug_in, unplug
 
-__all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "kind_named", "kind_of", "register",
+__all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "is_record", "named", "of", "register",
            "unregister"]
 
 ReportStep = tuple[str, int, float, float | None]  # (piece, token id, margin, logprob), as a report shows it
@@ -34,6 +34,7 @@ class Kind(Protocol):
     record_type: type
     format: str
     shorten: str  # what a test does when its record is too long for a golden
+    step_noun: str  # what one of its steps is called in a report ("step", "position")
 
     def to_entry(self, record: Any) -> dict[str, Any]:
         """The JSON form of ``record`` (plain types: it travels between xdist processes)."""
@@ -56,6 +57,13 @@ class Kind(Protocol):
 
     def compare(self, expected: Any, actual: Any, *, tie_margin: float | None) -> Comparison:
         """Two records of this kind: the verdict and its evidence."""
+
+    def sampling(self, record: Any) -> dict[str, Any]:
+        """How ``record`` was drawn, where it was sampled (its settings, as a report shows them); ``{}``."""
+
+    def decoded_text(self, record: Any) -> str | None:
+        """The text ``record`` decoded from its own token ids (a golden's must agree with a rerun's of
+        the same ids); None where its text was given, not decoded (a score's continuation)."""
 
     def text(self, record: Any) -> str:
         """What ``record`` says, as a report shows it (a generation's text, a score's continuation)."""
@@ -89,12 +97,21 @@ def unregister(name: str) -> None:
     unplug(kind.record_type)
 
 
-def kind_of(record: object) -> Kind | None:
-    """The kind of ``record`` (a Generation, a Score, ...); None: no kind of golden."""
-    return _BY_TYPE.get(type(record))
+def is_record(value: object) -> TypeGuard[Recorded]:
+    """``value`` is a record of a registered kind (a Generation, a Score, ...)."""
+    return type(value) in _BY_TYPE
 
 
-def kind_named(name: str) -> Kind:
+def of(record: object) -> Kind:
+    """The kind of ``record``; a value of no registered kind is a TypeError."""
+    kind = _BY_TYPE.get(type(record))
+    if kind is None:
+        raise TypeError(f"{type(record).__name__} is no kind of golden (the kinds: "
+                        f"{', '.join(sorted(KINDS))})")
+    return kind
+
+
+def named(name: str) -> Kind:
     """The kind of a stored entry (``entry.kind``, validated against :data:`KINDS`)."""
     return KINDS[name]
 

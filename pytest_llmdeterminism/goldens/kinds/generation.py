@@ -29,8 +29,9 @@ _STEP_KEYS = 5  # hash, margin, piece, token, top
 
 class GenerationKind:
     name = "generation"
-    record_type = Generation
+    record_type: type = Generation
     format = GENERATION_FORMAT
+    step_noun = "step"
     shorten = "Generate fewer tokens (llm_model.generate(..., max_new_tokens=...))"
 
     def to_entry(self, record: Generation) -> dict[str, Any]:
@@ -110,6 +111,12 @@ class GenerationKind:
 
     def compare(self, expected: Generation, actual: Generation, *, tie_margin: float | None) -> Comparison:
         return compare_generations(expected, actual, tie_margin=tie_margin)
+
+    def sampling(self, record: Generation) -> dict[str, Any]:
+        return record.sampling
+
+    def decoded_text(self, record: Generation) -> str | None:
+        return record.text
 
     def text(self, record: Generation) -> str:
         return record.text

@@ -35,8 +35,9 @@ def score_settings(score: Score) -> dict[str, Any]:
 
 class ScoreKind:
     name = "score"
-    record_type = Score
+    record_type: type = Score
     format = FORMAT
+    step_noun = "position"
     shorten = "Score a shorter continuation"
 
     def to_entry(self, record: Score) -> dict[str, Any]:
@@ -122,6 +123,12 @@ class ScoreKind:
 
     def compare(self, expected: Score, actual: Score, *, tie_margin: float | None) -> Comparison:
         return compare_scores(expected, actual, tie_margin=tie_margin)
+
+    def sampling(self, record: Score) -> dict[str, Any]:
+        return {}  # teacher-forced: nothing was drawn
+
+    def decoded_text(self, record: Score) -> str | None:
+        return None  # the continuation was given
 
     def text(self, record: Score) -> str:
         return record.continuation
