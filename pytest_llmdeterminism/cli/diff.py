@@ -202,7 +202,8 @@ def _detail(case: Case) -> str:
 
 def fields_text(case: Case) -> str:
     """What a FIELDS_CHANGED candidate changes, BASE's value -> CAND's (a step field: by name)."""
-    shown = [field if old is None and new is None and field.startswith(("steps.", "positions."))
+    # a field of a kind's steps (steps.piece, positions.rank) comes without values (both None)
+    shown = [field if old is None and new is None and "." in field
              else f"{field} {short(old, 40)} -> {short(new, 40)}" for field, old, new in case.fields]
     return (f"{', '.join(shown)}: no run writes that (a later check reads these fields: the fingerprint "
             "picks the tolerance, the text and pieces are what a failure shows); accept it only if you "

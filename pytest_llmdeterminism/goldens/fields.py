@@ -102,7 +102,23 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     prompt_logprobs: tuple[Logprob | None, ...] | None = None  # score entries that asked for them
 
 
-Goldens = dict[str, dict[str, Entry]]  # test key -> variant -> entry
+class KindEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
+    """The fields every entry of a plugged-in kind holds; its kind's entry type subclasses this with its
+    own fields (a built-in kind's entry is an :class:`Entry`, the shape formats 1 to 3 gave it). Its
+    ``kind`` is always written; its ``fingerprint`` names its variant and picks the tolerance that
+    judges it, as a generation's does."""
+
+    kind: str
+    batch_shape: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+x[0-9]+\Z")]
+    fingerprint: dict[str, FingerprintValue]
+    prompt: Text
+    prompt_token_ids: tuple[VocabularyId, ...]
+    generation_config: dict[str, Union[Scalar, list[Scalar]]] = msgspec.field(default_factory=dict)  # noqa: UP007
+    prompt_form: Literal["text", "chat", "token_ids"] = "text"
+
+
+AnyEntry = Union[Entry, KindEntry]  # noqa: UP007 - msgspec and isinstance read it at run time
+Goldens = dict[str, dict[str, AnyEntry]]  # test key -> variant -> entry
 # Fingerprint fields that the comparator reads as text.
 TEXT_FINGERPRINT_FIELDS = ("device_class", "dtype", "cpu_numerics", "machine")
 

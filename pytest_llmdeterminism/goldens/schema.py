@@ -48,12 +48,13 @@ from pytest_llmdeterminism.goldens.fields import (
     SCORED,
     TEXT_FINGERPRINT_FIELDS,
     VOCABULARY_IDS,
+    AnyEntry,
     Entry,
     Goldens,
+    KindEntry,
     Position,
     Step,
     TextProblem,
-    named_texts,
     text_problem,
     validation_message,
 )
@@ -62,9 +63,9 @@ from pytest_llmdeterminism.goldens.kinds.score import score_settings
 # The entry's fields are declared in goldens.fields, each kind's meaning of them in goldens.kinds;
 # this module keeps their old import path.
 __all__ = ["FORMAT", "FORMAT_VERSION", "GENERATION_FORMAT", "LEGACY_FORMAT", "MAX_TEXT_CHARS", "READ_FORMATS",
-           "SCORED", "VOCABULARY_IDS", "Entry", "Goldens", "Position", "Step", "TextProblem", "entry_problem",
-           "from_entry", "generation_problem", "score_settings", "semantic_problem", "text_problem",
-           "to_entry", "to_struct", "validation_message"]
+           "SCORED", "VOCABULARY_IDS", "AnyEntry", "Entry", "Goldens", "KindEntry", "Position", "Step",
+           "TextProblem", "entry_problem", "from_entry", "generation_problem", "score_settings",
+           "semantic_problem", "text_problem", "to_entry", "to_struct", "validation_message"]
 
 
 def to_entry(generation: Generation | Score) -> dict[str, Any]:
@@ -72,20 +73,20 @@ def to_entry(generation: Generation | Score) -> dict[str, Any]:
     return kinds.of(generation).to_entry(generation)
 
 
-def to_struct(entry: Entry | Mapping[str, Any]) -> Entry:
-    """``entry`` as a validated :class:`Entry`; ``msgspec.ValidationError`` says what is wrong. An
-    :class:`Entry` was validated where it entered (parsed from a golden file, or captured from a
-    generation by this function): it is returned as it is."""
-    if isinstance(entry, Entry):
+def to_struct(entry: AnyEntry | Mapping[str, Any]) -> AnyEntry:
+    """``entry`` as a validated entry of its kind (an :class:`Entry` for the built-in kinds);
+    ``msgspec.ValidationError`` says what is wrong. A struct was validated where it entered (parsed
+    from a golden file, or captured from a record by this function): it is returned as it is."""
+    if isinstance(entry, (Entry, KindEntry)):
         return entry
-    converted = msgspec.convert(entry, Entry)
+    converted: AnyEntry = msgspec.convert(entry, kinds.entry_type(entry.get("kind", kinds.GENERATION.name)))
     problem = semantic_problem(converted)
     if problem:
         raise msgspec.ValidationError(problem)
     return converted
 
 
-def from_entry(entry: Entry | Mapping[str, Any]) -> Generation | Score:
+def from_entry(entry: AnyEntry | Mapping[str, Any]) -> Generation | Score:
     """The record ``entry`` holds, as its kind (``entry.kind``) reads it."""
     entry = to_struct(entry)
     return kinds.named(entry.kind).from_entry(entry)  # type: ignore[no-any-return]
@@ -105,7 +106,7 @@ def generation_problem(generation: Generation | Score) -> TextProblem | None:
     return text_problem(kinds.of(generation).stored_texts(generation))
 
 
-def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | None:
+def semantic_problem(entry: AnyEntry, *, decoded_from_json: bool = False) -> str | None:
     """What the types cannot say: one top-k per step, text where the comparator expects text, at
     most :data:`MAX_TEXT_CHARS` characters in the steps' pieces together, and (for entries built in
     Python: JSON has no NaN or infinity, nor a lone surrogate) finite numbers and valid Unicode
@@ -126,8 +127,7 @@ def semantic_problem(entry: Entry, *, decoded_from_json: bool = False) -> str | 
         for name, number in values.items():
             if isinstance(number, float) and not math.isfinite(number):
                 return f"{section} field {name!r} is {number!r}, not a finite number"
-    unstorable = text_problem(named_texts(entry.prompt, entry.text, kind.entry_pieces(entry),
-                                          entry.finish_reason))
+    unstorable = text_problem(kind.entry_texts(entry))
     if unstorable:
         return str(unstorable).replace("its ", "", 1)
     try:

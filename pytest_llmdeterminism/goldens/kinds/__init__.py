@@ -19,8 +19,8 @@ from pytest_llmdeterminism.goldens.kinds.generation import GENERATION
 from pytest_llmdeterminism.goldens.kinds.score import SCORE
 from pytest_llmdeterminism.judge.compare import Comparison, Recorded, plug_in, unplug
 
-__all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "is_record", "named", "of", "register",
-           "unregister"]
+__all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "entry_type", "is_record", "named", "of",
+           "plugged_in", "register", "unregister"]
 
 ReportStep = tuple[str, int, float, float | None]  # (piece, token id, margin, logprob), as a report shows it
 
@@ -32,6 +32,7 @@ class Kind(Protocol):
 
     name: str
     record_type: type
+    entry_type: type  # the msgspec Struct its entries decode as: fields.Entry, or a fields.KindEntry
     format: str
     shorten: str  # what a test does when its record is too long for a golden
     step_noun: str  # what one of its steps is called in a report ("step", "position")
@@ -39,16 +40,16 @@ class Kind(Protocol):
     def to_entry(self, record: Any) -> dict[str, Any]:
         """The JSON form of ``record`` (plain types: it travels between xdist processes)."""
 
-    def from_entry(self, entry: Entry) -> Any:
+    def from_entry(self, entry: Any) -> Any:
         """The record a validated entry of this kind holds."""
 
-    def entry_problem(self, entry: Entry) -> str | None:
+    def entry_problem(self, entry: Any) -> str | None:
         """What this kind requires of its entry beyond the types, or None."""
 
-    def entry_pieces(self, entry: Entry) -> list[str]:
-        """The pieces (decoded tokens) its entry stores, for the text limits every golden keeps."""
+    def entry_texts(self, entry: Any) -> Iterable[tuple[str, str]]:
+        """The named texts its entry stores, for the limits every golden keeps (``fields.text_problem``)."""
 
-    def entry_keys(self, entry: Entry) -> int | None:
+    def entry_keys(self, entry: Any) -> int | None:
         """How many JSON keys its entry's own fields hold (the codec's fast duplicate-key proof);
         None: count nothing, let the exact check decide."""
 
@@ -114,6 +115,20 @@ def of(record: object) -> Kind:
 def named(name: str) -> Kind:
     """The kind of a stored entry (``entry.kind``, validated against :data:`KINDS`)."""
     return KINDS[name]
+
+
+def entry_type(name: object) -> type:
+    """The type an entry whose ``kind`` is ``name`` decodes as: its kind's, or the built-in
+    :class:`~pytest_llmdeterminism.goldens.fields.Entry` for a kind no one registered (whose decoding
+    then names the kinds there are)."""
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    return kind.entry_type if kind is not None else Entry
+
+
+def plugged_in() -> bool:
+    """Some registered kind's entries are not the built-in :class:`Entry` (a golden file is then
+    decoded entry by entry, each as its kind's)."""
+    return any(kind.entry_type is not Entry for kind in KINDS.values())
 
 
 for _kind in list(KINDS.values()):

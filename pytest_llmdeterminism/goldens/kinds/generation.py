@@ -29,6 +29,7 @@ _STEP_KEYS = 5  # hash, margin, piece, token, top
 
 class GenerationKind:
     name = "generation"
+    entry_type: type = Entry
     record_type: type = Generation
     format = GENERATION_FORMAT
     step_noun = "step"
@@ -99,8 +100,9 @@ class GenerationKind:
             return f"'draw_margins' has {len(entry.draw_margins)} values for {len(entry.steps)} steps"
         return None
 
-    def entry_pieces(self, entry: Entry) -> list[str]:
-        return [step.piece for step in entry.steps]
+    def entry_texts(self, entry: Entry) -> Iterable[tuple[str, str]]:
+        pieces = [step.piece for step in entry.steps]
+        return named_texts(entry.prompt, entry.text, pieces, entry.finish_reason)
 
     def entry_keys(self, entry: Entry) -> int:
         return (_REQUIRED_KEYS + _STEP_KEYS * len(entry.steps) + (entry.prompt_form != "text")

@@ -35,6 +35,7 @@ def score_settings(score: Score) -> dict[str, Any]:
 
 class ScoreKind:
     name = "score"
+    entry_type: type = Entry
     record_type: type = Score
     format = FORMAT
     step_noun = "position"
@@ -110,8 +111,9 @@ class ScoreKind:
                     f"{MAX_TEXT_CHARS:,} a golden holds")
         return None
 
-    def entry_pieces(self, entry: Entry) -> list[str]:
-        return [p.piece for p in entry.positions or ()]
+    def entry_texts(self, entry: Entry) -> Iterable[tuple[str, str]]:
+        pieces = [p.piece for p in entry.positions or ()]
+        return named_texts(entry.prompt, entry.text, pieces, entry.finish_reason)
 
     def entry_keys(self, entry: Entry) -> int:
         return (_REQUIRED_KEYS + (entry.positions is not None) + _POSITION_KEYS * len(entry.positions or ())
