@@ -102,11 +102,11 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     prompt_logprobs: tuple[Logprob | None, ...] | None = None  # score entries that asked for them
 
 
-class KindEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
+class KindEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True, omit_defaults=True):
     """The fields every entry of a plugged-in kind holds; its kind's entry type subclasses this with its
     own fields (a built-in kind's entry is an :class:`Entry`, the shape formats 1 to 3 gave it). Its
     ``kind`` is always written; its ``fingerprint`` names its variant and picks the tolerance that
-    judges it, as a generation's does."""
+    judges it, as a generation's does. A field left at its default is not written."""
 
     kind: str
     batch_shape: Annotated[str, msgspec.Meta(pattern=r"^[0-9]+x[0-9]+\Z")]

@@ -11,12 +11,11 @@ plain JSON types (:meth:`TestRecords.to_payload`) and is decoded back, and valid
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
 from pytest_llmdeterminism.goldens import kinds, schema
-from pytest_llmdeterminism.goldens.schema import Entry
 from pytest_llmdeterminism.judge.compare import (
     PositionChange,
     Recorded,
@@ -34,16 +33,21 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     path: str
     key: str
     variant: str
-    entry: Entry
+    # An AnyEntry: its kind's entry type. Typed Any for msgspec, which cannot choose between untagged
+    # structs: a payload's plain entry is decoded as its kind's below.
+    entry: Any
     overwrote: str = ""  # the verdict of the golden an update replaced (a Verdict's value); "" for none
     # A candidate's: the profile the run set for its check (goldens.judged); "": the environment's default
     tolerance: str = ""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.entry, dict):  # decoded from a payload (xdist, the run's ledger)
+            self.entry = msgspec.convert(self.entry, kinds.entry_type(self.entry.get("kind", "generation")))
+
     @classmethod
     def of(cls, path: Path, key: str, generation: Recorded, *,
            overwrote: Verdict | None = None, tolerance: str = "") -> GoldenWrite:
-        # A plugged-in kind's entry is no Entry: it travels in-process only (not through xdist's payload).
-        entry = cast(Entry, schema.to_struct(schema.to_entry(generation)))
+        entry = schema.to_struct(schema.to_entry(generation))
         return cls(str(path), key, generation.variant, entry,
                    overwrote.value if overwrote is not None else "", tolerance)
 
