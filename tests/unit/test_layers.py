@@ -188,7 +188,10 @@ def test_the_judgement_is_pure():
     data modules below it (so it reads no file, and no engine, model, run, reporting or cli floor)."""
     judge = sorted((PACKAGE / "judge").glob("*.py"))
     assert {path.name for path in judge} >= {"verdict.py", "compare.py", "tolerance.py", "decision.py"}
-    for path in [*judge, *(PACKAGE / (name.replace(".", "/") + ".py") for name in _PURE_PACKAGE_MODULES)]:
+    # the kinds of golden, whose comparisons the judgement is handed, and their fields: pure as well
+    kinds = [*sorted((PACKAGE / "goldens" / "kinds").glob("*.py")), PACKAGE / "goldens" / "fields.py"]
+    data = [PACKAGE / (name.replace(".", "/") + ".py") for name in _PURE_PACKAGE_MODULES]
+    for path in [*judge, *kinds, *data]:
         assert _third_party_imports(path) & _IMPURE_LIBRARIES == set(), path
         if path.parent.name == "judge":
             outside = {target for _, target in package_imports(path)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_llmdeterminism.errors import printable
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, HashDefinition, PromptForm
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, HashDefinition, PromptForm, TopK
 from pytest_llmdeterminism.goldens.fields import (
     GENERATION_FORMAT,
     MAX_TEXT_CHARS,
@@ -18,7 +18,16 @@ from pytest_llmdeterminism.goldens.fields import (
     Step,
     named_texts,
 )
-from pytest_llmdeterminism.judge.compare import Comparison, compare_generations, default_tie_margin
+from pytest_llmdeterminism.judge.compare import (
+    Comparison,
+    Divergence,
+    Verdict,
+    batch_shape_matters,
+    default_tie_margin,
+    first_token_divergence,
+    max_logprob_delta,
+    near_tie,
+)
 
 _BAR = 20  # the widest margin bar in ``llm-golden show``, in characters
 # An entry's keys the fast duplicate-key proof counts for every entry: batch_shape, finish_reason,
@@ -172,6 +181,132 @@ def _token_id_problem(index: int, step: Step) -> str | None:
         if VOCABULARY_IDS <= token < TEXT_ONLY_IDS:
             return f"{field}: Expected {TOKEN_ID_RANGE}, got {token}"
     return None
+
+
+# -- comparing two generations ------------------------------------------------------------------
+
+def compare_generations(expected: Generation, actual: Generation, *,
+                        tie_margin: float | None = None) -> Comparison:
+    """Two generations, step by step (the generation kind's compare)."""
+    changes = input_changes(expected, actual)
+    if changes:
+        return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
+    budgets, limit = _common_budget(expected, actual)
+    streams = _streams(expected, actual)
+    steps = min(len(expected.token_ids), len(actual.token_ids))
+    if limit is not None:
+        streams, steps = (streams[0][:limit], streams[1][:limit]), min(steps, limit)
+    token_step = first_token_divergence(*streams)
+    compared = steps if token_step is None else token_step
+    # Steps after a token divergence see different inputs: nothing there is evidence.
+    hashed = min(steps, compared + 1)
+    definitions: tuple[str, str] | None = (expected.hash_definition, actual.hash_definition)
+    if expected.hash_definition != actual.hash_definition:
+        first_hash: int | None = 0
+    else:
+        definitions, first_hash = None, next(
+            (t for t in range(hashed) if expected.step_hashes[t] != actual.step_hashes[t]), None)
+    delta = max_logprob_delta(expected.top_logprobs[:compared], actual.top_logprobs[:compared])
+    dtype = expected.fingerprint.get("dtype", "")
+    margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
+    if token_step is None:
+        verdict, divergence = (Verdict.IDENTICAL if first_hash is None else Verdict.LOGIT_DRIFT), None
+    else:
+        divergence = _divergence(expected, actual, token_step)
+        verdict = _classify(divergence, margin, delta)
+    beyond = [0 if limit is None else max(0, len(gen.token_ids) - limit) for gen in (actual, expected)]
+    return Comparison(verdict, divergence=divergence, first_hash_step=first_hash, steps_compared=compared,
+                      total_steps=len(expected.token_ids), max_logprob_delta=delta, tie_margin=margin,
+                      hash_definitions=definitions, budgets=budgets, new_steps=beyond[0],
+                      unchecked_steps=beyond[1])
+
+
+def input_changes(expected: Generation, actual: Generation) -> tuple[tuple[str, Any, Any], ...]:
+    """What went *into* the generation and differs: shown before, and instead of, an output diff."""
+    changes: list[tuple[str, Any, Any]] = []
+    if expected.prompt_token_ids != actual.prompt_token_ids:
+        changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
+    if batch_shape_matters(expected, actual):
+        changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
+    old, new = expected.generation_config, actual.generation_config
+    for key in sorted(set(old) | set(new)):
+        if key == BUDGET and isinstance(old.get(key), int) and isinstance(new.get(key), int):
+            continue  # another budget changes how far the outputs go, not what they are: see _common_budget
+        if _normalise(old.get(key)) != _normalise(new.get(key)):
+            changes.append((f"generation_config.{key}", old.get(key), new.get(key)))
+    return tuple(changes)
+
+
+STOPPED = "<stopped at EOS>"
+
+
+BUDGET = "max_new_tokens"
+
+
+def _common_budget(expected: Generation, actual: Generation) -> tuple[tuple[int, int] | None, int | None]:
+    """Two budgets (max_new_tokens) and the number of steps both sides can be judged on, or
+    ``(None, None)`` when the budgets are equal. A side that ran out of budget (finish "length") says
+    nothing about the steps after it; a side that stopped at EOS is complete, whatever the budget,
+    so the other side must stop there too."""
+    old, new = expected.generation_config.get(BUDGET), actual.generation_config.get(BUDGET)
+    if old == new or not isinstance(old, int) or not isinstance(new, int):
+        return None, None
+    cut = [len(gen.token_ids) for gen in (expected, actual) if gen.finish_reason == "length"]
+    return (old, new), (min(cut) if cut else None)
+
+
+def _streams(expected: Generation, actual: Generation) -> tuple[list[object], list[object]]:
+    """The tokens as compared. An engine that stops at EOS without returning the token (a server)
+    and one that returns it stopped at the same step: against such a side, the other's final EOS
+    token reads as the same stop. Two sides that both returned their EOS compare the ids as they are."""
+    streams: tuple[list[object], list[object]] = (list(expected.token_ids), list(actual.token_ids))
+    bare = [_stopped_without_token(gen) for gen in (expected, actual)]
+    if bare[0] != bare[1]:
+        for tokens, gen, without in zip(streams, (expected, actual), bare, strict=True):
+            if without:
+                tokens.append(STOPPED)
+            elif gen.finish_reason == "eos" and tokens:
+                tokens[-1] = STOPPED
+    return streams
+
+
+def _stopped_without_token(gen: Generation) -> bool:
+    eos = gen.generation_config.get("eos_token_id") or ()
+    ids = eos if isinstance(eos, (list, tuple)) else (eos,)
+    return gen.finish_reason == "eos" and not (gen.token_ids and gen.token_ids[-1] in ids)
+
+
+def _normalise(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _divergence(expected: Generation, actual: Generation, step: int) -> Divergence:
+    def at(gen: Generation) -> tuple[int, TopK]:
+        if step < len(gen.token_ids):
+            return gen.token_ids[step], gen.top_logprobs[step]
+        return -1, ()  # this side had already stopped
+
+    (expected_token, expected_top), (actual_token, actual_top) = at(expected), at(actual)
+    margin = expected.margins[step] if step < len(expected.margins) else float("inf")
+    temperature = expected.generation_config.get("temperature") if expected.draw_margins else None
+    if isinstance(temperature, (int, float)) and temperature > 0 and step < len(expected.draw_margins):
+        return Divergence(step, expected_token, actual_token, expected_top, actual_top, margin,
+                          draw_margin=expected.draw_margins[step], temperature=float(temperature))
+    return Divergence(step, expected_token, actual_token, expected_top, actual_top, margin)
+
+
+def _classify(divergence: Divergence, tie_margin: float, drift: float) -> Verdict:
+    """TIE_FLIP (SAMPLE_FLIP for a draw) where the golden's margin at the divergence was a near tie
+    (:func:`near_tie`: ``drift`` is what this run measured before it), else REGRESSION."""
+    if divergence.draw_margin is not None and divergence.temperature is not None:
+        # A draw: both tokens' perturbed scores move by the logit drift over T. Neither side stopped.
+        drawn = divergence.expected_token >= 0 and divergence.actual_token >= 0
+        t = divergence.temperature
+        near = near_tie(divergence.draw_margin, tie_margin / t, drift / t)
+        return Verdict.SAMPLE_FLIP if drawn and near else Verdict.REGRESSION
+    in_top = any(token == divergence.actual_token for token, _ in divergence.expected_top)
+    near = near_tie(divergence.golden_margin, tie_margin, drift)
+    return Verdict.TIE_FLIP if near and in_top else Verdict.REGRESSION
 
 
 GENERATION = GenerationKind()

@@ -19,7 +19,17 @@ from pytest_llmdeterminism.goldens.fields import (
     Entry,
     named_texts,
 )
-from pytest_llmdeterminism.judge.compare import Comparison, compare_scores, default_tie_margin, score_top_k
+from pytest_llmdeterminism.judge.compare import (
+    MOVED_SHOWN,
+    Comparison,
+    PositionChange,
+    ScoreEvidence,
+    Verdict,
+    batch_shape_matters,
+    default_tie_margin,
+    max_logprob_delta,
+    near_tie,
+)
 
 # An entry's keys the fast duplicate-key proof counts for every entry (batch_shape, finish_reason,
 # fingerprint, generation_config, prompt, prompt_token_ids, steps, text), and a score's "kind".
@@ -158,6 +168,101 @@ class ScoreKind:
             lines.append(f"  {position:>4}  {piece!r:<16} id {token:<7} logprob {logprob:10.6f} {shown_rank}"
                          f"{shown_margin}{tie}")
         return [*lines, ""]
+
+
+# -- comparing two scores --------------------------------------------------------------------------
+
+def score_input_changes(expected: Score, actual: Score) -> tuple[tuple[str, Any, Any], ...]:
+    """What went into two scores and differs: the prompt, the continuation, the batch shape (as for
+    generations), the settings (whether prompt logprobs were asked for, the top-k recorded)."""
+    changes: list[tuple[str, Any, Any]] = []
+    if expected.prompt_token_ids != actual.prompt_token_ids:
+        changes.append(("prompt_token_ids", expected.prompt_token_ids, actual.prompt_token_ids))
+    if expected.token_ids != actual.token_ids:
+        changes.append(("continuation", expected.token_ids, actual.token_ids))
+    if batch_shape_matters(expected, actual):
+        changes.append(("batch_shape", expected.batch_shape, actual.batch_shape))
+    asked = bool(expected.prompt_logprobs), bool(actual.prompt_logprobs)
+    if asked[0] != asked[1]:
+        changes.append(("settings.prompt_logprobs", *asked))
+    if score_top_k(expected) != score_top_k(actual):
+        changes.append(("settings.top_k", score_top_k(expected), score_top_k(actual)))
+    return tuple(changes)
+
+
+def _rank_changed(expected: int | None, actual: int | None, expected_k: int, actual_k: int) -> bool:
+    """The given token's rank changed. ``None`` is a rank the engine did not say (outside its top-k,
+    a server's): a change only where the other side's rank falls inside that top-k, so a rank
+    known on one side only (two engines) is no change by itself."""
+    if expected == actual:
+        return False
+    if expected is None:
+        return actual is not None and actual <= expected_k
+    if actual is None:
+        return expected <= actual_k
+    return True
+
+
+def score_top_k(score: Score) -> int:
+    """How many best tokens each position of ``score`` records (``llm_model.score(top_k=...)``)."""
+    return max(map(len, score.top_logprobs), default=0)
+
+
+def compare_scores(expected: Score, actual: Score, *, tie_margin: float | None = None) -> Comparison:
+    """Two scores of the same continuation, position by position: IDENTICAL (every hash equal),
+    LOGIT_DRIFT (logprobs moved, no rank changed), RANK_FLIP (a given token's rank changed at a near
+    tie: its golden rank margin below ``tie_margin``, or within the drift of the score's other
+    positions), REGRESSION (a rank changed where the golden was confident), INPUT_CHANGED (prompt,
+    continuation or settings). As for generations, the size of the drift is the profile's to judge."""
+    changes = score_input_changes(expected, actual)
+    if changes:
+        return Comparison(Verdict.INPUT_CHANGED, input_changes=changes)
+    positions = len(expected.token_ids)
+    definitions: tuple[str, str] | None = (expected.hash_definition, actual.hash_definition)
+    if expected.hash_definition != actual.hash_definition:
+        first_hash: int | None = 0
+    else:
+        definitions, first_hash = None, next(
+            (t for t in range(positions) if expected.step_hashes[t] != actual.step_hashes[t]), None)
+    dtype = expected.fingerprint.get("dtype", "")
+    margin = tie_margin if tie_margin is not None else default_tie_margin(dtype)
+    ks = score_top_k(expected), score_top_k(actual)
+    reranked = {t for t in range(positions) if _rank_changed(expected.ranks[t], actual.ranks[t], *ks)}
+    deltas = _position_deltas(expected, actual)
+    highest = sorted(range(positions), key=lambda t: -deltas[t])[:2]  # the drift elsewhere of any position
+
+    def elsewhere(t: int) -> float:
+        return max((deltas[s] for s in highest if s != t), default=0.0)
+
+    changed = [PositionChange(t, expected.token_ids[t], expected.logprobs[t], actual.logprobs[t],
+                              expected.ranks[t], actual.ranks[t], expected.rank_margins[t], elsewhere(t))
+               for t in range(positions) if expected.logprobs[t] != actual.logprobs[t] or t in reranked]
+    moved = sorted((c for c in changed if c.delta > 0), key=lambda c: (-c.delta, c.position))
+    ranks = tuple(c for c in changed if c.position in reranked)
+    delta = max(deltas, default=0.0)
+    evidence = ScoreEvidence(positions, tuple(moved[:MOVED_SHOWN]), len(moved), ranks, expected.total,
+                             actual.total)
+    confident = [c for c in ranks if not near_tie(c.rank_margin, margin, c.drift_elsewhere)]
+    if confident:
+        verdict = Verdict.REGRESSION
+    elif ranks:
+        verdict = Verdict.RANK_FLIP
+    elif first_hash is None and not moved:
+        verdict = Verdict.IDENTICAL
+    else:
+        verdict = Verdict.LOGIT_DRIFT
+    return Comparison(verdict, first_hash_step=first_hash, steps_compared=positions, total_steps=positions,
+                      max_logprob_delta=delta, tie_margin=margin, hash_definitions=definitions,
+                      score=evidence)
+
+
+def _position_deltas(expected: Score, actual: Score) -> list[float]:
+    """Per position: the largest |Δlogprob| of the given token and the top-k ids both sides share."""
+    if expected.logprobs == actual.logprobs and expected.top_logprobs == actual.top_logprobs:
+        return [0.0] * len(expected.token_ids)  # the common case, compared at C speed
+    return [max(abs(expected.logprobs[t] - actual.logprobs[t]),
+                max_logprob_delta(expected.top_logprobs[t:t + 1], actual.top_logprobs[t:t + 1]))
+            for t in range(len(expected.token_ids))]
 
 
 SCORE = ScoreKind()
