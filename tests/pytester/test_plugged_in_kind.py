@@ -2,10 +2,11 @@
 tests/helpers/choice_kind.py and registered by a project's conftest is recorded
 (``--llm-golden-update``), checked (IDENTICAL; a changed value fails with its verdict), reported
 (the terminal's failure, the JSON and Markdown reports) and reviewed (``llm-golden show``, ``diff`` and
-``accept`` on its candidate) through the plugin's normal paths, which never name it."""
+``review``, which accepts its candidate) through the plugin's normal paths, which never name it."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -25,6 +26,13 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     kinds.unregister(CHOICE.name)
 """
+
+
+class _Terminal(io.StringIO):
+    """Answers typed on a terminal."""
+
+    def isatty(self) -> bool:
+        return True
 
 
 def write_test(project, logprobs):
@@ -90,8 +98,11 @@ def test_a_changed_choice_fails_is_reported_and_its_candidate_is_reviewed_and_ac
         shown = capsys.readouterr().out
         assert ("REGRESSION     __golden__/test_c.json ['test_colour']['cpu/float32']  step 0: 'red'(0) -> "
                 "'blue'(1), golden margin 1.7 >= tie margin 0.05: not a near tie") in shown, shown
-        assert cli.main(["accept", "cands"]) == 0
-    capsys.readouterr()
+        monkeypatch.setattr("sys.stdin", _Terminal("a\n"))  # review on a terminal: accept the case
+        assert cli.main(["review", "cands"]) == 0
+    shown = capsys.readouterr().out
+    assert "[1/1] REGRESSION     __golden__/test_c.json ['test_colour']['cpu/float32']" in shown, shown
+    assert "  got:      [step 0] 'blue'(1)   full text: 'blue'" in shown, shown
     accepted = read_goldens(recorded, GOLDEN)["test_colour"]["cpu/float32"]
     assert accepted["logprobs"] == [-2.0, -0.3, -3.0]
     recorded.runpytest().assert_outcomes(passed=1)
