@@ -1,7 +1,7 @@
 """The kinds of golden, as plug-ins: what a golden records (a generation, a score, ...) is one module
 here behind the small :class:`Kind` protocol, and one line of :data:`KINDS`. Outside these modules
-nothing asks which kind it holds: it asks the registry (:func:`kind_of` a record, :func:`kind_named`
-for a stored entry's ``kind``) and the kind answers.
+nothing asks which kind it holds: it asks the registry (:func:`of` a record, :func:`named` for a
+stored entry's ``kind``) and the kind answers.
 
 A kind owns its entry's fields (encoding, decoding, what its types cannot say), its comparison (its
 records are plugged into the pure judgement, :func:`~pytest_llmdeterminism.judge.compare.plug_in`,
@@ -131,5 +131,5 @@ def plugged_in() -> bool:
     return any(kind.entry_type is not Entry for kind in KINDS.values())
 
 
-for _kind in list(KINDS.values()):
+for _kind in list(KINDS.values()):  # each kind of the registry plugged into the judgement
     register(_kind)
