@@ -286,9 +286,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 def pytest_assertrepr_compare(op: str, left: object, right: object) -> list[str] | None:
-    from pytest_llmdeterminism.generation import Generation, Score
+    from pytest_llmdeterminism.goldens import kinds
 
-    if op == "==" and isinstance(left, (Generation, Score)) and type(left) is type(right):
+    if op == "==" and kinds.is_record(left) and type(left) is type(right):
         from pytest_llmdeterminism.reporting.failure import assertrepr
 
         return assertrepr(left, right)

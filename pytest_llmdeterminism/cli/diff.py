@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.errors import printable
-from pytest_llmdeterminism.generation import Generation, Score
+from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
@@ -27,7 +27,7 @@ from pytest_llmdeterminism.goldens.review import (
     review,
     review_candidates,
 )
-from pytest_llmdeterminism.judge.compare import Comparison, Verdict
+from pytest_llmdeterminism.judge.compare import Comparison, Recorded, Verdict
 from pytest_llmdeterminism.reporting.text import short, tie_text
 from pytest_llmdeterminism.sampling import settings_text
 
@@ -202,25 +202,27 @@ def _detail(case: Case) -> str:
 
 def fields_text(case: Case) -> str:
     """What a FIELDS_CHANGED candidate changes, BASE's value -> CAND's (a step field: by name)."""
-    shown = [field if old is None and new is None and field.startswith(("steps.", "positions."))
+    # a field of a kind's steps (steps.piece, positions.rank) comes without values (both None)
+    shown = [field if old is None and new is None and "." in field
              else f"{field} {short(old, 40)} -> {short(new, 40)}" for field, old, new in case.fields]
     return (f"{', '.join(shown)}: no run writes that (a later check reads these fields: the fingerprint "
             "picks the tolerance, the text and pieces are what a failure shows); accept it only if you "
             "changed them yourself")
 
 
-def _comparison_detail(comparison: Comparison, expected: Generation | Score | None,
-                       actual: Generation | Score | None) -> str:
+def _comparison_detail(comparison: Comparison, expected: Recorded | None,
+                       actual: Recorded | None) -> str:
     if comparison.score is not None:
         return _score_detail(comparison, expected)
     if comparison.divergence is not None:
         d = comparison.divergence
         tokens = (f"  step {d.step}: {_token(expected, d.step, d.expected_token)} -> "
                   f"{_token(actual, d.step, d.actual_token)}")
-        if d.draw_margin is not None and d.temperature is not None and isinstance(actual, Generation):
+        sampling = kinds.of(actual).sampling(actual) if actual is not None else None
+        if d.draw_margin is not None and d.temperature is not None and sampling is not None:
             bound = comparison.tie_margin / d.temperature
             return (f"{tokens}, draw margin {d.draw_margin:.3g} (bound {bound:.3g} = tie margin "
-                    f"{comparison.tie_margin:g} / T {d.temperature:g}); {settings_text(actual.sampling)}")
+                    f"{comparison.tie_margin:g} / T {d.temperature:g}); {settings_text(sampling)}")
         return f"{tokens}, {tie_text(d.golden_margin, comparison.tie_margin, comparison.max_logprob_delta)}"
     if comparison.input_changes:
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
@@ -229,7 +231,7 @@ def _comparison_detail(comparison: Comparison, expected: Generation | Score | No
     return ""
 
 
-def _score_detail(comparison: Comparison, expected: Generation | Score | None) -> str:
+def _score_detail(comparison: Comparison, expected: Recorded | None) -> str:
     """Two scores: the log-likelihood before and after, the position that moved most, a rank change."""
     evidence = comparison.score
     assert evidence is not None
@@ -246,7 +248,7 @@ def _score_detail(comparison: Comparison, expected: Generation | Score | None) -
     return ", ".join(parts)
 
 
-def _token(side: Generation | Score | None, step: int, token: int) -> str:
+def _token(side: Recorded | None, step: int, token: int) -> str:
     """``' Paris'(29)``: the piece each golden stores with its token (no tokenizer, no model
     loaded); the bare id where the golden holds no piece for it."""
     if token < 0:

@@ -9,19 +9,22 @@ import re
 from collections.abc import Mapping
 from json.encoder import encode_basestring
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError
+from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.goldens.schema import (
     FORMAT,
     FORMAT_VERSION,
     GENERATION_FORMAT,
     LEGACY_FORMAT,
     READ_FORMATS,
+    AnyEntry,
     Entry,
     Goldens,
+    KindEntry,
     Position,
     Step,
     semantic_problem,
@@ -44,12 +47,26 @@ class _Document(msgspec.Struct, forbid_unknown_fields=True):
     goldens: dict[str, dict[str, Entry]] = msgspec.field(default_factory=dict)
 
 
+class _MixedDocument(msgspec.Struct, forbid_unknown_fields=True):
+    """A file read while a plugged-in kind is registered: each entry decoded as its kind's, one by one."""
+
+    schema: Any = _NOT_GIVEN
+    logit_hash: Any = _NOT_GIVEN
+    goldens: dict[str, dict[str, msgspec.Raw]] = msgspec.field(default_factory=dict)
+
+
+class _KindOf(msgspec.Struct):
+    kind: Any = "generation"  # absent: a generation (formats 1 and 2 have no "kind")
+
+
 class _Header(msgspec.Struct):
     schema: Any = _NOT_GIVEN
     logit_hash: Any = _NOT_GIVEN
 
 
 _DOCUMENT = msgspec.json.Decoder(_Document)
+_MIXED = msgspec.json.Decoder(_MixedDocument)
+_KIND = msgspec.json.Decoder(_KindOf)
 _HEADER = msgspec.json.Decoder(_Header)
 # An editor's or a shell's encoding, named: JSON has no byte-order mark (msgspec says "invalid
 # character (byte 0)"). UTF-16 is what Windows PowerShell 5's `>` writes.
@@ -75,7 +92,7 @@ def parse(path: Path, data: bytes) -> Goldens:
             raise GoldenFileError(path, f"starts with {what}, which JSON does not allow",
                                   f"In your editor, {fix} (plain UTF-8). Or: " + _restore_fix(path))
     try:
-        document = _DOCUMENT.decode(data)
+        document = (_MIXED if kinds.plugged_in() else _DOCUMENT).decode(data)
     except msgspec.ValidationError as error:
         header = _header(data)
         if header is not None:  # a file of another format is named as such, not as malformed
@@ -87,7 +104,8 @@ def parse(path: Path, data: bytes) -> Goldens:
     except RecursionError:
         raise GoldenFileError(path, "nests JSON too deeply to be a golden", _restore_fix(path)) from None
     _check_header(path, document.schema, document.logit_hash)
-    goldens = document.goldens
+    goldens = (_entries_of_their_kinds(path, document.goldens) if isinstance(document, _MixedDocument)
+               else cast(Goldens, document.goldens))
     for key, variants in goldens.items():
         for variant, entry in variants.items():
             problem = semantic_problem(entry, decoded_from_json=True)
@@ -100,6 +118,26 @@ def parse(path: Path, data: bytes) -> Goldens:
             twice = f"has the key {duplicate!r} twice in one object (only one would count)"
             raise GoldenFileError(path, twice, _restore_fix(path))
     return goldens
+
+
+def _entries_of_their_kinds(path: Path, raw: dict[str, dict[str, msgspec.Raw]]) -> Goldens:
+    """Each raw entry decoded as its kind's entry type (its ``kind`` read first)."""
+    __tracebackhide__ = True
+    goldens: Goldens = {}
+    for key, variants in raw.items():
+        goldens[key] = {}
+        for variant, entry in variants.items():
+            try:
+                goldens[key][variant] = _decoder(kinds.entry_type(_KIND.decode(entry).kind)).decode(entry)
+            except msgspec.ValidationError as error:
+                raise GoldenFileError(path, f"has a malformed golden: [{key!r}][{variant!r}] "
+                                      f"{validation_message(error)}", _restore_fix(path)) from None
+    return goldens
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder(entry_type: type) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(entry_type)
 
 
 _KEY_WITH_SPACE = re.compile(rb'"\s+:')
@@ -120,12 +158,10 @@ def _no_duplicate_keys(data: bytes, goldens: Goldens, *, header_keys: int) -> bo
     for variants in goldens.values():
         kept += len(variants)
         for entry in variants.values():
-            kept += 8 + _keys(entry.fingerprint) + len(entry.generation_config) + 5 * len(entry.steps)
-            kept += (entry.prompt_form != "text") + (entry.step_hash != "logits")  # not the defaults: given
-            kept += entry.draw_margins is not None
-            if entry.kind != "generation":  # format 3: "kind", "positions" (7 keys each), "prompt_logprobs"
-                kept += 1 + (entry.positions is not None) + 7 * len(entry.positions or ())
-            kept += entry.prompt_logprobs is not None
+            own = kinds.named(entry.kind).entry_keys(entry)  # its fields' keys, as its kind counts them
+            if own is None:
+                return False
+            kept += own + _keys(entry.fingerprint) + len(entry.generation_config)
     # ``":`` preceded by a backslash is an escaped quote inside a string (JSON in a prompt), not a key.
     return data.count(b'":') - data.count(b'\\":') == kept
 
@@ -240,7 +276,7 @@ def _duplicate_key(data: bytes) -> str | None:
     return found[0] if found else None
 
 
-def dumps(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str:
+def dumps(goldens: Mapping[str, Mapping[str, AnyEntry | Mapping[str, Any]]]) -> str:
     """The file's text: keys sorted, objects one key per line, steps one per line.
 
     Entries (the 10k-goldens path) are written by :func:`_entry_text`; anything else, e.g. a
@@ -255,7 +291,10 @@ def dumps(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str
         names = sorted(variants)
         for v_index, variant in enumerate(names):
             entry = variants[variant]
-            text = _entry_text(entry) if isinstance(entry, Entry) else _format(entry, 3)
+            if isinstance(entry, Entry):
+                text = _entry_text(entry)
+            else:  # a plugged-in kind's entry, or a hand-made dict
+                text = _format(msgspec.to_builtins(entry) if isinstance(entry, KindEntry) else entry, 3)
             lines.append(f"      {_key(variant)}: {text}" + ("," * (v_index < len(names) - 1)))
         if variants:
             lines.append("    }" + comma)
@@ -265,15 +304,13 @@ def dumps(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str
     return "\n".join(lines) + "\n"
 
 
-def written_format(goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> str:
+def written_format(goldens: Mapping[str, Mapping[str, AnyEntry | Mapping[str, Any]]]) -> str:
     """The format a file of ``goldens`` is written in: the oldest that holds its entries (format 2
-    unless it holds a score entry), so that a file of generations keeps its bytes."""
-    for variants in goldens.values():
-        for entry in variants.values():
-            kind = entry.kind if isinstance(entry, Entry) else entry.get("kind", "generation")
-            if kind != "generation":
-                return FORMAT
-    return GENERATION_FORMAT
+    unless one of its entries' kinds needs format 3, a score's), so that a file of generations keeps
+    its bytes."""
+    held = {entry.kind if isinstance(entry, (Entry, KindEntry)) else entry.get("kind", kinds.GENERATION.name)
+            for variants in goldens.values() for entry in variants.values()}
+    return FORMAT if any(kinds.named(kind).format == FORMAT for kind in held) else GENERATION_FORMAT
 
 
 def _key(key: str) -> str:

@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.goldens import kinds, schema
 from pytest_llmdeterminism.judge.compare import Recorded, first_token_divergence
 
 # Fingerprint fields that say how ids were decoded: where one differs, the decoding itself may have
@@ -29,8 +28,9 @@ def stored_text_problem(golden: Recorded, actual: Recorded) -> str | None:
             golden.token_ids != actual.token_ids:
         return None
     found = []
-    if isinstance(golden, Generation) and isinstance(actual, Generation) and golden.text != actual.text:
-        found.append(f"its text is {_short(golden.text)}, but its ids decode to {_short(actual.text)}")
+    texts = kinds.of(golden).decoded_text(golden), kinds.of(actual).decoded_text(actual)
+    if texts[0] is not None and texts[1] is not None and texts[0] != texts[1]:
+        found.append(f"its text is {_short(texts[0])}, but its ids decode to {_short(texts[1])}")
     if golden.pieces and actual.pieces:
         step = first_token_divergence(golden.pieces, actual.pieces)
         if step is not None:
@@ -45,10 +45,11 @@ def stored_text_problem(golden: Recorded, actual: Recorded) -> str | None:
     return f"{'; '.join(found)}: {cause}"
 
 
-def unjudged_changes(base: schema.Entry, candidate: schema.Entry) -> tuple[tuple[str, Any, Any], ...]:
+def unjudged_changes(base: schema.AnyEntry, candidate: schema.AnyEntry) -> tuple[tuple[str, Any, Any], ...]:
     """Where two entries of one variant that compare IDENTICAL still differ: ``(field, BASE's value,
     CAND's value)`` for each top-level field, each fingerprint field (``fingerprint.torch``), and each
-    field of the steps (``steps.piece``: some step's piece; values not given)."""
+    field of the steps (``steps.piece``: some step's piece; values not given; a score's ``positions``
+    and any kind's list of objects alike)."""
     old, new = msgspec.to_builtins(base), msgspec.to_builtins(candidate)
     changes: list[tuple[str, Any, Any]] = []
     for field in sorted(set(old) | set(new)):
@@ -58,14 +59,18 @@ def unjudged_changes(base: schema.Entry, candidate: schema.Entry) -> tuple[tuple
         if field == "fingerprint" and isinstance(a, dict) and isinstance(b, dict):
             changes += [(f"{field}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
                         if a.get(k) != b.get(k)]
-        elif field in ("steps", "positions") and isinstance(a, list) and isinstance(b, list) \
-                and len(a) == len(b):
+        elif _rows(a) and _rows(b) and len(a) == len(b):  # a kind's steps (or positions): by field
             names = sorted({k for s, t in zip(a, b, strict=True) for k in set(s) | set(t)
                             if s.get(k) != t.get(k)})
             changes += [(f"{field}.{k}", None, None) for k in names]
         else:
             changes.append((field, a, b))
     return tuple(changes)
+
+
+def _rows(value: Any) -> bool:
+    """``value`` is a list of objects (a kind's steps), compared field by field."""
+    return isinstance(value, list) and bool(value) and all(isinstance(row, dict) for row in value)
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.goldens.atomic import folder_lock, write_text_atomic
 from pytest_llmdeterminism.goldens.codec import dumps, parse
-from pytest_llmdeterminism.goldens.schema import Entry, Goldens, text_problem, to_struct
+from pytest_llmdeterminism.goldens.schema import AnyEntry, Goldens, text_problem, to_struct
 
 
 def read(path: Path) -> Goldens:
@@ -82,7 +82,7 @@ def _kind(mode: int) -> str:
     return next((name for is_kind, name in kinds if is_kind(mode)), "a special file")
 
 
-def write(path: Path, goldens: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> None:
+def write(path: Path, goldens: Mapping[str, Mapping[str, AnyEntry | Mapping[str, Any]]]) -> None:
     """Write atomically: a temp file in the same folder, then ``os.replace``. A file that would not
     read back (a key that is not valid Unicode, a string UTF-8 cannot encode) is refused before
     anything is written: :class:`GoldenFileError`, and the file is left as it was."""
@@ -117,7 +117,7 @@ def remove(path: Path, keys: Iterable[str]) -> None:
             path.unlink(missing_ok=True)
 
 
-def merge(path: Path, updates: Mapping[str, Mapping[str, Entry | Mapping[str, Any]]]) -> None:
+def merge(path: Path, updates: Mapping[str, Mapping[str, AnyEntry | Mapping[str, Any]]]) -> None:
     """Apply ``updates`` (key -> variant -> entry) to the file as it is on disk now, then write it.
 
     Under the folder's lock, re-reading at write time keeps entries that another process wrote

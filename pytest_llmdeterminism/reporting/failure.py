@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, Generation, Score, TopK
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TopK
+from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.judge.compare import (
     Comparison,
     PositionChange,
@@ -85,8 +86,9 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode, failed)} — fails under {shown!r}"]
     if across:
         lines.append(f"  {across}")
-    if isinstance(actual, Generation) and actual.sampling and comparison.verdict is not Verdict.INPUT_CHANGED:
-        lines.append(f"  {settings_text(actual.sampling)}")
+    sampling = kinds.of(actual).sampling(actual)
+    if sampling and comparison.verdict is not Verdict.INPUT_CHANGED:
+        lines.append(f"  {settings_text(sampling)}")
     if comparison.verdict is Verdict.INPUT_CHANGED:
         lines.append("  the input changed, so outputs were not compared (recorded -> now):")
         for field, old, new in comparison.input_changes:
@@ -98,7 +100,6 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     elif comparison.score is not None:
         lines += score_lines(comparison, decode)
     elif comparison.divergence is not None:
-        assert isinstance(expected, Generation) and isinstance(actual, Generation)
         d = comparison.divergence
         lines.append(f"  context:  {_context(actual, d.step, decode)}")
         lines.append(f"  expected: {_continuation(expected, d.step, decode)}")
@@ -106,8 +107,9 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
         lines.append(f"  expected top-{len(d.expected_top)} at step {d.step}: {_top(d.expected_top, decode)}")
         lines.append(f"  got      top-{len(d.actual_top)} at step {d.step}: {_top(d.actual_top, decode)}")
         lines.append(_drift_line(comparison))
-    elif comparison.verdict is Verdict.LOGIT_DRIFT and isinstance(expected, Generation):
-        lines.append(f"  all {comparison.steps_compared} tokens match: {short(expected.text, 80)}")
+    elif comparison.verdict is Verdict.LOGIT_DRIFT:
+        text = kinds.of(expected).text(expected)
+        lines.append(f"  all {comparison.steps_compared} tokens match: {short(text, 80)}")
     budget = budget_note(comparison)
     if budget:
         lines.append(f"  {budget}")
@@ -134,7 +136,6 @@ def nondeterministic(key: str, location: str, nodeid: str, between: Comparison, 
     elif between.score is not None:
         lines += score_lines(between, decode)
     elif between.divergence is not None:
-        assert isinstance(before, Generation) and isinstance(after, Generation)
         step = between.divergence.step
         lines.append(f"  context:    {_context(after, step, decode)}")
         lines.append(f"  attempt {first}: {_continuation(before, step, decode)}")
@@ -302,7 +303,7 @@ def _input_change(field: str, old: Any, new: Any, expected: Recorded, actual: Re
                  "with --llm-golden-update)")]
     if field == "continuation":
         first = first_difference(old, new)
-        texts = [gen.continuation if isinstance(gen, Score) else "" for gen in (expected, actual)]
+        texts = [kinds.of(gen).text(gen) for gen in (expected, actual)]  # the given continuations
         return [f"    continuation: {short(texts[0], 60)} -> {short(texts[1], 60)}",
                 (f"    continuation token ids differ from position {first} ({len(old)} -> {len(new)} ids): "
                  f"{_id_window(old, first)} -> {_id_window(new, first)}")]
@@ -387,17 +388,17 @@ def _token(token: int, decode: Decode) -> str:
     return "end of output" if token < 0 else f"{decode(token)!r} (id {token})"
 
 
-def _context(gen: Generation, step: int, decode: Decode) -> str:
+def _context(gen: Recorded, step: int, decode: Decode) -> str:
     start = max(0, step - CONTEXT_TOKENS)
     before = [f"{decode(t)!r}" for t in gen.token_ids[start:step]]
     return ("… " if start else "") + " ".join(before or ["(start of output)"])
 
 
-def _continuation(gen: Generation, step: int, decode: Decode) -> str:
+def _continuation(gen: Recorded, step: int, decode: Decode) -> str:
     shown = gen.token_ids[step:step + CONTEXT_TOKENS]
     text = " ".join(f"{decode(t)!r}({t})" for t in shown) or "(end of output)"
     more = " …" if len(gen.token_ids) > step + CONTEXT_TOKENS else ""
-    return f"[step {step}] {text}{more}   full text: {short(gen.text, 80)}"
+    return f"[step {step}] {text}{more}   full text: {short(kinds.of(gen).text(gen), 80)}"
 
 
 def _top(top: TopK, decode: Decode) -> str:

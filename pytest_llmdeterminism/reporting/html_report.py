@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
+from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.judge.compare import Verdict
 from pytest_llmdeterminism.reporting.run_header import header_lines, times_per_test
 from pytest_llmdeterminism.reporting.text import (
@@ -173,7 +174,8 @@ def _tokens(check: dict[str, Any]) -> str:
     new_from = check.get("judged_steps", 0) if check.get("new_steps") else None
     labels = {"expected": "recorded output", "actual": "new output"} if check.get("inputs") else {}
     tie_margin = check.get("tie_margin") or 0.0  # the comparator's near-tie margin for this check
-    where = "position" if check.get("kind") == "score" else "step"
+    kind = kinds.KINDS.get(check.get("kind", kinds.GENERATION.name))
+    where = kind.step_noun if kind is not None else "step"  # what one of its steps is called
     lines = []
     for side in ("expected", "actual"):
         tops = (check.get("top_steps") or {}).get(side, [])

@@ -86,7 +86,7 @@ def run_report_markdown(document: dict[str, Any]) -> str:
             lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {verdict}{step}{passed}",
                       *(f"  - {_md(line)}" for line in sampling_lines(c)),
                       *(f"  - {line}" for line in _text_lines(c))]
-    scored = [c for c in document["checks"] if c.get("kind") == "score" and c.get("log_likelihood")
+    scored = [c for c in document["checks"] if c.get("log_likelihood")  # a score check's, with a golden
               and (not c["passed"] or c["verdict"] != "IDENTICAL")][:50]
     if scored:
         lines += ["", "### Score checks that moved (log-likelihood of the continuation, golden → now)", ""]

@@ -15,9 +15,7 @@ from typing import Any
 
 import msgspec
 
-from pytest_llmdeterminism.generation import Generation, Score
-from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.goldens.schema import Entry
+from pytest_llmdeterminism.goldens import kinds, schema
 from pytest_llmdeterminism.judge.compare import (
     PositionChange,
     Recorded,
@@ -35,15 +33,22 @@ class GoldenWrite(msgspec.Struct, array_like=True, gc=False):
     path: str
     key: str
     variant: str
-    entry: Entry
+    # An AnyEntry: its kind's entry type. Typed Any for msgspec, which cannot choose between untagged
+    # structs: a payload's plain entry is decoded as its kind's below.
+    entry: Any
     overwrote: str = ""  # the verdict of the golden an update replaced (a Verdict's value); "" for none
     # A candidate's: the profile the run set for its check (goldens.judged); "": the environment's default
     tolerance: str = ""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.entry, dict):  # decoded from a payload (xdist, the run's ledger)
+            self.entry = msgspec.convert(self.entry, kinds.entry_type(self.entry.get("kind", "generation")))
+
     @classmethod
     def of(cls, path: Path, key: str, generation: Recorded, *,
            overwrote: Verdict | None = None, tolerance: str = "") -> GoldenWrite:
-        return cls(str(path), key, generation.variant, schema.to_struct(schema.to_entry(generation)),
+        entry = schema.to_struct(schema.to_entry(generation))
+        return cls(str(path), key, generation.variant, entry,
                    overwrote.value if overwrote is not None else "", tolerance)
 
 
@@ -78,7 +83,7 @@ class MovedPosition(msgspec.Struct, kw_only=True, gc=False):
     rank_margin: float | None  # the golden's distance from the token to its neighbour in rank
 
     @classmethod
-    def of(cls, change: PositionChange, expected: Score) -> MovedPosition:
+    def of(cls, change: PositionChange, expected: Recorded) -> MovedPosition:
         piece = expected.pieces[change.position] if change.position < len(expected.pieces) else ""
         return cls(position=change.position, token=change.token, piece=piece,
                    expected_logprob=change.expected_logprob, actual_logprob=change.actual_logprob,
@@ -151,7 +156,7 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
         evidence = comparison.score
         moved: list[MovedPosition] = []
         ranks: list[MovedPosition] = []
-        if evidence is not None and isinstance(expected, Score):
+        if evidence is not None and expected is not None:  # two scores, compared position by position
             moved = [MovedPosition.of(change, expected) for change in evidence.moved]
             ranks = [MovedPosition.of(change, expected) for change in evidence.rank_changes]
         return cls(
@@ -166,7 +171,7 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
             actual_text=text_of(actual),
             first_divergence=divergence.step if divergence else comparison.first_hash_step,
             golden_margin=divergence.golden_margin if divergence else None,
-            sampling=actual.sampling if isinstance(actual, Generation) else {},
+            sampling=kinds.of(actual).sampling(actual),
             draw_margin=divergence.draw_margin if divergence else None,
             max_logprob_delta=comparison.max_logprob_delta, tie_margin=comparison.tie_margin,
             input_changes=[field for field, _, _ in comparison.input_changes],
@@ -236,8 +241,8 @@ class TestRecords(msgspec.Struct):
 
 
 def text_of(recorded: Recorded) -> str:
-    """A generation's text, a score's continuation."""
-    return recorded.continuation if isinstance(recorded, Score) else recorded.text
+    """A generation's text, a score's continuation: what its kind shows of it."""
+    return kinds.of(recorded).text(recorded)
 
 
 _STEPS_SHOWN = 64  # steps (a score's positions) per side in the HTML report
@@ -247,16 +252,7 @@ _TOP_SHOWN = 5
 def _steps(generation: Recorded, limit: int = _STEPS_SHOWN) -> list[tuple[str, int, float, float | None]]:
     """``(piece, token id, margin, top-1 logprob)`` per step, for the HTML report; a score's
     ``(piece, token id, rank margin, the given token's logprob)`` per position."""
-    if isinstance(generation, Score):
-        rows: list[tuple[str, int, float, float | None]] = [
-            (piece, token, margin if margin is not None else 0.0, logprob)
-            for piece, token, margin, logprob in zip(generation.pieces, generation.token_ids,
-                                                     generation.rank_margins, generation.logprobs,
-                                                     strict=False)]
-        return rows[:limit]
-    return [(piece, token, margin, top[0][1] if top else None)
-            for piece, token, margin, top in zip(generation.pieces, generation.token_ids, generation.margins,
-                                                 generation.top_logprobs, strict=False)][:limit]
+    return kinds.of(generation).report_steps(generation)[:limit]
 
 
 # What a CI log reads as a command of its own: GitHub Actions' ``::set-output`` (at a line's start),

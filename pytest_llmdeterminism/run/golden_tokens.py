@@ -14,13 +14,13 @@ import inspect
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
 from pytest_llmdeterminism.errors import NO_VALUE, ConfigurationError
 from pytest_llmdeterminism.generation import Generation, Score
-from pytest_llmdeterminism.goldens import schema
+from pytest_llmdeterminism.goldens import kinds, schema
 from pytest_llmdeterminism.goldens.consistency import stored_text_problem
 from pytest_llmdeterminism.judge.compare import Comparison, GoldenMismatchError, Recorded, Verdict
 from pytest_llmdeterminism.judge.decision import Decision, Written, decide
@@ -76,7 +76,7 @@ class GoldenTokens:
         """
         __tracebackhide__ = True
         self._refuse_outside_the_test()
-        if not isinstance(generation, (Generation, Score)):
+        if not kinds.is_record(generation):
             raise TypeError(f"golden_tokens.check() takes a Generation from llm_model.generate() or a Score "
                             f"from llm_model.score(), got {type(generation).__name__}")
         unstorable = schema.generation_problem(generation)
@@ -85,9 +85,7 @@ class GoldenTokens:
                 "golden_tokens.check(generation)", NO_VALUE,
                 f"{unstorable}, so no golden can hold this {type(generation).__name__.lower()}: nothing "
                 "was recorded or compared. "
-                + (("Score a shorter continuation" if isinstance(generation, Score) else
-                    "Generate fewer tokens (llm_model.generate(..., max_new_tokens=...))")
-                   + " or shorten the prompt" if unstorable.too_long else
+                + (kinds.of(generation).shorten + " or shorten the prompt" if unstorable.too_long else
                    "The engine returned it (a server's answer, say): check the engine, or test this "
                    "generation's fields with plain asserts"))
         site = _caller_site()
@@ -213,9 +211,9 @@ def assert_tokens_match(actual: Generation | Score, expected: Generation | Score
     ``tokenizer`` to decode top-k tokens that neither side generated.
     """
     __tracebackhide__ = True
-    if not isinstance(expected, (Generation, Score)):
+    if not kinds.is_record(expected):
         try:
-            expected = schema.from_entry(expected)  # validated once, here where it enters
+            expected = schema.from_entry(cast("Mapping[str, Any]", expected))  # validated once, here
         except (msgspec.ValidationError, TypeError) as error:
             problem = schema.validation_message(error) if isinstance(error, msgspec.ValidationError) \
                 else error

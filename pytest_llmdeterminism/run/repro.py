@@ -20,7 +20,7 @@ from typing import Any
 
 from pytest_llmdeterminism.goldens import atomic, store
 from pytest_llmdeterminism.goldens.files import OUTPUT_MARKER, OUTPUT_MARKER_TEXT
-from pytest_llmdeterminism.goldens.schema import Entry
+from pytest_llmdeterminism.goldens.schema import AnyEntry
 from pytest_llmdeterminism.reporting.records import CheckRecord
 from pytest_llmdeterminism.run.options import SETTINGS, Options
 
@@ -37,7 +37,7 @@ class Pack:
     folder: str
     command: str  # the shell command that reruns the check alone, from the rootdir
     texts: dict[str, str] = field(default_factory=dict)  # file name -> text
-    entries: dict[str, tuple[str, str, Entry]] = field(default_factory=dict)  # file -> key, variant, entry
+    entries: dict[str, tuple[str, str, AnyEntry]] = field(default_factory=dict)  # file -> key, variant, entry
     executable: tuple[str, ...] = ()
 
 
@@ -64,9 +64,9 @@ def rerun_command(nodeid: str, options: Options, *, threads: int | None) -> str:
     return " ".join(shlex.quote(argument) for argument in arguments)
 
 
-def plan(checks: Iterable[CheckRecord], candidates: Mapping[str, Mapping[str, Mapping[str, Entry]]],
+def plan(checks: Iterable[CheckRecord], candidates: Mapping[str, Mapping[str, Mapping[str, AnyEntry]]],
          options: Options, *, golden_file: Callable[[str], Path],
-         golden: Callable[[Path, str, str], Entry | None]) -> list[Pack]:
+         golden: Callable[[Path, str, str], AnyEntry | None]) -> list[Pack]:
     """A pack per failing check. ``candidates``: the run's new entries (golden file -> key ->
     variant -> entry); ``golden_file``: a test module's golden file; ``golden``: the stored entry of
     (file, key, variant), or None."""
@@ -85,7 +85,7 @@ def plan(checks: Iterable[CheckRecord], candidates: Mapping[str, Mapping[str, Ma
     return packs
 
 
-def _pack(folder: str, nodeid: str, check: CheckRecord, stored: Entry | None, new: Entry | None,
+def _pack(folder: str, nodeid: str, check: CheckRecord, stored: AnyEntry | None, new: AnyEntry | None,
           options: Options) -> Pack:
     shown = new or stored
     threads = shown.fingerprint.get("torch_threads") if shown is not None else None
@@ -115,7 +115,7 @@ def _pack(folder: str, nodeid: str, check: CheckRecord, stored: Entry | None, ne
 
 
 def _readme(nodeid: str, check: CheckRecord, command: str, options: Options,
-            entries: Mapping[str, tuple[str, str, Entry]]) -> str:
+            entries: Mapping[str, tuple[str, str, AnyEntry]]) -> str:
     profile = f" under {check.profile!r}" if check.profile else ""
     files = [
         ("rerun.sh", "the command below, run in PROJECT_ROOT: sh rerun.sh [PROJECT_ROOT] (default: the "
@@ -158,7 +158,7 @@ def _script(nodeid: str, check: CheckRecord, command: str, options: Options) -> 
     ])
 
 
-def _prompts(entries: Mapping[str, Entry | None]) -> str:
+def _prompts(entries: Mapping[str, AnyEntry | None]) -> str:
     """Each side's prompt, its form and its token ids, the ids on one line."""
     sides = [f'  {json.dumps(side)}: {{\n    "prompt": {json.dumps(entry.prompt, ensure_ascii=False)},\n'
              f'    "prompt_form": {json.dumps(entry.prompt_form)},\n'

@@ -227,7 +227,7 @@ def merge_candidates(shards: Sequence[Shard]) -> tuple[MergedCandidates, list[st
 
 
 def _conflict(name: Path, key: str, variant: str, first: Path, second: Path,
-              a: schema.Entry, b: schema.Entry) -> str:
+              a: schema.AnyEntry, b: schema.AnyEntry) -> str:
     fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
     if "fingerprint" in fields:
         from pytest_llmdeterminism.judge.fingerprint import diff

@@ -13,7 +13,7 @@ from pathlib import Path
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.goldens import atomic, judged, store
 from pytest_llmdeterminism.goldens.files import GoldenFiles
-from pytest_llmdeterminism.goldens.schema import Entry
+from pytest_llmdeterminism.goldens.schema import AnyEntry
 from pytest_llmdeterminism.reporting import documents, hints, terminal
 from pytest_llmdeterminism.reporting.records import RunRecord
 from pytest_llmdeterminism.reporting.run_header import source_commit
@@ -99,7 +99,7 @@ def _wrote(destination: Path, write: Callable[[], object], files: GoldenFiles, o
 
 def _write_repro_packs(ledger: Ledger, files: GoldenFiles, folder: Path, options: Options,
                        out: RunOutput) -> None:
-    def golden(path: Path, key: str, variant: str) -> Entry | None:
+    def golden(path: Path, key: str, variant: str) -> AnyEntry | None:
         try:
             return files.read(path).get(key, {}).get(variant)
         except GoldenFileError:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from pytest_llmdeterminism.compute.kernels import Policy
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 from pytest_llmdeterminism.generation import Generation
-from pytest_llmdeterminism.judge.compare import Verdict, compare, input_changes
+from pytest_llmdeterminism.goldens.kinds.generation import input_changes
+from pytest_llmdeterminism.judge.compare import Verdict, compare
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 

@@ -14,7 +14,7 @@ from pytest_llmdeterminism import ConfigurationError, engines
 from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
 from pytest_llmdeterminism.compute import kernels as chosen_kernels
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy, why_not_batch_invariant
-from pytest_llmdeterminism.judge.compare import input_changes
+from pytest_llmdeterminism.goldens.kinds.generation import input_changes
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 from tests.helpers.batch_invariant import PROMPTS, generations_at, identical_under_every_shape, on_policy

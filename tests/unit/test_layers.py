@@ -38,7 +38,9 @@ PACKAGES = {
     # only to read their registry (engines/registry.py: each engine's fingerprint fields, pure data).
     "judge": [["judge", "judge.verdict"], ["judge.compare"], ["judge.tolerance", "judge.fingerprint"],
               ["judge.judgement"], ["judge.decision"]],
-    "goldens": [["goldens", "goldens.schema", "goldens.atomic"],
+    # A kind of golden is one module of goldens/kinds/ plus one line of its registry (goldens.kinds).
+    "goldens": [["goldens", "goldens.fields", "goldens.atomic"],
+                ["goldens.kinds.generation", "goldens.kinds.score"], ["goldens.kinds"], ["goldens.schema"],
                 ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files", "goldens.judged"],
                 ["goldens.review"]],
@@ -192,7 +194,10 @@ def test_the_judgement_is_pure():
     of the engines only their registry, the table of what each engine declares)."""
     judge = sorted((PACKAGE / "judge").glob("*.py"))
     assert {path.name for path in judge} >= {"verdict.py", "compare.py", "tolerance.py", "decision.py"}
-    for path in [*judge, *(PACKAGE / (name.replace(".", "/") + ".py") for name in _PURE_PACKAGE_MODULES)]:
+    # the kinds of golden, whose comparisons the judgement is handed, and their fields: pure as well
+    kinds = [*sorted((PACKAGE / "goldens" / "kinds").glob("*.py")), PACKAGE / "goldens" / "fields.py"]
+    data = [PACKAGE / (name.replace(".", "/") + ".py") for name in _PURE_PACKAGE_MODULES]
+    for path in [*judge, *kinds, *data]:
         assert _third_party_imports(path) & _IMPURE_LIBRARIES == set(), path
         if path.parent.name == "judge":
             outside = {target for _, target in package_imports(path)

@@ -14,7 +14,8 @@ import torch
 
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.goldens import schema
-from pytest_llmdeterminism.judge.compare import Verdict, compare, input_changes
+from pytest_llmdeterminism.goldens.kinds.generation import input_changes
+from pytest_llmdeterminism.judge.compare import Verdict, compare
 
 PROMPT = "Once upon a time"
 SAMPLED = {"do_sample": True, "temperature": 1.5}
