@@ -21,7 +21,7 @@ from pytest_llmdeterminism.run.decision import decide
 from pytest_llmdeterminism.tolerance import Profile, ProfileName, default_profile, parse_profile
 from tests.helpers.strategies import moved_score, sample_generation, sample_score
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: this module is in tests/unit/goldens/
 near_tie = default_profile("float32", same_environment=False)
 OLD_GOLDENS = ["tests/data/test_tiny_model.portable-avx2-format-1.json",
                "tests/data/test_tiny_model.portable-generic-0.2.json",
