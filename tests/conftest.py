@@ -221,7 +221,7 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def wide_model(tmp_path_factory):
     """The tiny model's tokenizer on a wider random Llama (hidden 1024): layers the one-row split applies
-    to (test_linears.py), products oneDNN computes at 4 rows and in prefill (test_chain.py)."""
+    to (test_linears.py), products oneDNN computes at 4 rows and in prefill (test_fixed_order.py)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -270,7 +270,7 @@ def llama_server(tmp_path_factory):
         server.stop()
 
 
-# -- fixtures the tiers of one test module share ---------------------------------------------------
+# -- fixtures shared by the tests of one subject in several tiers or packages -----------------------------
 
 
 @pytest.fixture
@@ -286,7 +286,7 @@ def previous_kernels(tiny):
 
 @pytest.fixture(scope="module")
 def kernels_folder(tmp_path_factory):
-    """A folder with the fixed-order kernel built in it (test_chain.py)."""
+    """A folder with the fixed-order kernel built in it (test_fixed_order.py)."""
     from pytest_llmdeterminism.compute import fixed_order
 
     folder = tmp_path_factory.mktemp("kernels")
@@ -304,7 +304,7 @@ def kernel(kernels_folder):
 
 @pytest.fixture
 def gguf_and_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
-    """The tiny ``.gguf`` file and an empty plugin cache (``LLMDET_CACHE_DIR``) (test_converted_copy.py)."""
+    """The tiny ``.gguf`` file and an empty plugin cache (``LLMDET_CACHE_DIR``) (test_cached.py)."""
     from tests.helpers.converted_copy import tiny_gguf
 
     monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
@@ -314,7 +314,7 @@ def gguf_and_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
 @pytest.fixture
 def serve():
     """Start fake OpenAI-compatible servers with ``serve(answer)``; each stops when the test ends
-    (test_hostile_server.py)."""
+    (test_hostile_server.py, test_hostile_server_runs.py)."""
     from tests.helpers.fake_openai_server import FakeServer
 
     servers: list[FakeServer] = []
@@ -330,7 +330,8 @@ def serve():
 
 @pytest.fixture(scope="module")
 def pieces():
-    """The tiny tokenizer's text of each token a fake server answers with (test_hostile_server.py)."""
+    """The tiny tokenizer's text of each token a fake server answers with (test_hostile_server.py,
+    test_hostile_server_runs.py, test_serving_audit.py)."""
     from pytest_llmdeterminism.engines.checkpoint import load_tokenizer
     from tests.helpers.hostile_server import GREEDY, TINY
 

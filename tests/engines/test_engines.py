@@ -183,7 +183,7 @@ def test_llamacpp_samples_with_the_plugins_sampler(smollm2_gguf):
 
 def test_the_llamacpp_build_is_named_in_the_fingerprint_and_on_the_load_line(smollm2_gguf):
     """The build installed here (.ci/run's wheel: portable) is what the fingerprint and the load line say;
-    a native one would be named on both (tests/unit/test_llamacpp_build.py reads recorded builds)."""
+    a native one would be named on both (tests/unit/engines/test_llamacpp_build.py reads recorded builds)."""
     import llama_cpp
 
     from pytest_llmdeterminism.engines import ModelCache

@@ -6,8 +6,8 @@
   runner and the golden reader.
 - ``llama_server``, ``fake_openai_server``, ``sessions``, ``strategies``: a llama.cpp server, a
   hostile OpenAI-compatible one, emulated Pythons run as sessions, hypothesis strategies.
-- the rest: what the tiers of one test module share (``tests/unit/test_x.py`` and
-  ``tests/pytester/test_x.py`` import ``tests.helpers.x``).
+- the rest: what the tests of one subject share across tiers (``tests/unit/PACKAGE/test_x.py`` and
+  ``tests/pytester/test_x_runs.py`` import ``tests.helpers.x``).
 """
 
 from pathlib import Path

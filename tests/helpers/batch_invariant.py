@@ -1,4 +1,5 @@
-"""Batch invariance as the tests of test_batch_invariant.py check it (unit and real-model tiers): the
+"""Batch invariance as tests/unit/compute/test_batch_invariant.py and
+tests/real_model/test_smollm2_batch_invariance.py check it: the
 same prompts generated at several shapes read IDENTICAL."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The committed golden the `llm-golden diff` tests read (unit and pytester tiers)."""
+"""The committed golden the `llm-golden diff` tests read (tests/unit/cli/test_diff.py,
+tests/pytester/test_cli_diff.py)."""
 
 from tests.helpers import DATA
 

@@ -1,4 +1,5 @@
-"""`llm-golden fetch` run offline, as the tests of test_cli_fetch.py run it (unit and real-model tiers)."""
+"""`llm-golden fetch` run offline, as tests/unit/cli/test_fetch.py and tests/real_model/test_cli_fetch.py
+run it."""
 
 import os
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""A tiny ``.gguf`` file written here, and a copy changed on purpose (test_converted_copy.py)."""
+"""A tiny ``.gguf`` file written here, and a copy changed on purpose (tests/unit/engines/test_cached.py,
+tests/pytester/test_converted_copy.py)."""
 
 from __future__ import annotations
 

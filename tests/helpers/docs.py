@@ -1,4 +1,4 @@
-"""Reading the docs' code blocks (test_docs.py, unit and pytester tiers)."""
+"""Reading the docs' code blocks (test_docs.py, test_docs_run_headers.py)."""
 
 from __future__ import annotations
 

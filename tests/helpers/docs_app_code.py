@@ -1,5 +1,5 @@
 """docs/writing-tests.md's section "Testing your app's own generation code", as files
-(test_docs_app_code.py)."""
+(test_docs_app_code.py, test_docs_app_code_runs.py)."""
 
 import re
 

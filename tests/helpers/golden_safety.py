@@ -1,4 +1,5 @@
-"""A valid golden file and bad variants of it (test_golden_safety.py, unit and pytester tiers)."""
+"""A valid golden file and bad variants of it (tests/unit/goldens/test_golden_safety.py,
+tests/pytester/test_golden_safety_runs.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Scenarios for the fake OpenAI-compatible server (test_hostile_server.py, unit and pytester tiers):
+"""Scenarios for the fake OpenAI-compatible server (tests/unit/engines/test_hostile_server.py,
+tests/pytester/test_hostile_server_runs.py):
 the spec that names it, honest and lying completions, and how a run is started against it."""
 
 from __future__ import annotations

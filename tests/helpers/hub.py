@@ -1,4 +1,4 @@
-"""The hub repository and commits the tests of test_hub.py lay out in a local cache."""
+"""The hub repository and commits test_hub.py and test_hub_runs.py lay out in a local cache."""
 
 from __future__ import annotations
 

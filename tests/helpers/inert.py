@@ -1,4 +1,5 @@
-"""The environment variables a configured project gets pinned (test_inert.py)."""
+"""The environment variables a configured project gets pinned (tests/unit/compute/test_environment.py,
+tests/pytester/test_inert.py)."""
 
 from __future__ import annotations
 

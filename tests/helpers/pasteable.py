@@ -1,4 +1,4 @@
-"""The README's and the docs' config blocks (test_pasteable.py)."""
+"""The README's and the docs' config blocks (test_pasteable.py, test_pasteable_runs.py)."""
 
 from __future__ import annotations
 

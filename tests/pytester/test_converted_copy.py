@@ -1,6 +1,6 @@
-"""The float32 copy a ``.gguf`` file is converted into once (engines/cached.py) is checked against its
-digest at every load: a changed, cut or unlisted file, or a copy with no digest, is converted again
-from the file, and the load line says so."""
+"""The float32 copy of a ``.gguf`` file in pytest runs: the load line names a copy that was converted
+again, and a cache folder others may write stops a GGUF load with the fix (the copy's checks:
+tests/unit/engines/test_cached.py)."""
 
 from __future__ import annotations
 

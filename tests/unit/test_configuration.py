@@ -1,4 +1,5 @@
-"""Configuration mistakes end in one message that names the setting and the fix."""
+"""Configuration mistakes refused where they are read, each naming the setting and the fix: an absurd
+batch shape (with the memory it would need), CUDA where there is none, a pickle checkpoint."""
 
 from __future__ import annotations
 

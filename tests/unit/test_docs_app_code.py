@@ -1,5 +1,5 @@
-"""docs/writing-tests.md, "Testing your app's own generation code": its files, as the page shows them,
-are a project that records, then passes, and fails on a changed model; its production path runs."""
+"""docs/writing-tests.md, "Testing your app's own generation code": the section shows the app, its
+adapter, its tests and its JSONL cases (run as a project: tests/pytester/test_docs_app_code_runs.py)."""
 
 
 

@@ -1,3 +1,7 @@
+"""Importing the package: no torch, transformers or numpy loaded, the public marker, and a public
+surface that exports every error (all derived from the root error) and every type a user annotates
+or matches on, its lazy exports staying lazy."""
+
 import subprocess
 import sys
 

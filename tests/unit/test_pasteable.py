@@ -1,6 +1,6 @@
-"""Messages you can paste: every setting a message suggests works in the file it names, the config
-blocks of the README and the docs load as written, a mistyped option names the real one, a failure
-prints in full once."""
+"""Messages you can paste, checked without a run: the README holds config blocks of both kinds,
+``pasteable`` gives the flag, the ini line and the toml line, and a missing model file names the
+command that fetches it (each pasted into a project: tests/pytester/test_pasteable_runs.py)."""
 
 from __future__ import annotations
 

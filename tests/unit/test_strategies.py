@@ -1,4 +1,5 @@
-"""The strategies draw only batches that fit the shape in force, at the default shape and at 4x32."""
+"""The strategies (strategies.py) draw only batches that fit the shape in force: outside Hypothesis a
+companion too long is the usual error, and prompts drawn with a model fit its shape."""
 
 from __future__ import annotations
 

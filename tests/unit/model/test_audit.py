@@ -1,0 +1,134 @@
+"""The determinism audit (``model/audit.py``) called in process on the tiny model: the batch size's
+effects measured, the fixed shape batch invariant under Hypothesis, a shape-varying runner caught and
+shrunk to a minimal batch, companions of exactly L tokens left out, and the sampled audit's
+attribution (the seed, not the companions; how near a tie the draw was)."""
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+from pytest_llmdeterminism import ConfigurationError
+from pytest_llmdeterminism.model.audit import audit
+from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow
+from pytest_llmdeterminism.shape import BatchShape
+from pytest_llmdeterminism.strategies import (
+    BatchComposition,
+    BatchInvarianceError,
+    assert_batch_invariant,
+    batch_compositions,
+    prompts,
+)
+
+POOL = ["The sky is", "Count: one,", "Hello, world!", "def add(a, b):", "Q: What is the capital of Peru? A:"]
+
+
+@pytest.mark.usefixtures("previous_kernels")
+def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
+    """On the previous kernels (llm_batch_invariant = false) the batch size moves the logits."""
+    found = audit(make_llm("4x32", max_new_tokens=6), "Once upon a time")
+    rows = {row.source: row for row in found.rows}
+    assert found.unique == 1 and not found.nondeterministic
+    assert rows["batch"].max_logit_delta == 0 and not rows["batch"].tokens_changed
+    # Measured on this CPU: B=4 vs B=1 moves logits by ~1e-6 (tokens unchanged here).
+    assert rows["batch_size"].max_logit_delta > 0
+    assert 0 < rows["batch_size"].max_logit_delta < 1e-3
+    assert set(rows) == {"repeat", "batch", "batch_size", "padding", "cache", "threads",
+                         "decode-vs-prefill"}
+
+
+def test_on_the_default_kernels_the_batch_size_moves_nothing(make_llm):
+    rows = {row.source: row for row in audit(make_llm("4x32", max_new_tokens=6), "Once upon a time").rows}
+    assert rows["batch_size"].max_logit_delta == 0 and not rows["batch_size"].tokens_changed
+    assert rows["padding"].max_logit_delta == 0
+
+
+@given(data=st.data())
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fixed_shape_is_batch_invariant(make_llm, data):
+    llm = make_llm("4x32", max_new_tokens=4)
+    composition = data.draw(batch_compositions(POOL, max_companions=5, llm_model=llm))
+    assert_batch_invariant(llm, "The capital of France is", composition)
+
+
+class ShapeVarying:
+    """A deliberately broken runner: the batch shape follows the number of prompts (B = len(batch)),
+    as a naive `model.generate(tokenizer(batch, padding=True))` would."""
+
+    def __init__(self, llm):
+        self._llm = llm
+        self.tokenizer = llm.tokenizer
+
+    def generate(self, prompt):
+        batch = [prompt] if isinstance(prompt, str) else list(prompt)
+        view = self._llm.with_settings(batch_shape=BatchShape(len(batch), 32))
+        results = view.generate(batch)
+        return results[0] if isinstance(prompt, str) else results
+
+
+@pytest.mark.usefixtures("previous_kernels")
+def test_shape_varying_runner_is_caught_and_shrunk_to_a_minimal_batch(tiny):
+    """On the previous kernels; on the batch-invariant ones, the default, such a runner is not broken."""
+    from pytest_llmdeterminism.shape import GenerationSettings
+
+    llm = LLMModel(tiny, GenerationSettings(BatchShape(4, 32), 3, 0))
+    broken = ShapeVarying(llm)
+
+    def breaks(composition: BatchComposition) -> bool:
+        try:
+            assert_batch_invariant(broken, "The capital of France is", composition)
+        except BatchInvarianceError:
+            return True
+        return False
+
+    minimal = find(batch_compositions(POOL, max_companions=5), breaks,
+                   settings=settings(max_examples=50, deadline=None, database=None))
+    assert len(minimal.companions) == 1
+    assert len(minimal.companions[0]) <= len(min(POOL, key=len))
+    with pytest.raises(BatchInvarianceError, match=r"changed when batched with .* at row \d"):
+        assert_batch_invariant(broken, "The capital of France is", minimal)
+
+
+def test_plain_list_of_companions_and_prompt_strategy(make_llm):
+    llm = make_llm("4x32", max_new_tokens=3)
+    assert_batch_invariant(llm, "Count: one,", ["The sky is", "x"])
+    strategy = prompts(tokenizer=llm.tokenizer, max_tokens=8)
+    assert find(prompts(llm_model=llm), lambda text: len(text) > 20, settings=settings(database=None))
+    example = find(strategy, lambda text: len(text) > 3, settings=settings(database=None))
+    assert 0 < len(llm.tokenizer(example)["input_ids"]) <= 8
+
+
+def test_a_companion_of_exactly_l_tokens_is_not_used_by_the_audit(make_llm):
+    """'Hello there, how are you today?' is 16 tokens: at 4x16 it cannot be a companion (one
+    position always stays padding), so the audit picks others instead of failing."""
+    found = audit(make_llm("4x16", max_new_tokens=2), "The sky is", repeats=2)
+    assert found.unique == 1
+    assert {row.source for row in found.rows if row.ran} >= {"repeat", "batch"}
+
+
+def test_the_sampled_audit_attributes_a_change_to_the_seed_not_to_companions(make_llm):
+    llm = make_llm("4x32", max_new_tokens=8)
+    found = audit(llm, "Once upon a time", do_sample=True, temperature=3.0, seed=[3])
+    rows = {row.source: row for row in found.rows}
+    assert found.sampling == {"sampler": "gumbel-xxh3-splitmix/1", "temperature": 3.0, "top_k": 50,
+                              "top_p": 1.0, "min_p": 0.0, "seed": 3}
+    # the noise is keyed by the row's own prompt: companions move neither logits nor draws
+    assert not rows["batch"].moved and not rows["threads"].moved
+    seed = rows["seed"]
+    assert seed.change == "3 -> 4" and seed.tokens_changed and seed.max_logit_delta == 0
+    assert seed.draw_margin is not None and seed.draw_margin > 0  # this seed's draw where seed 4's parted
+    greedy = audit(llm, "Once upon a time", repeats=1)
+    assert "seed" not in {row.source for row in greedy.rows} and greedy.sampling == {}
+    with pytest.raises(ConfigurationError, match=r"audit\(seed=\.\.\.\).*give one seed"):
+        audit(llm, "Once upon a time", do_sample=True, temperature=3.0, seed=[3, 4])
+
+
+def test_a_changed_sampled_row_names_how_near_a_tie_its_draw_was():
+    row = AuditRow("dtype", "float32 -> bfloat16", True, 4, 0.06, draw_margin=0.012)
+    report = AuditReport("p", "4x32", (row,), 1, 5, {"sampler": "s/1", "temperature": 0.8, "seed": 3})
+    again = AuditReport.from_json(report.to_json())
+    assert again == report
+    assert again.lines()[0] == "audit of 'p' at 4x32, sampled: temperature 0.8, seed 3 (s/1):"
+    assert again.lines()[2].endswith("(the draw at step 4 was 0.012 from its runner-up)")
+    old = {key: value for key, value in report.to_json().items() if key != "sampling"}  # before sampling
+    assert AuditReport.from_json(old).sampling == {}
