@@ -21,12 +21,12 @@ from pytest_llmdeterminism.goldens import store
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
-    ORDER,
     Acceptance,
     Case,
     Selection,
     find_candidates_root,
     plan_accept,
+    review_order,
 )
 from pytest_llmdeterminism.judge.compare import Verdict
 
@@ -62,14 +62,18 @@ exit status: 0 every candidate case of PATH accepted (or IDENTICAL to the projec
 leaves nothing to accept); 1 accepted the cases chosen, some left (or none matched); 2 a usage
 error or any problem above (nothing was written)."""
 
-VERDICTS = tuple(verdict for verdict in ORDER if verdict != ABSENT)  # the verdicts a candidate can have
+
+
+def candidate_verdicts() -> tuple[str, ...]:
+    """The verdicts a candidate can have, riskiest first (read at each call: a verdict added later too)."""
+    return tuple(verdict for verdict in review_order() if verdict != ABSENT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", type=Path, metavar="PATH",
                         help="the folder --llm-golden-artifacts wrote, or a folder or golden file inside it")
     parser.add_argument("--only", type=verdicts, default=frozenset(), metavar="VERDICT[,...]",
-                        help=f"accept only the cases of these verdicts ({', '.join(VERDICTS)})")
+                        help=f"accept only the cases of these verdicts ({', '.join(candidate_verdicts())})")
     parser.add_argument("--except", dest="excluded", type=verdicts, default=frozenset(),
                         metavar="VERDICT[,...]", help="accept every case but those of these verdicts")
     parser.add_argument("-k", dest="key_part", default="", metavar="SUBSTRING",
@@ -92,11 +96,12 @@ def add_project_arguments(parser: argparse.ArgumentParser) -> None:
 def verdicts(text: str) -> frozenset[str]:
     """``--only``'s value: verdicts separated by commas, in any case."""
     given = {part.strip().upper() for part in text.split(",") if part.strip()}
-    unknown = sorted(given - set(VERDICTS))
+    known = candidate_verdicts()
+    unknown = sorted(given - set(known))
     if unknown or not given:
         raise argparse.ArgumentTypeError(
             f"{', '.join(map(repr, unknown)) or repr(text)} is not a verdict: give one or more of "
-            f"{','.join(VERDICTS)}, separated by commas, as `llm-golden diff` prints them")
+            f"{','.join(known)}, separated by commas, as `llm-golden diff` prints them")
     return frozenset(given)
 
 

@@ -18,14 +18,14 @@ from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
-    FAIL_ON,
+    FAIL_ON_LEVELS,
     NEW,
-    ORDER,
     Case,
     aligned_folders,
     needs_review,
     review,
     review_candidates,
+    review_order,
 )
 from pytest_llmdeterminism.judge.compare import Comparison, Recorded, Verdict
 from pytest_llmdeterminism.reporting.text import short, tie_text
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "candidate", type=Path, metavar="CAND", nargs="?",
         help="the candidates: a file or folder of the same kind (e.g. llm-candidates/__golden__)")
-    parser.add_argument("--fail-on", dest="fail_on", choices=sorted(FAIL_ON), default="regression",
+    parser.add_argument("--fail-on", dest="fail_on", choices=sorted(FAIL_ON_LEVELS), default="regression",
                         metavar="LEVEL",
                         help="which cases exit 1: regression (default), tie_flip, drift; see exit status")
 
@@ -165,7 +165,7 @@ def _print_cases(cases: list[Case], fail_on: str) -> int:
     counts = Counter(case.verdict for case in cases)
     flagged = needs_review(cases, fail_on)
     gate = f"{len(flagged)} case(s) need review" if flagged else "nothing needs review"
-    found = ", ".join(f"{counts[v]} {v}" for v in ORDER if counts[v]) or "no goldens"
+    found = ", ".join(f"{counts[v]} {v}" for v in review_order() if counts[v]) or "no goldens"
     print(f"summary: {found}; {gate} (--fail-on={fail_on})")
     return 1 if flagged else 0
 
@@ -228,7 +228,7 @@ def _comparison_detail(comparison: Comparison, expected: Recorded | None,
         return "  " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.verdict is Verdict.LOGIT_DRIFT:
         return f"  max |Δlogprob| {comparison.max_logprob_delta:.3g}"
-    return ""
+    return f"  {comparison.finding}" if comparison.finding else ""
 
 
 def _score_detail(comparison: Comparison, expected: Recorded | None) -> str:

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 from pytest_llmdeterminism.cli import accept, diff, project, tokenizer
-from pytest_llmdeterminism.goldens.review import ABSENT, ORDER, Case, case_risk
+from pytest_llmdeterminism.goldens.review import ABSENT, Case, case_risk, review_order
 from pytest_llmdeterminism.judge.compare import Verdict
 from pytest_llmdeterminism.reporting import failure
 
 SUMMARY = "go through candidate goldens case by case on a terminal: accept or skip each"
-_ASKED = ", ".join(name for name in ORDER if name not in (Verdict.IDENTICAL.value, ABSENT))
+_ASKED = ", ".join(name for name in review_order() if name not in (Verdict.IDENTICAL.value, ABSENT))
 HELP = f"""\
 Show each candidate golden of DIR (default: llm-candidates, the folder --llm-golden-artifacts
 wrote, or a folder or golden file inside it) against the project's golden, one case at a time,

@@ -42,10 +42,6 @@ def case_risk(name: str) -> int:
     return verdict.risk if verdict is not None else len(Verdict)
 
 
-# Every verdict a case can have, the riskiest first (FIELDS_CHANGED: same tokens and logits, but a
-# field the verdict does not compare differs), NEW and ABSENT.
-ORDER = tuple(NEW if verdict is Verdict.MISSING else verdict.value for verdict in Verdict.by_risk()
-              if verdict.reviewed) + (ABSENT,)
 # Folders no walk of a BASE or CAND folder enters, as pytest collects no tests there: hidden ones
 # (.git, .venv, .tox), and others that hold installed packages' JSON.
 _NOT_WALKED = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
@@ -53,16 +49,28 @@ _SNIFF_LIMIT = 256 * 2**20  # a larger JSON file outside a __golden__ folder is 
 
 
 
+def review_order() -> tuple[str, ...]:
+    """Every verdict a case can have, the riskiest first (FIELDS_CHANGED: same tokens and logits, but
+    a field the verdict does not compare differs), NEW and ABSENT. Read from the verdicts at each
+    call, so a verdict added later (a plug-in's, a test's) has its place."""
+    return tuple(NEW if verdict is Verdict.MISSING else verdict.value for verdict in Verdict.by_risk()
+                 if verdict.reviewed) + (ABSENT,)
+
+
 def _verdicts(takes: Callable[[Verdict], bool]) -> frozenset[str]:
-    return frozenset(name for name in ORDER if (verdict := case_verdict(name)) is not None and takes(verdict))
+    return frozenset(name for name in review_order()
+                     if (verdict := case_verdict(name)) is not None and takes(verdict))
 
 
-_CHANGED = _verdicts(lambda verdict: verdict is not Verdict.IDENTICAL and not verdict.tolerable)
-FAIL_ON = {  # --fail-on level -> the verdicts that need a reviewer (exit 1); ABSENT never does
-    "regression": _CHANGED,
-    "tie_flip": _CHANGED | _verdicts(lambda verdict: verdict.flip),
-    "drift": _CHANGED | _verdicts(lambda verdict: verdict.tolerable),
-}
+FAIL_ON_LEVELS = ("regression", "tie_flip", "drift")  # --fail-on, the least a reviewer is asked first
+
+
+def fail_on(level: str) -> frozenset[str]:
+    """The verdicts that need a reviewer (exit 1) at a ``--fail-on`` level; ABSENT never does."""
+    changed = _verdicts(lambda verdict: verdict is not Verdict.IDENTICAL and not verdict.tolerable)
+    also = {"regression": lambda verdict: False, "tie_flip": lambda verdict: verdict.flip,
+            "drift": lambda verdict: verdict.tolerable}[level]
+    return changed | _verdicts(also)
 
 
 @dataclass(frozen=True)
@@ -154,9 +162,10 @@ def review_candidates(candidates: Path, root: Path, *,
     return cases, problems, [name for name in names if not _is_golden_path(name, golden_dir)]
 
 
-def needs_review(cases: Iterable[Case], fail_on: str) -> list[Case]:
+def needs_review(cases: Iterable[Case], level: str) -> list[Case]:
     """The cases that make ``llm-golden diff --fail-on=LEVEL`` exit 1."""
-    return [case for case in cases if case.verdict in FAIL_ON[fail_on]]
+    needing = fail_on(level)
+    return [case for case in cases if case.verdict in needing]
 
 
 def aligned_folders(base: Path, candidate: Path) -> tuple[Path, Path] | None:

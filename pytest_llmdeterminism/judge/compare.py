@@ -99,6 +99,9 @@ class Comparison:
     new_steps: int = 0
     unchecked_steps: int = 0
     score: ScoreEvidence | None = None  # two scores: the per-position evidence
+    # What a verdict's rule found, in words, where no token diverged and no other evidence above says
+    # it (a kind's own verdict): a failure's headline and a review line show it after the verdict.
+    finding: str = ""
 
 
 def near_tie(margin: float | None, tie_margin: float, drift: float) -> bool:

@@ -59,6 +59,12 @@ class Verdict(enum.Enum):
     NONDETERMINISTIC = "NONDETERMINISTIC", 1, _DECIDED, _NOT_A_CASE
 
     @property
+    def confident_change(self) -> bool:
+        """Compared, and changed where no near tie or drift explains it (a token the golden was sure
+        of, or the input itself): an update written over it needs a reviewer."""
+        return self.compared and self is not Verdict.IDENTICAL and not self.tolerable
+
+    @property
     def tolerable(self) -> bool:
         """A profile may pass it by its thresholds: drift, or a flip at a near tie."""
         return self is Verdict.LOGIT_DRIFT or self.flip
@@ -79,6 +85,11 @@ class Verdict(enum.Enum):
         """The risk of the verdict spelt ``name``; a name no verdict has comes after them all."""
         member = cls.named(name)
         return member.risk if member is not None else len(cls)
+
+    @classmethod
+    def is_confident_change(cls, name: str) -> bool:
+        member = cls.named(name)
+        return member is not None and member.confident_change
 
     @classmethod
     def is_flip(cls, name: str) -> bool:

@@ -194,7 +194,10 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
         return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ"
                 + (f"; {failed}" if failed else
                    f" (max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})"))
-    assert d is not None
+    if d is None:  # a verdict whose rule names no token that changed: what the rule found
+        where = f" at step {comparison.first_hash_step}" if comparison.first_hash_step is not None else ""
+        found = comparison.finding or "no token changed"
+        return f"{verdict}{where} — {found}" + (f"; {failed}" if failed else "")
     tokens = (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
               f"got {_token(d.actual_token, decode)}")
     drift = comparison.max_logprob_delta  # measured before the divergence

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.judge.decision import Written
+from pytest_llmdeterminism.judge.verdict import Verdict
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.judge.decision import Outcome
@@ -51,7 +52,8 @@ def summary(counts: Mapping[Outcome, int], written: Sequence[str], errors: Itera
     lines += [f"wrote {path}" for path in written]
     lines += [f"NOT written: {problem}" for problem in errors]
     if overwritten:
-        lines.append(f"updated {len(overwritten)} golden(s) over a REGRESSION or INPUT_CHANGED: the model "
+        over = " or ".join(verdict.value for verdict in Verdict.by_risk() if verdict.confident_change)
+        lines.append(f"updated {len(overwritten)} golden(s) over a {over}: the model "
                      "now says (or is asked) something else there; review each change before you commit it:")
         lines += [f"  {verdict:<13} {nodeid} [{key!r}]" for nodeid, key, verdict in overwritten]
     if held_back:

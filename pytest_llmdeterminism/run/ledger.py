@@ -21,7 +21,6 @@ from pytest_llmdeterminism.reporting.records import CheckRecord, GoldenWrite, Te
 FileUpdates = dict[str, dict[str, dict[str, schema.Entry]]]  # file -> key -> variant -> entry
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 # An update that replaced one of these changed what the model says (or is asked): listed for review.
-REVIEW_WHEN_OVERWRITTEN = frozenset({Verdict.REGRESSION.value, Verdict.INPUT_CHANGED.value})
 
 
 class Ledger:
@@ -122,11 +121,12 @@ class Ledger:
         return counts
 
     def overwritten(self) -> list[tuple[str, str, str]]:
-        """(node id, golden key, verdict) of every golden written over a REGRESSION or INPUT_CHANGED:
-        the updates a reviewer must look at before they are committed."""
+        """(node id, golden key, verdict) of every golden written over a confident change (REGRESSION,
+        INPUT_CHANGED: ``Verdict.confident_change``): the updates a reviewer must look at before they
+        are committed."""
         return [(nodeid, row.key, row.overwrote) for nodeid, rows in sorted(self.recorded.items())
                 if self.outcomes.get(nodeid, "passed") == "passed"
-                for row in rows if row.overwrote in REVIEW_WHEN_OVERWRITTEN]
+                for row in rows if Verdict.is_confident_change(row.overwrote)]
 
     def deselect(self, nodeids: Iterable[str]) -> None:
         """Tests of the suite this run collected and then left out: with the collected ones, the

@@ -8,12 +8,12 @@ from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import judged, schema, store
 from pytest_llmdeterminism.goldens.review import (
-    FAIL_ON,
-    ORDER,
     case_risk,
+    fail_on,
     plan_accept,
     review,
     review_goldens,
+    review_order,
 )
 from pytest_llmdeterminism.judge.compare import Verdict, compare
 from pytest_llmdeterminism.judge.decision import decide
@@ -33,11 +33,13 @@ def test_every_verdict_carries_its_risk_and_family_and_every_order_is_read_from_
     assert {v for v in Verdict if v.tolerable} == {Verdict.LOGIT_DRIFT, *(v for v in Verdict if v.flip)}
     assert Verdict.by_risk()[0] is Verdict.REGRESSION and Verdict.by_risk()[-1] is Verdict.IDENTICAL
     # The review order: every verdict compare() returns has its place (a missing one crashed review).
-    assert set(ORDER) == {v.value for v in Verdict if v.compared} | {"FIELDS_CHANGED", "NEW", "ABSENT"}
-    assert sorted(ORDER, key=case_risk) == list(ORDER)
-    assert FAIL_ON["regression"] == {"REGRESSION", "INPUT_CHANGED", "FIELDS_CHANGED", "NEW"}
-    assert FAIL_ON["tie_flip"] - FAIL_ON["regression"] == {v.value for v in Verdict if v.flip}
-    assert FAIL_ON["drift"] - FAIL_ON["tie_flip"] == {"LOGIT_DRIFT"}
+    order = review_order()
+    assert set(order) == {v.value for v in Verdict if v.compared} | {"FIELDS_CHANGED", "NEW", "ABSENT"}
+    assert sorted(order, key=case_risk) == list(order)
+    assert fail_on("regression") == {"REGRESSION", "INPUT_CHANGED", "FIELDS_CHANGED", "NEW"}
+    assert fail_on("tie_flip") - fail_on("regression") == {v.value for v in Verdict if v.flip}
+    assert fail_on("drift") - fail_on("tie_flip") == {"LOGIT_DRIFT"}
+    assert [v.value for v in Verdict.by_risk() if v.confident_change] == ["REGRESSION", "INPUT_CHANGED"]
     assert Verdict.risk_of("NOT_A_VERDICT") == len(Verdict)
 
 
