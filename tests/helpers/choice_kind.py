@@ -12,6 +12,7 @@ report read of any record.
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,3 +172,20 @@ def registered() -> Iterator[None]:
         kinds.unregister(CHOICE.name)
 
 __all__ = ["CHOICE", "Choice", "ChoiceEntry", "choose", "registered"]
+
+
+def write_choice_test(project: Any, logprobs: Mapping[str, float]) -> None:
+    """A pytester project's ``test_c.py``: one test that checks the choice among ``logprobs``."""
+    project.makepyfile(test_c=f"""
+from tests.helpers.choice_kind import choose
+
+def test_colour(golden_tokens):
+    golden_tokens.check(choose("Which colour is the sky?", {dict(logprobs)!r}))
+""")
+
+
+class AnsweringTerminal(io.StringIO):
+    """Answers typed on a terminal (``llm-golden review`` asks only on one)."""
+
+    def isatty(self) -> bool:
+        return True

@@ -6,7 +6,6 @@ Markdown and HTML reports, ``llm-golden diff`` (its gate and its counts), ``acce
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
@@ -14,12 +13,14 @@ import pytest
 from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.judge.verdict import Verdict
 from tests.helpers import extra_verdict
+from tests.helpers.choice_kind import AnsweringTerminal, write_choice_test
 from tests.helpers.projects import read_goldens
 
 GOLDEN = "__golden__/test_c.json"
 KEY = "__golden__/test_c.json ['test_colour']['cpu/float32']"
 CONFTEST = """
 from tests.helpers import extra_verdict
+from tests.helpers.choice_kind import AnsweringTerminal, write_choice_test
 
 def pytest_configure(config):
     extra_verdict.register()
@@ -29,30 +30,14 @@ def pytest_unconfigure(config):
 """
 
 
-class _Terminal(io.StringIO):
-    """Answers typed on a terminal."""
-
-    def isatty(self) -> bool:
-        return True
-
-
-def _write_test(project, logprobs):
-    project.makepyfile(test_c=f"""
-from tests.helpers.choice_kind import choose
-
-def test_colour(golden_tokens):
-    golden_tokens.check(choose("Which colour is the sky?", {logprobs!r}))
-""")
-
-
 @pytest.fixture
 def reordered(suite):
     """A golden recorded, then a run whose choice is the same but whose other options swapped."""
     suite.makeconftest(CONFTEST)
-    _write_test(suite, {"red": -0.2, "blue": -1.9, "green": -3.0})
+    write_choice_test(suite, {"red": -0.2, "blue": -1.9, "green": -3.0})
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
     assert extra_verdict.NAME not in Verdict._member_map_ and "choice" not in kinds.KINDS  # taken back
-    _write_test(suite, {"red": -0.2, "blue": -3.0, "green": -1.9})
+    write_choice_test(suite, {"red": -0.2, "blue": -3.0, "green": -1.9})
     result = suite.runpytest("--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html",
                              "--llm-golden-artifacts=cands")
     result.assert_outcomes(failed=1)
@@ -86,7 +71,7 @@ def test_an_added_verdict_is_gated_counted_ordered_and_accepted_by_the_review_to
         assert (f"OPTIONS_REORDERED {KEY}  the same choice, the options ranked red > blue > green -> "
                 "red > green > blue") in shown, shown
         assert "summary: 1 OPTIONS_REORDERED; 1 case(s) need review" in shown, shown
-        monkeypatch.setattr("sys.stdin", _Terminal("s\n"))  # review on a terminal: skip it
+        monkeypatch.setattr("sys.stdin", AnsweringTerminal("s\n"))  # review on a terminal: skip it
         assert cli.main(["review", "cands"]) == 1
         assert f"[1/1] OPTIONS_REORDERED {KEY}" in capsys.readouterr().out
         assert cli.main(["accept", "cands", "--only", "REGRESSION"]) == 1  # none of that verdict

@@ -6,13 +6,12 @@ tests/helpers/choice_kind.py and registered by a project's conftest is recorded
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 
 from pytest_llmdeterminism.goldens import kinds
-from tests.helpers.choice_kind import registered
+from tests.helpers.choice_kind import AnsweringTerminal, registered, write_choice_test
 from tests.helpers.projects import read_goldens
 
 GOLDEN = "__golden__/test_c.json"
@@ -28,26 +27,10 @@ def pytest_unconfigure(config):
 """
 
 
-class _Terminal(io.StringIO):
-    """Answers typed on a terminal."""
-
-    def isatty(self) -> bool:
-        return True
-
-
-def write_test(project, logprobs):
-    project.makepyfile(test_c=f"""
-from tests.helpers.choice_kind import choose
-
-def test_colour(golden_tokens):
-    golden_tokens.check(choose("Which colour is the sky?", {logprobs!r}))
-""")
-
-
 @pytest.fixture
 def recorded(suite):
     suite.makeconftest(CONFTEST)
-    write_test(suite, {"red": -0.2, "blue": -1.9, "green": -3.0})
+    write_choice_test(suite, {"red": -0.2, "blue": -1.9, "green": -3.0})
     suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
     assert "choice" not in kinds.KINDS  # the inner run's conftest took its kind back
     return suite
@@ -74,7 +57,7 @@ def test_a_changed_choice_fails_is_reported_and_its_candidate_is_reviewed_and_ac
     from pytest_llmdeterminism import cli
 
     before = (recorded.path / GOLDEN).read_bytes()
-    write_test(recorded, {"red": -2.0, "blue": -0.3, "green": -3.0})
+    write_choice_test(recorded, {"red": -2.0, "blue": -0.3, "green": -3.0})
     result = recorded.runpytest("--llm-report=r.json", "--llm-report=r.md", "--llm-golden-artifacts=cands")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
@@ -98,7 +81,7 @@ def test_a_changed_choice_fails_is_reported_and_its_candidate_is_reviewed_and_ac
         shown = capsys.readouterr().out
         assert ("REGRESSION     __golden__/test_c.json ['test_colour']['cpu/float32']  step 0: 'red'(0) -> "
                 "'blue'(1), golden margin 1.7 >= tie margin 0.05: not a near tie") in shown, shown
-        monkeypatch.setattr("sys.stdin", _Terminal("a\n"))  # review on a terminal: accept the case
+        monkeypatch.setattr("sys.stdin", AnsweringTerminal("a\n"))  # review on a terminal: accept the case
         assert cli.main(["review", "cands"]) == 0
     shown = capsys.readouterr().out
     assert "[1/1] REGRESSION     __golden__/test_c.json ['test_colour']['cpu/float32']" in shown, shown
