@@ -47,7 +47,7 @@ PACKAGES = {
     "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit",
                    "reporting.run_header", "reporting.progress"],
                   ["reporting.recorder", "reporting.hints", "reporting.markdown_report",
-                   "reporting.html_report"],
+                   "reporting.html_report", "reporting.score_failure"],
                   ["reporting.failure", "reporting.terminal", "reporting.documents"],
                   ["reporting.run_comparison"]],
     # The llm_model fixture object over the engines, and the audit on top of it.
