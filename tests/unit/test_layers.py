@@ -43,7 +43,7 @@ PACKAGES = {
                 ["goldens.kinds.generation", "goldens.kinds.score"], ["goldens.kinds"], ["goldens.schema"],
                 ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files", "goldens.judged"],
-                ["goldens.review"]],
+                ["goldens.review"], ["goldens.acceptance"]],
     "reporting": [["reporting", "reporting.records", "reporting.text", "reporting.audit",
                    "reporting.run_header", "reporting.progress"],
                   ["reporting.recorder", "reporting.hints", "reporting.markdown_report",

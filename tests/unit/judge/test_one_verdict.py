@@ -7,11 +7,11 @@ import pytest
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import judged, schema, store
+from pytest_llmdeterminism.goldens.acceptance import plan_accept
 from pytest_llmdeterminism.goldens.review import (
     FAIL_ON,
     ORDER,
     case_risk,
-    plan_accept,
     review,
     review_goldens,
 )
