@@ -1,7 +1,7 @@
 """``llm-golden accept PATH``: candidate goldens from ``--llm-golden-artifacts`` into the project,
 all of them or the cases chosen by verdict, test key, folder or file.
 
-Every candidate is checked (:func:`~pytest_llmdeterminism.goldens.review.plan_accept`) before any
+Every candidate is checked (:func:`~pytest_llmdeterminism.goldens.acceptance.plan_accept`) before any
 file is written; this module reads the arguments, reports the problems, and merges the files.
 :func:`plan` and :func:`apply` are shared with ``llm-golden review``.
 """
@@ -18,16 +18,9 @@ from pathlib import Path
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.goldens import store
+from pytest_llmdeterminism.goldens.acceptance import Acceptance, Selection, find_candidates_root, plan_accept
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
-from pytest_llmdeterminism.goldens.review import (
-    ABSENT,
-    Acceptance,
-    Case,
-    Selection,
-    find_candidates_root,
-    plan_accept,
-    review_order,
-)
+from pytest_llmdeterminism.goldens.review import ABSENT, Case, review_order
 from pytest_llmdeterminism.judge.compare import Verdict
 
 SUMMARY = "import candidate goldens from --llm-golden-artifacts DIR: all, or the cases chosen"

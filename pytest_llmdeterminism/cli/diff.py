@@ -15,6 +15,7 @@ from pathlib import Path
 from pytest_llmdeterminism.cli import project
 from pytest_llmdeterminism.errors import printable
 from pytest_llmdeterminism.goldens import kinds
+from pytest_llmdeterminism.goldens.acceptance import review_candidates
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER
 from pytest_llmdeterminism.goldens.review import (
     ABSENT,
@@ -24,7 +25,6 @@ from pytest_llmdeterminism.goldens.review import (
     aligned_folders,
     needs_review,
     review,
-    review_candidates,
     review_order,
 )
 from pytest_llmdeterminism.judge.compare import Comparison, Recorded, Verdict

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.kernels import Kernels
+from pytest_llmdeterminism.decoding import DecodingConfig
 from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
 from pytest_llmdeterminism.engines.capture import (
     Chunk,
@@ -26,7 +27,7 @@ from pytest_llmdeterminism.engines.checkpoint import (
 )
 from pytest_llmdeterminism.engines.fingerprints import transformers_fingerprint
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
-from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
+from pytest_llmdeterminism.generation import HashDefinition
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.numerics import cpu_name
+from pytest_llmdeterminism.decoding import DecodingConfig, refuse_beyond
 from pytest_llmdeterminism.engines.capture import (
     Chunk,
     RowSteps,
@@ -28,7 +29,7 @@ from pytest_llmdeterminism.engines.fingerprints import described
 from pytest_llmdeterminism.engines.loaded import LoadedModel, LoadRequest
 from pytest_llmdeterminism.engines.spec import EngineSpec, how_to_get
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError, pasteable
-from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.generation import HashDefinition
 from pytest_llmdeterminism.shape import GenerationSettings
 
 if TYPE_CHECKING:

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.decoding import DecodingConfig
     from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
     from pytest_llmdeterminism.engines.spec import EngineSpec
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
-    from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition
+    from pytest_llmdeterminism.generation import HashDefinition
     from pytest_llmdeterminism.shape import GenerationSettings
 
 

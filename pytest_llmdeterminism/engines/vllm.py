@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.decoding import DecodingConfig, refuse_beyond
 from pytest_llmdeterminism.engines.capture import (
     Chunk,
     RowSteps,
@@ -41,7 +42,7 @@ from pytest_llmdeterminism.errors import (
     NonFiniteLogitsError,
     pasteable,
 )
-from pytest_llmdeterminism.generation import TOP_K, DecodingConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.generation import TOP_K, HashDefinition
 from pytest_llmdeterminism.shape import GenerationSettings
 
 INSTALL = "pip install vllm (needs an NVIDIA GPU)"

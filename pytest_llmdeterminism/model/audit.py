@@ -33,9 +33,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.generation import Generation, resolve_generation_config
+from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.judge.compare import first_token_divergence
 from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids

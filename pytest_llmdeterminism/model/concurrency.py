@@ -26,9 +26,10 @@ from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.judge.compare import Comparison, Verdict, compare
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.decoding import DecodingConfig
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.loaded import Engine
-    from pytest_llmdeterminism.generation import DecodingConfig, Generation
+    from pytest_llmdeterminism.generation import Generation
 
 __all__ = ["MAX_CONCURRENCY", "ROUNDS", "ConcurrencyError", "ConcurrencyFinding", "check_among",
            "companion_seed", "refuse_where_not_served"]

@@ -13,17 +13,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.engines.capture import Chunk
 from pytest_llmdeterminism.engines.loaded import ScoringEngine, ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.generation import (
-    TOP_K,
-    DecodingConfig,
-    Generation,
-    PromptForm,
-    Score,
-    resolve_generation_config,
-)
+from pytest_llmdeterminism.generation import TOP_K, Generation, PromptForm, Score
 from pytest_llmdeterminism.model import concurrency, inputs
 from pytest_llmdeterminism.model.fingerprint import fingerprint
 from pytest_llmdeterminism.model.inputs import Conversation, ModelInput, ScoreInput

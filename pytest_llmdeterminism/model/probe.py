@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
-from pytest_llmdeterminism.generation import DecodingConfig, Generation, resolve_generation_config
+from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.judge.compare import Comparison, Verdict, compare
 from pytest_llmdeterminism.model.fingerprint import fingerprint
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings

@@ -43,10 +43,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_llmdeterminism.decoding import DecodingConfig
 from pytest_llmdeterminism.engines.loaded import ServedEngine
 from pytest_llmdeterminism.engines.server.companions import alone, run_among
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.generation import TOP_K, DecodingConfig
+from pytest_llmdeterminism.generation import TOP_K
 from pytest_llmdeterminism.sampling import SamplingConfig
 
 if TYPE_CHECKING:

@@ -13,17 +13,17 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.engines.loaded import ServedEngine
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.generation import resolve_generation_config
 from pytest_llmdeterminism.judge.compare import first_token_divergence
 from pytest_llmdeterminism.reporting.audit import ServingAudit, ServingRow
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.decoding import DecodingConfig
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.loaded import LoadedModel
-    from pytest_llmdeterminism.generation import DecodingConfig
 
 __all__ = ["CHECKED_PROMPT", "CHECKED_TOKENS", "answer_difference", "serving_audit", "verify_serving"]
 

@@ -1,21 +1,18 @@
 """The text of a failing golden check: missing, mismatch (verdict, where, what changed, how
 confident), nondeterministic across attempts (:func:`message` picks the one a
 :class:`~pytest_llmdeterminism.reporting.records.Decision` needs), and ``assert a == b`` on two
-generations. Built from data; nothing here prints or raises.
-
-Over the 400-line fence: one text per verdict family (generation, sampled, score), kept together so
-that every failure reads alike; issue 50's kinds split it per kind."""
+generations. Built from data; nothing here prints or raises. A score check's own lines are
+:mod:`~pytest_llmdeterminism.reporting.score_failure`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TopK
 from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.judge.compare import (
     Comparison,
-    PositionChange,
     Recorded,
     Verdict,
     id_window,
@@ -25,20 +22,23 @@ from pytest_llmdeterminism.judge.compare import (
 from pytest_llmdeterminism.judge.tolerance import DEFAULT_ATOL, Profile, ProfileName
 from pytest_llmdeterminism.reporting import hints
 from pytest_llmdeterminism.reporting.hints import accept_command, across, budget_note, wider_tolerance
+from pytest_llmdeterminism.reporting.score_failure import score_headline, score_lines
 from pytest_llmdeterminism.reporting.text import (
+    Decode,
     delta,
     differing_window,
     first_difference,
     form_label,
+    hashes_text,
     short,
     tie_text,
+    token_text,
 )
 from pytest_llmdeterminism.sampling import default_change_note, settings_text
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.judge.decision import Change, Decision, Outcome
 
-Decode = Callable[[int], str]
 CONTEXT_TOKENS = 4
 
 
@@ -150,8 +150,8 @@ def _how_attempts_differ(between: Comparison, decode: Decode) -> str:
         return "its input changed: " + ", ".join(field for field, _, _ in between.input_changes)
     d = between.divergence
     if d is not None:
-        return (f"tokens differ from step {d.step}: {_token(d.expected_token, decode)}, "
-                f"then {_token(d.actual_token, decode)}")
+        return (f"tokens differ from step {d.step}: {token_text(d.expected_token, decode)}, "
+                f"then {token_text(d.actual_token, decode)}")
     if between.score is not None:
         return f"the same continuation scored differently from position {between.first_hash_step}"
     return f"same tokens, logits differ from step {between.first_hash_step}"
@@ -183,12 +183,12 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
     if comparison.verdict is Verdict.INPUT_CHANGED:
         return f"{verdict} — " + ", ".join(field for field, _, _ in comparison.input_changes)
     if comparison.score is not None:
-        return _score_headline(comparison, decode, failed)
+        return score_headline(comparison, decode, failed)
     if comparison.verdict is Verdict.IDENTICAL:  # shown where nothing failed (llm-golden review)
         return f"{verdict} — same tokens, same logits"
     if comparison.verdict is Verdict.LOGIT_DRIFT and comparison.hash_definitions is not None:
         return (f"{verdict} — same tokens; the step hashes are not comparable "
-                f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}); "
+                f"(golden {hashes_text(comparison, 0)}, this run {hashes_text(comparison, 1)}); "
                 + (failed or f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}"))
     if comparison.verdict is Verdict.LOGIT_DRIFT:
         return (f"{verdict} at step {comparison.first_hash_step} — same tokens, logits differ"
@@ -198,8 +198,8 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
         where = f" at step {comparison.first_hash_step}" if comparison.first_hash_step is not None else ""
         found = comparison.finding or "no token changed"
         return f"{verdict}{where} — {found}" + (f"; {failed}" if failed else "")
-    tokens = (f"{verdict} at step {d.step} — expected {_token(d.expected_token, decode)}, "
-              f"got {_token(d.actual_token, decode)}")
+    tokens = (f"{verdict} at step {d.step} — expected {token_text(d.expected_token, decode)}, "
+              f"got {token_text(d.actual_token, decode)}")
     drift = comparison.max_logprob_delta  # measured before the divergence
     if d.draw_margin is not None and d.temperature is not None:
         bound = comparison.tie_margin / d.temperature
@@ -218,70 +218,6 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
     return f"{tokens}; " + (f"{failed} ({confidence}, which alone would pass)" if failed else confidence)
 
 
-def _score_headline(comparison: Comparison, decode: Decode, failed: str) -> str:
-    """A score's verdict: where it moved, the rank change that decided it, the condition that failed."""
-    assert comparison.score is not None
-    evidence, verdict = comparison.score, comparison.verdict.value
-    where = (f"{evidence.moved_positions} of {evidence.positions} positions' logprobs moved, "
-             f"max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)}")
-    if comparison.hash_definitions is not None:
-        where += (f" (golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: "
-                  "not comparable bit for bit)")
-    # The rank change that decided the verdict: a confident one (a REGRESSION), else a near tie's.
-    confident = [c for c in evidence.rank_changes
-                 if not near_tie(c.rank_margin, comparison.tie_margin, c.drift_elsewhere)]
-    flips = confident or (evidence.rank_changes if comparison.verdict is Verdict.RANK_FLIP else ())
-    if flips:
-        c = flips[0]
-        name = "golden rank margin"
-        margin = (f"{name} unknown: not a near tie" if c.rank_margin is None else
-                  tie_text(c.rank_margin, comparison.tie_margin, c.drift_elsewhere, name=name))
-        where = (f"the rank of {_token(c.token, decode)} at position {c.position} changed "
-                 f"{_rank(c.expected_rank)} -> {_rank(c.actual_rank)}; {margin}; {where}")
-    lead = f"{verdict} (score) at position {comparison.first_hash_step}"
-    return f"{lead} — {failed}; {where}" if failed else f"{lead} — {where}"
-
-
-def _rank(rank: int | None) -> str:
-    return "outside the top-k" if rank is None else f"#{rank}"
-
-
-def score_lines(comparison: Comparison, decode: Decode) -> list[str]:
-    """The evidence of two scores: the positions that moved most (token, old and new logprob), every
-    rank change, and the continuation's log-likelihood before and after."""
-    assert comparison.score is not None
-    evidence = comparison.score
-    lines = [f"  log-likelihood of the continuation ({evidence.positions} tokens): "
-             f"{evidence.expected_total:.6f} -> {evidence.actual_total:.6f} "
-             f"(Δ {evidence.actual_total - evidence.expected_total:+.3g})"]
-    if evidence.moved:
-        shown = len(evidence.moved)
-        lines.append(f"  the {shown} of {evidence.moved_positions} moved positions that moved most "
-                     "(position, token, logprob golden -> now):")
-        lines += [f"    {_position(change, decode)}" for change in evidence.moved]
-    others = [c for c in evidence.rank_changes if c not in evidence.moved]
-    if evidence.rank_changes:
-        lines.append(f"  the given token's rank changed at {len(evidence.rank_changes)} position(s): "
-                     + ", ".join(f"{c.position} ({_rank(c.expected_rank)} -> {_rank(c.actual_rank)})"
-                                 for c in evidence.rank_changes[:8]))
-    lines += [f"    {_position(change, decode)}" for change in others[:3]]
-    return lines
-
-
-def _position(change: PositionChange, decode: Decode) -> str:
-    rank = (f", rank {_rank(change.expected_rank)} -> {_rank(change.actual_rank)}"
-            if change.expected_rank != change.actual_rank else "")
-    return (f"[{change.position}] {_token(change.token, decode)}: {change.expected_logprob:.6f} -> "
-            f"{change.actual_logprob:.6f} (Δ {change.actual_logprob - change.expected_logprob:+.3g}{rank})")
-
-
-def _hashes(comparison: Comparison, side: int) -> str:
-    assert comparison.hash_definitions is not None
-    name = comparison.hash_definitions[side]
-    return {"logits": "hashes raw logits", "served-topk": "hashes what a server returned",
-            "vllm-topk": "hashes what vLLM returned"}.get(name, f"hash {name!r}")
-
-
 def _drift_line(comparison: Comparison) -> str:
     matched = comparison.steps_compared
     total = max(comparison.total_steps, 1)
@@ -290,7 +226,8 @@ def _drift_line(comparison: Comparison) -> str:
     if comparison.hash_definitions is not None:
         return (f"  before the divergence: {matched}/{comparison.total_steps} tokens matched "
                 f"({matched / total:.0%}); max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)} "
-                f"(golden {_hashes(comparison, 0)}, this run {_hashes(comparison, 1)}: not comparable)")
+                f"(golden {hashes_text(comparison, 0)}, this run {hashes_text(comparison, 1)}: "
+                "not comparable)")
     drift = ("logits identical before it" if comparison.first_hash_step is None
              or comparison.first_hash_step >= matched else
              f"logits differed from step {comparison.first_hash_step}, "
@@ -385,10 +322,6 @@ def assertrepr(actual: Recorded, expected: Recorded) -> list[str]:
                     decoder_for(expected, actual), profile="exact")
     return [f"{kind} == {kind}: " + text.split(": ", 1)[1].splitlines()[0],
             *text.splitlines()[1:]]
-
-
-def _token(token: int, decode: Decode) -> str:
-    return "end of output" if token < 0 else f"{decode(token)!r} (id {token})"
 
 
 def _context(gen: Recorded, step: int, decode: Decode) -> str:

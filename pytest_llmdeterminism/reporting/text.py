@@ -1,16 +1,18 @@
 """Pieces of text every report shares: a value shortened to fit a line, a logprob change, the label
-of a prompt's form, where two texts or id lists first differ, and a report entry's margin, drift,
-score evidence, sampling settings and budget."""
+of a prompt's form, where two texts or id lists first differ, a token and what a side's hashes
+hash, and a report entry's margin, drift, score evidence, sampling settings and budget."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_llmdeterminism.judge.compare import Verdict, first_token_divergence, within_drift
+from pytest_llmdeterminism.judge.compare import Comparison, Verdict, first_token_divergence, within_drift
 from pytest_llmdeterminism.sampling import settings_text
 
 _MAX_IDS_SHOWN = 12
+
+Decode = Callable[[int], str]  # token id -> its text
 
 
 def form_label(old: str, new: str) -> str:
@@ -147,3 +149,16 @@ def budget_text(check: dict[str, Any]) -> str:
     old, new = check["max_new_tokens"]
     return (f"max_new_tokens {old} → {new}: judged on the golden's {check['judged_steps']} step(s); "
             f"{check['new_steps']} new step(s) from step {check['judged_steps']} not judged")
+
+
+def token_text(token: int, decode: Decode) -> str:
+    """A token as a failure names it: its text and id, or ``end of output`` (a negative id)."""
+    return "end of output" if token < 0 else f"{decode(token)!r} (id {token})"
+
+
+def hashes_text(comparison: Comparison, side: int) -> str:
+    """What one side's step hashes hash (0: the golden's, 1: this run's), where the two differ."""
+    assert comparison.hash_definitions is not None
+    name = comparison.hash_definitions[side]
+    return {"logits": "hashes raw logits", "served-topk": "hashes what a server returned",
+            "vllm-topk": "hashes what vLLM returned"}.get(name, f"hash {name!r}")

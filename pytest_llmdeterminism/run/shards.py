@@ -22,8 +22,8 @@ import msgspec
 
 from pytest_llmdeterminism.errors import GoldenFileError, LLMDeterminismError
 from pytest_llmdeterminism.goldens import schema, store
+from pytest_llmdeterminism.goldens.acceptance import candidate_files
 from pytest_llmdeterminism.goldens.files import GOLDEN_FOLDER, GoldenFiles
-from pytest_llmdeterminism.goldens.review import candidate_files
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord, report_strings_problem
 from pytest_llmdeterminism.run import prune_trust, unused

@@ -81,7 +81,7 @@ def one_slot_spec(server, tokenizer_folder):
 
 
 def config(loaded, max_new_tokens=4):
-    from pytest_llmdeterminism.generation import resolve_generation_config
+    from pytest_llmdeterminism.decoding import resolve_generation_config
 
     return resolve_generation_config({}, max_new_tokens=max_new_tokens,
                                      eos_token_ids=loaded.engine.eos_token_ids(), pad_token_id=0)

@@ -32,12 +32,21 @@ def add(name: str, risk: float, *facts: str) -> Verdict:
     Verdict._member_map_[name] = member
     Verdict._value2member_map_[name] = member
     Verdict._member_names_.append(name)  # type: ignore[attr-defined]
+    _forget_decoders()
     return member
 
 
 def remove(name: str) -> None:
     Verdict._member_names_.remove(name)  # type: ignore[attr-defined]
     del Verdict._member_map_[name], Verdict._value2member_map_[name]
+    _forget_decoders()
+
+
+def _forget_decoders() -> None:
+    """msgspec keeps an enum's values on the class once it decoded one (records under xdist): a
+    member added or removed afterwards must be read again."""
+    if "__msgspec_cache__" in vars(Verdict):
+        delattr(Verdict, "__msgspec_cache__")
 
 
 class ReorderingChoiceKind(ChoiceKind):

@@ -3,8 +3,8 @@ without it are refused naming do_sample=True, neutral values accepted."""
 
 import pytest
 
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError
-from pytest_llmdeterminism.generation import resolve_generation_config
 
 
 def resolve(**overrides):

@@ -30,9 +30,9 @@ from pytest_llmdeterminism.errors import EngineError
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.decoding import DecodingConfig
     from pytest_llmdeterminism.engines.capture import Chunk
     from pytest_llmdeterminism.engines.loaded import Engine, ServedEngine
-    from pytest_llmdeterminism.generation import DecodingConfig
 
 __all__ = ["CompanionRound", "alone", "companion_prompts", "run_among"]
 

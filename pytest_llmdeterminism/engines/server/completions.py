@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
+from pytest_llmdeterminism.decoding import DecodingConfig
 from pytest_llmdeterminism.engines.capture import RowSteps
 from pytest_llmdeterminism.engines.server.secret import KEY_ECHOED, key_echoed
 from pytest_llmdeterminism.errors import EngineError
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K, DecodingConfig
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, TOP_K
 
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.server.secret import Secret

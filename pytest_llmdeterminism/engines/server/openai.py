@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.decoding import DecodingConfig, refuse_beyond
 from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids, load_tokenizer
 from pytest_llmdeterminism.engines.fingerprints import described
@@ -35,7 +36,7 @@ from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatu
 from pytest_llmdeterminism.engines.server.server_score import ServedScores
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
-from pytest_llmdeterminism.generation import DecodingConfig, HashDefinition, refuse_beyond
+from pytest_llmdeterminism.generation import HashDefinition
 from pytest_llmdeterminism.shape import GenerationSettings
 
 __all__ = ["OpenAIEngine", "OpenAIOptions", "load"]

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from pytest_llmdeterminism import cli
-from pytest_llmdeterminism.goldens.review import plan_accept
+from pytest_llmdeterminism.goldens.acceptance import plan_accept
 from pytest_llmdeterminism.reporting import documents
 from pytest_llmdeterminism.reporting.records import CheckRecord, RunRecord
 from pytest_llmdeterminism.run.prune_trust import checkout_commit

@@ -14,9 +14,9 @@ import threading
 import pytest
 
 from pytest_llmdeterminism import EngineError
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.engines import load
 from pytest_llmdeterminism.engines.server.companions import alone, companion_prompts, run_among
-from pytest_llmdeterminism.generation import resolve_generation_config
 from tests.helpers.fake_openai_server import Connection, FakeServer, Request
 from tests.helpers.hostile_server import GREEDY, honest, routes, spec
 

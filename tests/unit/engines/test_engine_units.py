@@ -14,6 +14,7 @@ import xxhash
 from hypothesis import given
 
 from pytest_llmdeterminism import ConfigurationError, EngineError, ModelLoadError
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.engines import BUILTIN_MODELS, load
 from pytest_llmdeterminism.engines.server.completions import (
     Completion,
@@ -21,7 +22,7 @@ from pytest_llmdeterminism.engines.server.completions import (
     request_body,
     text_only_id,
 )
-from pytest_llmdeterminism.generation import TEXT_ONLY_IDS, resolve_generation_config
+from pytest_llmdeterminism.generation import TEXT_ONLY_IDS
 from pytest_llmdeterminism.goldens import schema, store
 from pytest_llmdeterminism.goldens.files import fallback_variant
 from pytest_llmdeterminism.judge.compare import Verdict, compare

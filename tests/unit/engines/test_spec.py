@@ -5,14 +5,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.engines.spec import EngineSpec, engine_of, with_local_paths
 from pytest_llmdeterminism.errors import ConfigurationError
-from pytest_llmdeterminism.generation import (
-    DecodingConfig,
-    HashDefinition,
-    PromptForm,
-    resolve_generation_config,
-)
+from pytest_llmdeterminism.generation import HashDefinition, PromptForm
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import pytest
 import xxhash
 
 from pytest_llmdeterminism import engines as backends
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from pytest_llmdeterminism.engines import vllm as adapter
 from pytest_llmdeterminism.engines.checkpoint import checkpoint_eos_ids
 from pytest_llmdeterminism.errors import ConfigurationError, EngineError, ModelLoadError, NonFiniteLogitsError
-from pytest_llmdeterminism.generation import resolve_generation_config
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 
 TINY = BUILTIN_MODELS["tiny"]

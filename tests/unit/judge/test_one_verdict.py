@@ -7,10 +7,10 @@ import pytest
 from pytest_llmdeterminism.errors import GoldenFileError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.goldens import judged, schema, store
+from pytest_llmdeterminism.goldens.acceptance import plan_accept
 from pytest_llmdeterminism.goldens.review import (
     case_risk,
     fail_on,
-    plan_accept,
     review,
     review_goldens,
     review_order,

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_llmdeterminism import ConfigurationError
+from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.engines import load
 from pytest_llmdeterminism.engines.server.completions import request_body
-from pytest_llmdeterminism.generation import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.model.llm_model import LLMModel
 from pytest_llmdeterminism.model.served_sampling import SEEDS, Paired, seed_pairs, sign_test
 from pytest_llmdeterminism.shape import BatchShape, GenerationSettings

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from pytest_llmdeterminism.decoding import resolve_generation_config
 from pytest_llmdeterminism.engines import load
-from pytest_llmdeterminism.generation import resolve_generation_config
 from pytest_llmdeterminism.model.serving_audit import serving_audit
 from pytest_llmdeterminism.reporting.audit import ServingAudit, ServingRow
 from tests.helpers.fake_openai_server import Connection, FakeServer, Request
