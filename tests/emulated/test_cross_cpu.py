@@ -265,8 +265,8 @@ SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (8192, 576), (1568, 
 # against its 1024-feature block (576x1536: two blocks, the rest one), by its thread team's threshold,
 # and by output blocks of 8 (one row, up to 8 rows), 16 (a lone row as a pair), 6 (AVX2, over 8 rows)
 # and 12 (AVX-512, the host's): 8192x576 and 1568x576 end in a partial block of 6 and of 12 outputs,
-# in none of 8, 16 or 32 (MKL's tiles split outputs in 32s over threads: measured, under compatible
-# other out features change a tile's bits with the thread count), and hold full blocks of each. So
+# in none of 8, 16 or 32 (measured on the host: under compatible, MKL's tiles of 1544, 1552 or 2064
+# out features change bits with the thread count, of 1568 or 8192 not), and hold full blocks of each. So
 # 1568x576 takes every branch that 8192x576 and 1536x576 take; the host computes all six, and each
 # emulated key is compared to the host's.
 EMULATED_SHAPES = ((576, 576), (192, 576), (576, 1536), (1568, 576))
