@@ -167,7 +167,7 @@ def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smol
                         "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]'")
     (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = "
                                          f"llamacpp:{smollm2_gguf}\nllm_batch_shape = 1x32\n")
-    # That prompt alone, 8 steps: under emulation each prompt costs ~100 CPU s on an Intel host, and the
+    # That prompt alone, 8 steps: under emulation each prompt costs ~80 CPU s on an Intel host, and the
     # others add no kernel (one row each, the same model's products in the same llama.cpp build).
     probe = PROBE.replace("max_new_tokens=4", "max_new_tokens=8").replace(
         'PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):"]',
