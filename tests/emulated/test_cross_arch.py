@@ -236,7 +236,11 @@ import torch, xxhash
 from pytest_llmdeterminism.compute import tensor_ops
 found = {}
 torch.manual_seed(0)
-for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
+# SmolLM2-135M's query and output, key and value, and down projections. Its gate and up (1536x576) take
+# no other branch: on arm64 the tiles and the rows read no shape (only the rows % 32 of a tile), and
+# OpenBLAS's threads share out a product's outputs, not the input features each output sums, which
+# 576x576 has as many of and 576x1536 more.
+for out_features, in_features in ((576, 576), (192, 576), (576, 1536)):
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
     row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
     for kernel in ("tiled_linear", "rows_linear"):  # the prefill's and the decode steps' on OpenBLAS
@@ -245,9 +249,10 @@ for out_features, in_features in ((576, 576), (192, 576), (1536, 576), (576, 153
         for threads in (1, 2, 4):
             torch.set_num_threads(threads)
             alone[threads] = compute(row, weight, bias)
+            counts = (2, 7, 33, 64) if threads == 2 else (2, 33)  # one tile and two: fewer at 1 and 4
             found[f"{out_features}x{in_features} {kernel} at {threads} threads: rows equal"] = all(
                 torch.equal(compute(torch.cat([companions[:rows - 1], row]), weight, bias)[-1],
-                            alone[threads][0]) for rows in (2, 7, 33, 64))
+                            alone[threads][0]) for rows in counts)
         found[f"{out_features}x{in_features} {kernel}: threads equal"] = all(
             torch.equal(a, alone[1]) for a in alone.values())
         found[f"{out_features}x{in_features} {kernel}"] = xxhash.xxh3_64_hexdigest(alone[1].numpy().tobytes())
@@ -269,7 +274,8 @@ def test_kernel_probe():
 
 def test_arm64_batch_invariant_kernels_and_goldens_that_do_not_depend_on_the_shape(tmp_path):
     """On arm64 (OpenBLAS) the batch-invariant kernels are the tiles and the rows: per op, a row's bits
-    alone and among 1 to 63 companions at 1, 2 and 4 threads, the same under two CPUs; end to end,
+    alone and among 1, 6, 32 and 63 companions at 2 threads (1 and 32 at 1 and 4 threads), the same bits
+    at every thread count and under two CPUs; end to end,
     goldens recorded at 2x32 with llm_batch_invariant read IDENTICAL at 1x32 and 4x32."""
     script = tmp_path / "kernel_probe.py"
     script.write_text(KERNEL_PROBE)
@@ -300,5 +306,5 @@ def test_arm64_batch_invariant_kernels_and_goldens_that_do_not_depend_on_the_sha
              "cortex-a57": json.loads(output.splitlines()[-1])}
     for cpu, values in found.items():
         equal = [value for key, value in values.items() if key.endswith(("rows equal", "threads equal"))]
-        assert len(equal) == 4 * 2 * 4 + 3 and all(equal), (cpu, values)
+        assert len(equal) == 3 * 2 * 4 + 3 and all(equal), (cpu, values)
     assert found["neoverse-n1"] == found["cortex-a57"]
