@@ -10,9 +10,8 @@ import json
 
 import pytest
 
-from pytest_llmdeterminism.goldens import kinds
 from pytest_llmdeterminism.judge.verdict import Verdict
-from tests.helpers import extra_verdict
+from tests.helpers import ROOT, extra_verdict
 from tests.helpers.choice_kind import AnsweringTerminal, write_choice_test
 from tests.helpers.projects import read_goldens
 
@@ -31,19 +30,22 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture
-def reordered(suite):
-    """A golden recorded, then a run whose choice is the same but whose other options swapped."""
+def reordered(suite, monkeypatch):
+    """A golden recorded, then a run whose choice is the same but whose other options swapped. The
+    runs are children: a verdict must exist before the process first decodes a test's records
+    (msgspec keeps the enum's values in each record type it decoded), as a plug-in's does."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the children import tests.helpers
     suite.makeconftest(CONFTEST)
     write_choice_test(suite, {"red": -0.2, "blue": -1.9, "green": -3.0})
-    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
-    assert extra_verdict.NAME not in Verdict._member_map_ and "choice" not in kinds.KINDS  # taken back
+    suite.runpytest_subprocess("--llm-golden-update").assert_outcomes(passed=1)
     write_choice_test(suite, {"red": -0.2, "blue": -3.0, "green": -1.9})
-    result = suite.runpytest("--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html",
-                             "--llm-golden-artifacts=cands")
+    result = suite.runpytest_subprocess("--llm-report=r.json", "--llm-report=r.md", "--llm-report=r.html",
+                                        "--llm-golden-artifacts=cands")
     result.assert_outcomes(failed=1)
     return suite, result
 
 
+@pytest.mark.subprocess
 def test_an_added_verdict_is_reported_by_the_run(reordered):
     project, result = reordered
     result.stdout.fnmatch_lines([
@@ -56,6 +58,7 @@ def test_an_added_verdict_is_reported_by_the_run(reordered):
     assert "OPTIONS_REORDERED" in (project.path / "r.html").read_text()
 
 
+@pytest.mark.subprocess
 def test_an_added_verdict_is_gated_counted_ordered_and_accepted_by_the_review_tools(reordered, monkeypatch,
                                                                                    capsys):
     from pytest_llmdeterminism import cli
@@ -80,4 +83,4 @@ def test_an_added_verdict_is_gated_counted_ordered_and_accepted_by_the_review_to
         assert f"accepted OPTIONS_REORDERED {KEY}" in capsys.readouterr().out
     assert "OPTIONS_REORDERED" not in Verdict._member_map_
     assert read_goldens(project, GOLDEN)["test_colour"]["cpu/float32"]["logprobs"] == [-0.2, -3.0, -1.9]
-    project.runpytest().assert_outcomes(passed=1)
+    project.runpytest_subprocess().assert_outcomes(passed=1)
