@@ -4,7 +4,9 @@ as fakes whose faults are known, so the checks that must find them can be tested
 Each request runs on its own thread (``http.server.ThreadingHTTPServer``) and is held for
 :data:`HOLD` seconds, as a continuous-batching server holds requests that are decoded together: the
 number of requests in flight while it was held is its *batch*. A request alone has batch 1; one sent
-among N concurrent companions has batch N + 1 (the hold makes them overlap).
+among N concurrent companions has batch N + 1 (the hold makes them overlap). Once a batch of some
+size was seen, a round that brings as many requests together is let go at once, not after the
+whole hold (the concurrency check's 20 rounds: 0.2 s, not 5 s); fewer wait the hold out as before.
 
 The toy's "model": for each step, logits over :data:`CANDIDATES` (ids of the built-in tiny model's
 tokenizer, which the spec names) computed from a hash of the prompt ids, the tokens so far and the
@@ -151,6 +153,8 @@ class ToyServer:
         self.behaviour = behaviour or Behaviour()
         self.log = Log()
         self._in_flight = 0
+        self._peak = 0  # the most requests in flight at once since the server was last idle
+        self._largest = 0  # the largest batch a request has seen: a round of that many is complete
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -171,17 +175,22 @@ class ToyServer:
         """The answer, or None to hang up (``hang_up_in_batch``)."""
         with self._lock:
             self._in_flight += 1
-            batch = self._in_flight
+            self._peak = batch = max(self._peak, self._in_flight)
         held = int(body["max_tokens"]) > 1 or batch > 1 or self.behaviour.hang_up_in_batch
         ends = time.monotonic() + (HOLD if held else 0.0)
         while time.monotonic() < ends:  # the most requests in flight while this one was held
             time.sleep(0.01)
             with self._lock:
-                batch = max(batch, self._in_flight)
+                batch = max(batch, self._peak)
+                if batch >= self._largest > 1:  # as many as the largest batch yet: its round is in
+                    break
         hang_up = self.behaviour.hang_up_in_batch and batch > 1
         answer = None if hang_up else complete(body, batch, self.behaviour)
         with self._lock:
+            self._largest = max(self._largest, batch)
             self._in_flight -= 1
+            if self._in_flight == 0:
+                self._peak = 0
         with self.log.lock:
             self.log.completions.append({"prompt": body["prompt"], "seed": body.get("seed"),
                                          "temperature": body.get("temperature"), "batch": batch})
