@@ -31,7 +31,7 @@ PACKAGES = {
                 ["engines.hub", "engines.loaded", "engines.server.completions"],
                 ["engines.fingerprints"], ["engines.hf"],
                 ["engines.hf_load", "engines.llamacpp", "engines.server.server_client", "engines.vllm"],
-                ["engines.server.server_score"],
+                ["engines.server.prompts"], ["engines.server.server_score"],
                 ["engines.server.openai", "engines.server.companions"],
                 ["engines", "engines.companions"]],
     # The pure judgement (no pytest, torch or I/O: test_the_judgement_is_pure below), above the engines

@@ -27,12 +27,12 @@ from pytest_llmdeterminism.engines.server.completions import (
     ModelList,
     exact_id,
     parse_choice,
-    refuses_token_ids,
     request_body,
     text_only_id,
 )
+from pytest_llmdeterminism.engines.server.prompts import IdsOrText
 from pytest_llmdeterminism.engines.server.secret import Secret
-from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatusError, check_url
+from pytest_llmdeterminism.engines.server.server_client import Client, check_url
 from pytest_llmdeterminism.engines.server.server_score import ServedScores
 from pytest_llmdeterminism.engines.spec import EngineSpec, refuse_credentials
 from pytest_llmdeterminism.errors import ConfigurationError, ModelLoadError
@@ -136,7 +136,7 @@ def _listed(models: list[str]) -> str:
     return shown if more <= 0 else f"{shown[:-1]}, ... and {more} more]"
 
 
-class OpenAIEngine:
+class OpenAIEngine(IdsOrText):
     name = "openai"
     hash_definition = HashDefinition.SERVED_TOPK
     runs_rows_alone = True  # one request at a time
@@ -156,7 +156,6 @@ class OpenAIEngine:
         self.slots = slots  # the serving audit's most companions; 0: the spec does not say
         own = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
         self._eos = eos if eos is not None else own
-        self._send_ids: bool | None = None  # unknown until the first request
         self._zero: list[int] | None = None  # the first token of "0", once
         self._ids: dict[str, int] | None = None
         self._scores: ServedScores | None = None  # llm_model.score's requests (server_score.py)
@@ -244,7 +243,7 @@ class OpenAIEngine:
             temperature = 0 if config.sampling is None else config.sampling.temperature
             out.flags = {"system_fingerprint": fingerprint, "temperature": temperature,
                          "requests": "one at a time",
-                         "prompt_sent_as": "token ids" if self._send_ids else "text"}
+                         "prompt_sent_as": self._sent_as}
         return out
 
     def _complete(self, ids: list[int], config: DecodingConfig, seed: int) -> Completion:
@@ -254,21 +253,8 @@ class OpenAIEngine:
         (:func:`~completions.refuses_token_ids`) switches to text, for the session; any other is raised
         as it is (a transient status after its retries)."""
         __tracebackhide__ = True
-        if self._send_ids is not False:
-            try:
-                response = self._client.post("completions", request_body(self._model, ids, config, seed,
-                                                                          cache_prompt=self._cache_prompt),
-                                             Completion)
-            except HTTPStatusError as error:
-                if self._send_ids or not refuses_token_ids(error.status, error.detail):
-                    raise
-                self._send_ids = False
-            else:
-                self._send_ids = True
-                return response
-        text = self._tokenizer.decode(ids)
-        return self._client.post("completions", request_body(self._model, text, config, seed,
-                                                             cache_prompt=self._cache_prompt), Completion)
+        return self._post_prompt(ids, lambda prompt: request_body(self._model, prompt, config, seed,
+                                                                  cache_prompt=self._cache_prompt))
 
     def token_id(self, text: str) -> int:
         """The local tokenizer's id for a returned token text: ``token_id:N`` as vLLM returns it (asked

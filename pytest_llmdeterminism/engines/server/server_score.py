@@ -25,8 +25,8 @@ from pytest_llmdeterminism.engines.server.completions import (
     UNTRUE,
     Completion,
     Logprobs,
-    refuses_token_ids,
 )
+from pytest_llmdeterminism.engines.server.prompts import IdsOrText
 from pytest_llmdeterminism.engines.server.secret import KEY_ECHOED, Secret, key_echoed
 from pytest_llmdeterminism.engines.server.server_client import Client, HTTPStatusError
 from pytest_llmdeterminism.errors import EngineError
@@ -251,14 +251,13 @@ def collapsed_texts(top: dict[str, float], top_k: int) -> set[str] | None:
     return None if len(top) + len(collapsed) < top_k else collapsed
 
 
-class ServedScores:
+class ServedScores(IdsOrText):
     """Scores through one server, one request at a time, each after the engine's prefix reset."""
 
     def __init__(self, spec: str, client: Client, model: str, tokenizer: Any, *,
                  token_id: Callable[[str], int], reset: Callable[[list[int]], object] | None) -> None:
         self._spec, self._client, self._model, self._tokenizer = spec, client, model, tokenizer
         self._token_id, self._reset = token_id, reset
-        self._send_ids: bool | None = None  # unknown until the first request
 
     def score(self, rows: list[tuple[list[int], list[int]]], *, top_k: int,
               prompt_logprobs: bool) -> ScoreChunk:
@@ -275,25 +274,13 @@ class ServedScores:
                                      source=source, secret=self._client.api_key, tokenizer=self._tokenizer))
         return ScoreChunk(rows=scored, flags={
             "temperature": 0, "requests": "one at a time", "echo": True, "max_tokens": 1,
-            "prompt_sent_as": "token ids" if self._send_ids else "text"})
+            "prompt_sent_as": self._sent_as})
 
     def _complete(self, ids: list[int], top_k: int) -> Completion:
         """As the generation's request: the ids where the server takes them, else the decoded text."""
         __tracebackhide__ = True
         try:
-            if self._send_ids is not False:
-                try:
-                    response = self._client.post("completions", score_request(self._model, ids, top_k),
-                                                 Completion)
-                except HTTPStatusError as error:
-                    if self._send_ids or not refuses_token_ids(error.status, error.detail):
-                        raise
-                    self._send_ids = False
-                else:
-                    self._send_ids = True
-                    return response
-            text = str(self._tokenizer.decode(ids))
-            return self._client.post("completions", score_request(self._model, text, top_k), Completion)
+            return self._post_prompt(ids, lambda prompt: score_request(self._model, prompt, top_k))
         except HTTPStatusError as error:
             if error.status not in (400, 404, 422):
                 raise
