@@ -143,6 +143,11 @@ def unplug(record_type: type) -> None:
     _COMPARERS.pop(record_type, None)
 
 
+def knows(recorded: object) -> bool:
+    """Whether ``recorded`` is a record of a kind plugged in."""
+    return type(recorded) in _COMPARERS
+
+
 def comparer_of(recorded: object) -> Comparer:
     """The comparer of ``recorded``'s kind (a record of no registered kind is a TypeError)."""
     comparer = _COMPARERS.get(type(recorded))

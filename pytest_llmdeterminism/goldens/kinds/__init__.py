@@ -12,12 +12,12 @@ shows them, and its lines in ``llm-golden show``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol, TypeGuard, cast
 
 from pytest_llmdeterminism.goldens.fields import Entry
 from pytest_llmdeterminism.goldens.kinds.generation import GENERATION
 from pytest_llmdeterminism.goldens.kinds.score import SCORE
-from pytest_llmdeterminism.judge.compare import Comparison, Recorded, plug_in, unplug
+from pytest_llmdeterminism.judge.compare import Comparison, Recorded, comparer_of, knows, plug_in, unplug
 
 __all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "entry_type", "is_record", "named", "of",
            "plugged_in", "register", "unregister"]
@@ -81,35 +81,30 @@ KINDS: dict[str, Kind] = {
     GENERATION.name: GENERATION,
     SCORE.name: SCORE,
 }
-_BY_TYPE: dict[type, Kind] = {}
 
 
 def register(kind: Kind) -> None:
     """Add ``kind`` (or replace the one of its name): its records are checked, stored and reported."""
     KINDS[kind.name] = kind
-    _BY_TYPE[kind.record_type] = kind
-    plug_in(kind.record_type, kind)
+    plug_in(kind.record_type, kind)  # the one table from record type to kind: the judgement's
 
 
 def unregister(name: str) -> None:
     """Remove a kind :func:`register` added (a test's throw-away kind)."""
-    kind = KINDS.pop(name)
-    _BY_TYPE.pop(kind.record_type, None)
-    unplug(kind.record_type)
+    unplug(KINDS.pop(name).record_type)
 
 
 def is_record(value: object) -> TypeGuard[Recorded]:
     """``value`` is a record of a registered kind (a Generation, a Score, ...)."""
-    return type(value) in _BY_TYPE
+    return knows(value)
 
 
 def of(record: object) -> Kind:
     """The kind of ``record``; a value of no registered kind is a TypeError."""
-    kind = _BY_TYPE.get(type(record))
-    if kind is None:
+    if not knows(record):
         raise TypeError(f"{type(record).__name__} is no kind of golden (the kinds: "
                         f"{', '.join(sorted(KINDS))})")
-    return kind
+    return cast(Kind, comparer_of(record))  # plugged in by register(): a Kind
 
 
 def named(name: str) -> Kind:
