@@ -62,6 +62,7 @@ def test_update_then_check_then_changed_model_then_accept(project, run, tmp_path
     ]
     checked = run(passed=4)
     checked.stdout.fnmatch_lines(["golden checks: 6 IDENTICAL"])
+    assert "unused golden" not in checked.stdout.str()  # under xdist: each key used by one worker or another
 
     before = (project.path / GOLDEN).read_bytes()
     changed_model = perturbed_tiny_copy(tmp_path / "changed", scale=0.5, seed=0)
@@ -419,6 +420,8 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
         "*delete them with: pytest --llm-golden-prune",
     ])
     assert "test_param" not in complete.stdout.str().split("llm goldens")[-1]  # skipped: not exercised
+    # under xdist both workers ran tests: the keys either used count as used, each unused one is named once
+    assert complete.stdout.str().count("unused golden in") == 2
 
     pruned = run("--llm-golden-prune")
     pruned.stdout.fnmatch_lines(["pruned 2 unused golden(s):",
@@ -426,21 +429,6 @@ def test_unused_goldens_are_reported_only_after_a_complete_green_run_and_pruned_
                                  "  __golden__/test_suite.json ['test_two_checks::code']"])
     assert golden_keys(project) == ["test_param[Count: one,]", "test_param[The cat sat on the]",
                                     "test_two_checks", "test_two_checks#2"]
-
-
-@pytest.mark.subprocess
-def test_unused_goldens_merge_across_xdist_workers(project):
-    pytest.importorskip("xdist")
-    project.runpytest("--llm-golden-update").assert_outcomes(passed=4)
-    result = project.runpytest_subprocess("-n", "2")
-    result.assert_outcomes(passed=4)
-    assert "unused golden" not in result.stdout.str()  # every key was used, by one worker or the other
-    source = (project.path / "test_suite.py").read_text().replace(
-        'golden_tokens.check(llm_model.generate("def add(a, b):"), name="code")', 'pass')
-    project.makepyfile(test_suite=source)
-    result = project.runpytest_subprocess("-n", "2")
-    result.stdout.fnmatch_lines(["unused golden in __golden__/test_suite.json: 'test_two_checks::code'"])
-    assert result.stdout.str().count("unused golden in") == 1
 
 
 @pytest.mark.subprocess
