@@ -8,6 +8,8 @@ the check can fail). Emulation is slow, and most of an emulated run is its start
 transformers: ~30 CPU s under -cpu EPYC), so the runs that share a CPU and a numerics mode share one
 Python, as pytest sessions one after another (tests/helpers/sessions.py), the linear probe last as a
 session of its own (LINEAR_SESSION): one process under each emulated CPU and mode, the host's likewise.
+
+Long: one test, with the probe scripts it runs and why their shapes suffice beside the assertions.
 """
 
 from __future__ import annotations
