@@ -1,8 +1,15 @@
-"""Goldens travel between CPUs: one short golden check re-run under emulated CPUs of another vendor
-and instruction set (qemu-x86_64 user mode runs this very Python and torch, reporting another CPU).
+"""Goldens travel between CPUs: short golden checks re-run under emulated CPUs of another vendor
+and instruction set (qemu-x86_64 user mode runs this very Python and torch, reporting another CPU),
+and a probe of the linears' kernels whose bits must equal the host's there.
 
-Portable numerics must give the goldens recorded here bit for bit; native numerics must not (the
-negative control that shows the check can fail). Emulation is slow, so the probe is one small test.
+Portable numerics must give the goldens recorded here bit for bit, compatible ones too on a CPU
+without AVX2 (where portable is refused); native numerics must not (the negative control that shows
+the check can fail). Emulation is slow, and most of an emulated run is its start (importing torch and
+transformers: ~30 CPU s under -cpu EPYC), so the runs that share a CPU and a numerics mode share one
+Python, as pytest sessions one after another (tests/helpers/sessions.py), the linear probe last as a
+session of its own (LINEAR_SESSION): one process under each emulated CPU and mode, the host's likewise.
+
+Long: one test, with the probe scripts it runs and why their shapes suffice beside the assertions.
 """
 
 from __future__ import annotations
@@ -83,23 +90,31 @@ def _finish(run: subprocess.Popen[str]) -> tuple[int, str]:
     return run.returncode, "\n".join(lines)
 
 
-def _pytest_sessions(project: Path, *runs: tuple[str, ...], cpu: str) -> subprocess.Popen[str]:
-    """pytest runs of ``project`` under ``cpu``, one after another in one emulated Python
-    (tests/helpers/sessions.py), for runs whose numerics set the same variables before a product."""
-    options = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
-    command = sessions.command([str(QEMU), "-cpu", cpu, sys.executable],
-                               [(project, [*options, *args]) for args in runs])
-    return subprocess.Popen(command, cwd=project, env=_environment(), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+Session = tuple[Path, tuple[str, ...]]  # a project folder and the pytest arguments it runs with
+Started = tuple[subprocess.Popen[str], list[str]]  # a process running sessions, and their names
 
 
-def _finish_sessions(run: subprocess.Popen[str], count: int) -> list[tuple[int, str]]:
-    """Each session's exit status and output, once the process ended."""
+def _start_sessions(named: dict[str, Session], *, cpu: str | None = None) -> Started:
+    """pytest runs of the ``named`` projects, in order, under ``cpu`` (else natively) in one Python
+    (tests/helpers/sessions.py), for runs whose numerics set the same variables before a product;
+    with the runs' names, in order."""
+    options = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+    python = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable]
+    command = sessions.command(python, [(project, [*options, *args]) for project, args in named.values()])
+    first_project = next(iter(named.values()))[0]
+    run = subprocess.Popen(command, cwd=first_project, env=_environment(), text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    return run, list(named)
+
+
+def _finish_sessions(started: Started) -> dict[str, tuple[int, str]]:
+    """Each session's exit status and output by its name, once the process ended."""
+    run, names = started
     code, output = _finish(run)
     assert code == 0, output[-4000:]
     outputs, codes = sessions.split(output)
-    assert len(outputs) == count, output[-4000:]
-    return list(zip(codes, outputs, strict=True))
+    assert len(outputs) == len(names), output[-4000:]
+    return {name: (code, output) for name, code, output in zip(names, codes, outputs, strict=True)}
 
 
 # Score goldens (teacher-forced logprobs, one forward over prompt + continuation) travel between CPUs
@@ -115,78 +130,12 @@ def test_score(llm_model, golden_tokens):
 """
 
 
-def test_portable_goldens_are_identical_under_other_cpus_and_native_ones_are_not(tmp_path):
-    (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n")
-    (tmp_path / "test_probe.py").write_text(PROBE + SAMPLED_PROBE + SCORE_PROBE)
-    # Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread),
-    # so the negative control runs one prompt per batch, at one thread.
-    native = ("--llm-cpu-numerics=native", "--llm-golden-dir=native", "--llm-batch-shape=1x32")
-    compatible = ("--llm-cpu-numerics=compatible", "--llm-golden-dir=compatible")
-    for args, threads in ((("--llm-golden-update",), None), ((*compatible, "--llm-golden-update"), None),
-                          ((*native, "--llm-golden-update"), 1)):
-        code, output = _finish(_pytest(tmp_path, *args, threads=threads))
-        assert code == 0 and "golden checks: 8 recorded" in output, output[-3000:]
-
-    other_vendor, old_isa = _foreign_cpus()
-    runs = {
-        other_vendor: _pytest(tmp_path, cpu=other_vendor),
-        f"native on {old_isa}": _pytest(tmp_path, *native, "--llm-tolerance=exact", cpu=old_isa, threads=1),
-    }
-    # One emulated Python (an emulated start fewer): portable, refused before its model loads and before
-    # any product (the CPU capability it reads is DEFAULT, MKL's branch COMPATIBLE: compatible's too;
-    # the run restores the variables it set), then compatible.
-    refused_then_compatible = _pytest_sessions(tmp_path, (), compatible, cpu=old_isa)
-    results = {name: _finish(run) for name, run in runs.items()}
-    results[f"portable on {old_isa}"], results[old_isa] = _finish_sessions(refused_then_compatible, 2)
-
-    # portable (AVX2 kernels) on another vendor's CPU; compatible (generic kernels) on one without AVX
-    for cpu in (other_vendor, old_isa):
-        code, output = results[cpu]
-        assert code == 0, f"pinned goldens failed under -cpu {cpu}:\n{output[-4000:]}"
-        assert "golden checks: 8 IDENTICAL" in output, output[-3000:]  # 3 greedy, 3 sampled, 2 scores
-        assert "batch invariance: verified at 4x32" in output
-        assert "compared across environments" not in output
-
-    # Portable needs AVX2: a CPU without it is refused with the settings that work there.
-    code, output = results[f"portable on {old_isa}"]
-    assert code == 1, output[-3000:]
-    assert "has no AVX2 and FMA" in output and "--llm-cpu-numerics=compatible" in output, output[-3000:]
-    assert "llm: loaded" not in output, output[-3000:]  # refused before the model loads
-
-    # Negative control: native kernels on an SSE4.2-only CPU give other bits than native ones here.
-    code, output = results[f"native on {old_isa}"]
-    assert code == 1, output[-3000:]
-    assert any(f"{verdict} (failed)" in output for verdict in ("LOGIT_DRIFT", "REGRESSION", "TIE_FLIP"))
-    assert "compared across environments:" in output and "cpu_capability" in output, output[-3000:]
-
-
-def test_llamacpp_goldens_are_identical_under_another_vendors_cpu(tmp_path, smollm2_gguf):
-    """The llama.cpp engine's greedy choice and top-5 must not depend on the CPU's SIMD dispatch
-    (numpy's argpartition did: a REGRESSION at step 7 of the first prompt under an emulated Haswell)."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: "
-                        "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]'")
-    (tmp_path / "pytest.ini").write_text("[pytest]\nllm_model = "
-                                         f"llamacpp:{smollm2_gguf}\nllm_batch_shape = 1x32\n")
-    # That prompt alone, 8 steps: under emulation each prompt costs ~80 CPU s on an Intel host, and the
-    # others add no kernel (one row each, the same model's products in the same llama.cpp build).
-    probe = PROBE.replace("max_new_tokens=4", "max_new_tokens=8").replace(
-        'PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):"]',
-        'PROMPTS = ["The capital of France is"]')
-    (tmp_path / "test_probe.py").write_text(probe)
-    code, output = _finish(_pytest(tmp_path, "--llm-golden-update"))
-    assert code == 0 and "golden checks: 1 recorded" in output, output[-3000:]
-    other_vendor, _ = _foreign_cpus()
-    code, output = _finish(_pytest(tmp_path, cpu=other_vendor))
-    assert code == 0 and "golden checks: 1 IDENTICAL" in output, \
-        f"under -cpu {other_vendor}:\n{output[-4000:]}"
-
-
 LINEAR_PROBE = """
 import json, sys
 from pytest_llmdeterminism.compute import numerics, tensor_ops
 # "portable,compatible": portable first, which a CPU without AVX2 refuses, then compatible in the same
-# process. The refusal comes before any product: numerics.check reads the CPU capability, DEFAULT, and
-# MKL's branch, COMPATIBLE, which are compatible's too, and the variables are restored before it pins.
+# process. The refusal changes no kernel: numerics.check reads the CPU capability, DEFAULT, and MKL's
+# branch, COMPATIBLE, which are compatible's too, and the variables are restored before it pins.
 *REFUSED, MODE = sys.argv[1].split(",")
 for mode in REFUSED:
     replaced = numerics.pin(mode)
@@ -196,7 +145,9 @@ for mode in REFUSED:
         print(json.dumps({"refused": str(error)}))
     numerics.unpin(replaced)
 sys.argv[1] = MODE
-numerics.pin(sys.argv[1])  # as the plugin does, before torch computes anything
+# As the plugin does. Torch computed before, in this process's goldens sessions of the same mode, which
+# pinned it first; check reads what is in force.
+numerics.pin(sys.argv[1])
 import torch, xxhash
 try:
     found = {"in force": numerics.check(sys.argv[1])["aten_capability"]}
@@ -272,7 +223,165 @@ SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (8192, 576), (1568, 
 EMULATED_SHAPES = ((576, 576), (192, 576), (576, 1536), (1568, 576))
 
 
-def test_linears_keep_their_bits_under_other_cpus(tmp_path):
+# The linear probe as the last session of a process that ran goldens of its mode: it sets the command
+# line the probe reads and puts it back, computes at the 2 threads a process of its own got from
+# OMP_NUM_THREADS=2, and writes what the probe printed (a refusal's line, then its results) to a file.
+LINEAR_SESSION = """
+import contextlib, io, pathlib, runpy, sys
+import torch
+
+def test_linear_probe():
+    printed, argv = io.StringIO(), sys.argv
+    sys.argv = [{script!r}, *{argv!r}]
+    torch.set_num_threads(2)
+    try:
+        with contextlib.redirect_stdout(printed):
+            runpy.run_path({script!r})
+    except SystemExit as end:  # the probe's end where the mode it pins is refused: its results say so
+        assert end.code == 0, printed.getvalue()
+    finally:
+        sys.argv = argv
+        pathlib.Path({printed!r}).write_text(printed.getvalue())
+"""
+# pytest arguments of the goldens' runs: each mode records into its own folder of the tiny project.
+# Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread), so
+# the negative control runs one prompt per batch, at one thread.
+NATIVE = ("--llm-cpu-numerics=native", "--llm-golden-dir=native", "--llm-batch-shape=1x32")
+COMPATIBLE = ("--llm-cpu-numerics=compatible", "--llm-golden-dir=compatible")
+UPDATE = ("--llm-golden-update",)
+
+
+def _tiny_project(tmp_path: Path) -> Path:
+    project = tmp_path / "tiny"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\nllm_model = builtin:tiny\nllm_batch_shape = 4x32\n")
+    (project / "test_probe.py").write_text(PROBE + SAMPLED_PROBE + SCORE_PROBE)
+    return project
+
+
+def _llamacpp_project(tmp_path: Path, request: pytest.FixtureRequest) -> Path | None:
+    """The llama.cpp engine's project on SmolLM2-135M, or None, saying why, where llama-cpp-python or
+    the model is missing: the rest of the test runs without it.
+
+    Its greedy choice and top-5 must not depend on the CPU's SIMD dispatch (numpy's argpartition did:
+    a REGRESSION at step 7 of the first prompt under an emulated Haswell)."""
+    try:
+        pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: "
+                            "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install -e '.[llamacpp]'")
+        gguf = request.getfixturevalue("smollm2_gguf")
+    except pytest.skip.Exception as missing:
+        print(f"the llama.cpp engine's goldens are left out: {missing.msg}")
+        return None
+    project = tmp_path / "llamacpp"
+    project.mkdir()
+    (project / "pytest.ini").write_text(f"[pytest]\nllm_model = llamacpp:{gguf}\nllm_batch_shape = 1x32\n")
+    # That prompt alone, 8 steps: under emulation each prompt costs ~80 CPU s on an Intel host, and the
+    # others add no kernel (one row each, the same model's products in the same llama.cpp build).
+    probe = PROBE.replace("max_new_tokens=4", "max_new_tokens=8").replace(
+        'PROMPTS = ["The capital of France is", "Count: one,", "def add(a, b):"]',
+        'PROMPTS = ["The capital of France is"]')
+    (project / "test_probe.py").write_text(probe)
+    return project
+
+
+def _linear_sessions(tmp_path: Path, other_vendor: str, old_isa: str) -> dict[tuple[str, str], Session]:
+    """A session per (mode, CPU) whose one test runs the linear probe there (LINEAR_SESSION); what
+    it printed lands in ``printed.txt`` in its project folder."""
+    script = tmp_path / "linear_probe.py"
+    script.write_text(LINEAR_PROBE)
+    kernels = tmp_path / "kernels"  # the fixed-order kernel, built once on the host for every run
+    assert fixed_order.build(kernels)[0] is not None
+    # under the CPU without AVX2, portable first, refused, then compatible
+    runs = {("portable", "host"): "portable", ("compatible", "host"): "compatible",
+            ("portable", other_vendor): "portable", ("compatible", old_isa): "portable,compatible"}
+    folders: dict[tuple[str, str], Session] = {}
+    for (mode, cpu), modes in runs.items():
+        shapes, where = (SHAPES, "host") if cpu == "host" else (EMULATED_SHAPES, "emulated")
+        folder = tmp_path / f"linears-{mode}-{cpu}"
+        folder.mkdir()
+        folders[mode, cpu] = folder, ()
+        (folder / "pytest.ini").write_text("[pytest]\n")
+        argv = [modes, str(kernels), json.dumps(shapes), where]
+        (folder / "test_linear_probe.py").write_text(LINEAR_SESSION.format(
+            script=str(script), argv=argv, printed=str(folder / "printed.txt")))
+    return folders
+
+
+def test_goldens_and_linears_keep_their_bits_under_other_cpus_and_native_ones_do_not(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Goldens recorded here (the tiny model's greedy, sampled and score checks; the llama.cpp
+    engine's where it is installed) read IDENTICAL under another vendor's emulated CPU in portable
+    numerics, and under one without AVX in compatible numerics, where portable is refused; native
+    ones there give other bits (the negative control). The linears keep their bits under both CPUs
+    (_assert_linears says which)."""
+    tiny, llamacpp = _tiny_project(tmp_path), _llamacpp_project(tmp_path, request)
+    other_vendor, old_isa = _foreign_cpus()
+    linears = _linear_sessions(tmp_path, other_vendor, old_isa)
+    llamacpp_record = {"llama.cpp record": (llamacpp, UPDATE)} if llamacpp else {}
+    # The host records the goldens, one process per mode, each mode's linear probe last in it.
+    host = [_start_sessions({"portable record": (tiny, UPDATE), **llamacpp_record,
+                             "linears portable on host": linears["portable", "host"]}),
+            _start_sessions({"compatible record": (tiny, (*COMPATIBLE, *UPDATE)),
+                             "linears compatible on host": linears["compatible", "host"]})]
+    results = {"native record": _finish(_pytest(tiny, *NATIVE, *UPDATE, threads=1))}
+    for started in host:
+        results.update(_finish_sessions(started))
+    for name in ("portable record", "compatible record", "native record", *llamacpp_record):
+        code, output = results[name]
+        assert code == 0 and f"golden checks: {1 if name == 'llama.cpp record' else 8} recorded" in output, \
+            f"{name}:\n{output[-3000:]}"
+
+    # Under emulation one process per CPU and mode; native numerics at one thread in one of its own.
+    llamacpp_check = {f"llama.cpp on {other_vendor}": (llamacpp, ())} if llamacpp else {}
+    emulated = [
+        _start_sessions({other_vendor: (tiny, ()), **llamacpp_check,
+                         f"linears portable on {other_vendor}": linears["portable", other_vendor]},
+                        cpu=other_vendor),
+        # Portable first, refused before its model loads and before any product (the CPU capability it
+        # reads is DEFAULT, MKL's branch COMPATIBLE: compatible's too; the run restores the variables
+        # it set), then compatible, then the linear probe of both.
+        _start_sessions({f"portable on {old_isa}": (tiny, ()), old_isa: (tiny, COMPATIBLE),
+                         f"linears compatible on {old_isa}": linears["compatible", old_isa]},
+                        cpu=old_isa)]
+    native = _pytest(tiny, *NATIVE, "--llm-tolerance=exact", cpu=old_isa, threads=1)
+    for started in emulated:
+        results.update(_finish_sessions(started))
+    results[f"native on {old_isa}"] = _finish(native)
+    _assert_goldens(results, other_vendor, old_isa)
+    if llamacpp_check:
+        code, output = results[f"llama.cpp on {other_vendor}"]
+        assert code == 0 and "golden checks: 1 IDENTICAL" in output, \
+            f"under -cpu {other_vendor}:\n{output[-4000:]}"
+    _assert_linears(results, linears, old_isa)
+
+
+def _assert_goldens(results: dict[str, tuple[int, str]], other_vendor: str, old_isa: str) -> None:
+    """The tiny model's goldens: IDENTICAL under both CPUs, portable refused without AVX2, native
+    numerics other bits without it."""
+    __tracebackhide__ = True
+    # portable (AVX2 kernels) on another vendor's CPU; compatible (generic kernels) on one without AVX
+    for cpu in (other_vendor, old_isa):
+        code, output = results[cpu]
+        assert code == 0, f"pinned goldens failed under -cpu {cpu}:\n{output[-4000:]}"
+        assert "golden checks: 8 IDENTICAL" in output, output[-3000:]  # 3 greedy, 3 sampled, 2 scores
+        assert "batch invariance: verified at 4x32" in output
+        assert "compared across environments" not in output
+
+    # Portable needs AVX2: a CPU without it is refused with the settings that work there.
+    code, output = results[f"portable on {old_isa}"]
+    assert code == 1, output[-3000:]
+    assert "has no AVX2 and FMA" in output and "--llm-cpu-numerics=compatible" in output, output[-3000:]
+    assert "llm: loaded" not in output, output[-3000:]  # refused before the model loads
+
+    # Negative control: native kernels on an SSE4.2-only CPU give other bits than native ones here.
+    code, output = results[f"native on {old_isa}"]
+    assert code == 1, output[-3000:]
+    assert any(f"{verdict} (failed)" in output for verdict in ("LOGIT_DRIFT", "REGRESSION", "TIE_FLIP"))
+    assert "compared across environments:" in output and "cpu_capability" in output, output[-3000:]
+
+
+def _assert_linears(results: dict[str, tuple[int, str]], linears: dict[tuple[str, str], Session],
+                    old_isa: str) -> None:
     """Under portable numerics float32 linears run on oneDNN's AVX2 GEMM (smaller products on MKL's
     generic path), under compatible on MKL's generic path, one-row products there split over the
     threads (compute/kernels.py): each must give
@@ -283,29 +392,15 @@ def test_linears_keep_their_bits_under_other_cpus(tmp_path):
     the same bits at every thread count, and a left-padded row's attention as the row alone. The
     emulated runs compute the shapes and companions that take every branch (EMULATED_SHAPES; oneDNN's
     rows among one companion), the host all of them, and each emulated result must equal the host's."""
-    script = tmp_path / "linear_probe.py"
-    script.write_text(LINEAR_PROBE)
-    kernels = tmp_path / "kernels"  # the fixed-order kernel, built once on the host for every run
-    assert fixed_order.build(kernels)[0] is not None
-    other_vendor, old_isa = _foreign_cpus()
-    runs = {}
-    # Under the CPU without AVX2 one process: portable, refused, then compatible (an emulated start fewer)
-    for mode, cpus in (("portable", ("", other_vendor)), ("compatible", ("", old_isa))):
-        env = {**_environment(), "OMP_NUM_THREADS": "2"}
-        for cpu in cpus:
-            modes = f"portable,{mode}" if cpu == old_isa else mode
-            command = [*([str(QEMU), "-cpu", cpu] if cpu else []), sys.executable, str(script), modes,
-                       str(kernels), *((json.dumps(EMULATED_SHAPES), "emulated") if cpu else
-                                       (json.dumps(SHAPES), "host"))]
-            runs[mode, cpu or "host"] = subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
-                                                         stderr=subprocess.STDOUT)
+    __tracebackhide__ = True
     found = {}
-    for (mode, cpu), run in runs.items():
-        code, output = _finish(run)
+    for (mode, cpu), (folder, _) in linears.items():
+        code, output = results[f"linears {mode} on {cpu}"]
         assert code == 0, f"{mode} under -cpu {cpu}:\n{output[-3000:]}"
-        found[mode, cpu] = json.loads(output.splitlines()[-1])
+        printed = (folder / "printed.txt").read_text().splitlines()
+        found[mode, cpu] = json.loads(printed[-1])
         if cpu == old_isa:  # the refusal's line comes first
-            found["portable", cpu] = json.loads(next(line for line in output.splitlines() if line[:1] == "{"))
+            found["portable", cpu] = json.loads(next(line for line in printed if line[:1] == "{"))
     assert "has no AVX2 and FMA" in found.pop(("portable", old_isa))["refused"]
     assert found["portable", "host"]["in force"] == "AVX2"
     # oneDNN's products: 4 shapes at one row (the 576x576 and 192x576 ones stay on MKL), 6 at 7 and 64
