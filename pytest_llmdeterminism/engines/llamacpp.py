@@ -213,8 +213,8 @@ class LlamaCppEngine:
             token = top_ids[0] if draws is None else draws.draw(scores if processed else raw, step)
             tokens.append(token)
             seen.append(token)
-            if token in eos:
-                break
+            if token in eos or step == config.max_new_tokens - 1:
+                break  # no step reads the logits of the last token: it is not evaluated
             llm.eval([token])
         return tokens, steps, kept
 

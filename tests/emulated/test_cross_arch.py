@@ -248,6 +248,7 @@ def kernel_projects(tmp_path: Path) -> tuple[Path, Path]:
     return folders
 
 
+@pytest.mark.slow  # SmolLM2 under arm64 emulation, where it was fetched
 def test_arm64_goldens_travel_ignore_the_cpu_and_core_type_and_do_not_depend_on_the_shape(tmp_path, request):
     """Goldens of the tiny model (and SmolLM2-135M where it was fetched) recorded on an emulated
     arm64 travel to x86-64 and back; portable ones read IDENTICAL under other arm64 CPUs and forced
