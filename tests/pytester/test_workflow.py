@@ -255,35 +255,6 @@ def test_global_torch_state_is_restored_after_a_deterministic_test(suite):
 
 
 @pytest.mark.subprocess
-def test_xdist_update_of_many_parametrized_cases_loses_nothing(suite):
-    pytest.importorskip("xdist")
-    suite.makepyfile(
-        test_many="""
-        import pytest
-
-        PROMPTS = [f"Count: {n}," for n in ["one", "two", "three", "four", "five", "six"]] + [
-            f"Q: What is the capital of {c}? A:" for c in
-            ["France", "Germany", "Italy", "Spain", "Japan", "Egypt", "Peru", "Kenya", "Canada", "Norway",
-             "Greece", "Chile"]
-        ] + ["The sky is", "The cat sat on the", "The weather today is", "My favourite colour is",
-             "Once upon a time", "Hello, world!"]
-
-        @pytest.mark.parametrize("prompt", PROMPTS)
-        def test_case(llm_model, golden_tokens, prompt):
-            golden_tokens.check(llm_model.generate(prompt, max_new_tokens=4))
-        """
-    )
-    recorded = suite.runpytest_subprocess("-n", "2", "--llm-golden-update")
-    recorded.assert_outcomes(passed=24)
-    recorded.stdout.fnmatch_lines(["golden checks: 24 recorded",
-                                   "wrote __golden__/test_many.json (24 goldens)"])
-    goldens = json.loads((suite.path / "__golden__" / "test_many.json").read_text())["goldens"]
-    assert len(goldens) == 24
-    suite.runpytest_subprocess("-n", "2").assert_outcomes(passed=24)
-    suite.runpytest("-p", "no:xdist").assert_outcomes(passed=24)  # a plain run: in this process
-
-
-@pytest.mark.subprocess
 def test_xdist_worker_crash_keeps_goldens_recorded_before_it(suite):
     pytest.importorskip("xdist")
     suite.makepyfile(
@@ -472,6 +443,7 @@ def test_xdist_four_workers_200_cases_one_model_load_each(suite):
     checked = suite.runpytest_subprocess("-n", "4")
     checked.assert_outcomes(passed=200)
     checked.stdout.fnmatch_lines(["golden checks: 200 IDENTICAL"])
+    suite.runpytest("-p", "no:xdist").assert_outcomes(passed=200)  # a plain run: in this process
 
 
 def test_html_report_is_self_contained_and_shows_every_check(project, tmp_path):
