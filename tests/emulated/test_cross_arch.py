@@ -187,17 +187,6 @@ print(json.dumps(found))
 """
 KERNEL_PROBE = KERNEL_PROBE.replace("print(json.dumps(found))", ATTENTION_PROBE + "print(json.dumps(found))")
 
-# The probe as a test of its own, for a session in the process that checked the goldens
-KERNEL_SESSION = """
-import contextlib, io, pathlib, runpy
-
-def test_kernel_probe():
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        runpy.run_path({script!r})
-    pathlib.Path("found.json").write_text(printed.getvalue().splitlines()[-1])
-"""
-
 
 # The emulated CPUs and the OpenBLAS core types the user's environment names (portable numerics
 # override them; native ones keep them). qemu's SVE CPUs (max, a64fx) run SmolLM2 3-5x slower;
@@ -238,18 +227,19 @@ def smollm2_project(request: pytest.FixtureRequest, tmp_path: Path) -> Path | No
 
 
 def kernel_projects(tmp_path: Path) -> tuple[Path, Path]:
-    """Two folders whose one test runs the kernel probe and writes what it found to found.json."""
+    """Two folders whose one test runs the kernel probe (sessions.script_project), each writing what
+    it printed to printed.txt."""
     script = tmp_path / "kernel_probe.py"
     script.write_text(KERNEL_PROBE)
     folders = tmp_path / "kernels-neoverse-n1", tmp_path / "kernels-cortex-a57"
     for folder in folders:
-        folder.mkdir()
-        (folder / "test_kernel_probe.py").write_text(KERNEL_SESSION.format(script=str(script)))
+        sessions.script_project(folder, script)
     return folders
 
 
 @pytest.mark.slow  # SmolLM2 under arm64 emulation, where it was fetched
-def test_arm64_goldens_travel_ignore_the_cpu_and_core_type_and_do_not_depend_on_the_shape(tmp_path, request):
+def test_arm64_goldens_travel_ignore_the_cpu_and_core_type_and_do_not_depend_on_the_shape(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Goldens of the tiny model (and SmolLM2-135M where it was fetched) recorded on an emulated
     arm64 travel to x86-64 and back; portable ones read IDENTICAL under other arm64 CPUs and forced
     OpenBLAS core types, native ones are judged across environments when the core type changes; the
@@ -278,11 +268,11 @@ def test_arm64_goldens_travel_ignore_the_cpu_and_core_type_and_do_not_depend_on_
         assert [summary(output) for output in recorded] == records, recorded[0][-3000:]
 
     # the arm64 goldens on x86-64, then under other arm64 CPUs and core types, each in a process of its own
-    on_x86 = Run(tiny, then=((tiny, (f"--llm-model={changed}",)),))
+    x86_checks = Run(tiny, then=((tiny, (f"--llm-model={changed}",)),))
     other_cpu = arm64([(tiny, ())], "a64fx", ARMV8)  # SVE-512, no BF16, another core type
     cortex = arm64([*with_smollm2("--llm-tolerance=exact"), (on_cortex, ())], "cortex-a57", CORTEX)
     other_core = arm64([(tiny, NATIVE), *with_smollm2(*NATIVE)], "neoverse-n1", NEOVERSE)
-    on_x86, changed_on_x86 = on_x86.finish_each(0, 1)
+    on_x86, changed_on_x86 = x86_checks.finish_each(0, 1)
     travelled(on_arm64, on_x86, changed_on_arm64, changed_on_x86)
 
     *smollm2_exact, _ = cortex.finish_each(*[0] * (n + 1))
@@ -335,7 +325,8 @@ def shape_free(tiny: Path, other_shapes: list[str], kernels: dict[str, Path]) ->
     assert '"batch_invariant": "cpu-openblas-armv8-tiles32-rowwise-1"' in golden
     for output in other_shapes:
         assert summary(output) == "golden checks: 8 IDENTICAL", output[-3000:]
-    found = {cpu: json.loads((folder / "found.json").read_text()) for cpu, folder in kernels.items()}
+    found = {cpu: json.loads((folder / "printed.txt").read_text().splitlines()[-1])
+             for cpu, folder in kernels.items()}
     for cpu, values in found.items():
         equal = [value for key, value in values.items() if key.endswith(("rows equal", "threads equal"))]
         assert len(equal) == 3 * 2 * 4 + 3 and all(equal), (cpu, values)

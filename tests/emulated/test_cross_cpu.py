@@ -7,7 +7,8 @@ without AVX2 (where portable is refused); native numerics must not (the negative
 the check can fail). Emulation is slow, and most of an emulated run is its start (importing torch and
 transformers: ~30 CPU s under -cpu EPYC), so the runs that share a CPU and a numerics mode share one
 Python, as pytest sessions one after another (tests/helpers/sessions.py), the linear probe last as a
-session of its own (LINEAR_SESSION): one process under each emulated CPU and mode, the host's likewise.
+session of its own (sessions.script_project): one process under each emulated CPU and mode, the
+host's likewise.
 
 Long: one test, with the probe scripts it runs and why their shapes suffice beside the assertions.
 """
@@ -149,6 +150,7 @@ sys.argv[1] = MODE
 # pinned it first; check reads what is in force.
 numerics.pin(sys.argv[1])
 import torch, xxhash
+torch.set_num_threads(2)  # whatever count the process runs at: the products below at 2 threads
 try:
     found = {"in force": numerics.check(sys.argv[1])["aten_capability"]}
 except numerics.CPUNumericsError as error:
@@ -238,26 +240,6 @@ SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (8192, 576), (1568, 
 EMULATED_SHAPES = ((576, 576), (192, 576), (576, 1536), (1568, 576))
 
 
-# The linear probe as the last session of a process that ran goldens of its mode: it sets the command
-# line the probe reads and puts it back, computes at the 2 threads a process of its own got from
-# OMP_NUM_THREADS=2, and writes what the probe printed (a refusal's line, then its results) to a file.
-LINEAR_SESSION = """
-import contextlib, io, pathlib, runpy, sys
-import torch
-
-def test_linear_probe():
-    printed, argv = io.StringIO(), sys.argv
-    sys.argv = [{script!r}, *{argv!r}]
-    torch.set_num_threads(2)
-    try:
-        with contextlib.redirect_stdout(printed):
-            runpy.run_path({script!r})
-    except SystemExit as end:  # the probe's end where the mode it pins is refused: its results say so
-        assert end.code == 0, printed.getvalue()
-    finally:
-        sys.argv = argv
-        pathlib.Path({printed!r}).write_text(printed.getvalue())
-"""
 # pytest arguments of the goldens' runs: each mode records into its own folder of the tiny project.
 # Native kernels are not even row-invariant on every CPU (measured: emulated Nehalem, 1 thread), so
 # the negative control runs one prompt per batch, at one thread.
@@ -303,8 +285,8 @@ def _llamacpp_project(tmp_path: Path, request: pytest.FixtureRequest) -> Path | 
 
 
 def _linear_sessions(tmp_path: Path, other_vendor: str, old_isa: str) -> dict[tuple[str, str], Session]:
-    """A session per (mode, CPU) whose one test runs the linear probe there (LINEAR_SESSION); what
-    it printed lands in ``printed.txt`` in its project folder."""
+    """A session per (mode, CPU) whose one test runs the linear probe there (sessions.script_project);
+    what it printed lands in ``printed.txt`` in its project folder."""
     script = tmp_path / "linear_probe.py"
     script.write_text(LINEAR_PROBE)
     kernels = tmp_path / "kernels"  # the fixed-order kernel, built once on the host for every run
@@ -316,12 +298,8 @@ def _linear_sessions(tmp_path: Path, other_vendor: str, old_isa: str) -> dict[tu
     for (mode, cpu), modes in runs.items():
         shapes, where = (SHAPES, "host") if cpu == "host" else (EMULATED_SHAPES, "emulated")
         folder = tmp_path / f"linears-{mode}-{cpu}"
-        folder.mkdir()
+        sessions.script_project(folder, script, modes, str(kernels), json.dumps(shapes), where)
         folders[mode, cpu] = folder, ()
-        (folder / "pytest.ini").write_text("[pytest]\n")
-        argv = [modes, str(kernels), json.dumps(shapes), where]
-        (folder / "test_linear_probe.py").write_text(LINEAR_SESSION.format(
-            script=str(script), argv=argv, printed=str(folder / "printed.txt")))
     return folders
 
 
