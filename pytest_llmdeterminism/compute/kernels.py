@@ -41,18 +41,23 @@ class Policy(str, enum.Enum):
     LINEAR = "F.linear"  # torch's own dispatch: native numerics, GPUs, other dtypes
     SPLIT_ONE_ROW = "one-row split"  # compatible: MKL's generic path, one-row products over the threads
     ONEDNN_AVX2 = "oneDNN AVX2"  # portable on x86-64: oneDNN capped at AVX2; smaller one-row products split
-    # Batch-invariant: the prefill on oneDNN AVX2 with at least two rows (portable) or in tiles of rows
-    # (compatible, arm64); decode steps row by row, each a one-row product; attention row by row.
+    # Batch-invariant: oneDNN AVX2 with at least two rows in both phases (portable), or the prefill in
+    # tiles of rows and decode steps row by row, each a one-row product (compatible, arm64); attention
+    # row by row, each position computed the same way in every phase (position-canonical).
     BATCH_INVARIANT = "batch-invariant"
     BATCH_INVARIANT_TILES = "batch-invariant, MKL tiles"
 
 
 # What a golden's fingerprint records as ``batch_invariant`` when these kernels computed it. Another
-# value (kernels that give other bits) is another environment: change it with the kernels.
-GENERATIONS = {Policy.BATCH_INVARIANT: "cpu-onednn-avx2-rowwise-3",
-               Policy.BATCH_INVARIANT_TILES: "cpu-mkl-compatible-tiles32-rowwise-1"}
+# value (kernels that give other bits) is another environment: change it with the kernels. "canonical":
+# position-canonical attention (tensor_ops.canonical_attention).
+GENERATIONS = {Policy.BATCH_INVARIANT: "cpu-onednn-avx2-canonical-4",
+               Policy.BATCH_INVARIANT_TILES: "cpu-mkl-compatible-tiles32-canonical-2"}
 # The tiles and rows on OpenBLAS (arm64 under pinned numerics): the same construction, other bits.
-GENERATION_OPENBLAS = "cpu-openblas-armv8-tiles32-rowwise-1"
+GENERATION_OPENBLAS = "cpu-openblas-armv8-tiles32-canonical-2"
+# The generations whose decode steps compute a position as the prefill does, bit for bit (the same
+# linears in both phases and position-canonical attention): the tiles keep one-row decode products.
+PHASE_INVARIANT = frozenset({GENERATIONS[Policy.BATCH_INVARIANT]})
 # The policies whose larger products are oneDNN's: the fixed-order kernel may compute them.
 _ON_ONEDNN = (Policy.ONEDNN_AVX2, Policy.BATCH_INVARIANT)
 
@@ -118,6 +123,11 @@ class Kernels:
         that are not batch-invariant."""
         return GENERATION_OPENBLAS if self.openblas else GENERATIONS.get(self.policy)
 
+    @property
+    def phase_invariant(self) -> bool:
+        """Whether a position's logits are the same bits in a decode step as in a prefill."""
+        return self.generation in PHASE_INVARIANT
+
     def describe(self) -> str:
         """Which kernels run, and whether goldens depend on the batch shape (the load's line)."""
         if self.batch_invariant:
@@ -162,7 +172,7 @@ class Kernels:
             for config in configs.values():
                 config._attn_implementation = name
             for module in layers:
-                prefill, decode = self._invariant_kernels(module is head, module.weight.numel(),
+                prefill, decode = self._invariant_kernels(module is head,
                                                           tensor_ops.blocks_for(module.weight, threads))
                 module.forward = _phased_forward(module, phase, prefill, decode)  # type: ignore[method-assign, assignment]
             yield len(layers)
@@ -192,24 +202,21 @@ class Kernels:
 
         return kernel
 
-    def _invariant_kernels(self, head: bool, weight_elements: int, blocks: int) -> tuple[Kernel, Kernel]:
-        """A linear's (prefill, decode) kernels under the batch-invariant policies. A decode step's rows
-        are each a one-row product: under tiles on MKL's reproducible branch; on oneDNN (portable) by
-        the previous kernels' rule for one row, the larger products on oneDNN's one-row kernel and the
-        smaller on MKL's branch, so a lone prompt decodes as on the previous kernels, bit for bit. The
-        output embedding (``head``) runs row by row in decode under tiles, else on oneDNN with at least
-        two rows in both phases (row by row the vocabulary matrix would be read once per row)."""
-        rows: Kernel = functools.partial(tensor_ops.rows_linear, blocks=blocks)
-        if blocks == 0:  # a lone row is F.linear's (rows_linear's first case), without the two calls between
-            rows = _lone_row_linear(rows)
+    def _invariant_kernels(self, head: bool, blocks: int) -> tuple[Kernel, Kernel]:
+        """A linear's (prefill, decode) kernels under the batch-invariant policies. Portable: oneDNN with
+        at least two rows in both phases, so a position's bits do not depend on the phase either (with
+        position-canonical attention, decode equals prefill bit for bit). Tiles: the prefill in tiles of
+        rows, a decode step's rows each a one-row product on the BLAS (a tile of 32 rows per decode row
+        would cost 32 times the products), the output embedding (``head``) row by row in both phases
+        (in tiles the vocabulary matrix would be read once per tile)."""
         if self.policy is Policy.BATCH_INVARIANT_TILES:
+            rows: Kernel = functools.partial(tensor_ops.rows_linear, blocks=blocks)
+            if blocks == 0:  # a lone row is F.linear's (rows_linear's first case), without the calls between
+                rows = _lone_row_linear(rows)
             return (rows, rows) if head else (tensor_ops.tiled_linear, rows)
         invariant: Kernel = functools.partial(tensor_ops.invariant_linear, fixed_order=self.fixed_order)
-        if head:
-            return invariant, invariant
-        if weight_elements >= tensor_ops.ONEDNN_MIN_PRODUCT:  # a one-row product's size: every row's
-            return invariant, functools.partial(tensor_ops.onednn_rows_linear, fixed_order=self.fixed_order)
-        return invariant, rows
+        return invariant, invariant
+
 
 def _lone_row_linear(rows: Kernel) -> Kernel:
     """``rows``, a :func:`tensor_ops.rows_linear` over unsplit weights, with a lone row sent to

@@ -1,9 +1,10 @@
 """The tensor functions the plugin's kernels are made of: pure functions of tensors, no patching.
 
-``F.linear``'s replacements (oneDNN capped at AVX2, one-row products split over the threads, rows
-each their own one-row product on MKL or oneDNN, rows in fixed tiles), the fixed-order kernel's call
-in oneDNN's place, and attention row by row. Each gives stated bits; ``kernels.py`` decides which
-runs where, and ``docs/design/kernels.md`` holds the measurements behind each.
+``F.linear``'s replacements (oneDNN capped at AVX2, one-row products split over the threads, rows each
+their own one-row product on MKL, rows in fixed tiles), the fixed-order kernel's call in oneDNN's place,
+and attention row by row, each position computed the same way in every phase. Each gives stated bits;
+``kernels.py`` decides which runs where, and ``docs/design/kernels.md`` holds the measurements behind
+each.
 """
 
 from __future__ import annotations
@@ -102,23 +103,6 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y if bias is None else y + bias
 
 
-def onednn_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       fixed_order: FixedOrderKernel | None = None) -> torch.Tensor:
-    """``F.linear`` with every row its own one-row product on oneDNN (its one-row kernel, whose bits
-    depend on the row and the weight alone; on the fixed-order kernel where it gives them), whatever
-    the number of rows: the batch-invariant decode step's larger products. A lone row is the previous
-    kernels' product, bit for bit."""
-    import torch
-
-    in_features, out_features = x.shape[-1], weight.shape[0]
-    rows = x.numel() // in_features
-    if rows == 1:
-        return onednn_product(x, weight, bias, fixed_order)
-    flat = x.reshape(rows, in_features)
-    products = [onednn_product(flat[row:row + 1], weight, bias, fixed_order) for row in range(rows)]
-    return torch.cat(products).reshape(*x.shape[:-1], out_features)
-
-
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` with the rows in tiles of :data:`TILE_ROWS` (the last one filled with copies of the
     last row), each tile an item of one ``torch.bmm``: every row is computed by the same
@@ -140,11 +124,12 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: each row attends over its own keys, as if it ran alone.
+    """transformers' attention interface: each row attends over its own keys, as if it ran alone, and
+    each position as :func:`canonical_attention` computes it, whatever the phase.
 
     With left padding a row's real keys are the last ones; the first key the mask lets the last query
-    see is where they start. The row's real queries (the last ones) attend to them causally, with the
-    same call a lone, unpadded prompt makes; padded queries get zeros (nothing reads them)."""
+    see is where they start (position 0). The row's real queries (the last ones) attend to them
+    causally; padded queries get zeros (nothing reads them)."""
     if dropout or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None \
             or kwargs.get("s_aux") is not None:  # spelled out: this runs in every layer at every step
         unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
@@ -152,35 +137,78 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         raise NotImplementedError(f"batch-invariant attention does not handle {unsupported or ['dropout']}")
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
-    # Grouped-query attention: SDPA's own enable_gqa, as transformers' SDPA path calls it; the same bits
-    # as repeating the key and value heads first (measured equal), at a fraction of the cost in decode.
-    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
     if batch == 1 and attention_mask is None:  # a lone, unpadded row: the loop's one call, without its copy
-        return _row_attention(query, key, value, scaling, gqa).transpose(1, 2).contiguous(), None
+        alone = canonical_attention(query[0], key[0], value[0], scaling)
+        return alone.transpose(0, 1).unsqueeze(0).contiguous(), None
     output = query.new_zeros(batch, heads, queries, value.shape[-1])
     for row in range(batch):
         first = 0 if attention_mask is None else _first_key(attention_mask[row, 0, -1])
         first_query = max(0, first - (keys - queries))
-        q = query[row:row + 1, :, first_query:]
-        k, v = key[row:row + 1, :, first:], value[row:row + 1, :, first:]
-        output[row:row + 1, :, first_query:] = _row_attention(q, k, v, scaling, gqa)
+        output[row, :, first_query:] = canonical_attention(query[row, :, first_query:], key[row, :, first:],
+                                                           value[row, :, first:], scaling)
     return output.transpose(1, 2).contiguous(), None
 
 
-def _row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None,
-                   gqa: bool) -> torch.Tensor:
-    """One row's queries over its own keys, the causal mask aligned to the bottom right (the last query
-    sees every key), as a lone prompt's attention computes it."""
+# Position-canonical attention: keys in blocks of KEY_BLOCK positions and queries in tiles of QUERY_TILE
+# positions, both aligned to position 0, every product one fixed-shape item of a batched matmul.
+KEY_BLOCK = 32
+QUERY_TILE = 4
+
+
+def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        scaling: float) -> torch.Tensor:
+    """One row's causal attention, each query position's bits a function of its own query and the keys and
+    values up to it alone: not of how many positions the call holds, nor of the phase (a one-row
+    decode step, a prefill, a chunk of one, a prefill continuing a cache) nor of the threads.
+    ``query`` (heads, queries, dim) holds the last positions of ``key`` and ``value`` (key heads,
+    keys, dim; grouped-query attention where fewer); returns (heads, queries, dim). A position ``p``
+    is row ``p % QUERY_TILE`` of its query tile and a key ``j`` column ``j % KEY_BLOCK`` of its key
+    block, both aligned to position 0, so every product a position takes part in has the same shape
+    and the same place in it whatever else runs: scores are (tile x dim) @ (dim x block) products, the
+    probabilities times the values and a column of ones (the softmax's sum) are (tile x block) @
+    (block x dim + 1) products, and the blocks' partial sums are added in block order by a sequential
+    scan (a later block the position does not see adds exact zeros). The row's maximum is exact in any
+    order."""
     import torch
 
-    if 1 < q.shape[2] != k.shape[2]:
-        # a prefill continuing a cache: causal alignment to the bottom right, spelled out
-        offset = k.shape[2] - q.shape[2]
-        allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(offset)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling,
-                                                                enable_gqa=gqa)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scaling, is_causal=q.shape[2] > 1,
-                                                            enable_gqa=gqa)
+    heads, queries, dim = query.shape
+    key_heads, keys, _ = key.shape
+    group = heads // key_heads
+    blocks = -(-keys // KEY_BLOCK)
+    # block-major and contiguous (a product's bits depend on its operands' layout, and MKL takes another
+    # path for a transposed key block): keys as (blocks x heads, dim, KEY_BLOCK), values and a column of
+    # ones as (blocks x heads, KEY_BLOCK, dim + 1); the first blocks' products read the first rows
+    padded = key.new_zeros(key_heads, blocks * KEY_BLOCK, 2 * dim + 1)
+    padded[:, :keys, :dim], padded[:, :keys, dim:2 * dim], padded[:, :keys, 2 * dim] = key, value, 1.0
+    padded = padded.view(key_heads, blocks, 1, KEY_BLOCK, 2 * dim + 1).transpose(0, 1)
+    padded = padded.expand(blocks, key_heads, group, KEY_BLOCK, 2 * dim + 1)
+    key_blocks = padded[..., :dim].transpose(3, 4).reshape(blocks * heads, dim, KEY_BLOCK).contiguous()
+    value_blocks = padded[..., dim:].reshape(blocks * heads, KEY_BLOCK, dim + 1).contiguous()
+    first = keys - queries  # the first query's position
+    first_tile, tiles = first // QUERY_TILE, -(-keys // QUERY_TILE) - first // QUERY_TILE
+    offset = first - first_tile * QUERY_TILE
+    tiled = query.new_zeros(tiles * QUERY_TILE, heads, dim)
+    tiled[offset:offset + queries] = query.transpose(0, 1) * scaling
+    tiled = tiled.view(tiles, QUERY_TILE, heads, dim).transpose(1, 2)  # (tiles, heads, QUERY_TILE, dim)
+    # which keys of its block a tile's rows do not see, by the tile's place in the block
+    row_positions = torch.arange(KEY_BLOCK).view(KEY_BLOCK // QUERY_TILE, QUERY_TILE, 1)
+    hidden = torch.arange(KEY_BLOCK).view(1, 1, KEY_BLOCK) > row_positions
+    out = query.new_empty(tiles, heads, QUERY_TILE, dim)
+    for tile in range(tiles):
+        start = (first_tile + tile) * QUERY_TILE
+        seen = start // KEY_BLOCK + 1  # the blocks up to the tile's positions (a tile lies in one block)
+        rows = tiled[tile].expand(seen, heads, QUERY_TILE, dim).reshape(seen * heads, QUERY_TILE, dim)
+        rows = rows.contiguous()
+        scores = torch.bmm(rows, key_blocks[:seen * heads]).view(seen, heads, QUERY_TILE, KEY_BLOCK)
+        scores[-1].masked_fill_(hidden[start % KEY_BLOCK // QUERY_TILE], float("-inf"))
+        weights = torch.exp(scores - scores.amax(dim=(0, 3), keepdim=True))
+        partial = torch.bmm(weights.view(seen * heads, QUERY_TILE, KEY_BLOCK), value_blocks[:seen * heads])
+        sums = partial.view(seen, heads, QUERY_TILE, dim + 1).cumsum(dim=0)[-1]  # in block order (float64)
+        torch.div(sums[..., :dim], sums[..., dim:], out=out[tile])
+    positions = out.transpose(1, 2).reshape(tiles * QUERY_TILE, heads, dim)
+    return positions[offset:offset + queries].transpose(0, 1)
 
 
 def _first_key(allowed: torch.Tensor) -> int:

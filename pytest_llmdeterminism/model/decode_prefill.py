@@ -28,10 +28,11 @@ class DecodePrefillMismatchError(LLMDeterminismError, AssertionError):
 def decode_vs_prefill(llm_model: LLMModel, generation: Generation, *,
                       tolerance: float | None = None) -> DecodeVsPrefill:
     """Score ``generation``'s prompt and generated tokens (teacher-forced, one forward) and compare each
-    generated step with the score's position: the logit hashes (bitwise is asked under batch-invariant
-    kernels) and the generated token's logprob and the top-k logprobs both name (within ``tolerance``
-    otherwise: the dtype's default ``atol``). A sampled generation's token may be outside its step's
-    top-k: there only the shared top-k are compared."""
+    generated step with the score's position: the logit hashes (bitwise is asked under phase-invariant
+    kernels: ``kernels.PHASE_INVARIANT``) and the generated token's logprob and the top-k logprobs both
+    name (within ``tolerance`` otherwise: the dtype's default ``atol``). A sampled generation's token
+    may be outside its step's top-k: there only the shared top-k are compared."""
+    from pytest_llmdeterminism.compute.kernels import PHASE_INVARIANT
     from pytest_llmdeterminism.judge.tolerance import DEFAULT_ATOL
 
     if not generation.token_ids:
@@ -51,20 +52,21 @@ def decode_vs_prefill(llm_model: LLMModel, generation: Generation, *,
     atol = tolerance if tolerance is not None else DEFAULT_ATOL.get(fingerprint.get("dtype", "float32"),
                                                                     DEFAULT_ATOL["float32"])
     return DecodeVsPrefill(generation.prompt, len(generation.token_ids), identical, first, delta,
-                           bitwise=bool(fingerprint.get("batch_invariant")), tolerance=atol)
+                           bitwise=fingerprint.get("batch_invariant") in PHASE_INVARIANT, tolerance=atol)
 
 
 def assert_decode_matches_prefill(llm_model: LLMModel, generation: Generation, *,
                                   tolerance: float | None = None) -> DecodeVsPrefill:
     """The opt-in decode-equals-prefill check: score ``generation``'s own tokens (teacher-forced, one
-    forward) and raise :class:`DecodePrefillMismatchError` where a step's generated-token logprob or a
-    shared top-k logprob differs by more than ``tolerance`` (the dtype's default ``atol``). Bitwise
-    equality is reported, not asked: on CPU decode runs other linear kernels than prefill and its
-    attention reduces over another length, even under batch-invariant kernels (measured: 4e-6 on the
-    tiny model, 2e-5 on SmolLM2). Returns the comparison (``lines()`` says how many steps were
-    bitwise identical)."""
+    forward) and raise :class:`DecodePrefillMismatchError` unless every step's logits are the score's
+    position's, bit for bit, under phase-invariant kernels (the default batch-invariant kernels of
+    portable numerics on x86-64: the same linears in both phases and position-canonical attention);
+    under other kernels, where a step's generated-token logprob or a shared top-k logprob differs by
+    more than ``tolerance`` (the dtype's default ``atol``; decode runs other linear kernels than
+    prefill there, or attention reduced over another length: measured 4e-6 on the tiny model, 2e-5 on
+    SmolLM2). Returns the comparison (``lines()`` says how many steps were bitwise identical)."""
     __tracebackhide__ = True
     found = decode_vs_prefill(llm_model, generation, tolerance=tolerance)
-    if not found.within_tolerance:
+    if not found.ok:
         raise DecodePrefillMismatchError(found)
     return found

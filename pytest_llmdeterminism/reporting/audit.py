@@ -206,23 +206,24 @@ class ServingAudit:
 DECODE_VS_PREFILL = "decode-vs-prefill"
 DECODE_VS_PREFILL_MEANS = (
     "a generation's steps (prefill, then one token at a time over the KV cache) and the score of the "
-    "same tokens (one forward over the whole sequence) take other kernels and reduction lengths: a "
-    "score golden and a generation golden of the same tokens differ in these bits")
+    "same tokens (one forward over the whole sequence) took other kernels or reduction lengths: a "
+    "score golden and a generation golden of the same tokens differ in these bits (portable numerics' "
+    "batch-invariant kernels on x86-64 compute a position the same way in both)")
 
 
 @dataclass(frozen=True)
 class DecodeVsPrefill:
     """A generation's steps compared with the teacher-forced score of its own tokens: how many steps'
     logit hashes are identical, the first that is not, and the largest difference of the generated
-    token's logprob (and of the top-k logprobs both name). ``bitwise`` is asked under batch-invariant
-    kernels; otherwise the steps must agree within ``tolerance``."""
+    token's logprob (and of the top-k logprobs both name). ``bitwise`` is asked under phase-invariant
+    kernels (``kernels.PHASE_INVARIANT``); otherwise the steps must agree within ``tolerance``."""
 
     prompt: str
     steps: int
     identical: int  # steps whose logit hash the score's position shares
     first_different: int | None
     max_logprob_delta: float
-    bitwise: bool  # what is asked: batch-invariant kernels
+    bitwise: bool  # what is asked: phase-invariant kernels
     tolerance: float
 
     @property
@@ -232,9 +233,9 @@ class DecodeVsPrefill:
     @property
     def within_tolerance(self) -> bool:
         """The generated token's logprob and the shared top-k within ``tolerance`` at every step: what
-        :func:`~pytest_llmdeterminism.assert_decode_matches_prefill` asks (on CPU, decode and prefill
-        are not bitwise equal even under batch-invariant kernels: other linear kernels, attention
-        reduced over another length)."""
+        :func:`~pytest_llmdeterminism.assert_decode_matches_prefill` asks where the kernels are not
+        phase-invariant (decode and prefill there take other linear kernels, or attention reduced
+        over another length)."""
         return self.max_logprob_delta <= self.tolerance
 
     def row(self) -> AuditRow:
@@ -243,7 +244,7 @@ class DecodeVsPrefill:
         return AuditRow(DECODE_VS_PREFILL, change, False, self.first_different, self.max_logprob_delta)
 
     def lines(self) -> list[str]:
-        asked = "bitwise (batch-invariant kernels)" if self.bitwise else f"within {self.tolerance:g}"
+        asked = "bitwise (phase-invariant kernels)" if self.bitwise else f"within {self.tolerance:g}"
         verdict = "holds" if self.ok else "does NOT hold"
         if self.bitwise and not self.ok:
             verdict += f", within {self.tolerance:g} {'holds' if self.within_tolerance else 'does NOT hold'}"

@@ -133,6 +133,11 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
                 "--llm-tolerance=exact (it re-records every check that is not IDENTICAL; the new goldens do "
                 "not depend on the batch shape), or keep the previous kernels with "
                 f"{pasteable('llm_batch_invariant', 'false')}")
+    if kernels is not None and kernels[0] and kernels[1]:  # another generation of the batch-invariant ones
+        return (f"{line}; the golden was computed on an earlier generation of the batch-invariant kernels "
+                "(this release computes them otherwise: decode steps now equal the prefill, bit for bit): "
+                "re-record once with --llm-golden-update --llm-tolerance=exact (it re-records every check "
+                "that is not IDENTICAL)")
     if kernels is not None and names == ["batch_invariant"]:
         recorded = "true" if kernels[0] else "false"
         return (f"{line}; the golden was computed {'with' if kernels[0] else 'without'} batch-invariant "

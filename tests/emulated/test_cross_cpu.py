@@ -160,9 +160,8 @@ from pytest_llmdeterminism.compute import fixed_order
 from pathlib import Path
 KERNEL, why = fixed_order.build(Path(sys.argv[2]))
 found["kernel"] = why if KERNEL is None else "built"
-# the batch-invariant kernels of each mode: the prefill's, then the decode steps'
-INVARIANT = {"portable": ("invariant_linear", "rows_linear", "onednn_rows_linear"),
-             "compatible": ("tiled_linear", "rows_linear")}
+# the batch-invariant kernels of each mode: portable's in both phases; compatible's prefill, then decode
+INVARIANT = {"portable": ("invariant_linear",), "compatible": ("tiled_linear", "rows_linear")}
 for out_features, in_features in json.loads(sys.argv[3]):
     torch.manual_seed(out_features * 100003 + in_features)  # a shape's tensors whatever the others are
     weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
@@ -182,8 +181,8 @@ for out_features, in_features in json.loads(sys.argv[3]):
         row, companions = torch.randn(1, in_features), torch.randn(63, in_features)
         for kernel in INVARIANT[sys.argv[1]]:
             compute = getattr(tensor_ops, kernel)
-            # a decode step's lone row: split in two, or on the fixed-order kernel (companions: oneDNN)
-            split = (2,) if kernel == "rows_linear" else (KERNEL,) if kernel == "onednn_rows_linear" else ()
+            # a decode step's lone row: split in two, or two rows on the fixed-order kernel where built
+            split = (2,) if kernel == "rows_linear" else (KERNEL,) if kernel == "invariant_linear" else ()
             alone = {}
             for threads in (1, 2, 4):
                 torch.set_num_threads(threads)
@@ -191,10 +190,6 @@ for out_features, in_features in json.loads(sys.argv[3]):
                 # one tile and two (32 rows; the fixed-order kernel's blocks: up to 8 rows, and over 8);
                 # the host also where in a tile or block the row falls, at 2 threads
                 counts = (2, 7, 33, 64) if threads == 2 and sys.argv[4] == "host" else (2, 33)
-                if sys.argv[4] == "emulated" and kernel == "onednn_rows_linear":
-                    # each row its own one-row call on a row as aligned as the others (576 or 1536 float32
-                    # features: whole 64-byte lines), so more companions add calls, not a path
-                    counts = counts[:1]
                 found[f"{name} {kernel} at {threads} threads: rows equal"] = all(
                     torch.equal(compute(torch.cat([companions[:rows - 1], row]), weight, bias)[-1],
                                 alone[threads][0]) for rows in counts)

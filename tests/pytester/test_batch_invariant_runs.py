@@ -15,8 +15,8 @@ from tests.helpers import ROOT, sessions
 
 
 @pytest.mark.parametrize("numerics, setting, generation", [
-    ("portable", (), "cpu-onednn-avx2-rowwise-3"),  # default settings: no llm_batch_invariant
-    ("compatible", ("--llm-batch-invariant=true",), "cpu-mkl-compatible-tiles32-rowwise-1")],
+    ("portable", (), "cpu-onednn-avx2-canonical-4"),  # default settings: no llm_batch_invariant
+    ("compatible", ("--llm-batch-invariant=true",), "cpu-mkl-compatible-tiles32-canonical-2")],
     ids=["portable-default", "compatible-true"])
 @pytest.mark.subprocess
 def test_the_example_suites_goldens_recorded_at_one_shape_pass_at_four_others_and_a_defect_fails(
@@ -115,14 +115,14 @@ def test_by_default_goldens_of_the_previous_kernels_are_judged_across_environmen
         result.stdout.fnmatch_lines([
             "golden checks: 3 LOGIT_DRIFT",
             "*verified at 4x32 (row 0 vs row 3, and against 1x*",
-            "compared across environments: batch_invariant None → 'cpu-onednn-avx2-rowwise-3'; *the golden "
+            "compared across environments: batch_invariant None → 'cpu-onednn-avx2-canonical-4'; *the golden "
             "was computed on the previous kernels (shape-dependent), before batch-invariant kernels became "
             "the default: re-record once with --llm-golden-update --llm-tolerance=exact*or keep the "
             "previous kernels with --llm-batch-invariant=false*"])
         assert golden.read_bytes() == previous
 
     suite.runpytest("--llm-golden-update", "--llm-tolerance=exact").assert_outcomes(passed=1)  # once
-    assert b'"batch_invariant": "cpu-onednn-avx2-rowwise-3"' in golden.read_bytes()
+    assert b'"batch_invariant": "cpu-onednn-avx2-canonical-4"' in golden.read_bytes()
     for shape in ("4x32", "1x32", "2x48", "8x64", "3x40"):
         result = suite.runpytest(f"--llm-batch-shape={shape}", "--llm-tolerance=exact")
         result.assert_outcomes(passed=1)

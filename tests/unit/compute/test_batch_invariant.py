@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pytest_llmdeterminism import ConfigurationError, engines
-from pytest_llmdeterminism.compute import fixed_order, numerics, tensor_ops
 from pytest_llmdeterminism.compute import kernels as chosen_kernels
+from pytest_llmdeterminism.compute import numerics, tensor_ops
 from pytest_llmdeterminism.compute.kernels import Kernels, Policy, why_not_batch_invariant
 from pytest_llmdeterminism.goldens.kinds.generation import input_changes
 from pytest_llmdeterminism.model.llm_model import LLMModel
@@ -33,7 +33,11 @@ def threads():
 
 
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
-def test_a_rows_linear_bits_do_not_depend_on_how_many_rows_share_the_call(out_features, in_features, threads):
+def test_a_rows_linear_bits_do_not_depend_on_how_many_rows_share_the_call(out_features, in_features, threads,
+                                                                          kernel):
+    """The portable kernel of both phases (``invariant_linear``: oneDNN with at least two rows, on the
+    fixed-order kernel where built): a row's bits among 1 to 63 companions, at 1, 2 and 4 threads, are
+    its bits alone (a decode step's lone row, computed as two)."""
     generator = torch.Generator().manual_seed(out_features + in_features)
     weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
     bias = torch.randn(out_features, generator=generator)
@@ -41,15 +45,17 @@ def test_a_rows_linear_bits_do_not_depend_on_how_many_rows_share_the_call(out_fe
     found = {}
     for count in (1, 2, 4):
         threads(count)
-        alone = tensor_ops.invariant_linear(row, weight, bias)
-        for rows in (2, 3, 5, 8, 17, 64):
-            batch = torch.randn(rows, in_features, generator=generator)
-            batch[rows // 2] = row
-            assert torch.equal(tensor_ops.invariant_linear(batch, weight, bias)[rows // 2], alone[0]), \
-                (count, rows)
-        found[count] = alone
-    assert all(torch.equal(found[1], other) for other in found.values()), "the thread count changed the bits"
-    torch.testing.assert_close(found[1], torch.nn.functional.linear(row, weight, bias))
+        for fixed in (None, kernel):
+            alone = tensor_ops.invariant_linear(row, weight, bias, fixed)
+            for rows in (2, 3, 5, 8, 17, 64):
+                batch = torch.randn(rows, in_features, generator=generator)
+                batch[rows // 2] = row
+                assert torch.equal(tensor_ops.invariant_linear(batch, weight, bias, fixed)[rows // 2],
+                                   alone[0]), (count, rows, fixed)
+            found[count, fixed] = alone
+    assert all(torch.equal(found[1, None], other) for other in found.values()), "threads or kernel moved bits"
+    torch.testing.assert_close(found[1, None], torch.nn.functional.linear(row, weight, bias))
+    assert kernel.checked and all(kernel.checked.values()), kernel.checked  # checked against oneDNN
 
 
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
@@ -75,32 +81,6 @@ def test_a_decode_steps_rows_are_each_a_one_row_product_whatever_their_number(ou
                                    alone[0]), (count, blocks, rows)
     assert all(torch.equal(found[0], other) for other in found), "threads or the split changed the bits"
     assert torch.equal(found[0], torch.nn.functional.linear(row, weight, bias))
-
-
-@pytest.mark.parametrize("out_features, in_features", SHAPES)
-def test_a_decode_steps_larger_products_are_each_onednns_one_row_product(out_features, in_features, threads,
-                                                                         tmp_path_factory):
-    """The portable decode kernel for products of at least ``ONEDNN_MIN_PRODUCT`` (``onednn_rows_linear``):
-    a row's bits among 1 to 63 companions, at 1, 2 and 4 threads, on oneDNN and on the fixed-order
-    kernel, are the previous kernels' for that row alone (oneDNN's one-row product)."""
-    fixed, _ = fixed_order.build(tmp_path_factory.mktemp("kernel"))
-    generator = torch.Generator().manual_seed(out_features * in_features + 1)
-    weight = torch.randn(out_features, in_features, generator=generator) / in_features ** 0.5
-    bias = torch.randn(out_features, generator=generator)
-    row = torch.randn(1, 1, in_features, generator=generator)  # (rows, positions, features) as in decode
-    previous = tensor_ops.onednn_linear(row, weight, bias)
-    for count in (1, 2, 4):
-        threads(count)
-        for kernel in (None, fixed):
-            alone = tensor_ops.onednn_rows_linear(row, weight, bias, kernel)
-            assert torch.equal(alone, previous), (count, kernel)
-            for rows in (2, 3, 8, 17, 64):
-                batch = torch.randn(rows, 1, in_features, generator=generator)
-                batch[rows // 2] = row[0]
-                assert torch.equal(tensor_ops.onednn_rows_linear(batch, weight, bias, kernel)[rows // 2],
-                                   previous[0]), (count, kernel, rows)
-    if fixed is not None:  # every one-row shape the fixed-order kernel ran was checked against oneDNN
-        assert fixed.checked and all(fixed.checked.values()), fixed.checked
 
 
 @pytest.mark.parametrize("out_features, in_features", SHAPES)

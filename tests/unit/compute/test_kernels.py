@@ -12,8 +12,8 @@ from pytest_llmdeterminism.compute.numerics import COMPATIBLE, NATIVE, PORTABLE,
 
 MKL = {"mkl_cbwr": numerics.MKL_REPRODUCIBLE_BRANCH, "blas": "mkl"}
 OPENBLAS = {"mkl_cbwr": None, "blas": "openblas", "blas_coretype": "ARMV8"}
-ONEDNN_ROWS, MKL_TILES = "cpu-onednn-avx2-rowwise-3", "cpu-mkl-compatible-tiles32-rowwise-1"
-OPENBLAS_TILES = "cpu-openblas-armv8-tiles32-rowwise-1"
+ONEDNN_ROWS, MKL_TILES = "cpu-onednn-avx2-canonical-4", "cpu-mkl-compatible-tiles32-canonical-2"
+OPENBLAS_TILES = "cpu-openblas-armv8-tiles32-canonical-2"
 
 
 def choose(mode: str, machine: str, in_force: dict[str, object], setting: bool | None, *,

@@ -184,7 +184,7 @@ def test_decode_vs_prefill_compares_each_generated_step_with_the_score_of_its_to
     one = llm.generate("The capital of France is", max_new_tokens=1)
     found = decode_vs_prefill(llm, one)  # one step: the score's forward is the generation's prefill
     assert (found.steps, found.identical, found.first_different, found.max_logprob_delta) == (1, 1, None, 0.0)
-    assert found.bitwise and found.ok and "bitwise (batch-invariant kernels) holds" in found.lines()[0]
+    assert found.bitwise and found.ok and "bitwise (phase-invariant kernels) holds" in found.lines()[0]
     generation = llm.generate("The capital of France is", max_new_tokens=6)
     found = decode_vs_prefill(llm, generation)
     score = llm.score(list(generation.prompt_token_ids), list(generation.token_ids))
@@ -196,7 +196,8 @@ def test_decode_vs_prefill_compares_each_generated_step_with_the_score_of_its_to
     shared = [abs(mine[i] - theirs[i]) for mine, theirs in pairs for i in mine.keys() & theirs.keys()]
     chosen = [abs(top[0][1] - lp) for top, lp in zip(generation.top_logprobs, score.logprobs, strict=True)]
     assert found.max_logprob_delta == max(shared + chosen)
-    assert found.ok is (found.identical == found.steps)  # bitwise is asked under batch-invariant kernels
+    assert found.ok is (found.identical == found.steps)  # bitwise is asked under phase-invariant kernels
+    assert found.ok and found.identical == found.steps and found.max_logprob_delta == 0.0  # the same bits
     assert found.row().source == "decode-vs-prefill" and found.to_json()["ok"] is found.ok
 
 
@@ -211,21 +212,40 @@ def test_decode_vs_prefill_asks_the_tolerance_on_other_kernels(tiny, previous_ke
     assert not strict.ok and "does NOT hold" in strict.lines()[0]
 
 
-def test_the_opt_in_check_passes_within_the_tolerance_and_reports_what_is_not_bitwise(tiny):
-    """``assert_decode_matches_prefill``: within the dtype's tolerance, not bitwise (on CPU decode and
-    prefill take other kernels even under batch-invariant ones); beyond it, one error with the lines."""
+def test_the_opt_in_check_asks_bitwise_on_phase_invariant_kernels(tiny, monkeypatch):
+    """``assert_decode_matches_prefill`` under the default kernels (portable, batch-invariant): every step
+    bitwise the score's position; a step that differs in its bits alone, within the tolerance, fails
+    it, with the lines."""
     from pytest_llmdeterminism import DecodePrefillMismatchError, assert_decode_matches_prefill
-    from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
+    from pytest_llmdeterminism.model import decode_prefill
 
     llm = llm_at(tiny, "4x32")
     generation = llm.generate("Once upon a time", max_new_tokens=6)
     found = assert_decode_matches_prefill(llm, generation)
-    assert found == decode_vs_prefill(llm, generation)
-    assert found.within_tolerance and found.max_logprob_delta <= found.tolerance == 1e-3
-    print(f"decode vs prefill (tiny): {found.identical} of {found.steps} steps bitwise, "
+    assert found == decode_prefill.decode_vs_prefill(llm, generation)
+    assert (found.bitwise, found.identical, found.steps, found.max_logprob_delta) == (True, 6, 6, 0.0)
+    # the score's third position in other bits (its hash), the same logprobs: bitwise fails, tolerance holds
+    score = llm.score(list(generation.prompt_token_ids), list(generation.token_ids))
+    hashes = list(score.step_hashes)
+    hashes[2] = "0" * len(hashes[2])
+    monkeypatch.setattr(LLMModel, "score", lambda self, *a, **k: dataclasses.replace(score,
+                                                                                    step_hashes=tuple(hashes)))
+    with pytest.raises(DecodePrefillMismatchError, match="bitwise \\(phase-invariant kernels\\) does NOT "
+                       "hold, within 0.001 holds: 5 of 6 steps bitwise identical, first different at step 2"):
+        assert_decode_matches_prefill(llm, generation)
+
+
+def test_the_opt_in_check_asks_the_tolerance_on_kernels_that_are_not_phase_invariant(tiny, previous_kernels):
+    """On the previous kernels decode and prefill take other linears and attention lengths: the check
+    asks the dtype's tolerance, reports how many steps were bitwise, and fails beyond the tolerance."""
+    from pytest_llmdeterminism import DecodePrefillMismatchError, assert_decode_matches_prefill
+
+    llm = llm_at(tiny, "4x32")
+    generation = llm.generate("Once upon a time", max_new_tokens=6)
+    found = assert_decode_matches_prefill(llm, generation)
+    assert not found.bitwise and found.within_tolerance and found.max_logprob_delta <= found.tolerance == 1e-3
+    print(f"decode vs prefill (tiny, previous kernels): {found.identical} of {found.steps} steps bitwise, "
           f"largest |Δlogprob| {found.max_logprob_delta:.3g}")
-    if found.identical < found.steps:  # the check passes, and says it is not bitwise
-        assert "bitwise (batch-invariant kernels) does NOT hold, within 0.001 holds" in found.lines()[0]
     with pytest.raises(DecodePrefillMismatchError, match="within -1 does NOT hold") as raised:
         assert_decode_matches_prefill(llm, generation, tolerance=-1.0)
     assert raised.value.found.max_logprob_delta == found.max_logprob_delta

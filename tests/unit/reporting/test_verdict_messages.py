@@ -60,6 +60,13 @@ def test_the_cross_environment_hint_fits_the_field_that_changed():
     # with a library upgrade too, compatible would not compare exactly: the upgrade's hint
     both = hint([("torch", "2.12.0", "2.13.0"), ("cpu_numerics", "compatible", "portable")])
     assert "compare exactly again with" not in both and "after an upgrade (torch)" in both
+    # an earlier generation of the batch-invariant kernels: no setting brings it back, re-record once
+    earlier = hint([("batch_invariant", "cpu-onednn-avx2-rowwise-3", "cpu-onednn-avx2-canonical-4")])
+    assert earlier.endswith("; the golden was computed on an earlier generation of the batch-invariant "
+                            "kernels (this release computes them otherwise: decode steps now equal the "
+                            "prefill, bit for bit): re-record once with --llm-golden-update "
+                            "--llm-tolerance=exact (it re-records every check that is not IDENTICAL)")
+    assert "--llm-batch-invariant" not in earlier  # the setting would not compare it exactly
 
 
 def test_assert_tokens_match_names_the_condition_that_failed():

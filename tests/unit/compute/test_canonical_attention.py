@@ -1,0 +1,120 @@
+"""Position-canonical attention (``tensor_ops.canonical_attention``): a position's bits are a function of
+its own query and the keys and values up to it, whatever the phase computing it (one prefill, a decode
+step, a prefill in chunks, a prefill continuing a reused prefix) and the threads; so under the default
+kernels a generation's steps are the teacher-forced score's positions, bit for bit. SDPA, and the
+previous kernels, are the negative controls: the same checks find their bits moving."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_llmdeterminism.compute.kernels import Policy
+from pytest_llmdeterminism.compute.tensor_ops import canonical_attention
+from pytest_llmdeterminism.model.llm_model import LLMModel
+from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+from tests.helpers.batch_invariant import on_policy
+from tests.helpers.phases import CHUNKS, PHASE_PROMPTS, logits_in_chunks, logits_on_a_reused_prefix, long_ids
+
+# (query heads, key heads, head dim): grouped 3:1 as SmolLM2, 4:1 at a wide head, 4:1, plain multi-head
+HEADS = [(9, 3, 64), (4, 1, 256), (8, 2, 128), (4, 4, 80)]
+KEYS = 75  # more than two key blocks, the last one partial
+
+
+def qkv(heads: int, key_heads: int, dim: int, keys: int = KEYS, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(count, keys, dim, generator=generator)
+                 for count in (heads, key_heads, key_heads))
+
+
+def in_phases(attend, q, k, v, chunk: int) -> torch.Tensor:
+    """Every position's output computed ``chunk`` positions at a time, each chunk over the keys up to
+    its last position (chunk 1: decode steps)."""
+    keys = k.shape[1]
+    return torch.cat([attend(q[:, a:a + chunk], k[:, :a + chunk], v[:, :a + chunk])
+                      for a in range(0, keys, chunk)], dim=1)
+
+
+def canonical(q, k, v):
+    return canonical_attention(q, k, v, q.shape[-1] ** -0.5)
+
+
+def sdpa(q, k, v):
+    queries, keys = q.shape[1], k.shape[1]
+    allowed = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries)
+    return torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=allowed,
+                                                            enable_gqa=q.shape[0] != k.shape[0])[0]
+
+
+@pytest.mark.parametrize(("heads", "key_heads", "dim"), HEADS)
+def test_a_positions_attention_has_the_same_bits_in_every_phase(heads, key_heads, dim):
+    q, k, v = qkv(heads, key_heads, dim)
+    once = canonical(q, k, v)
+    torch.testing.assert_close(once, sdpa(q, k, v), rtol=0, atol=1e-5)  # it is attention
+    for chunk in CHUNKS:
+        assert torch.equal(in_phases(canonical, q, k, v, chunk), once), chunk
+    # a prefill continuing a cache of 33 positions (a reused prefix), and a lone query over more keys
+    assert torch.equal(canonical(q[:, 33:], k, v), once[:, 33:])
+    assert torch.equal(canonical(q[:, 40:41], k[:, :41], v[:, :41])[:, 0], once[:, 40])
+
+
+def test_sdpa_the_negative_control_moves_a_positions_bits_with_the_phase():
+    """What the test above would find were attention SDPA again: decode steps and chunks differ from the
+    one-shot prefill in most positions (measured: 99 of 100 at SmolLM2's heads)."""
+    q, k, v = qkv(*HEADS[0], keys=100)
+    once = sdpa(q, k, v)
+    decoded = in_phases(sdpa, q, k, v, 1)
+    torch.testing.assert_close(decoded, once, rtol=0, atol=1e-5)
+    differ = sum(not torch.equal(decoded[:, p], once[:, p]) for p in range(100))
+    assert differ >= 50, differ
+    assert not torch.equal(in_phases(sdpa, q, k, v, 7), once)
+
+
+def test_the_threads_do_not_move_the_bits():
+    q, k, v = qkv(*HEADS[0])
+    before = torch.get_num_threads()
+    try:
+        found = []
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            found.append((canonical(q, k, v), in_phases(canonical, q, k, v, 1)))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, found[0][0]) and torch.equal(b, found[0][0]) for a, b in found)
+
+
+def test_a_generations_steps_are_the_score_of_its_own_tokens_bit_for_bit(tiny):
+    """The default kernels (portable, batch-invariant): each generated step's logit hash is the
+    teacher-forced score's at that position, for every prompt and step; on the previous kernels
+    (other linears in decode, SDPA) the same comparison finds steps that differ."""
+    llm = LLMModel(tiny, GenerationSettings(BatchShape.parse("4x64"), 40, 0))
+    assert tiny.engine.kernels.phase_invariant
+
+    def steps_equal() -> tuple[int, int]:
+        equal = steps = 0
+        for generation in llm.generate(PHASE_PROMPTS):
+            score = llm.score(list(generation.prompt_token_ids), list(generation.token_ids))
+            equal += sum(a == b for a, b in zip(generation.step_hashes, score.step_hashes, strict=True))
+            steps += len(generation.step_hashes)
+        return equal, steps
+
+    equal, steps = steps_equal()
+    assert equal == steps >= 20, (equal, steps)
+    with on_policy(tiny, Policy.ONEDNN_AVX2):
+        assert not tiny.engine.kernels.phase_invariant
+        equal, steps = steps_equal()
+    assert equal < steps, "the previous kernels no longer differ between decode and prefill: a weak control"
+
+
+def test_a_chunked_prefill_and_a_reused_prefix_give_the_one_shot_bits(tiny):
+    ids = long_ids(tiny)
+    once = logits_in_chunks(tiny, ids, len(ids))
+    for chunk in CHUNKS:
+        assert torch.equal(logits_in_chunks(tiny, ids, chunk), once), chunk
+    other = tiny.tokenizer(" and the capital of Germany")["input_ids"]
+    reused = logits_on_a_reused_prefix(tiny, ids[:20], [ids[20:], other])
+    assert torch.equal(reused[0], once)
+    assert torch.equal(reused[1], logits_in_chunks(tiny, ids[:20] + other, 64))
+    with on_policy(tiny, Policy.ONEDNN_AVX2):  # the negative control: SDPA and the previous linears
+        moved = [chunk for chunk in CHUNKS[:3] if not torch.equal(logits_in_chunks(tiny, ids, chunk), once)]
+    assert moved, "the previous kernels give the one-shot bits in every phase: a weak control"
