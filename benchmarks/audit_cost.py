@@ -4,8 +4,8 @@
     python benchmarks/audit_cost.py --smoke    # builtin:tiny, one round
 
 For each model: the median time of ``llm_model.generate(prompt)`` and of ``audit(llm_model,
-prompt)`` (5 repeats + batch, batch size, padding, cache and thread probes) on the same prompt
-and shape, and their ratio.
+prompt)`` (5 repeats + batch, batch size, padding, cache and thread probes, decode-vs-prefill,
+chunked-prefill and prefix-reuse) on the same prompt and shape, and their ratio.
 """
 
 from __future__ import annotations

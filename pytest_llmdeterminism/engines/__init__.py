@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import cast
 
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
-from pytest_llmdeterminism.engines import hf
+from pytest_llmdeterminism.engines import defect, hf
 from pytest_llmdeterminism.engines.hf import worker_cuda_index
 from pytest_llmdeterminism.engines.hf_load import BUILTIN_MODELS, resolve
 from pytest_llmdeterminism.engines.loaded import Engine, EngineModule, LoadedModel, LoadRequest
@@ -127,8 +127,8 @@ class ModelCache:
             if self._after_load is not None:
                 self._after_load(loaded)
             if self._plant_defect:
-                changed = hf.plant_defect(loaded.model)
-                self._announce(f"llm: PLANTED DEFECT: noise of relative size {hf.DEFECT_SCALE} on "
+                changed = defect.plant_defect(loaded.model)
+                self._announce(f"llm: PLANTED DEFECT: noise of relative size {defect.DEFECT_SCALE} on "
                                f"{changed} weight tensors of {spec} (--llm-plant-defect); every "
                                "golden check must fail")
         except LLMDeterminismError as error:

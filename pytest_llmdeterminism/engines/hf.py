@@ -171,6 +171,30 @@ class HFEngine:
                 scored.append(found)
         return ScoreChunk(rows=scored, flags=in_force)
 
+    def phase_logits(self, ids: list[int], pieces: list[int], seed: int, *,
+                     reuse: bool = False) -> torch.Tensor:
+        """``ids`` (one unpadded row) forwarded in consecutive pieces of ``pieces``' lengths over one KV
+        cache, on the kernels generation runs on: every position's float32 logits. ``reuse``: the
+        pieces after the first continue on a copy of the first piece's cache."""
+        import copy
+
+        import torch
+        from transformers import DynamicCache
+
+        if sum(pieces) != len(ids) or min(pieces) < 1:
+            raise ValueError(f"pieces {pieces} do not cover the {len(ids)} positions")
+        model, found, cache, start = self.model, [], DynamicCache(), 0
+        if model.training:
+            model.eval()
+        with deterministic_state(seed), torch.inference_mode(), self.kernels.routed(model):
+            for index, length in enumerate(pieces):
+                piece = torch.tensor([ids[start:start + length]], device=self.device)
+                found.append(model(input_ids=piece, cache=cache, use_cache=True).logits[0].float().cpu())
+                if reuse and index == 0:
+                    cache = copy.deepcopy(cache)
+                start += length
+        return torch.cat(found)
+
     def _left_padded(self, rows: list[list[int]], shape: BatchShape) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's ``input_ids`` and ``attention_mask`` in the fixed shape, each row left-padded.
         Filler rows repeat the chunk's first row: a real sequence, so no row is all padding."""
@@ -372,25 +396,3 @@ def float32_folder(spec: str, gguf: Path, *, scratch: Path) -> Path:
         raise OSError(f"could not write the float32 conversion of {str(gguf)!r} into {str(scratch)!r}, "
                       f"nor into {str(copy.folder.parent)!r}")
     return own
-
-
-DEFECT_SCALE = 0.5  # relative noise of the planted defect: changes tokens, as llm-golden perturb's 0.5 does
-DEFECT_SEED = 0
-
-
-def plant_defect(model: torch.nn.Module) -> int:
-    """Add ``DEFECT_SCALE * std(w) * N(0, 1)`` to every weight matrix of a loaded model, in place, from
-    one generator seeded with ``DEFECT_SEED`` (the same noise in every process): the negative
-    control of ``--llm-plant-defect``. Returns how many tensors changed."""
-    import torch
-
-    generator = torch.Generator().manual_seed(DEFECT_SEED)
-    changed = 0
-    with torch.no_grad():
-        for weight in model.parameters():
-            if weight.dim() > 1:
-                noise = torch.randn(weight.shape, generator=generator)  # on the CPU: the same on any device
-                scaled = DEFECT_SCALE * weight.float().std().cpu() * noise
-                weight.add_(scaled.to(weight.device, weight.dtype))
-                changed += 1
-    return changed

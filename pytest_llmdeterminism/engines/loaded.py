@@ -93,6 +93,18 @@ class ScoringEngine(Engine, Protocol):
         ...
 
 
+@runtime_checkable
+class PhasedEngine(Engine, Protocol):
+    """An engine that computes one unpadded row's logits in pieces over its own KV cache (the audit's
+    ``chunked-prefill`` and ``prefix-reuse`` rows)."""
+
+    def phase_logits(self, ids: list[int], pieces: list[int], seed: int, *, reuse: bool = False) -> Any:
+        """``ids``' float32 logits (a tensor, one row per position), forwarded in consecutive pieces of
+        ``pieces``' lengths over one KV cache; ``reuse``: the rest continue on a copy of the first
+        piece's cache (a prefix cache's reuse)."""
+        ...
+
+
 @dataclass(frozen=True)
 class LoadRequest:
     """How the run asks for a model; each engine reads what applies to it (``registry.py`` says

@@ -12,7 +12,10 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``dtype``: another dtype, when asked for;
 - ``seed``: for a sampled generation (``do_sample=True``), another seed;
 - ``decode-vs-prefill`` (``decode_prefill.py``), where the engine can score: the generation's steps
-  against the teacher-forced score of its own tokens, the largest logprob difference reported.
+  against the teacher-forced score of its own tokens, the largest logprob difference reported;
+- ``chunked-prefill`` and ``prefix-reuse`` (``decode_prefill.py``), where the engine can forward in
+  pieces: the generation's prompt and tokens in chunks of 1, 2, 7 and 64, and continuing a copy of
+  the prompt's cache, each against one forward (the first position that differs and its margin).
 
 A sampled generation is audited under its own sampling settings and seed: its noise is keyed by
 its own prompt, so companions, shape and threads move it only through the logits. Where a row's
@@ -38,7 +41,7 @@ from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, S
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.judge.compare import first_token_divergence
-from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill
+from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill, phase_rows
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
 from pytest_llmdeterminism.model.serving_audit import serving_audit
 from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow
@@ -132,6 +135,7 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
                          run(_KeptLogits(llm_model, loaded=_in_dtype(llm_model.loaded, dtype)), [prompt], 0)))
     if isinstance(llm_model.loaded.engine, ScoringEngine) and base[0].token_ids:
         rows.append(decode_vs_prefill(llm_model, base[0]).row())
+    rows.extend(phase_rows(llm_model, base[0]))
     return AuditReport(text, str(shape), tuple(rows), unique, len(runs), sampling)
 
 

@@ -1,19 +1,28 @@
 """Decode against prefill: a generation's steps against the teacher-forced score of its own tokens
 (:func:`decode_vs_prefill`, the audit's ``decode-vs-prefill`` row where the engine can score), and
-:func:`assert_decode_matches_prefill`, its opt-in check in a test."""
+:func:`assert_decode_matches_prefill`, its opt-in check in a test; the phases of a prefill
+(:func:`phase_rows`, the audit's ``chunked-prefill`` and ``prefix-reuse`` rows where the engine can
+forward in pieces): the same tokens in chunks, or continuing a reused prefix's cache, against one
+forward."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pytest_llmdeterminism.engines.loaded import PhasedEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
-from pytest_llmdeterminism.reporting.audit import DecodeVsPrefill
+from pytest_llmdeterminism.reporting.audit import CHUNKED_PREFILL, PREFIX_REUSE, AuditRow, DecodeVsPrefill
 
 if TYPE_CHECKING:
+    import torch
+
     from pytest_llmdeterminism.generation import Generation
     from pytest_llmdeterminism.model.llm_model import LLMModel
 
-__all__ = ["DecodePrefillMismatchError", "assert_decode_matches_prefill", "decode_vs_prefill"]
+__all__ = ["DecodePrefillMismatchError", "assert_decode_matches_prefill", "decode_vs_prefill", "phase_rows"]
+
+# A decode step per position, odd and aligned chunks, and one longer than most prompts.
+CHUNKS = (1, 2, 7, 64)
 
 
 class DecodePrefillMismatchError(LLMDeterminismError, AssertionError):
@@ -70,3 +79,55 @@ def assert_decode_matches_prefill(llm_model: LLMModel, generation: Generation, *
     if not found.ok:
         raise DecodePrefillMismatchError(found)
     return found
+
+
+def phase_rows(llm_model: LLMModel, generation: Generation) -> list[AuditRow]:
+    """The audit's ``chunked-prefill`` row (the generation's prompt and tokens forwarded in chunks of
+    1, 2, 7 and 64 positions over one KV cache, each against one forward) and ``prefix-reuse`` row (its
+    tokens continuing on a copy of the prompt's cache, against one forward): identical, or the first
+    position that differs, the top-2 margin of the one-forward logits there, and the largest
+    difference of a logit; empty where the engine cannot forward in pieces."""
+    engine = llm_model.loaded.engine
+    if not isinstance(engine, PhasedEngine):
+        return []
+    ids = list(generation.prompt_token_ids) + list(generation.token_ids)
+    seed = llm_model.settings.seed
+    once = engine.phase_logits(ids, [len(ids)], seed)
+    chunked = [(chunk, engine.phase_logits(ids, _pieces(len(ids), chunk), seed)) for chunk in CHUNKS]
+    worst = next(((chunk, logits) for chunk, logits in chunked if not _equal(logits, once)), chunked[0])
+    rows = [_phase_row(CHUNKED_PREFILL, f"chunks {', '.join(map(str, CHUNKS))}"
+                       + (f": {worst[0]} first" if not _equal(worst[1], once) else ""), once, worst[1])]
+    prompt = len(generation.prompt_token_ids)
+    if generation.token_ids:
+        reused = engine.phase_logits(ids, [prompt, len(ids) - prompt], seed, reuse=True)
+        rows.append(_phase_row(PREFIX_REUSE, f"the prompt's {prompt}-token cache", once, reused))
+    else:
+        rows.append(AuditRow(PREFIX_REUSE, "the generation has no tokens to continue the prompt with", False,
+                             None, 0.0, ran=False))
+    return rows
+
+
+def _pieces(length: int, chunk: int) -> list[int]:
+    return [min(chunk, length - start) for start in range(0, length, chunk)]
+
+
+def _equal(a: object, b: object) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))  # type: ignore[arg-type]
+
+
+def _phase_row(source: str, change: str, once: torch.Tensor, other: torch.Tensor) -> AuditRow:
+    """One forward's logits against another phase's: the first position that differs, whether a
+    position's greedy token (its argmax) differs, the top-2 logprob margin there and the largest
+    difference of a logit."""
+    import torch
+
+    differs = (once != other).any(dim=-1)
+    if not bool(differs.any()):
+        return AuditRow(source, change, False, None, 0.0)
+    first = int(torch.nonzero(differs)[0])
+    tokens = once.argmax(dim=-1) != other.argmax(dim=-1)
+    top = torch.log_softmax(once[first], dim=-1).topk(2).values
+    return AuditRow(source, change, bool(tokens.any()), first, float((once - other).abs().max()),
+                    draw_margin=float(top[0] - top[1]))

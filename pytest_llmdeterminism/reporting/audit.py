@@ -9,8 +9,8 @@ from typing import Any
 
 from pytest_llmdeterminism.sampling import settings_text
 
-__all__ = ["DECODE_VS_PREFILL", "EXPLANATIONS", "SERVING_EXPLANATIONS", "AuditReport", "AuditRow",
-           "DecodeVsPrefill", "ServingAudit", "ServingRow"]
+__all__ = ["CHUNKED_PREFILL", "DECODE_VS_PREFILL", "EXPLANATIONS", "PREFIX_REUSE", "SERVING_EXPLANATIONS",
+           "AuditReport", "AuditRow", "DecodeVsPrefill", "ServingAudit", "ServingRow"]
 
 EXPLANATIONS = {
     "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
@@ -25,7 +25,14 @@ EXPLANATIONS = {
     "dtype": "dtype changes rounding: keep llm_dtype fixed and record one golden variant per dtype",
     "seed": "another seed draws another sample: keep seed= (or @deterministic(seed=...)) fixed; it is "
             "part of a sampled golden's identity",
+    "chunked-prefill": "a prefill in chunks (a serving engine's chunked prefill, or one position at a time) "
+                       "computes a position otherwise than one forward: its attention or linears depend on "
+                       "the phase (the default kernels' do not: portable numerics on x86-64)",
+    "prefix-reuse": "a continuation on a reused prefix's KV cache computes otherwise than one fresh forward: "
+                    "a prefix cache changes results (the default kernels' do not: portable numerics on "
+                    "x86-64)",
 }
+CHUNKED_PREFILL, PREFIX_REUSE = "chunked-prefill", "prefix-reuse"
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,10 @@ class AuditReport:
                 tokens = f"changed at {row.first_step}" if row.tokens_changed else "same"
                 delta = f"{row.max_logit_delta:.2g}" if row.max_logit_delta else "0"
                 meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
-                if row.draw_margin is not None and row.source != "seed":
+                if row.source in (CHUNKED_PREFILL, PREFIX_REUSE) and row.first_step is not None:
+                    meaning += (f" (first at position {row.first_step}, where the top two logprobs were "
+                                f"{row.draw_margin:.2g} apart)")
+                elif row.draw_margin is not None and row.source != "seed":
                     meaning += (f" (the draw at step {row.first_step} was {row.draw_margin:.2g} "
                                 "from its runner-up)")
                 change = row.change

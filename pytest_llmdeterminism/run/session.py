@@ -21,7 +21,7 @@ from pytest_llmdeterminism.compute import numerics, profiles, threads
 from pytest_llmdeterminism.compute.environment import PinnedEnvironment
 from pytest_llmdeterminism.compute.kernels import why_not_batch_invariant
 from pytest_llmdeterminism.engines import ModelCache
-from pytest_llmdeterminism.engines.hf import DEFECT_SCALE
+from pytest_llmdeterminism.engines.defect import DEFECT_SCALE
 from pytest_llmdeterminism.engines.registry import entry_of
 from pytest_llmdeterminism.engines.spec import engine_of
 from pytest_llmdeterminism.goldens.files import GoldenFiles

@@ -31,8 +31,8 @@ def test_smollm2s_goldens_do_not_depend_on_the_batch_shape(smollm2):
 
 def test_smollm2s_decode_steps_are_the_score_of_their_own_tokens_bit_for_bit(smollm2):
     """Each generated step's logit hash is the teacher-forced score's at its position (3 prompts, 32
-    steps each at most), and a position's logits are the one-shot prefill's in chunks of 1, 2, 7 and
-    64 positions and on a reused prefix."""
+    steps each at most), and every position of 3 prompts followed by 32 more tokens has the one-shot
+    prefill's logits decoded one at a time, in chunks of 2, 7 and 64, and on a reused prefix."""
     llm = LLMModel(smollm2, GenerationSettings(BatchShape.parse("4x64"), 32, 0))
     steps = 0
     for generation in llm.generate(PHASE_PROMPTS):
@@ -40,8 +40,10 @@ def test_smollm2s_decode_steps_are_the_score_of_their_own_tokens_bit_for_bit(smo
         assert generation.step_hashes == score.step_hashes, generation.prompt
         steps += len(generation.step_hashes)
     assert steps >= 48
-    ids = long_ids(smollm2)
-    once = logits_in_chunks(smollm2, ids, len(ids))
-    for chunk in CHUNKS:
-        assert torch.equal(logits_in_chunks(smollm2, ids, chunk), once), chunk
+    tail = long_ids(smollm2)[:32]
+    for prompt in PHASE_PROMPTS:  # every position of each prompt and 32 more, in every phase
+        ids = smollm2.tokenizer(prompt)["input_ids"] + tail
+        once = logits_in_chunks(smollm2, ids, len(ids))
+        for chunk in CHUNKS:
+            assert torch.equal(logits_in_chunks(smollm2, ids, chunk), once), (prompt, chunk)
     assert torch.equal(logits_on_a_reused_prefix(smollm2, ids[:11], [ids[11:]])[0], once)

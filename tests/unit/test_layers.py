@@ -26,7 +26,7 @@ PACKAGES = {
                 ["compute.environment", "compute.fixed_order"], ["compute.tensor_ops"], ["compute.kernels"],
                 ["compute"]],
     "engines": [["engines.registry", "engines.server", "engines.server.secret", "engines.cached",
-                 "engines.checkpoint"],
+                 "engines.checkpoint", "engines.defect"],
                 ["engines.capture", "engines.spec"],
                 ["engines.hub", "engines.loaded", "engines.server.completions"],
                 ["engines.fingerprints"], ["engines.hf"],

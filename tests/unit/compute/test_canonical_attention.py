@@ -107,14 +107,21 @@ def test_a_generations_steps_are_the_score_of_its_own_tokens_bit_for_bit(tiny):
 
 
 def test_a_chunked_prefill_and_a_reused_prefix_give_the_one_shot_bits(tiny):
-    ids = long_ids(tiny)
-    once = logits_in_chunks(tiny, ids, len(ids))
-    for chunk in CHUNKS:
-        assert torch.equal(logits_in_chunks(tiny, ids, chunk), once), chunk
+    """Each of 3 prompts followed by 40 more positions: every position decoded one at a time (chunk 1),
+    and in chunks of 2, 7 and 64, gives the one-shot prefill's logits; so does a continuation on a
+    reused prefix's cache. The previous kernels are the negative control."""
+    tail = long_ids(tiny)[:40]
+    rows = [tiny.tokenizer(prompt)["input_ids"] + tail for prompt in PHASE_PROMPTS]
+    once = [logits_in_chunks(tiny, ids, len(ids)) for ids in rows]
+    for ids, expected in zip(rows, once, strict=True):
+        for chunk in CHUNKS:
+            assert torch.equal(logits_in_chunks(tiny, ids, chunk), expected), (chunk, len(ids))
+    ids = rows[0]
     other = tiny.tokenizer(" and the capital of Germany")["input_ids"]
     reused = logits_on_a_reused_prefix(tiny, ids[:20], [ids[20:], other])
-    assert torch.equal(reused[0], once)
+    assert torch.equal(reused[0], once[0])
     assert torch.equal(reused[1], logits_in_chunks(tiny, ids[:20] + other, 64))
     with on_policy(tiny, Policy.ONEDNN_AVX2):  # the negative control: SDPA and the previous linears
-        moved = [chunk for chunk in CHUNKS[:3] if not torch.equal(logits_in_chunks(tiny, ids, chunk), once)]
+        moved = [chunk for chunk in CHUNKS[:3]
+                 if not torch.equal(logits_in_chunks(tiny, ids, chunk), once[0])]
     assert moved, "the previous kernels give the one-shot bits in every phase: a weak control"

@@ -34,13 +34,50 @@ def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
     assert rows["batch_size"].max_logit_delta > 0
     assert 0 < rows["batch_size"].max_logit_delta < 1e-3
     assert set(rows) == {"repeat", "batch", "batch_size", "padding", "cache", "threads",
-                         "decode-vs-prefill"}
+                         "decode-vs-prefill", "chunked-prefill", "prefix-reuse"}
 
 
 def test_on_the_default_kernels_the_batch_size_moves_nothing(make_llm):
     rows = {row.source: row for row in audit(make_llm("4x32", max_new_tokens=6), "Once upon a time").rows}
     assert rows["batch_size"].max_logit_delta == 0 and not rows["batch_size"].tokens_changed
     assert rows["padding"].max_logit_delta == 0
+
+
+def test_the_phase_rows_hold_on_the_default_kernels_and_name_the_first_position_elsewhere(tiny, make_llm):
+    """``chunked-prefill`` (chunks 1, 2, 7, 64) and ``prefix-reuse``: no effect on the default kernels;
+    on the previous ones (SDPA, other decode linears) the first position that differs, with the top-2
+    margin of the one-forward logits there, computed here independently."""
+    import torch
+
+    from pytest_llmdeterminism.compute.kernels import Policy
+    from tests.helpers.batch_invariant import on_policy
+
+    prompt = "The capital of France is Paris, and the capital of Italy is"
+    llm = make_llm("4x32", max_new_tokens=6)
+    found = audit(llm, prompt, repeats=1)
+    rows = {row.source: row for row in found.rows}
+    for source in ("chunked-prefill", "prefix-reuse"):
+        assert rows[source].ran and not rows[source].moved, rows[source]
+        assert rows[source].first_step is None and rows[source].max_logit_delta == 0
+    assert rows["chunked-prefill"].change == "chunks 1, 2, 7, 64"
+    assert any(line.lstrip().startswith("chunked-prefill") and line.endswith("no effect")
+               for line in found.lines())
+    with on_policy(tiny, Policy.ONEDNN_AVX2):
+        generation = llm.generate(prompt)
+        moved = {row.source: row for row in audit(llm, prompt, repeats=1).rows}
+        ids = list(generation.prompt_token_ids) + list(generation.token_ids)
+        once = tiny.engine.phase_logits(ids, [len(ids)], llm.settings.seed)
+        chunk = int(moved["chunked-prefill"].change.split(": ")[1].split()[0])
+        pieces = [min(chunk, len(ids) - start) for start in range(0, len(ids), chunk)]
+        other = tiny.engine.phase_logits(ids, pieces, llm.settings.seed)
+    row = moved["chunked-prefill"]
+    first = int(torch.nonzero((once != other).any(dim=-1))[0])
+    top = torch.log_softmax(once[first], dim=-1).topk(2).values
+    assert (row.first_step, row.draw_margin) == (first, float(top[0] - top[1])) and row.moved
+    assert row.max_logit_delta == float((once - other).abs().max()) > 0
+    report = AuditReport(prompt, "4x32", (row,), 1, 1)
+    assert f"(first at position {first}, where the top two logprobs were {row.draw_margin:.2g} apart)" \
+        in report.lines()[-1]
 
 
 @given(data=st.data())
