@@ -251,10 +251,22 @@ def _invariant(profile: NumericsProfile, previous: Policy, dtype: str, device: s
 
 def not_routable(model: Any) -> str:
     """Why the batch-invariant kernels cannot run ``model`` ("" where they can): every product must be
-    an ``nn.Linear`` they route, and its attention one that row-wise attention computes (no sliding
-    window, logit soft-capping or attention sinks)."""
-    if any(type(module).__name__ == "Conv1D" for module in model.modules()):
-        return "its projections are transformers' Conv1D layers (GPT-2's), which they do not route"
+    an ``nn.Linear`` they route (a module holding a weight matrix of its own is anything else: GPT-2's
+    Conv1D, an ``nn.Linear`` subclass with its own forward, a mixture of experts' fused experts and
+    router, a state-space model's convolution), and its attention one that row-wise attention
+    computes (no sliding window, logit soft-capping or attention sinks)."""
+    import torch
+
+    unrouted: dict[str, list[str]] = {}
+    for path, module in model.named_modules():
+        if type(module) is torch.nn.Linear or isinstance(module, torch.nn.Embedding):
+            continue  # routed, or a lookup of one row
+        if any(parameter.dim() >= 2 for parameter in module.parameters(recurse=False)):
+            unrouted.setdefault(type(module).__name__, []).append(path)
+    if unrouted:
+        named = [f"{name} layers ({paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''})"
+                 for name, paths in sorted(unrouted.items())]
+        return f"its {' and '.join(named)} hold weights the batch-invariant kernels do not route"
     attention = sorted({name for config in _configs(model) for name, value in (
         ("a sliding window", getattr(config, "sliding_window", None)
          if getattr(config, "use_sliding_window", True) is not False else None),
