@@ -254,7 +254,8 @@ def not_routable(model: Any) -> str:
     an ``nn.Linear`` they route (a module holding a weight matrix of its own is anything else: GPT-2's
     Conv1D, an ``nn.Linear`` subclass with its own forward, a mixture of experts' fused experts and
     router, a state-space model's convolution), and its attention one that row-wise attention
-    computes (no sliding window, logit soft-capping or attention sinks)."""
+    replaces (through transformers' attention interface) and computes (no sliding window, logit
+    soft-capping or attention sinks)."""
     import torch
 
     unrouted: dict[str, list[str]] = {}
@@ -267,6 +268,9 @@ def not_routable(model: Any) -> str:
         named = [f"{name} layers ({paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''})"
                  for name, paths in sorted(unrouted.items())]
         return f"its {' and '.join(named)} hold weights the batch-invariant kernels do not route"
+    if getattr(model, "_supports_attention_backend", False) is not True:
+        return (f"its attention ({type(model).__name__}'s own) does not go through transformers' attention "
+                "interface, which row-wise attention takes the place of")
     attention = sorted({name for config in _configs(model) for name, value in (
         ("a sliding window", getattr(config, "sliding_window", None)
          if getattr(config, "use_sliding_window", True) is not False else None),

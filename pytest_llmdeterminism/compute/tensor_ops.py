@@ -162,30 +162,36 @@ def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     """One row's causal attention, each query position's bits a function of its own query and the keys and
     values up to it alone: not of how many positions the call holds, nor of the phase (a one-row
     decode step, a prefill, a chunk of one, a prefill continuing a cache) nor of the threads.
-    ``query`` (heads, queries, dim) holds the last positions of ``key`` and ``value`` (key heads,
-    keys, dim; grouped-query attention where fewer); returns (heads, queries, dim). A position ``p``
+    ``query`` (heads, queries, dim) holds the last positions of ``key`` (key heads, keys, dim;
+    grouped-query attention where fewer) and ``value`` (key heads, keys, width: another head size
+    under multi-head latent attention); returns (heads, queries, width). A position ``p``
     is row ``p % QUERY_TILE`` of its query tile and a key ``j`` column ``j % KEY_BLOCK`` of its key
     block, both aligned to position 0, so every product a position takes part in has the same shape
     and the same place in it whatever else runs: scores are (tile x dim) @ (dim x block) products, the
     probabilities times the values and a column of ones (the softmax's sum) are (tile x block) @
     (block x dim + 1) products, and the blocks' partial sums are added in block order by a sequential
-    scan (a later block the position does not see adds exact zeros). The row's maximum is exact in any
-    order."""
+    scan over the blocks up to the tile's own (keys past the position, in its own block, have weight
+    exactly 0 and add exact zeros). The row's maximum is exact in any order."""
     import torch
 
     heads, queries, dim = query.shape
     key_heads, keys, _ = key.shape
+    width = value.shape[-1]  # the values' head size (multi-head latent attention: not the keys')
     group = heads // key_heads
     blocks = -(-keys // KEY_BLOCK)
     # block-major and contiguous (a product's bits depend on its operands' layout, and MKL takes another
     # path for a transposed key block): keys as (blocks x heads, dim, KEY_BLOCK), values and a column of
-    # ones as (blocks x heads, KEY_BLOCK, dim + 1); the first blocks' products read the first rows
-    padded = key.new_zeros(key_heads, blocks * KEY_BLOCK, 2 * dim + 1)
-    padded[:, :keys, :dim], padded[:, :keys, dim:2 * dim], padded[:, :keys, 2 * dim] = key, value, 1.0
-    padded = padded.view(key_heads, blocks, 1, KEY_BLOCK, 2 * dim + 1).transpose(0, 1)
-    padded = padded.expand(blocks, key_heads, group, KEY_BLOCK, 2 * dim + 1)
-    key_blocks = padded[..., :dim].transpose(3, 4).reshape(blocks * heads, dim, KEY_BLOCK).contiguous()
-    value_blocks = padded[..., dim:].reshape(blocks * heads, KEY_BLOCK, dim + 1).contiguous()
+    # ones as (blocks x heads, KEY_BLOCK, width + 1); the first blocks' products read the first rows
+    padded_keys = key.new_zeros(key_heads, blocks * KEY_BLOCK, dim)
+    padded_keys[:, :keys] = key
+    padded_values = value.new_zeros(key_heads, blocks * KEY_BLOCK, width + 1)
+    padded_values[:, :keys, :width], padded_values[:, :keys, width] = value, 1.0
+    key_blocks = padded_keys.view(key_heads, blocks, 1, KEY_BLOCK, dim).transpose(0, 1)
+    key_blocks = key_blocks.expand(blocks, key_heads, group, KEY_BLOCK, dim).transpose(3, 4)
+    key_blocks = key_blocks.reshape(blocks * heads, dim, KEY_BLOCK).contiguous()
+    value_blocks = padded_values.view(key_heads, blocks, 1, KEY_BLOCK, width + 1).transpose(0, 1)
+    value_blocks = value_blocks.expand(blocks, key_heads, group, KEY_BLOCK, width + 1)
+    value_blocks = value_blocks.reshape(blocks * heads, KEY_BLOCK, width + 1).contiguous()
     first = keys - queries  # the first query's position
     first_tile, tiles = first // QUERY_TILE, -(-keys // QUERY_TILE) - first // QUERY_TILE
     offset = first - first_tile * QUERY_TILE
@@ -195,7 +201,7 @@ def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     # which keys of its block a tile's rows do not see, by the tile's place in the block
     row_positions = torch.arange(KEY_BLOCK).view(KEY_BLOCK // QUERY_TILE, QUERY_TILE, 1)
     hidden = torch.arange(KEY_BLOCK).view(1, 1, KEY_BLOCK) > row_positions
-    out = query.new_empty(tiles, heads, QUERY_TILE, dim)
+    out = query.new_empty(tiles, heads, QUERY_TILE, width)
     for tile in range(tiles):
         start = (first_tile + tile) * QUERY_TILE
         seen = start // KEY_BLOCK + 1  # the blocks up to the tile's positions (a tile lies in one block)
@@ -205,9 +211,9 @@ def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         scores[-1].masked_fill_(hidden[start % KEY_BLOCK // QUERY_TILE], float("-inf"))
         weights = torch.exp(scores - scores.amax(dim=(0, 3), keepdim=True))
         partial = torch.bmm(weights.view(seen * heads, QUERY_TILE, KEY_BLOCK), value_blocks[:seen * heads])
-        sums = partial.view(seen, heads, QUERY_TILE, dim + 1).cumsum(dim=0)[-1]  # in block order (float64)
-        torch.div(sums[..., :dim], sums[..., dim:], out=out[tile])
-    positions = out.transpose(1, 2).reshape(tiles * QUERY_TILE, heads, dim)
+        sums = partial.view(seen, heads, QUERY_TILE, width + 1).cumsum(dim=0)[-1]  # in block order (float64)
+        torch.div(sums[..., :width], sums[..., width:], out=out[tile])
+    positions = out.transpose(1, 2).reshape(tiles * QUERY_TILE, heads, width)
     return positions[offset:offset + queries].transpose(0, 1)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.kernels import Kernels
 from pytest_llmdeterminism.decoding import DecodingConfig
+from pytest_llmdeterminism.engines import hf_phases
 from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
 from pytest_llmdeterminism.engines.capture import (
     Chunk,
@@ -172,28 +173,10 @@ class HFEngine:
         return ScoreChunk(rows=scored, flags=in_force)
 
     def phase_logits(self, ids: list[int], pieces: list[int], seed: int, *,
-                     reuse: bool = False) -> torch.Tensor:
-        """``ids`` (one unpadded row) forwarded in consecutive pieces of ``pieces``' lengths over one KV
-        cache, on the kernels generation runs on: every position's float32 logits. ``reuse``: the
-        pieces after the first continue on a copy of the first piece's cache."""
-        import copy
-
-        import torch
-        from transformers import DynamicCache
-
-        if sum(pieces) != len(ids) or min(pieces) < 1:
-            raise ValueError(f"pieces {pieces} do not cover the {len(ids)} positions")
-        model, found, cache, start = self.model, [], DynamicCache(), 0
-        if model.training:
-            model.eval()
-        with deterministic_state(seed), torch.inference_mode(), self.kernels.routed(model):
-            for index, length in enumerate(pieces):
-                piece = torch.tensor([ids[start:start + length]], device=self.device)
-                found.append(model(input_ids=piece, cache=cache, use_cache=True).logits[0].float().cpu())
-                if reuse and index == 0:
-                    cache = copy.deepcopy(cache)
-                start += length
-        return torch.cat(found)
+                     reuse_from: list[int] | None = None) -> torch.Tensor:
+        """``hf_phases.phase_logits`` on this engine's model and kernels."""
+        return hf_phases.phase_logits(self.model, self.kernels, self.device, ids, pieces, seed,
+                                      reuse_from=reuse_from)
 
     def _left_padded(self, rows: list[list[int]], shape: BatchShape) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's ``input_ids`` and ``attention_mask`` in the fixed shape, each row left-padded.

@@ -98,10 +98,11 @@ class PhasedEngine(Engine, Protocol):
     """An engine that computes one unpadded row's logits in pieces over its own KV cache (the audit's
     ``chunked-prefill`` and ``prefix-reuse`` rows)."""
 
-    def phase_logits(self, ids: list[int], pieces: list[int], seed: int, *, reuse: bool = False) -> Any:
+    def phase_logits(self, ids: list[int], pieces: list[int], seed: int, *,
+                     reuse_from: list[int] | None = None) -> Any:
         """``ids``' float32 logits (a tensor, one row per position), forwarded in consecutive pieces of
-        ``pieces``' lengths over one KV cache; ``reuse``: the rest continue on a copy of the first
-        piece's cache (a prefix cache's reuse)."""
+        ``pieces``' lengths over one KV cache; ``reuse_from``: the cache of the first piece is cut
+        from the prefill of that other sequence sharing it (a prefix cache's reuse)."""
         ...
 
 

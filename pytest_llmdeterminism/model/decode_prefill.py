@@ -84,23 +84,26 @@ def assert_decode_matches_prefill(llm_model: LLMModel, generation: Generation, *
 def phase_rows(llm_model: LLMModel, generation: Generation) -> list[AuditRow]:
     """The audit's ``chunked-prefill`` row (the generation's prompt and tokens forwarded in chunks of
     1, 2, 7 and 64 positions over one KV cache, each against one forward) and ``prefix-reuse`` row (its
-    tokens continuing on a copy of the prompt's cache, against one forward): identical, or the first
-    position that differs, the top-2 margin of the one-forward logits there, and the largest
-    difference of a logit; empty where the engine cannot forward in pieces."""
+    tokens continuing the prompt's cache cut from the prefill of another request that shares the
+    prompt, against one forward): identical, or the first position that differs (the first whose
+    greedy token differs, where one does), the top-2 margin of the one-forward logits there, and the
+    largest difference of a logit; empty where the engine cannot forward in pieces."""
     engine = llm_model.loaded.engine
     if not isinstance(engine, PhasedEngine):
         return []
-    ids = list(generation.prompt_token_ids) + list(generation.token_ids)
-    seed = llm_model.settings.seed
+    prompt, tokens = list(generation.prompt_token_ids), list(generation.token_ids)
+    ids, seed = prompt + tokens, llm_model.settings.seed
     once = engine.phase_logits(ids, [len(ids)], seed)
     chunked = [(chunk, engine.phase_logits(ids, _pieces(len(ids), chunk), seed)) for chunk in CHUNKS]
-    worst = next(((chunk, logits) for chunk, logits in chunked if not _equal(logits, once)), chunked[0])
-    rows = [_phase_row(CHUNKED_PREFILL, f"chunks {', '.join(map(str, CHUNKS))}"
-                       + (f": {worst[0]} first" if not _equal(worst[1], once) else ""), once, worst[1])]
-    prompt = len(generation.prompt_token_ids)
-    if generation.token_ids:
-        reused = engine.phase_logits(ids, [prompt, len(ids) - prompt], seed, reuse=True)
-        rows.append(_phase_row(PREFIX_REUSE, f"the prompt's {prompt}-token cache", once, reused))
+    moved = next(((chunk, logits) for chunk, logits in chunked if not _equal(logits, once)), None)
+    change = f"chunks {', '.join(map(str, CHUNKS))}" + (f": {moved[0]} first" if moved else "")
+    rows = [_phase_row(CHUNKED_PREFILL, change, once, moved[1] if moved else once, len(prompt) - 1)]
+    if tokens:
+        # another request sharing the prompt (its tokens reversed after it) builds the prompt's cache
+        donor = prompt + tokens[::-1] + [tokens[0]]
+        reused = engine.phase_logits(ids, [len(prompt), len(tokens)], seed, reuse_from=donor)
+        rows.append(_phase_row(PREFIX_REUSE, f"the prompt's {len(prompt)}-token cache from another request",
+                               once, reused, len(prompt) - 1))
     else:
         rows.append(AuditRow(PREFIX_REUSE, "the generation has no tokens to continue the prompt with", False,
                              None, 0.0, ran=False))
@@ -117,17 +120,19 @@ def _equal(a: object, b: object) -> bool:
     return bool(torch.equal(a, b))  # type: ignore[arg-type]
 
 
-def _phase_row(source: str, change: str, once: torch.Tensor, other: torch.Tensor) -> AuditRow:
-    """One forward's logits against another phase's: the first position that differs, whether a
-    position's greedy token (its argmax) differs, the top-2 logprob margin there and the largest
-    difference of a logit."""
+def _phase_row(source: str, change: str, once: torch.Tensor, other: torch.Tensor,
+               first_step: int) -> AuditRow:
+    """One forward's logits against another phase's: the first position that differs, or the first
+    from ``first_step`` on (the positions that predict the generated tokens) whose greedy token
+    (argmax) differs where one does, the top-2 logprob margin there and the largest difference of a
+    logit."""
     import torch
 
     differs = (once != other).any(dim=-1)
     if not bool(differs.any()):
         return AuditRow(source, change, False, None, 0.0)
-    first = int(torch.nonzero(differs)[0])
-    tokens = once.argmax(dim=-1) != other.argmax(dim=-1)
-    top = torch.log_softmax(once[first], dim=-1).topk(2).values
-    return AuditRow(source, change, bool(tokens.any()), first, float((once - other).abs().max()),
+    flipped = torch.nonzero(once[first_step:].argmax(dim=-1) != other[first_step:].argmax(dim=-1))
+    at = first_step + int(flipped[0]) if len(flipped) else int(torch.nonzero(differs)[0])
+    top = torch.log_softmax(once[at], dim=-1).topk(2).values
+    return AuditRow(source, change, bool(len(flipped)), at, float((once - other).abs().max()),
                     draw_margin=float(top[0] - top[1]))

@@ -73,13 +73,16 @@ def _probe(loaded: LoadedModel, settings: GenerationSettings, prompt: str, ids: 
     repeat = compare(first, run_chunk(first_batch, config)[0])
     differing = failed[1] if repeat.verdict is Verdict.IDENTICAL else repeat
     step = differing.first_hash_step if differing.first_hash_step is not None else differing.steps_compared
-    return BatchInvarianceProbeError(prompt, str(shape), step, *_advice(loaded, settings),
+    return BatchInvarianceProbeError(prompt, str(shape), step,
+                                     *_advice(loaded, settings, nondeterministic=differing is repeat),
                                      nondeterministic=differing is repeat,
                                      other_shape=failed[2] if differing is not repeat else None)
 
 
-def _advice(loaded: LoadedModel, settings: GenerationSettings) -> tuple[str, str]:
-    """What was in force, and what restores invariance there."""
+def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
+            nondeterministic: bool = False) -> tuple[str, str]:
+    """What was in force, and what restores invariance there (a row that moved beside other rows, on a
+    model with layers the kernels do not route: those layers)."""
     import torch
 
     fingerprint_now = fingerprint(loaded)
@@ -92,10 +95,11 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings) -> tuple[str, str
                           "attn_implementation=\"eager\" in its config)")
     in_force += f", cpu numerics {loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
     model_cause = getattr(getattr(loaded.engine, "kernels", None), "not_invariant", "")
-    if model_cause and loaded.cpu_numerics in ("portable", "compatible"):
+    if "hold weights" in model_cause and not nondeterministic and loaded.cpu_numerics in ("portable",
+                                                                                          "compatible"):
         how = ("a mixture of experts runs each expert on the tokens routed to it, so the size of its "
                "products, and their bits, depend on the other rows" if "Experts" in model_cause else
-               "those layers compute a row otherwise beside other rows")
+               "their products may compute a row otherwise beside other rows")
         return in_force, (f"one prompt per batch: {one_row}. The cause is the model, not this machine: "
                           f"{model_cause.removeprefix('its ')}, and {how}")
     if loaded.cpu_numerics not in ("portable", "compatible"):

@@ -27,10 +27,12 @@ EXPLANATIONS = {
             "part of a sampled golden's identity",
     "chunked-prefill": "a prefill in chunks (a serving engine's chunked prefill, or one position at a time) "
                        "computes a position otherwise than one forward: its attention or linears depend on "
-                       "the phase (the default kernels' do not: portable numerics on x86-64)",
-    "prefix-reuse": "a continuation on a reused prefix's KV cache computes otherwise than one fresh forward: "
-                    "a prefix cache changes results (the default kernels' do not: portable numerics on "
-                    "x86-64)",
+                       "the phase (the phase-invariant kernels' do not: portable numerics' batch-invariant "
+                       "ones on x86-64, for models they run)",
+    "prefix-reuse": "a continuation on a prefix's KV cache computed inside another request computes "
+                    "otherwise than one fresh forward: a prefix cache changes results (the phase-invariant "
+                    "kernels' do not: portable numerics' batch-invariant ones on x86-64, for models they "
+                    "run)",
 }
 CHUNKED_PREFILL, PREFIX_REUSE = "chunked-prefill", "prefix-reuse"
 
@@ -74,7 +76,10 @@ class AuditReport:
     def lines(self) -> list[str]:
         drawn = f", {settings_text(self.sampling)}" if self.sampling else ""
         head = f"audit of {self.prompt!r} at {self.batch_shape}{drawn}:"
-        table = [f"  {'source':<12}{'change':<26}{'tokens':<16}{'max |Δlogit|':<14}what it means"]
+        # columns as wide as their longest entry (decode-vs-prefill, chunked-prefill and their changes)
+        source = max([12, *(len(row.source) + 2 for row in self.rows)])
+        width = max([26, *(len(row.change) + 2 for row in self.rows if row.ran)])
+        table = [f"  {'source':<{source}}{'change':<{width}}{'tokens':<16}{'max |Δlogit|':<14}what it means"]
         for row in self.rows:
             if not row.ran:
                 tokens, delta, meaning = "-", "-", "not run: " + row.change
@@ -84,13 +89,13 @@ class AuditReport:
                 delta = f"{row.max_logit_delta:.2g}" if row.max_logit_delta else "0"
                 meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
                 if row.source in (CHUNKED_PREFILL, PREFIX_REUSE) and row.first_step is not None:
-                    meaning += (f" (first at position {row.first_step}, where the top two logprobs were "
+                    meaning += (f" (at position {row.first_step}, where the top two logprobs were "
                                 f"{row.draw_margin:.2g} apart)")
                 elif row.draw_margin is not None and row.source != "seed":
                     meaning += (f" (the draw at step {row.first_step} was {row.draw_margin:.2g} "
                                 "from its runner-up)")
                 change = row.change
-            table.append(f"  {row.source:<12}{change:<26}{tokens:<16}{delta:<14}{meaning}")
+            table.append(f"  {row.source:<{source}}{change:<{width}}{tokens:<16}{delta:<14}{meaning}")
         return [head, *table]
 
     def to_json(self) -> dict[str, Any]:

@@ -120,20 +120,23 @@ def across_environments(changes: Sequence[tuple[str, Any, Any]], *, tolerance: s
     if explicit:
         return line
     profiles = {name: (old, new) for name, old, new in changes}.get("cpu_numerics")
+    kernels = {name: (old, new) for name, old, new in changes}.get("batch_invariant")
+    # each profile's own batch-invariant kernels (their generation moves with the profile) or none
+    with_kernels = {"batch_invariant"} if kernels is not None and all(kernels) else set()
     if profiles is not None and set(profiles) == {"portable", "compatible"} \
-            and set(names) <= {"cpu_numerics", "cpu_capability"}:
+            and set(names) <= {"cpu_numerics", "cpu_capability", *with_kernels}:
         return (f"{line}; the golden ran CPU numerics {profiles[0]!r} (goldens recorded as 'portable' before "
                 "it moved to AVX2 kernels ran what 'compatible' pins now): compare exactly again with "
                 f"{pasteable('llm_cpu_numerics', profiles[0])}, or re-record with --llm-golden-update "
                 "--llm-tolerance=exact")
-    kernels = {name: (old, new) for name, old, new in changes}.get("batch_invariant")
     if kernels is not None and kernels[1] and not kernels[0]:  # whatever else changed with them
         return (f"{line}; the golden was computed on the previous kernels (shape-dependent), before "
                 "batch-invariant kernels became the default: re-record once with --llm-golden-update "
                 "--llm-tolerance=exact (it re-records every check that is not IDENTICAL; the new goldens do "
                 "not depend on the batch shape), or keep the previous kernels with "
                 f"{pasteable('llm_batch_invariant', 'false')}")
-    if kernels is not None and kernels[0] and kernels[1]:  # another generation of the batch-invariant ones
+    # an earlier generation of the batch-invariant kernels (a change of numerics too: the profile's hint)
+    if kernels is not None and kernels[0] and kernels[1] and names == ["batch_invariant"]:
         return (f"{line}; the golden was computed on an earlier generation of the batch-invariant kernels "
                 "(this release computes them otherwise: decode steps now equal the prefill, bit for bit): "
                 "re-record once with --llm-golden-update --llm-tolerance=exact (it re-records every check "

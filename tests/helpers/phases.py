@@ -9,6 +9,7 @@ import copy
 
 import torch
 
+from pytest_llmdeterminism.engines.hf_phases import cache_argument
 from pytest_llmdeterminism.engines.loaded import LoadedModel
 
 PHASE_PROMPTS = ["Once upon a time", "The capital of France is", "def add(a, b):\n    return"]
@@ -28,7 +29,7 @@ def _forward(loaded: LoadedModel, ids: list[int], cache: object | None) -> tuple
     from transformers import DynamicCache
 
     cache = DynamicCache() if cache is None else cache
-    out = loaded.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+    out = loaded.model(input_ids=torch.tensor([ids]), use_cache=True, **{cache_argument(loaded.model): cache})
     return out.logits[0].float(), cache
 
 

@@ -36,6 +36,7 @@ UNROUTED = {
     "mamba": {"hidden_size": 64, "num_hidden_layers": 2, "state_size": 8, "intermediate_size": 128},
     "falcon": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
     "gemma3_text": {**_SMALL, "num_key_value_heads": 2, "head_dim": 16},
+    "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4},
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -107,14 +108,17 @@ def test_a_model_the_batch_invariant_kernels_cannot_run_keeps_the_previous_ones_
               "(backbone.layers.0.mixer and 1 more) hold weights"),
     ("falcon", "its FalconLinear layers (transformer.h.0.self_attention.query_key_value and 7 more) hold "
                "weights"),
-    ("gemma3_text", "its attention uses a sliding window")])
+    ("gemma3_text", "its attention uses a sliding window"),
+    ("bloom", "its attention (BloomForCausalLM's own) does not go through transformers' attention "
+              "interface")])
 def test_a_model_with_layers_the_kernels_do_not_route_falls_back_at_load_naming_the_layer(tmp_path, name,
                                                                                          layer):
     """Every module holding a weight matrix of its own that is not a routed ``nn.Linear`` (fused experts,
     a router, a convolution, an ``nn.Linear`` subclass with its own forward) keeps the previous kernels,
     named in the load's line: never "batch-invariant" at load and a probe failure after. A mixture of
     experts' rows still depend on their companions (each expert runs on the tokens routed to it): the
-    probe's error names the model's layers as the cause, not the machine."""
+    probe's error names the model's layers as the cause, not the machine. An attention of the model's
+    own (BLOOM's), which row-wise attention never replaces, falls back too."""
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
 
     loaded = load(str(save_random(name, UNROUTED[name], tmp_path)), dtype="float32", device="cpu")

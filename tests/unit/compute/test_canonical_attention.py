@@ -58,6 +58,18 @@ def test_a_positions_attention_has_the_same_bits_in_every_phase(heads, key_heads
     assert torch.equal(canonical(q[:, 40:41], k[:, :41], v[:, :41])[:, 0], once[:, 40])
 
 
+def test_values_of_another_head_size_as_multi_head_latent_attention_has_them():
+    """Keys of 24 and values of 16 per head (DeepSeek-V2/V3's attention): attention still, and the
+    same bits in every phase."""
+    q, k, _ = qkv(4, 4, 24)
+    v = torch.randn(4, KEYS, 16, generator=torch.Generator().manual_seed(1))
+    once = canonical(q, k, v)
+    assert once.shape == (4, KEYS, 16)
+    torch.testing.assert_close(once, sdpa(q, k, v), rtol=0, atol=1e-5)
+    for chunk in CHUNKS:
+        assert torch.equal(in_phases(canonical, q, k, v, chunk), once), chunk
+
+
 def test_sdpa_the_negative_control_moves_a_positions_bits_with_the_phase():
     """What the test above would find were attention SDPA again: decode steps and chunks differ from the
     one-shot prefill in most positions (measured: 99 of 100 at SmolLM2's heads)."""

@@ -76,8 +76,10 @@ def test_the_phase_rows_hold_on_the_default_kernels_and_name_the_first_position_
     assert (row.first_step, row.draw_margin) == (first, float(top[0] - top[1])) and row.moved
     assert row.max_logit_delta == float((once - other).abs().max()) > 0
     report = AuditReport(prompt, "4x32", (row,), 1, 1)
-    assert f"(first at position {first}, where the top two logprobs were {row.draw_margin:.2g} apart)" \
+    assert not row.tokens_changed  # no greedy token moved: the row names the first position that did
+    assert f"(at position {first}, where the top two logprobs were {row.draw_margin:.2g} apart)" \
         in report.lines()[-1]
+    assert report.lines()[-1].startswith(f"  chunked-prefill  {row.change}  ")  # the columns stay apart
 
 
 @given(data=st.data())

@@ -67,6 +67,13 @@ def test_the_cross_environment_hint_fits_the_field_that_changed():
                             "prefill, bit for bit): re-record once with --llm-golden-update "
                             "--llm-tolerance=exact (it re-records every check that is not IDENTICAL)")
     assert "--llm-batch-invariant" not in earlier  # the setting would not compare it exactly
+    # a portable golden judged under compatible numerics: each profile's own kernels, not an earlier
+    # generation; the profile's setting compares it exactly again
+    other_profile = hint([("cpu_numerics", "portable", "compatible"), ("cpu_capability", "AVX2", "DEFAULT"),
+                          ("batch_invariant", "cpu-onednn-avx2-canonical-4",
+                           "cpu-mkl-compatible-tiles32-canonical-2")])
+    assert "compare exactly again with --llm-cpu-numerics=portable" in other_profile
+    assert "earlier generation" not in other_profile
 
 
 def test_assert_tokens_match_names_the_condition_that_failed():
