@@ -268,7 +268,7 @@ def not_routable(model: Any) -> str:
         named = [f"{name} layers ({paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''})"
                  for name, paths in sorted(unrouted.items())]
         return f"its {' and '.join(named)} hold weights the batch-invariant kernels do not route"
-    if getattr(model, "_supports_attention_backend", False) is not True:
+    if not _attention_interface(model):
         return (f"its attention ({type(model).__name__}'s own) does not go through transformers' attention "
                 "interface, which row-wise attention takes the place of")
     attention = sorted({name for config in _configs(model) for name, value in (
@@ -278,6 +278,17 @@ def not_routable(model: Any) -> str:
         ("attention sinks", getattr(config, "sinks", None))) if value is not None})
     return f"its attention uses {' and '.join(attention)}, which row-wise attention does not compute" \
         if attention else ""
+
+
+def _attention_interface(model: Any) -> bool:
+    """Whether ``model``'s attention goes through transformers' attention interface (which row-wise
+    attention takes the place of): its class says so, or its modeling module calls the interface's
+    functions (StableLM's does without saying; BLOOM's, XGLM's and MPT's compute their own)."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    return getattr(model, "_supports_attention_backend", False) is True \
+        or hasattr(module, "ALL_ATTENTION_FUNCTIONS")
 
 
 def why_not_batch_invariant(profile: NumericsProfile, dtype: str, device: str) -> str:

@@ -136,3 +136,58 @@ def test_a_model_with_layers_the_kernels_do_not_route_falls_back_at_load_naming_
     assert "The cause is the model, not this machine: MixtralExperts layers" in message
     assert "a mixture of experts runs each expert on the tokens routed to it" in message
     assert "lscpu" not in message and "one thread" not in message
+
+
+# One small configuration many transformers decoder classes accept (each reads the names it knows).
+_ANY = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "n_embd": 64, "n_layer": 2, "n_head": 4,
+        "d_model": 64, "n_positions": 128, "max_position_embeddings": 128, "head_dim": 16, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2, "rotary_dim": 8, "partial_rotary_factor": 0.5}
+# Classes the batch-invariant kernels run: a position's logits the same bits decoded and prefilled,
+# alone and left-padded beside another row.
+INVARIANT_CLASSES = ["llama", "qwen2", "qwen3", "gemma", "phi", "phi3", "granite", "olmo", "olmo2", "cohere",
+                     "stablelm", "starcoder2", "smollm3", "gpt_neox", "opt", "gptj", "codegen", "gpt_bigcode"]
+# Classes they cannot run, and the words of the reason the load's line gives.
+FALLBACK_CLASSES = {"mistral": "a sliding window", "gemma2": "a sliding window and logit soft-capping",
+                    "gemma3_text": "a sliding window", "gpt2": "Conv1D layers",
+                    "bloom": "does not go through transformers' attention interface",
+                    "xglm": "does not go through transformers' attention interface",
+                    "mpt": "does not go through transformers' attention interface",
+                    "mixtral": "MixtralExperts layers", "qwen2_moe": "Qwen2MoeExperts layers",
+                    "qwen3_moe": "Qwen3MoeExperts layers", "olmoe": "OlmoeExperts layers",
+                    "gpt_oss": "GptOssExperts layers", "mamba": "Conv1d layers"}
+
+
+@pytest.mark.parametrize("name", INVARIANT_CLASSES + sorted(FALLBACK_CLASSES))
+def test_each_decoder_class_is_batch_and_phase_invariant_or_falls_back_saying_why(name):
+    """31 transformers decoder classes, small random models built in this process: the kernels' choice
+    (``not_routable``) either leaves a class to the batch-invariant kernels, and then a position's
+    logits are the same bits in a decode step as in the prefill and alone as left-padded beside
+    another row, or names why it cannot (never the one, and a probe failure after)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+    from pytest_llmdeterminism.compute.kernels import Kernels, Policy, not_routable
+    from pytest_llmdeterminism.engines.hf_phases import cache_argument
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(name, **_ANY)).eval()
+    why = not_routable(model)
+    if name in FALLBACK_CLASSES:
+        assert FALLBACK_CLASSES[name] in why, why
+        return
+    assert why == ""
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    other = torch.randint(3, 128, (1, 45), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode(), Kernels(Policy.BATCH_INVARIANT).routed(model):
+        once = model(input_ids=ids).logits[0]
+        cache = {cache_argument(model): DynamicCache(config=model.config)}
+        model(input_ids=ids[:, :39], use_cache=True, **cache)
+        step = model(input_ids=ids[:, 39:], use_cache=True, **cache).logits[0, -1]
+        padded = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), ids], 1), other])
+        mask = torch.ones_like(padded)
+        mask[0, :5] = 0
+        beside = model(input_ids=padded, attention_mask=mask,
+                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[0, 5:]
+    assert torch.equal(step, once[-1]), "decode != prefill"
+    assert torch.equal(beside, once), "left-padded beside another row != alone"
