@@ -72,6 +72,7 @@ class Kernels:
     openblas: bool = False  # the tiles run on OpenBLAS (arm64): other bits, another generation
     slower: str = ""  # why the fixed-order kernel does not run where it could, if so
     not_invariant: str = ""  # why the batch-invariant kernels, which the profile has, cannot run the model
+    unrouted: tuple[str, ...] = ()  # the classes of the model's layers they do not route, if that is why
 
     @classmethod
     def choose(cls, profile: NumericsProfile, *, in_force: Mapping[str, Any], dtype: str, device: str,
@@ -110,7 +111,8 @@ class Kernels:
         slower = (f"matrix multiplications run on PyTorch's own kernel (oneDNN), not the plugin's faster "
                   f"copy of it: the same results to the bit, only slower, because {why_not}"
                   if built is None and why_not else "")
-        return cls(policy, built, openblas, slower, why_not_model)
+        unrouted = tuple(unrouted_layers(model)) if why_not_model and model is not None else ()
+        return cls(policy, built, openblas, slower, why_not_model, unrouted)
 
     @property
     def batch_invariant(self) -> bool:
@@ -256,14 +258,7 @@ def not_routable(model: Any) -> str:
     router, a state-space model's convolution), and its attention one that row-wise attention
     replaces (through transformers' attention interface) and computes (no sliding window, logit
     soft-capping or attention sinks)."""
-    import torch
-
-    unrouted: dict[str, list[str]] = {}
-    for path, module in model.named_modules():
-        if type(module) is torch.nn.Linear or isinstance(module, torch.nn.Embedding):
-            continue  # routed, or a lookup of one row
-        if any(parameter.dim() >= 2 for parameter in module.parameters(recurse=False)):
-            unrouted.setdefault(type(module).__name__, []).append(path)
+    unrouted = unrouted_layers(model)
     if unrouted:
         named = [f"{name} layers ({paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''})"
                  for name, paths in sorted(unrouted.items())]
@@ -278,6 +273,20 @@ def not_routable(model: Any) -> str:
         ("attention sinks", getattr(config, "sinks", None))) if value is not None})
     return f"its attention uses {' and '.join(attention)}, which row-wise attention does not compute" \
         if attention else ""
+
+
+def unrouted_layers(model: Any) -> dict[str, list[str]]:
+    """The model's layers holding a weight matrix of their own that the kernels do not route (anything
+    but a plain ``nn.Linear``, and ``nn.Embedding``'s lookups), by class name: their paths."""
+    import torch
+
+    unrouted: dict[str, list[str]] = {}
+    for path, module in model.named_modules():
+        if type(module) is torch.nn.Linear or isinstance(module, torch.nn.Embedding):
+            continue  # routed, or a lookup of one row
+        if any(parameter.dim() >= 2 for parameter in module.parameters(recurse=False)):
+            unrouted.setdefault(type(module).__name__, []).append(path)
+    return unrouted
 
 
 def _attention_interface(model: Any) -> bool:

@@ -14,8 +14,9 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``decode-vs-prefill`` (``decode_prefill.py``), where the engine can score: the generation's steps
   against the teacher-forced score of its own tokens, the largest logprob difference reported;
 - ``chunked-prefill`` and ``prefix-reuse`` (``decode_prefill.py``), where the engine can forward in
-  pieces: the generation's prompt and tokens in chunks of 1, 2, 7 and 64, and continuing a copy of
-  the prompt's cache, each against one forward (the first position that differs and its margin).
+  pieces: the generation's prompt and tokens in chunks of 1, 2, 7 and 64, and continuing the
+  prompt's cache cut from another request's prefill, each against one forward (the first position
+  that differs and its margin).
 
 A sampled generation is audited under its own sampling settings and seed: its noise is keyed by
 its own prompt, so companions, shape and threads move it only through the logits. Where a row's

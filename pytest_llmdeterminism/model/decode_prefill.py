@@ -88,6 +88,8 @@ def phase_rows(llm_model: LLMModel, generation: Generation) -> list[AuditRow]:
     prompt, against one forward): identical, or the first position that differs (the first whose
     greedy token differs, where one does), the top-2 margin of the one-forward logits there, and the
     largest difference of a logit; empty where the engine cannot forward in pieces."""
+    import torch
+
     engine = llm_model.loaded.engine
     if not isinstance(engine, PhasedEngine):
         return []
@@ -95,7 +97,7 @@ def phase_rows(llm_model: LLMModel, generation: Generation) -> list[AuditRow]:
     ids, seed = prompt + tokens, llm_model.settings.seed
     once = engine.phase_logits(ids, [len(ids)], seed)
     chunked = [(chunk, engine.phase_logits(ids, _pieces(len(ids), chunk), seed)) for chunk in CHUNKS]
-    moved = next(((chunk, logits) for chunk, logits in chunked if not _equal(logits, once)), None)
+    moved = next(((chunk, logits) for chunk, logits in chunked if not torch.equal(logits, once)), None)
     change = f"chunks {', '.join(map(str, CHUNKS))}" + (f": {moved[0]} first" if moved else "")
     rows = [_phase_row(CHUNKED_PREFILL, change, once, moved[1] if moved else once, len(prompt) - 1)]
     if tokens:
@@ -112,12 +114,6 @@ def phase_rows(llm_model: LLMModel, generation: Generation) -> list[AuditRow]:
 
 def _pieces(length: int, chunk: int) -> list[int]:
     return [min(chunk, length - start) for start in range(0, length, chunk)]
-
-
-def _equal(a: object, b: object) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))  # type: ignore[arg-type]
 
 
 def _phase_row(source: str, change: str, once: torch.Tensor, other: torch.Tensor,

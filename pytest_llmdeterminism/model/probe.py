@@ -8,7 +8,7 @@ else in a batch of two."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
@@ -94,14 +94,15 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
         return in_force, (f"run one prompt per batch: {one_row} (or give the model eager attention, "
                           "attn_implementation=\"eager\" in its config)")
     in_force += f", cpu numerics {loaded.cpu_numerics!r}, {torch.get_num_threads()} threads"
-    model_cause = getattr(getattr(loaded.engine, "kernels", None), "not_invariant", "")
-    if "hold weights" in model_cause and not nondeterministic and loaded.cpu_numerics in ("portable",
-                                                                                          "compatible"):
+    kernels: Any = getattr(loaded.engine, "kernels", None)
+    unrouted: tuple[str, ...] = getattr(kernels, "unrouted", ())
+    if unrouted and not nondeterministic and loaded.cpu_numerics in ("portable", "compatible"):
         how = ("a mixture of experts runs each expert on the tokens routed to it, so the size of its "
-               "products, and their bits, depend on the other rows" if "Experts" in model_cause else
+               "products, and their bits, depend on the other rows"
+               if any(name.endswith("Experts") for name in unrouted) else
                "their products may compute a row otherwise beside other rows")
         return in_force, (f"one prompt per batch: {one_row}. The cause is the model, not this machine: "
-                          f"{model_cause.removeprefix('its ')}, and {how}")
+                          f"{kernels.not_invariant.removeprefix('its ')}, and {how}")
     if loaded.cpu_numerics not in ("portable", "compatible"):
         return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
                           "any thread count; or one thread (OMP_NUM_THREADS=1)")
