@@ -26,7 +26,7 @@ from pytest_llmdeterminism.errors import (
     PromptTooLongError,
     SamplingRefusedError,
 )
-from pytest_llmdeterminism.generation import Generation, Score
+from pytest_llmdeterminism.generation import Generation, Score, Speculated
 from pytest_llmdeterminism.goldens.atomic import LinkOutError
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.judge.compare import Comparison, GoldenMismatchError, Verdict
@@ -76,6 +76,7 @@ __all__ = [
     "SamplingRefusedError",
     "Score",
     "ShardError",
+    "Speculated",
     "UnreadableFileError",
     "Verdict",
     "assert_decode_matches_prefill",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_llmdeterminism.errors import ConfigurationError, SamplingRefusedError, as_float, as_int
@@ -41,12 +41,33 @@ _SAMPLING_REASONS = {
     "diversity_penalty": "diverse beam search is not greedy decoding",
     "penalty_alpha": "contrastive search is not greedy decoding",
     "num_return_sequences": "several sequences per prompt need sampling or beams",
-    "assistant_model": "assisted decoding takes a different numeric path",
-    "prompt_lookup_num_tokens": "prompt-lookup decoding takes a different numeric path",
     "generation_config": "a whole GenerationConfig can carry sampling settings; pass single arguments",
     "logits_processor": "custom logits processors are not recorded in the golden",
     "streamer": "streamers are not supported by the fixed-shape batching",
 }
+
+
+# transformers' arguments for speculative decoding: drafts verified by one forward of k + 1 positions.
+# Not recorded in a golden: on phase-invariant kernels the verified tokens and every step's logits are
+# plain greedy decoding's, bit for bit (engines/hf_speculative.py).
+SPECULATION_ARGUMENTS = ("prompt_lookup_num_tokens", "assistant_model")
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a greedy call speculates: ``prompt_lookup`` (drafts are n-grams of the prompt, transformers'
+    ``prompt_lookup_num_tokens``) or ``assistant`` (a draft model decodes them; today the model
+    itself, passed as ``assistant_model=llm_model``). ``tokens``: the drafts per verify pass asked
+    (prompt lookup's; transformers sizes an assistant's itself)."""
+
+    method: str
+    tokens: int = 0
+    assistant: Any = field(default=None, compare=False, repr=False)
+
+    def describe(self) -> str:
+        if self.method == "prompt_lookup":
+            return f"prompt lookup, {self.tokens} draft token(s) a pass"
+        return "the model itself as its draft (assistant_model)"
 
 
 # Values of refused arguments that still mean plain greedy decoding (None always does).
@@ -92,6 +113,9 @@ class DecodingConfig:
     # seed per prompt of the call (set per chunk by the model), the config's own seed the default.
     sampling: SamplingConfig | None = None
     seeds: tuple[int, ...] = ()
+    # Speculative decoding (greedy only): how the engine runs the call, not what it computes, so it is
+    # not in as_dict(): a speculated generation is checked against the plain one's golden.
+    speculation: Speculation | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The config as a golden records it and transformers' ``GenerationConfig`` takes it (the
@@ -99,7 +123,7 @@ class DecodingConfig:
         on: greedy decoding over the perturbed scores picks the drawn token)."""
         # Every field is immutable: no deep copy (dataclasses.asdict) needed, once or twice a call.
         base = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("sampling", "seeds")}
+                if f.name not in ("sampling", "seeds", "speculation")}
         sampled = {} if self.sampling is None else {"do_sample": True, **self.sampling.as_dict()}
         return {**base, "eos_token_id": list(self.eos_token_id), **sampled}
 
@@ -125,6 +149,21 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     bool): the config holds them as plain ``int`` and ``float``. ``vocab_size``: the model's, which
     an ``eos_token_id`` override must be below."""
     __tracebackhide__ = True
+    speculation = _speculation(overrides)
+    if speculation is not None:
+        if overrides.get("do_sample") is True:
+            raise SamplingRefusedError(
+                "do_sample", True, "speculative decoding is greedy only here: sampled speculation accepts "
+                "drafts by rejection sampling with transformers' random generator, not the plugin's seeded "
+                "sampler, so its draws could not be reproduced. Sample without speculation, or speculate "
+                "greedily")
+        if overrides.get("use_cache") is False:
+            raise ConfigurationError("llm_model.generate(use_cache=False)", False, "speculative decoding "
+                                     "verifies its drafts against the KV cache; leave use_cache on")
+        rest = {name: value for name, value in overrides.items() if name not in SPECULATION_ARGUMENTS}
+        config = resolve_generation_config(rest, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                                           pad_token_id=pad_token_id, seed=seed, vocab_size=vocab_size)
+        return dataclasses.replace(config, speculation=speculation)
     if overrides.get("do_sample") is True:
         return _sampled(overrides, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                         pad_token_id=pad_token_id, seed=seed, vocab_size=vocab_size)
@@ -133,6 +172,8 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
                                    "do_sample=True to sample with it")
     accepted: dict[str, Any] = {}
     for name, value in overrides.items():
+        if name in SPECULATION_ARGUMENTS:  # None or 0 here: no speculation
+            continue
         if name in _SAMPLING_REASONS:
             if not _is_neutral(name, value):
                 raise SamplingRefusedError(name, value, _SAMPLING_REASONS[name])
@@ -146,6 +187,27 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     defaults = DecodingConfig(max_new_tokens=max_new_tokens, eos_token_id=tuple(sorted(eos_token_ids)),
                               pad_token_id=pad_token_id)
     return dataclasses.replace(defaults, **accepted)
+
+
+def _speculation(overrides: Mapping[str, Any]) -> Speculation | None:
+    """The call's speculation from transformers' arguments (``None`` or 0 is none): prompt lookup of
+    ``prompt_lookup_num_tokens`` >= 1 tokens, or ``assistant_model`` (which model may draft is the
+    caller's to check: ``llm_model.generate`` takes the model itself); not both."""
+    __tracebackhide__ = True
+    lookup, assistant = overrides.get("prompt_lookup_num_tokens"), overrides.get("assistant_model")
+    if lookup is not None and assistant is not None:
+        raise ConfigurationError("llm_model.generate(prompt_lookup_num_tokens=..., assistant_model=...)",
+                                 lookup, "pass one way of drafting: prompt lookup or an assistant model")
+    if assistant is not None:
+        return Speculation("assistant", assistant=assistant)
+    if lookup is None or (as_int(lookup) == 0 and not isinstance(lookup, bool)):
+        return None
+    tokens = as_int(lookup)
+    if tokens is None or tokens < 1:
+        raise ConfigurationError("llm_model.generate(prompt_lookup_num_tokens=...)", lookup,
+                                 "expected an integer >= 1: how many tokens each verify pass drafts from "
+                                 "the prompt (0 or None: no speculation)")
+    return Speculation("prompt_lookup", tokens)
 
 
 def _sampled(overrides: Mapping[str, Any], *, max_new_tokens: int, eos_token_ids: list[int],

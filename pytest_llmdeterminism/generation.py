@@ -74,6 +74,26 @@ def variant_of(fingerprint: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class Speculated:
+    """How a speculative generation's verify passes went (``llm_model.generate(...,
+    prompt_lookup_num_tokens=N)`` or ``assistant_model=llm_model``): its ``method``
+    (``"prompt_lookup"`` or ``"assistant"``), the ``passes`` verify forwards of the model, the draft
+    tokens they were given (``drafted``) and how many of those they accepted (``accepted``). Not in a
+    golden: a speculated generation is checked against the plain one's."""
+
+    method: str
+    passes: int
+    drafted: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted draft tokens over drafted ones; ``None`` where nothing was drafted (a prompt lookup
+        that never found its n-gram)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass(frozen=True)
 class Generation:
     """One prompt's continuation (greedy, or drawn by the seeded sampler) and what the model
     computed at each step.
@@ -102,6 +122,8 @@ class Generation:
     # (sampling.Draw.margin: the runner-up's distance, or the cut boundary's where nearer); empty for
     # greedy ones.
     draw_margins: tuple[float, ...] = ()
+    # Speculative decoding's verify passes and acceptance; None where the call did not speculate.
+    speculation: Speculated | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         steps = len(self.token_ids)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.hooks import RemovableHandle
 
+    from pytest_llmdeterminism.generation import Speculated
+
     Logits = npt.NDArray[np.float32]  # one step's raw float32 logits of one row (or rows x vocab)
 
 # Steps' rows a tap holds before it reduces them: a block of steps at a time, memory bounded.
@@ -60,6 +62,8 @@ class Chunk:
     texts: list[str] | None = None
     pieces: list[list[str]] | None = None
     finish_reasons: list[str] | None = None
+    # Where the call speculated (engines/hf_speculative.py): per row, its verify passes' acceptance.
+    speculated: list[Speculated] | None = None
 
 
 def logits_step(raw: Logits, step: int, top_k: int = TOP_K) -> tuple[str, list[int], list[float]]:
@@ -89,10 +93,11 @@ class StepCapture:
 
     Pass :meth:`logits_processor` to ``generate``. Per step it keeps one hash per row (an integer)
     and a ``rows x k`` top-k tensor; hex digests, Python lists and the per-row records are built
-    once, when the block ends.
+    once, when the block ends. Without a model (``None``) nothing is hooked: :meth:`add` hands over
+    each step's raw logits and scores (``generate``'s ``output_logits`` and ``output_scores``).
     """
 
-    def __init__(self, model: torch.nn.Module, rows: int, top_k: int = TOP_K, *,
+    def __init__(self, model: torch.nn.Module | None, rows: int, top_k: int = TOP_K, *,
                  keep_logits: bool = False, processed: bool = True) -> None:
         import numpy
         import torch
@@ -116,12 +121,13 @@ class StepCapture:
         self._numpy, self._torch, self._digest = numpy, torch, xxhash.xxh3_64_intdigest
 
     def __enter__(self) -> StepCapture:  # noqa: PYI034
-        self._handle = self._model.register_forward_hook(self._on_forward)
+        if self._model is not None:
+            self._handle = self._model.register_forward_hook(self._on_forward)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self._handle is not None
-        self._handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
         if exc[0] is None:
             self._reduce_raw()
             self._reduce_scores()
@@ -137,9 +143,18 @@ class StepCapture:
 
     def _on_forward(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         logits = output.logits if hasattr(output, "logits") else output[0]
-        self._raw.append(logits[: self._n_rows, -1, :].to(self._torch.float32, copy=True))
+        self._on_raw(logits[: self._n_rows, -1, :].to(self._torch.float32, copy=True))
+
+    def add(self, raw: torch.Tensor, scores: torch.Tensor) -> None:
+        """One step's raw logits and the scores greedy picked from (``rows x vocab`` each)."""
+        self._on_raw(raw.to(self._torch.float32, copy=True))
+        if self._processed:
+            self._on_scores(scores)
+
+    def _on_raw(self, raw: torch.Tensor) -> None:
+        self._raw.append(raw)
         if not self._processed:
-            self._scores.append(self._raw[-1])  # the scores greedy picks from: the same numbers
+            self._scores.append(raw)  # the scores greedy picks from: the same numbers
         if len(self._raw) * self._raw[0].numel() * 4 >= BLOCK_BYTES:
             self._reduce_raw()
             self._reduce_scores()

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.compute.kernels import Kernels
-from pytest_llmdeterminism.decoding import DecodingConfig
-from pytest_llmdeterminism.engines import hf_phases
+from pytest_llmdeterminism.decoding import DecodingConfig, Speculation
+from pytest_llmdeterminism.engines import hf_phases, hf_speculative
 from pytest_llmdeterminism.engines.cached import converted_copy, keep_converted
 from pytest_llmdeterminism.engines.capture import (
     Chunk,
@@ -98,10 +98,13 @@ class HFEngine:
 
         shape = settings.batch_shape.running(max(map(len, rows)))
         self._refuse_past_context(shape, config.max_new_tokens, settings)
-        input_ids, attention_mask = self._left_padded(rows, shape)
         model = self.model
         if model.training:
             model.eval()  # dropout at inference is random; a test may have called .train()
+        if config.speculation is not None:  # each row alone: transformers speculates at batch size 1
+            return hf_speculative.speculate(model, self.kernels, self.device, rows, config,
+                                            _transformers_arguments(config), settings.seed, keep_logits)
+        input_ids, attention_mask = self._left_padded(rows, shape)
         checkpoint_config = model.generation_config
         # generate() fills every unset field from model.generation_config, so a checkpoint's own
         # sampling defaults would leak in; swap in a clean one for the call.
@@ -171,6 +174,10 @@ class HFEngine:
                     found.prompt_logprobs = prompt_positions(before, prompt)
                 scored.append(found)
         return ScoreChunk(rows=scored, flags=in_force)
+
+    def speculation(self, asked: Speculation) -> Speculation:
+        """``hf_speculative.checked`` on this engine's model and kernels."""
+        return hf_speculative.checked(self.kernels, self.model, asked)
 
     def phase_logits(self, ids: list[int], pieces: list[int], seed: int, *,
                      reuse_from: list[int] | None = None) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from pytest_llmdeterminism.decoding import DecodingConfig
+    from pytest_llmdeterminism.decoding import DecodingConfig, Speculation
     from pytest_llmdeterminism.engines.capture import Chunk, ScoreChunk
     from pytest_llmdeterminism.engines.spec import EngineSpec
     from pytest_llmdeterminism.errors import BatchInvarianceProbeError
@@ -103,6 +103,16 @@ class PhasedEngine(Engine, Protocol):
         """``ids``' float32 logits (a tensor, one row per position), forwarded in consecutive pieces of
         ``pieces``' lengths over one KV cache; ``reuse_from``: the cache of the first piece is cut
         from the prefill of that other sequence sharing it (a prefix cache's reuse)."""
+        ...
+
+
+@runtime_checkable
+class SpeculatingEngine(Engine, Protocol):
+    """An engine that runs a greedy call's speculation (``DecodingConfig.speculation``) losslessly."""
+
+    def speculation(self, asked: Speculation) -> Speculation:
+        """``asked`` as this engine runs it (an ``assistant_model`` resolved to its draft model), or a
+        ``ConfigurationError`` saying why it cannot run it losslessly."""
         ...
 
 

@@ -16,7 +16,12 @@ largest absolute difference of the raw logits before the tokens part ways. Rows:
 - ``chunked-prefill`` and ``prefix-reuse`` (``decode_prefill.py``), where the engine can forward in
   pieces: the generation's prompt and tokens in chunks of 1, 2, 7 and 64, and continuing the
   prompt's cache cut from another request's prefill, each against one forward (the first position
-  that differs and its margin).
+  that differs and its margin);
+- ``speculative``, where the engine speculates in process (transformers): the generation again by
+  transformers' assisted generation (the call's own speculation, else the model as its own draft:
+  verify passes of up to 20 positions), its verify passes and acceptance rate in the row, against
+  plain greedy decoding (the first step that differs and its margin); greedy calls on phase-invariant
+  kernels only.
 
 A sampled generation is audited under its own sampling settings and seed: its noise is keyed by
 its own prompt, so companions, shape and threads move it only through the logits. Where a row's
@@ -37,15 +42,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.decoding import resolve_generation_config
-from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, ServedEngine
+from pytest_llmdeterminism.decoding import SPECULATION_ARGUMENTS, resolve_generation_config
+from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, ServedEngine, SpeculatingEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
 from pytest_llmdeterminism.judge.compare import first_token_divergence
 from pytest_llmdeterminism.model.decode_prefill import decode_vs_prefill, phase_rows
 from pytest_llmdeterminism.model.inputs import fits, is_token_ids
 from pytest_llmdeterminism.model.serving_audit import serving_audit
-from pytest_llmdeterminism.reporting.audit import AuditReport, AuditRow
+from pytest_llmdeterminism.reporting.audit import SPECULATIVE, AuditReport, AuditRow
 from pytest_llmdeterminism.sampling import MAX_SEED
 from pytest_llmdeterminism.shape import BatchShape
 
@@ -81,6 +86,10 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
         if len(seed) != 1:
             raise ConfigurationError("audit(seed=...)", seed, "the audit runs one prompt: give one seed")
         overrides = {**overrides, "seed": seed[0]}
+    # Every row varies plain greedy decoding; the speculative row adds the call's speculation (or the
+    # model as its own draft) back.
+    speculation = {name: overrides[name] for name in SPECULATION_ARGUMENTS if overrides.get(name) is not None}
+    overrides = {name: value for name, value in overrides.items() if name not in SPECULATION_ARGUMENTS}
     probe = _KeptLogits(llm_model)
     ids = [int(t) for t in prompt] if is_token_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]
     text = prompt if isinstance(prompt, str) else str(llm_model.tokenizer.decode(ids))
@@ -137,7 +146,40 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
     if isinstance(llm_model.loaded.engine, ScoringEngine) and base[0].token_ids:
         rows.append(decode_vs_prefill(llm_model, base[0]).row())
     rows.extend(phase_rows(llm_model, base[0]))
+    rows.append(_speculative_row(llm_model, lambda **extra: run(probe, [prompt], 0, **extra), base,
+                                 speculation or {"assistant_model": llm_model}))
     return AuditReport(text, str(shape), tuple(rows), unique, len(runs), sampling)
+
+
+def _speculative_row(llm_model: LLMModel, run: Callable[..., tuple[Generation, list[Logits]]],
+                     base: tuple[Generation, list[Logits]], speculation: dict[str, Any]) -> AuditRow:
+    """The ``speculative`` row: the generation again with ``speculation`` (transformers' assisted
+    generation, verify passes of up to k + 1 positions) against plain greedy decoding; identical, or
+    the first step whose token differs and the plain step's top-2 margin there. Not run where the
+    engine does not speculate in process, for sampled generations (speculation is greedy only here)
+    or on kernels whose verify pass is not decode's (``generate`` refuses speculation there)."""
+    engine = llm_model.loaded.engine
+    kernels = getattr(engine, "kernels", None)
+    if not isinstance(engine, SpeculatingEngine):
+        return AuditRow(SPECULATIVE, f"{engine.name} does not speculate in process", False, None, 0.0,
+                        ran=False)
+    if base[0].sampling:
+        return AuditRow(SPECULATIVE, "speculation is greedy only", False, None, 0.0, ran=False)
+    if kernels is None or not kernels.phase_invariant:
+        return AuditRow(SPECULATIVE, "these kernels' verify pass is not a decode step's: speculation is "
+                        "refused on them (the chunked-prefill row measures the phase's effect)", False,
+                        None, 0.0, ran=False)
+    other = run(**speculation)
+    done = other[0].speculation
+    rate = done.acceptance_rate if done is not None else None
+    how = "the model as its own draft" if "assistant_model" in speculation else \
+        f"prompt lookup of {speculation['prompt_lookup_num_tokens']}"
+    accepted = f"{rate:.0%} of drafts accepted" if rate is not None else "nothing drafted"
+    passes = done.passes if done is not None else 0
+    found = _row(SPECULATIVE, f"{how}: {passes} verify passes, {accepted}", base, other)
+    if found.first_step is None or found.first_step >= len(base[0].margins):
+        return found
+    return dataclasses.replace(found, draw_margin=base[0].margins[found.first_step])
 
 
 def _row(source: str, change: str, base: tuple[Generation, list[Logits]],

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.engines.capture import Chunk
-from pytest_llmdeterminism.engines.loaded import ScoringEngine, ServedEngine
+from pytest_llmdeterminism.engines.loaded import ScoringEngine, ServedEngine, SpeculatingEngine
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import TOP_K, Generation, PromptForm, Score
 from pytest_llmdeterminism.model import concurrency, inputs
@@ -130,6 +130,12 @@ class LLMModel:
           seed ``s`` is not transformers' sample after ``torch.manual_seed(s)``;
         - at the top-p boundary, tokens of equal score are ranked by lower token id (transformers
           keeps its sort's order).
+
+        Greedy calls may speculate with transformers' own arguments: ``prompt_lookup_num_tokens=N``
+        or ``assistant_model=llm_model`` (the model as its own draft). They run transformers'
+        assisted generation one prompt at a time, on kernels whose verify pass computes what decode
+        does (else refused), so the tokens and every step's hash are the plain call's and its golden
+        applies; ``Generation.speculation`` says how many drafts the verify passes accepted.
         """
         __tracebackhide__ = True
         given, single = inputs.model_inputs(prompt, token_ids, tokenizer=self.tokenizer,
@@ -146,7 +152,22 @@ class LLMModel:
         return results[0] if single else results
 
     def _decoding(self, overrides: Mapping[str, Any]) -> DecodingConfig:
-        """A call's decoding settings: its overrides over the test's."""
+        """A call's decoding settings: its overrides over the test's; a speculation as the engine
+        runs it (its draft model resolved), refused where the engine cannot speculate losslessly."""
+        __tracebackhide__ = True
+        config = self._decoding_settings(overrides)
+        if config.speculation is None:
+            return config
+        engine = self._loaded.engine
+        if not isinstance(engine, SpeculatingEngine):
+            raise ConfigurationError(
+                "llm_model.generate", config.speculation.describe(),
+                f"speculative decoding is checked on the transformers backend, where the plugin runs "
+                f"transformers' assisted generation on phase-invariant kernels; {self._loaded.spec} runs "
+                f"on {engine.name}. Speculate on the same model without the engine prefix")
+        return dataclasses.replace(config, speculation=engine.speculation(config.speculation))
+
+    def _decoding_settings(self, overrides: Mapping[str, Any]) -> DecodingConfig:
         return resolve_generation_config(
             dict(overrides),
             max_new_tokens=self.settings.max_new_tokens,
@@ -163,6 +184,7 @@ class LLMModel:
         engine = self._loaded.engine
         if config.sampling is not None:
             self._refuse_sampling_where_not_owned(config, prompts)
+
         if self.settings.concurrency:
             concurrency.refuse_where_not_served(engine, self._loaded.spec, self.settings.concurrency)
         served = isinstance(engine, ServedEngine)  # audited as it is served (model/serving_audit.py)
@@ -365,6 +387,7 @@ class LLMModel:
             fingerprint=fingerprint_now,
             hash_definition=self._loaded.engine.hash_definition,
             draw_margins=tuple(out.draw_margins[row][:n]) if out.draw_margins else (),
+            speculation=out.speculated[row] if out.speculated else None,
         )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from pytest_llmdeterminism.sampling import settings_text
 
 __all__ = ["CHUNKED_PREFILL", "DECODE_VS_PREFILL", "EXPLANATIONS", "PREFIX_REUSE", "SERVING_EXPLANATIONS",
-           "AuditReport", "AuditRow", "DecodeVsPrefill", "ServingAudit", "ServingRow"]
+           "SPECULATIVE", "AuditReport", "AuditRow", "DecodeVsPrefill", "ServingAudit", "ServingRow"]
 
 EXPLANATIONS = {
     "repeat": "same input, same process, different result: a nondeterministic kernel or unseeded "
@@ -33,8 +33,12 @@ EXPLANATIONS = {
                     "otherwise than one fresh forward: a prefix cache changes results (the phase-invariant "
                     "kernels' do not: portable numerics' batch-invariant ones on x86-64, for models they "
                     "run)",
+    "speculative": "speculative decoding (drafts verified by one forward of k + 1 positions) computed a "
+                   "step otherwise than decoding it alone: the verify pass's attention or linears depend "
+                   "on the phase, so speculation changes results here (on the phase-invariant kernels it "
+                   "cannot: portable numerics' batch-invariant ones on x86-64, for models they run)",
 }
-CHUNKED_PREFILL, PREFIX_REUSE = "chunked-prefill", "prefix-reuse"
+CHUNKED_PREFILL, PREFIX_REUSE, SPECULATIVE = "chunked-prefill", "prefix-reuse", "speculative"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class AuditReport:
                 meaning = EXPLANATIONS[row.source] if row.moved else "no effect"
                 if row.source in (CHUNKED_PREFILL, PREFIX_REUSE) and row.first_step is not None:
                     meaning += (f" (at position {row.first_step}, where the top two logprobs were "
+                                f"{row.draw_margin:.2g} apart)")
+                elif row.source == SPECULATIVE and row.draw_margin is not None:
+                    meaning += (f" (at step {row.first_step}, where the top two logprobs were "
                                 f"{row.draw_margin:.2g} apart)")
                 elif row.draw_margin is not None and row.source != "seed":
                     meaning += (f" (the draw at step {row.first_step} was {row.draw_margin:.2g} "

@@ -47,3 +47,30 @@ def test_smollm2s_decode_steps_are_the_score_of_their_own_tokens_bit_for_bit(smo
         for chunk in CHUNKS:
             assert torch.equal(logits_in_chunks(smollm2, ids, chunk), once), (prompt, chunk)
     assert torch.equal(logits_on_a_reused_prefix(smollm2, ids[:11], [ids[11:]])[0], once)
+
+
+def test_smollm2s_speculative_decoding_is_plain_greedy_decoding_bit_for_bit(smollm2):
+    """transformers' prompt lookup (2 and 5 tokens) and SmolLM2 as its own draft: every step's token
+    and hash are plain greedy decoding's at 4x64 (IDENTICAL to its golden), the model as its own draft
+    accepts every draft, prompt lookup some; the first draft committed unverified is a REGRESSION."""
+    from pytest_llmdeterminism.judge.compare import Verdict, compare
+    from tests.helpers.speculation import first_draft_unverified, ways
+
+    llm = LLMModel(smollm2, GenerationSettings(BatchShape.parse("4x64"), 32, 0))
+    plain = llm.generate(PHASE_PROMPTS)
+    accepted = {}
+    for way in ways(llm):
+        speculated = llm.generate(PHASE_PROMPTS, **way)
+        for expected, got in zip(plain, speculated, strict=True):
+            assert compare(expected, got).verdict is Verdict.IDENTICAL, (way, expected.prompt)
+            assert got.step_hashes == expected.step_hashes
+        accepted[next(iter(way))] = [g.speculation.acceptance_rate for g in speculated]
+    assert accepted["assistant_model"] == [1.0, 1.0, 1.0]
+    assert any(rate for rate in accepted["prompt_lookup_num_tokens"] if rate)
+    with first_draft_unverified(llm.model) as planted:
+        broken = llm.generate(PHASE_PROMPTS, prompt_lookup_num_tokens=2)
+    assert planted
+    verdicts = [compare(expected, got) for expected, got in zip(plain, broken, strict=True)]
+    assert Verdict.REGRESSION in {found.verdict for found in verdicts}
+    assert all(found.divergence.golden_margin > found.tie_margin for found in verdicts
+               if found.verdict is Verdict.REGRESSION)

@@ -1,6 +1,7 @@
 """Greedy decoding unless do_sample=True asks for the plugin's seeded sampler: sampling arguments
 without it are refused naming do_sample=True, neutral values accepted."""
 
+import numpy as np
 import pytest
 
 from pytest_llmdeterminism.decoding import resolve_generation_config
@@ -29,8 +30,6 @@ def resolve(**overrides):
         ("diversity_penalty", 0.5, "diverse beam search"),
         ("penalty_alpha", 0.6, "contrastive search"),
         ("num_return_sequences", 2, "several sequences"),
-        ("assistant_model", object(), "assisted decoding"),
-        ("prompt_lookup_num_tokens", 3, "prompt-lookup"),
         ("generation_config", object(), "pass single arguments"),
         ("logits_processor", [], "not recorded"),
         ("streamer", object(), "streamers"),
@@ -164,3 +163,20 @@ def test_numpy_and_other_real_numbers_are_taken_as_plain_python_numbers():
 def test_a_bool_or_a_non_integer_is_still_no_number_for_a_setting(argument, value):
     with pytest.raises(ConfigurationError, match=rf"llm_model.generate\({argument}=...\) = "):
         resolve(do_sample=True, **{argument: value})
+
+
+def test_speculation_is_how_a_call_runs_not_what_its_golden_records():
+    """transformers' speculation arguments resolve to a ``Speculation`` kept out of ``as_dict()``: a
+    speculated call's recorded config is the plain call's (its golden applies); 0 and None are none."""
+    from pytest_llmdeterminism.decoding import Speculation
+
+    plain = resolve()
+    lookup = resolve(prompt_lookup_num_tokens=np.int64(3))
+    assert lookup.speculation == Speculation("prompt_lookup", 3)
+    assert lookup.as_dict() == plain.as_dict()
+    draft = object()
+    assisted = resolve(assistant_model=draft, max_new_tokens=4)
+    assert assisted.speculation is not None and assisted.speculation.assistant is draft
+    assert assisted.as_dict() == resolve(max_new_tokens=4).as_dict()
+    assert resolve(prompt_lookup_num_tokens=0).speculation is None
+    assert resolve(prompt_lookup_num_tokens=None, assistant_model=None) == plain

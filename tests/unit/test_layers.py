@@ -29,7 +29,7 @@ PACKAGES = {
                  "engines.checkpoint", "engines.defect"],
                 ["engines.capture", "engines.spec"],
                 ["engines.hub", "engines.loaded", "engines.server.completions"],
-                ["engines.fingerprints", "engines.hf_phases"], ["engines.hf"],
+                ["engines.fingerprints", "engines.hf_phases", "engines.hf_speculative"], ["engines.hf"],
                 ["engines.hf_load", "engines.llamacpp", "engines.server.server_client", "engines.vllm"],
                 ["engines.server.prompts"], ["engines.server.server_score"],
                 ["engines.server.openai", "engines.server.companions"],

@@ -34,7 +34,7 @@ def test_audit_api_measures_batch_size_effects_on_cpu(make_llm):
     assert rows["batch_size"].max_logit_delta > 0
     assert 0 < rows["batch_size"].max_logit_delta < 1e-3
     assert set(rows) == {"repeat", "batch", "batch_size", "padding", "cache", "threads",
-                         "decode-vs-prefill", "chunked-prefill", "prefix-reuse"}
+                         "decode-vs-prefill", "chunked-prefill", "prefix-reuse", "speculative"}
 
 
 def test_on_the_default_kernels_the_batch_size_moves_nothing(make_llm):
