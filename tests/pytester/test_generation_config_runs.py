@@ -43,3 +43,24 @@ def test_a_marker_takes_numpy_integers_as_plain_ints(suite):
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*@deterministic(seed=...) in test_a_marker_takes*::test_bool = True: "
                                  "expected an integer*"])
+
+
+def test_the_docs_speculation_block_is_identical_to_the_plain_golden(suite):
+    """docs/writing-tests.md's speculation block, as written, against the golden the same test recorded
+    without speculation: IDENTICAL, the golden file untouched."""
+    from tests.helpers import ROOT
+
+    page = (ROOT / "docs" / "writing-tests.md").read_text(encoding="utf-8")
+    section = page.split("## Speculative decoding, checked against plain greedy decoding", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    header = "from pytest_llmdeterminism import deterministic\n\n"
+    suite.makepyfile(test_docs=header + block.replace(', prompt_lookup_num_tokens=5', ''))
+    suite.runpytest("--llm-golden-update").assert_outcomes(passed=1)
+    (golden,) = suite.path.glob("__golden__/*.json")
+    recorded = golden.read_bytes()
+    suite.makepyfile(test_docs=header + block)
+    checked = suite.runpytest("-s")
+    checked.assert_outcomes(passed=1)
+    checked.stdout.fnmatch_lines(["*Speculated(method='prompt_lookup', passes=*",
+                                  "*golden checks: 1 IDENTICAL*"])
+    assert golden.read_bytes() == recorded
