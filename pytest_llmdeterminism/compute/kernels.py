@@ -256,8 +256,8 @@ def not_routable(model: Any) -> str:
     an ``nn.Linear`` they route (a module holding a weight matrix of its own is anything else: GPT-2's
     Conv1D, an ``nn.Linear`` subclass with its own forward, a mixture of experts' fused experts and
     router, a state-space model's convolution), and its attention one that row-wise attention
-    replaces (through transformers' attention interface) and computes (no sliding window, logit
-    soft-capping or attention sinks)."""
+    replaces (through transformers' attention interface; sliding windows, logit soft-capping and
+    attention sinks included)."""
     unrouted = unrouted_layers(model)
     if unrouted:
         named = [f"{name} layers ({paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''})"
@@ -266,13 +266,7 @@ def not_routable(model: Any) -> str:
     if not _attention_interface(model):
         return (f"its attention ({type(model).__name__}'s own) does not go through transformers' attention "
                 "interface, which row-wise attention takes the place of")
-    attention = sorted({name for config in _configs(model) for name, value in (
-        ("a sliding window", getattr(config, "sliding_window", None)
-         if getattr(config, "use_sliding_window", True) is not False else None),
-        ("logit soft-capping", getattr(config, "attn_logit_softcapping", None)),
-        ("attention sinks", getattr(config, "sinks", None))) if value is not None})
-    return f"its attention uses {' and '.join(attention)}, which row-wise attention does not compute" \
-        if attention else ""
+    return ""
 
 
 def unrouted_layers(model: Any) -> dict[str, list[str]]:

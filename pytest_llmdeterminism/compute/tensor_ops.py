@@ -123,31 +123,42 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+                      sliding_window: int | None = None, softcap: float | None = None,
+                      s_aux: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: each row attends over its own keys, as if it ran alone, and
-    each position as :func:`canonical_attention` computes it, whatever the phase.
+    each position as :func:`canonical_attention` computes it, whatever the phase; a layer's sliding
+    window, logit soft-capping and attention sinks (``s_aux``) included.
 
     With left padding a row's real keys are the last ones; the first key the mask lets the last query
-    see is where they start (position 0). The row's real queries (the last ones) attend to them
-    causally; padded queries get zeros (nothing reads them)."""
-    if dropout or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None \
-            or kwargs.get("s_aux") is not None:  # spelled out: this runs in every layer at every step
-        unsupported = sorted(name for name in ("sliding_window", "softcap", "s_aux")
-                             if kwargs.get(name) is not None)
-        raise NotImplementedError(f"batch-invariant attention does not handle {unsupported or ['dropout']}")
+    see is where they start (position 0). Under a sliding window the mask shows the window, and the
+    layer's cache may hold its last keys only: there a row's key positions come from its
+    ``position_ids`` (the last query's position is the last key's). The row's real queries (the last
+    ones) attend to them; padded queries get zeros (nothing reads them)."""
+    if dropout:
+        raise NotImplementedError("batch-invariant attention does not handle dropout")
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if batch == 1 and attention_mask is None:  # a lone, unpadded row: the loop's one call, without its copy
-        alone = canonical_attention(query[0], key[0], value[0], scaling)
+    positions = kwargs.get("position_ids") if sliding_window is not None else None
+    if sliding_window is not None and positions is None:
+        raise NotImplementedError("batch-invariant attention under a sliding window needs the position_ids")
+    if batch == 1 and attention_mask is None and positions is None:  # a lone, unpadded row, without a copy
+        alone = canonical_attention(query[0], key[0], value[0], scaling, window=sliding_window,
+                                    softcap=softcap, sinks=s_aux)
         return alone.transpose(0, 1).unsqueeze(0).contiguous(), None
     output = query.new_zeros(batch, heads, queries, value.shape[-1])
     for row in range(batch):
-        first = 0 if attention_mask is None else _first_key(attention_mask[row, 0, -1])
+        if positions is not None:  # key 0's position: below 0 where the row is padded, above where cut
+            start = int(positions[row if positions.shape[0] > 1 else 0, -1]) - keys + 1
+            first, start = max(0, -start), max(0, start)
+        else:
+            first = 0 if attention_mask is None else _first_key(attention_mask[row, 0, -1])
+            start = 0
         first_query = max(0, first - (keys - queries))
-        output[row, :, first_query:] = canonical_attention(query[row, :, first_query:], key[row, :, first:],
-                                                           value[row, :, first:], scaling)
+        output[row, :, first_query:] = canonical_attention(
+            query[row, :, first_query:], key[row, :, first:], value[row, :, first:], scaling, start=start,
+            window=sliding_window, softcap=softcap, sinks=s_aux)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -157,43 +168,40 @@ KEY_BLOCK = 32
 QUERY_TILE = 4
 
 
-def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        scaling: float) -> torch.Tensor:
+def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, *,
+                        start: int = 0, window: int | None = None, softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One row's causal attention, each query position's bits a function of its own query and the keys and
-    values up to it alone: not of how many positions the call holds, nor of the phase (a one-row
+    values it sees alone: not of how many positions the call holds, nor of the phase (a one-row
     decode step, a prefill, a chunk of one, a prefill continuing a cache) nor of the threads.
     ``query`` (heads, queries, dim) holds the last positions of ``key`` (key heads, keys, dim;
     grouped-query attention where fewer) and ``value`` (key heads, keys, width: another head size
-    under multi-head latent attention); returns (heads, queries, width). A position ``p``
-    is row ``p % QUERY_TILE`` of its query tile and a key ``j`` column ``j % KEY_BLOCK`` of its key
-    block, both aligned to position 0, so every product a position takes part in has the same shape
-    and the same place in it whatever else runs: scores are (tile x dim) @ (dim x block) products, the
-    probabilities times the values and a column of ones (the softmax's sum) are (tile x block) @
-    (block x dim + 1) products, and the blocks' partial sums are added in block order by a sequential
-    scan over the blocks up to the tile's own (keys past the position, in its own block, have weight
-    exactly 0 and add exact zeros). The row's maximum is exact in any order."""
+    under multi-head latent attention); returns (heads, queries, width). ``start``: key 0's position
+    (above 0 where a sliding window's cache dropped the keys before it); ``window``: a query sees the
+    keys less than ``window`` positions back (transformers' ``sliding_window``); ``softcap``: scores
+    become ``softcap * tanh(score / softcap)``; ``sinks`` (heads,): each head's extra logit in the
+    softmax's sum (gpt-oss).
+
+    A position ``p`` is row ``p % QUERY_TILE`` of its query tile and a key ``j`` column
+    ``j % KEY_BLOCK`` of its key block, both aligned to position 0, so every product a position takes
+    part in has the same shape and the same place in it whatever else runs: scores are
+    (tile x dim) @ (dim x block) products, the probabilities times the values and a column of ones
+    (the softmax's sum) are (tile x block) @ (block x dim + 1) products, and the blocks' partial sums
+    are added in block order by a sequential scan over the blocks up to the tile's own. A key a
+    position does not see (past it, out of its window, before ``start``) has weight exactly 0, so a
+    block of such keys adds exact zeros: a cache that dropped them gives the bits of one that holds
+    them. The row's maximum is exact in any order."""
     import torch
 
     heads, queries, dim = query.shape
-    key_heads, keys, _ = key.shape
     width = value.shape[-1]  # the values' head size (multi-head latent attention: not the keys')
-    group = heads // key_heads
-    blocks = -(-keys // KEY_BLOCK)
-    # block-major and contiguous (a product's bits depend on its operands' layout, and MKL takes another
-    # path for a transposed key block): keys as (blocks x heads, dim, KEY_BLOCK), values and a column of
-    # ones as (blocks x heads, KEY_BLOCK, width + 1); the first blocks' products read the first rows
-    padded_keys = key.new_zeros(key_heads, blocks * KEY_BLOCK, dim)
-    padded_keys[:, :keys] = key
-    padded_values = value.new_zeros(key_heads, blocks * KEY_BLOCK, width + 1)
-    padded_values[:, :keys, :width], padded_values[:, :keys, width] = value, 1.0
-    key_blocks = padded_keys.view(key_heads, blocks, 1, KEY_BLOCK, dim).transpose(0, 1)
-    key_blocks = key_blocks.expand(blocks, key_heads, group, KEY_BLOCK, dim).transpose(3, 4)
-    key_blocks = key_blocks.reshape(blocks * heads, dim, KEY_BLOCK).contiguous()
-    value_blocks = padded_values.view(key_heads, blocks, 1, KEY_BLOCK, width + 1).transpose(0, 1)
-    value_blocks = value_blocks.expand(blocks, key_heads, group, KEY_BLOCK, width + 1)
-    value_blocks = value_blocks.reshape(blocks * heads, KEY_BLOCK, width + 1).contiguous()
-    first = keys - queries  # the first query's position
-    first_tile, tiles = first // QUERY_TILE, -(-keys // QUERY_TILE) - first // QUERY_TILE
+    # index i holds position start - lead + i: the first block starts at a multiple of KEY_BLOCK (the
+    # blocks' alignment to position 0 holds), its `lead` slots before key 0 empty and hidden
+    lead = start % KEY_BLOCK
+    total = lead + key.shape[1]
+    blocks, key_blocks, value_blocks = _key_value_blocks(key, value, heads, lead)
+    first = total - queries  # the first query's index
+    first_tile, tiles = first // QUERY_TILE, -(-total // QUERY_TILE) - first // QUERY_TILE
     offset = first - first_tile * QUERY_TILE
     tiled = query.new_zeros(tiles * QUERY_TILE, heads, dim)
     tiled[offset:offset + queries] = query.transpose(0, 1) * scaling
@@ -201,20 +209,56 @@ def canonical_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     # which keys of its block a tile's rows do not see, by the tile's place in the block
     row_positions = torch.arange(KEY_BLOCK).view(KEY_BLOCK // QUERY_TILE, QUERY_TILE, 1)
     hidden = torch.arange(KEY_BLOCK).view(1, 1, KEY_BLOCK) > row_positions
+    columns = torch.arange(blocks * KEY_BLOCK).view(blocks, 1, 1, KEY_BLOCK)
+    sink = None if sinks is None else \
+        sinks.to(query.dtype).view(1, heads, 1, 1).expand(1, heads, QUERY_TILE, 1)
     out = query.new_empty(tiles, heads, QUERY_TILE, width)
     for tile in range(tiles):
-        start = (first_tile + tile) * QUERY_TILE
-        seen = start // KEY_BLOCK + 1  # the blocks up to the tile's positions (a tile lies in one block)
+        at = (first_tile + tile) * QUERY_TILE  # the tile's first index
+        seen = at // KEY_BLOCK + 1  # the blocks up to the tile's positions (a tile lies in one block)
         rows = tiled[tile].expand(seen, heads, QUERY_TILE, dim).reshape(seen * heads, QUERY_TILE, dim)
         rows = rows.contiguous()
         scores = torch.bmm(rows, key_blocks[:seen * heads]).view(seen, heads, QUERY_TILE, KEY_BLOCK)
-        scores[-1].masked_fill_(hidden[start % KEY_BLOCK // QUERY_TILE], float("-inf"))
-        weights = torch.exp(scores - scores.amax(dim=(0, 3), keepdim=True))
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores[-1].masked_fill_(hidden[at % KEY_BLOCK // QUERY_TILE], float("-inf"))
+        if lead:
+            scores[0, :, :, :lead] = float("-inf")
+        if window is not None:  # index k is out of the window of the row at index q where k <= q - window
+            reach = torch.arange(at, at + QUERY_TILE).view(1, 1, QUERY_TILE, 1) - window
+            scores.masked_fill_(columns[:seen] <= reach, float("-inf"))
+        peak = scores.amax(dim=(0, 3), keepdim=True)
+        if sink is not None:
+            peak = torch.maximum(peak, sink)
+        weights = torch.exp(scores - peak)
         partial = torch.bmm(weights.view(seen * heads, QUERY_TILE, KEY_BLOCK), value_blocks[:seen * heads])
         sums = partial.view(seen, heads, QUERY_TILE, width + 1).cumsum(dim=0)[-1]  # in block order (float64)
-        torch.div(sums[..., :width], sums[..., width:], out=out[tile])
-    positions = out.transpose(1, 2).reshape(tiles * QUERY_TILE, heads, width)
-    return positions[offset:offset + queries].transpose(0, 1)
+        total_weight = sums[..., width:] if sink is None else sums[..., width:] + torch.exp(sink - peak)[0]
+        torch.div(sums[..., :width], total_weight, out=out[tile])
+    found = out.transpose(1, 2).reshape(tiles * QUERY_TILE, heads, width)
+    return found[offset:offset + queries].transpose(0, 1)
+
+
+def _key_value_blocks(key: torch.Tensor, value: torch.Tensor, heads: int,
+                      lead: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The keys and values in blocks of KEY_BLOCK positions after ``lead`` empty slots, block-major and
+    contiguous (a product's bits depend on its operands' layout, and MKL takes another path for a
+    transposed key block): how many blocks, the keys as (blocks x heads, dim, KEY_BLOCK) and the
+    values with a column of ones as (blocks x heads, KEY_BLOCK, width + 1), each key head repeated for
+    its group of query heads; the first blocks' products read the first rows."""
+    key_heads, keys, dim = key.shape
+    width, group, total = value.shape[-1], heads // key_heads, lead + keys
+    blocks = -(-total // KEY_BLOCK)
+    padded_keys = key.new_zeros(key_heads, blocks * KEY_BLOCK, dim)
+    padded_keys[:, lead:total] = key
+    padded_values = value.new_zeros(key_heads, blocks * KEY_BLOCK, width + 1)
+    padded_values[:, lead:total, :width], padded_values[:, lead:total, width] = value, 1.0
+    key_blocks = padded_keys.view(key_heads, blocks, 1, KEY_BLOCK, dim).transpose(0, 1)
+    key_blocks = key_blocks.expand(blocks, key_heads, group, KEY_BLOCK, dim).transpose(3, 4)
+    value_blocks = padded_values.view(key_heads, blocks, 1, KEY_BLOCK, width + 1).transpose(0, 1)
+    value_blocks = value_blocks.expand(blocks, key_heads, group, KEY_BLOCK, width + 1)
+    return (blocks, key_blocks.reshape(blocks * heads, dim, KEY_BLOCK).contiguous(),
+            value_blocks.reshape(blocks * heads, KEY_BLOCK, width + 1).contiguous())
 
 
 def _first_key(allowed: torch.Tensor) -> int:

@@ -70,6 +70,50 @@ def test_values_of_another_head_size_as_multi_head_latent_attention_has_them():
         assert torch.equal(in_phases(canonical, q, k, v, chunk), once), chunk
 
 
+def reference(q, k, v, *, window=None, softcap=None, sinks=None):
+    """Attention as transformers' eager path computes it, in float64: a sliding window (a query sees
+    the keys less than ``window`` back), soft-capped scores, each head's sink logit in the sum."""
+    q, k, v = (t.double() for t in (q, k, v))
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    scores = q @ k.transpose(1, 2) * q.shape[-1] ** -0.5
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    queries, keys = q.shape[1], k.shape[1]
+    at = torch.arange(keys - queries, keys).view(-1, 1)
+    seen = torch.arange(keys).view(1, -1) <= at
+    if window is not None:
+        seen &= torch.arange(keys).view(1, -1) > at - window
+    scores = scores.masked_fill(~seen, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.double().view(-1, 1, 1).expand(-1, queries, 1)], dim=-1)
+    return (torch.softmax(scores, dim=-1)[..., :keys] @ v).float()
+
+
+@pytest.mark.parametrize("window", [5, 32, 40])
+@pytest.mark.parametrize(("softcap", "with_sinks"), [(None, False), (50.0, False), (None, True)])
+def test_sliding_windows_soft_capping_and_sinks_keep_every_phases_bits(window, softcap, with_sinks):
+    """A sliding window (within a block, a block's width, across blocks; Mistral, Gemma 2 and 3,
+    gpt-oss), soft-capped scores (Gemma 2) and attention sinks (gpt-oss): attention as transformers
+    computes it, and a position's bits the same decoded, in chunks, and over a sliding cache that
+    dropped the keys out of the window (``start``: the first kept key's position)."""
+    q, k, v = qkv(*HEADS[0])
+    sinks = torch.randn(q.shape[0], generator=torch.Generator().manual_seed(3)) if with_sinks else None
+    shape = {"window": window, "softcap": softcap, "sinks": sinks}
+
+    def attend(q, k, v, start=0):
+        return canonical_attention(q, k, v, q.shape[-1] ** -0.5, start=start, **shape)
+
+    once = attend(q, k, v)
+    torch.testing.assert_close(once, reference(q, k, v, **shape), rtol=0, atol=1e-5)
+    for chunk in CHUNKS:
+        assert torch.equal(in_phases(attend, q, k, v, chunk), once), chunk
+    for p in range(window, KEYS):  # a sliding cache: the last window - 1 keys before p, and p's own
+        cut = p - window + 1
+        assert torch.equal(attend(q[:, p:p + 1], k[:, cut:p + 1], v[:, cut:p + 1], start=cut)[:, 0],
+                           once[:, p]), p
+
+
 def test_sdpa_the_negative_control_moves_a_positions_bits_with_the_phase():
     """What the test above would find were attention SDPA again: decode steps and chunks differ from the
     one-shot prefill in most positions (measured: 99 of 100 at SmolLM2's heads)."""
