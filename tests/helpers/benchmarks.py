@@ -19,7 +19,7 @@ RATIO = r"[0-9.]+[x×]"
 # The lines each script's figures are read from, as patterns searched line by line in its output.
 RESULT_LINES: dict[str, tuple[str, ...]] = {
     "arm64_numerics": (r"^portable +host .*( [0-9a-f]{8}){4} ", r"^native +host .*( [0-9a-f]{8}){4} "),
-    "audit_cost": (rf"^builtin:tiny: generate \d+ ms, audit \d+ ms -> {RATIO} \(9 rows, 5 repeats\)$",),
+    "audit_cost": (rf"^builtin:tiny: generate \d+ ms, audit \d+ ms -> {RATIO} \(10 rows, 5 repeats\)$",),
     "batch_invariant": (rf"^lone call, prefill-heavy .* -> {RATIO} \(rounds ",
                         rf"^lone call, decode-heavy .* -> {RATIO}",
                         rf"^8 prompts x 16 new tokens on batch-invariant kernels, bit-identical: .* "

