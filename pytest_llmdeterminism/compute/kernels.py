@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.compute import fixed_order, profiles, tensor_ops
+from pytest_llmdeterminism.compute import experts, fixed_order, profiles, tensor_ops
 from pytest_llmdeterminism.errors import ConfigurationError, pasteable
 
 if TYPE_CHECKING:
@@ -170,6 +170,7 @@ class Kernels:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         phase = _Phase()
         hook = model.register_forward_pre_hook(phase.see, with_kwargs=True)
+        products = self._invariant_kernels(False, 0)  # a mixture of experts' (prefill, decode)
         try:
             for config in configs.values():
                 config._attn_implementation = name
@@ -177,7 +178,9 @@ class Kernels:
                 prefill, decode = self._invariant_kernels(module is head,
                                                           tensor_ops.blocks_for(module.weight, threads))
                 module.forward = _phased_forward(module, phase, prefill, decode)  # type: ignore[method-assign, assignment]
-            yield len(layers)
+            with experts.routed(experts.linear_modules(modules), list(configs.values()),
+                                lambda: products[1] if phase.decode else products[0]):
+                yield len(layers)
         finally:
             hook.remove()
             for key, config in configs.items():
@@ -275,9 +278,11 @@ def unrouted_layers(model: Any) -> dict[str, list[str]]:
     import torch
 
     unrouted: dict[str, list[str]] = {}
+    routed_by_linear = {id(module) for module in experts.linear_modules(list(model.modules()))}
     for path, module in model.named_modules():
-        if type(module) is torch.nn.Linear or isinstance(module, torch.nn.Embedding):
-            continue  # routed, or a lookup of one row
+        if type(module) is torch.nn.Linear or isinstance(module, torch.nn.Embedding) \
+                or id(module) in routed_by_linear:
+            continue  # routed (an expert's or router's F.linear too), or a lookup of one row
         if any(parameter.dim() >= 2 for parameter in module.parameters(recurse=False)):
             unrouted.setdefault(type(module).__name__, []).append(path)
     return unrouted

@@ -28,11 +28,14 @@ ARCHITECTURES = {
     "opt": {"hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "word_embed_proj_dim": 64, "max_position_embeddings": 128},
     "gpt_neox": {**_SMALL, "max_position_embeddings": 128},
+    # a mixture of experts: each expert's rows as many as the tokens its companions routed to it
+    "mixtral": {**_SMALL, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 # Classes whose layers the batch-invariant kernels do not route: each falls back at load with a line
 # naming the layer (and the fixed-shape probe passes, or fails naming the model as the cause).
 UNROUTED = {
-    "mixtral": {**_SMALL, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "gpt_oss": {**_SMALL, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
     "mamba": {"hidden_size": 64, "num_hidden_layers": 2, "state_size": 8, "intermediate_size": 128},
     "falcon": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
     "bloom": {"hidden_size": 64, "n_layer": 2, "n_head": 4},
@@ -100,9 +103,8 @@ def test_a_model_the_batch_invariant_kernels_cannot_run_keeps_the_previous_ones_
 
 
 @pytest.mark.parametrize(("name", "layer"), [
-    ("mixtral", "its MixtralExperts layers (model.layers.0.mlp.experts and 1 more) and MixtralTopKRouter "
-                "layers (model.layers.0.mlp.gate and 1 more) hold weights the batch-invariant kernels do not "
-                "route"),
+    ("gpt_oss", "its GptOssExperts layers (model.layers.0.mlp.experts and 1 more) hold weights the "
+                "batch-invariant kernels do not route"),
     ("mamba", "its Conv1d layers (backbone.layers.0.mixer.conv1d and 1 more) and MambaMixer layers "
               "(backbone.layers.0.mixer and 1 more) hold weights"),
     ("falcon", "its FalconLinear layers (transformer.h.0.self_attention.query_key_value and 7 more) hold "
@@ -124,14 +126,14 @@ def test_a_model_with_layers_the_kernels_do_not_route_falls_back_at_load_naming_
     assert not loaded.engine.kernels.batch_invariant and layer in described, described
     notes: list[str] = []
     llm = LLMModel(loaded, GenerationSettings(BatchShape(4, 32), 4, 0), note=notes.append)
-    if name != "mixtral":
+    if name != "gpt_oss":
         llm.generate("The capital of France is")
         assert notes == ["batch invariance: verified at 4x32 (row 0 vs row 3, 3 steps)"]
         return
     with pytest.raises(BatchInvarianceProbeError) as raised:
         llm.generate("The capital of France is")
     message = str(raised.value)
-    assert "The cause is the model, not this machine: MixtralExperts layers" in message
+    assert "The cause is the model, not this machine: GptOssExperts layers" in message
     assert "a mixture of experts runs each expert on the tokens routed to it" in message
     assert "lscpu" not in message and "one thread" not in message
 
@@ -145,7 +147,7 @@ _ANY = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hid
 # alone and left-padded beside another row.
 INVARIANT_CLASSES = ["llama", "qwen2", "qwen3", "gemma", "phi", "phi3", "granite", "olmo", "olmo2", "cohere",
                      "stablelm", "starcoder2", "smollm3", "gpt_neox", "opt", "gptj", "codegen", "gpt_bigcode",
-                     "mistral", "gemma2", "gemma3_text"]
+                     "mistral", "gemma2", "gemma3_text", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 # Sliding windows of 8 positions (the sequences are 40): the windowed layers' caches drop keys in decode.
 # Gemma 2 soft-caps its scores too; Gemma 3 alternates windowed and full layers.
 WINDOWED = {"mistral": {"sliding_window": 8}, "gemma2": {"sliding_window": 8},
@@ -155,8 +157,6 @@ FALLBACK_CLASSES = {"gpt2": "Conv1D layers",
                     "bloom": "does not go through transformers' attention interface",
                     "xglm": "does not go through transformers' attention interface",
                     "mpt": "does not go through transformers' attention interface",
-                    "mixtral": "MixtralExperts layers", "qwen2_moe": "Qwen2MoeExperts layers",
-                    "qwen3_moe": "Qwen3MoeExperts layers", "olmoe": "OlmoeExperts layers",
                     "gpt_oss": "GptOssExperts layers", "mamba": "Conv1d layers"}
 
 
@@ -195,3 +195,26 @@ def test_each_decoder_class_is_batch_and_phase_invariant_or_falls_back_saying_wh
                        position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[0, 5:]
     assert torch.equal(step, once[-1]), "decode != prefill"
     assert torch.equal(beside, once), "left-padded beside another row != alone"
+
+
+def test_an_experts_products_are_what_make_a_mixture_of_experts_batch_invariant(monkeypatch):
+    """The negative control: with the experts' and router's ``F.linear`` left stock (no module found
+    to route), a Mixtral token's logits change when another row's tokens share its experts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pytest_llmdeterminism.compute import experts
+    from pytest_llmdeterminism.compute.kernels import Kernels, Policy
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("mixtral", **_ANY)).eval()
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    others = torch.randint(3, 128, (7, 40), generator=torch.Generator().manual_seed(2))
+
+    def alone_and_beside() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode(), Kernels(Policy.BATCH_INVARIANT).routed(model):
+            return model(input_ids=ids).logits[0], model(input_ids=torch.cat([ids, others])).logits[0]
+
+    assert torch.equal(*alone_and_beside())
+    monkeypatch.setattr(experts, "linear_modules", lambda modules: [])
+    assert not torch.equal(*alone_and_beside())
