@@ -152,17 +152,20 @@ INVARIANT_CLASSES = ["llama", "qwen2", "qwen3", "gemma", "phi", "phi3", "granite
 # Gemma 2 soft-caps its scores too; Gemma 3 alternates windowed and full layers.
 WINDOWED = {"mistral": {"sliding_window": 8}, "gemma2": {"sliding_window": 8},
             "gemma3_text": {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}}
+# State-space models and hybrids, sized to the configuration above.
+SSM = {"mamba2": {"num_heads": 8, "n_groups": 1, "state_size": 16}, "jamba": {"num_experts": 4}}
 # Classes they cannot run, and the words of the reason the load's line gives.
 FALLBACK_CLASSES = {"gpt2": "Conv1D layers",
                     "bloom": "does not go through transformers' attention interface",
                     "xglm": "does not go through transformers' attention interface",
                     "mpt": "does not go through transformers' attention interface",
-                    "gpt_oss": "GptOssExperts layers", "mamba": "Conv1d layers"}
+                    "gpt_oss": "GptOssExperts layers", "mamba": "Conv1d layers", "mamba2": "Conv1d layers",
+                    "jamba": "Conv1d layers", "falcon_h1": "Conv1d layers"}
 
 
 @pytest.mark.parametrize("name", INVARIANT_CLASSES + sorted(FALLBACK_CLASSES))
 def test_each_decoder_class_is_batch_and_phase_invariant_or_falls_back_saying_why(name):
-    """31 transformers decoder classes, small random models built in this process (sliding windows,
+    """34 transformers decoder classes, small random models built in this process (sliding windows,
     soft-capping and alternating layers included): the kernels' choice
     (``not_routable``) either leaves a class to the batch-invariant kernels, and then a position's
     logits are the same bits in a decode step as in the prefill and alone as left-padded beside
@@ -174,7 +177,7 @@ def test_each_decoder_class_is_batch_and_phase_invariant_or_falls_back_saying_wh
     from pytest_llmdeterminism.engines.hf_phases import cache_argument
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model(name, **_ANY, **WINDOWED.get(name, {}))
+    config = AutoConfig.for_model(name, **_ANY, **WINDOWED.get(name, {}), **SSM.get(name, {}))
     model = AutoModelForCausalLM.from_config(config).eval()
     why = not_routable(model)
     if name in FALLBACK_CLASSES:
