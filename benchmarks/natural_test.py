@@ -49,6 +49,9 @@ PROMPTS = {
     "smollm2": ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
                 "The weather today is", LONG_PROMPT,
                 [{"role": "user", "content": "Answer with one word, yes or no: is the sky blue?"}]],
+    # Gemma 3 270M's GGUF carries no chat template: plain prompts, the last a short answer
+    "gemma3": ["Once upon a time", "def add(a, b):", "Q: What is the capital of Japan? A:",
+               "The weather today is", LONG_PROMPT, "Question: is the sky blue? Answer yes or no.\nAnswer:"],
 }
 SIDES = ("plain", "plugin", "plugin-compatible", "plugin-native")
 NUMERICS_ENV = ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
@@ -216,7 +219,9 @@ class Side:
 
 
 def prompts_for(spec: str) -> list:
-    return PROMPTS["builtin:tiny" if spec == "builtin:tiny" else "smollm2"]
+    if spec == "builtin:tiny":
+        return PROMPTS[spec]
+    return PROMPTS["gemma3" if Path(spec).name.startswith("gemma-3") else "smollm2"]
 
 
 def per_call(spec: str, max_new_tokens: int, rounds: int, roles: tuple[str, ...] = SIDES) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmdeterminism.compute import experts
 from pytest_llmdeterminism.decoding import DecodingConfig, resolve_generation_config
 from pytest_llmdeterminism.errors import BatchInvarianceProbeError, pasteable
 from pytest_llmdeterminism.generation import Generation
@@ -103,6 +104,15 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
                "their products may compute a row otherwise beside other rows")
         return in_force, (f"one prompt per batch: {one_row}. The cause is the model, not this machine: "
                           f"{kernels.not_invariant.removeprefix('its ')}, and {how}")
+    experts_routed = loaded.cpu_numerics in ("portable", "compatible") and kernels is not None \
+        and not kernels.batch_invariant and bool(experts.linear_modules(loaded.model.modules()))
+    if experts_routed and not nondeterministic:
+        kernels_that_route = pasteable("llm_batch_invariant", "true")
+        return in_force, (f"the batch-invariant kernels ({kernels_that_route}), which route a mixture "
+                          f"of experts' products, or one prompt per batch: {one_row}. The cause is the "
+                          "model, not this machine: a mixture of experts runs each expert on the tokens "
+                          "routed to it, so the size of its products, and their bits, depend on the other "
+                          "rows on these kernels")
     if loaded.cpu_numerics not in ("portable", "compatible"):
         return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
                           "any thread count; or one thread (OMP_NUM_THREADS=1)")

@@ -221,3 +221,20 @@ def test_an_experts_products_are_what_make_a_mixture_of_experts_batch_invariant(
     assert torch.equal(*alone_and_beside())
     monkeypatch.setattr(experts, "linear_modules", lambda modules: [])
     assert not torch.equal(*alone_and_beside())
+
+
+def test_a_mixture_of_experts_on_the_previous_kernels_fails_its_probe_naming_the_model(tmp_path):
+    """With llm_batch_invariant = false a Mixtral's experts run stock products, whose rows depend on
+    their companions: the fixed-shape probe fails naming the model and the kernels that route its
+    experts, not the machine."""
+    from pytest_llmdeterminism.errors import BatchInvarianceProbeError
+
+    sizes = {**_SMALL, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}
+    loaded = load(str(save_random("mixtral", sizes, tmp_path)), dtype="float32", device="cpu",
+                  batch_invariant=False)
+    llm = LLMModel(loaded, GenerationSettings(BatchShape(4, 32), 4, 0))
+    with pytest.raises(BatchInvarianceProbeError) as raised:
+        llm.generate("The capital of France is")
+    message = str(raised.value)
+    assert "The cause is the model, not this machine: a mixture of experts runs each expert" in message
+    assert "--llm-batch-invariant=true" in message and "lscpu" not in message
