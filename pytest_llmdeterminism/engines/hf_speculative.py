@@ -17,6 +17,7 @@ passes' drafts and acceptances from its candidate generator.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.determinism import deterministic_state
@@ -93,6 +94,7 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
     determinism settings in force; each verify pass's drafts into ``drafts``."""
     import torch
     from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
 
     from pytest_llmdeterminism.compute.determinism import flags
 
@@ -105,6 +107,11 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
     checkpoint_config = model.generation_config
     model.generation_config = GenerationConfig()  # the checkpoint's sampling defaults stay out
     model._get_candidate_generator = _counting(model._get_candidate_generator, drafts)
+    # transformers' own draft loop passes a config and keywords together and warns about it: not the
+    # user's doing, so not the user's output
+    generation_log = hf_logging.get_logger("transformers.generation.utils")
+    level = generation_log.level
+    generation_log.setLevel(logging.ERROR)
     try:
         with deterministic_state(seed), torch.inference_mode(), kernels.routed(model):
             found = model.generate(input_ids=torch.tensor([ids], device=device),
@@ -112,6 +119,7 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
                                    generation_config=GenerationConfig(**settings), **extra)
             return found, flags()
     finally:
+        generation_log.setLevel(level)
         del model._get_candidate_generator  # the class's method again
         model.generation_config = checkpoint_config
 

@@ -57,3 +57,22 @@ def test_gemma3s_committed_goldens_are_identical_at_other_shapes(pytester, gemma
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["*kernels batch-invariant*", "golden checks: 3 IDENTICAL"])
     assert (pytester.path / "__golden__" / GOLDEN.name).read_bytes() == GOLDEN.read_bytes()
+
+
+def test_gemma3s_windowed_layers_decode_past_their_window_as_the_prefill_computes(gemma3_gguf):
+    """Gemma 3's sliding-window layers (512 positions) over a 600-token prompt: the generation's
+    decode steps run on a windowed cache that dropped the keys out of the window, the score's one
+    forward on every key with the window masked; each step's logits are the score's, bit for bit."""
+    from pytest_llmdeterminism import assert_decode_matches_prefill, engines
+    from pytest_llmdeterminism.model.llm_model import LLMModel
+    from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
+    from tests.helpers.phases import LONG_TEXT
+
+    loaded = engines.load(str(gemma3_gguf), dtype="float32", device="cpu")
+    assert loaded.model.config.sliding_window == 512 and loaded.engine.kernels.phase_invariant
+    ids = loaded.tokenizer(" ".join([LONG_TEXT] * 20))["input_ids"][:600]
+    llm = LLMModel(loaded, GenerationSettings(BatchShape(1, 640), 8, 0), verify_batch_invariance=False)
+    generation = llm.generate(token_ids=ids)
+    assert len(generation.token_ids) == 8
+    found = assert_decode_matches_prefill(llm, generation)
+    assert found.identical == 8, found.lines()
