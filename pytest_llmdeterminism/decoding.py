@@ -149,7 +149,7 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     bool): the config holds them as plain ``int`` and ``float``. ``vocab_size``: the model's, which
     an ``eos_token_id`` override must be below."""
     __tracebackhide__ = True
-    speculation = _speculation(overrides)
+    speculation = speculation_of(overrides)
     if speculation is not None:
         if overrides.get("do_sample") is True:
             raise SamplingRefusedError(
@@ -189,18 +189,20 @@ def resolve_generation_config(overrides: Mapping[str, Any], *, max_new_tokens: i
     return dataclasses.replace(defaults, **accepted)
 
 
-def _speculation(overrides: Mapping[str, Any]) -> Speculation | None:
+def speculation_of(overrides: Mapping[str, Any]) -> Speculation | None:
     """The call's speculation from transformers' arguments (``None`` or 0 is none): prompt lookup of
     ``prompt_lookup_num_tokens`` >= 1 tokens, or ``assistant_model`` (which model may draft is the
     caller's to check: ``llm_model.generate`` takes the model itself); not both."""
     __tracebackhide__ = True
     lookup, assistant = overrides.get("prompt_lookup_num_tokens"), overrides.get("assistant_model")
+    if as_int(lookup) == 0 and not isinstance(lookup, bool):
+        lookup = None  # 0: no prompt lookup
     if lookup is not None and assistant is not None:
         raise ConfigurationError("llm_model.generate(prompt_lookup_num_tokens=..., assistant_model=...)",
                                  lookup, "pass one way of drafting: prompt lookup or an assistant model")
     if assistant is not None:
         return Speculation("assistant", assistant=assistant)
-    if lookup is None or (as_int(lookup) == 0 and not isinstance(lookup, bool)):
+    if lookup is None:
         return None
     tokens = as_int(lookup)
     if tokens is None or tokens < 1:

@@ -3,8 +3,8 @@ as parameters of their own (transformers 5's fused ``gate_up_proj`` / ``down_pro
 ``weight``) and multiply by them with ``F.linear`` in their forward.
 
 An expert multiplies the tokens routed to it, as many rows as its companions sent it: on the stock
-``F.linear`` a token's bits then depend on its batch. Within :meth:`Kernels.routed`,
-``torch.nn.functional.linear`` is, for those weights alone (found by their storage), the kernels'
+``F.linear`` a token's bits then depend on its batch. Within :meth:`Kernels.routed` a torch function
+mode makes ``F.linear``, for those weights alone (found by their storage), the kernels'
 row-invariant product, so a token's expert output has the same bits whatever else was routed there;
 the experts run transformers' eager implementation (``config._experts_implementation``), whose loop
 over the experts and ``index_add_`` sum each token's experts in expert order. Which modules qualify
@@ -61,37 +61,48 @@ def _code_by_linear(forward: Any) -> bool:
 
 @contextmanager
 def routed(modules: list[Any], configs: list[Any], kernel: Callable[[], Kernel]) -> Iterator[None]:
-    """Within the block, ``F.linear`` by a weight of ``modules`` (a view of one of their parameters:
-    an expert's slice) runs ``kernel()`` (the phase's row-invariant product); every other call, and
-    the kernel's own calls, stock ``F.linear``. The experts run transformers' eager implementation."""
-    import torch
-
+    """Within the block, on this thread, ``F.linear`` by a weight of ``modules`` (a view of one of their
+    parameters: an expert's slice) runs ``kernel()`` (the phase's row-invariant product); every other
+    call is untouched. The experts run transformers' eager implementation. A torch function mode:
+    per thread and stacked, so another thread's calls and an exception leave nothing behind."""
     if not modules:
         yield
         return
-    storages = {parameter.untyped_storage().data_ptr() for module in modules
-                for parameter in module.parameters(recurse=False)}
-    stock = torch.nn.functional.linear
-    busy = [False]  # the kernel's own products are stock ones
-
-    def linear(input: torch.Tensor, weight: torch.Tensor,  # noqa: A002 - F.linear's own names
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-        if busy[0] or input.dtype != torch.float32 or weight.untyped_storage().data_ptr() not in storages:
-            return stock(input, weight, bias)
-        busy[0] = True
-        try:
-            return kernel()(input, weight, bias)
-        finally:
-            busy[0] = False
-
     implementations = [(config, config._experts_implementation) for config in configs
                        if hasattr(config, "_experts_implementation")]
-    torch.nn.functional.linear = linear
     try:
         for config, _ in implementations:
             config._experts_implementation = "eager"
-        yield
+        with _mode_class()(modules, kernel):
+            yield
     finally:
-        torch.nn.functional.linear = stock
         for config, implementation in implementations:
             config._experts_implementation = implementation
+
+
+@functools.cache
+def _mode_class() -> type:
+    """The torch function mode that routes the experts' products, made once: torch is imported only
+    when a model runs. Inside its handler the mode is off, so the kernel's own products are stock."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    linear = torch.nn.functional.linear
+
+    class _Experts(TorchFunctionMode):
+        def __init__(self, modules: list[Any], kernel: Callable[[], Kernel]) -> None:
+            super().__init__()
+            self._kernel = kernel
+            self._storages = {parameter.untyped_storage().data_ptr() for module in modules
+                              for parameter in module.parameters(recurse=False)}
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is linear:
+                x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+                if x.dtype == torch.float32 and weight.untyped_storage().data_ptr() in self._storages:
+                    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    return self._kernel()(x, weight, bias)
+            return func(*args, **kwargs)
+
+    return _Experts

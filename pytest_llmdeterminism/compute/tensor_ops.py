@@ -141,8 +141,10 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     positions = kwargs.get("position_ids") if sliding_window is not None else None
-    if sliding_window is not None and positions is None:
-        raise NotImplementedError("batch-invariant attention under a sliding window needs the position_ids")
+    if sliding_window is not None and (positions is None or positions.dim() != 2
+                                       or positions.shape[0] != batch):
+        raise NotImplementedError("batch-invariant attention under a sliding window needs one row of "
+                                  "position_ids per row")
     if batch == 1 and attention_mask is None and positions is None:  # a lone, unpadded row, without a copy
         alone = canonical_attention(query[0], key[0], value[0], scaling, window=sliding_window,
                                     softcap=softcap, sinks=s_aux)
@@ -150,7 +152,7 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     output = query.new_zeros(batch, heads, queries, value.shape[-1])
     for row in range(batch):
         if positions is not None:  # key 0's position: below 0 where the row is padded, above where cut
-            start = int(positions[row if positions.shape[0] > 1 else 0, -1]) - keys + 1
+            start = int(positions[row, -1]) - keys + 1
             first, start = max(0, -start), max(0, start)
         else:
             first = 0 if attention_mask is None else _first_key(attention_mask[row, 0, -1])

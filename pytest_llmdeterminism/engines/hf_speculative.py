@@ -80,8 +80,8 @@ def speculate(model: Any, kernels: Kernels, device: str, rows: list[list[int]], 
             for raw, scores in zip(found.logits, found.scores, strict=True):
                 capture.add(raw[:1], scores[:1])
         chunk.steps.append(capture.rows[0])
-        if keep_logits:
-            chunk.logits.append(capture.logits)
+        if keep_logits:  # per step one vocabulary row, as the plain path keeps them
+            chunk.logits.append([step[0] for step in capture.logits])
         assert chunk.speculated is not None
         chunk.speculated.append(acceptance(speculation.method, len(ids), chunk.tokens[-1], drafts))
     return chunk
@@ -106,6 +106,7 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
         extra["assistant_model"] = speculation.assistant
     checkpoint_config = model.generation_config
     model.generation_config = GenerationConfig()  # the checkpoint's sampling defaults stay out
+    own = vars(model).get("_get_candidate_generator")  # an instance's own, put back afterwards
     model._get_candidate_generator = _counting(model._get_candidate_generator, drafts)
     # transformers' own draft loop passes a config and keywords together and warns about it: not the
     # user's doing, so not the user's output
@@ -120,7 +121,10 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
             return found, flags()
     finally:
         generation_log.setLevel(level)
-        del model._get_candidate_generator  # the class's method again
+        if own is None:
+            del model._get_candidate_generator  # the class's method again
+        else:
+            model._get_candidate_generator = own
         model.generation_config = checkpoint_config
 
 
@@ -154,12 +158,15 @@ def acceptance(method: str, prompt_length: int, tokens: list[int],
                drafts: list[tuple[int, list[int]]]) -> Speculated:
     """The verify passes' acceptance, read against the generation itself: a pass accepted its drafts up
     to the first that is not the generated token at its position (transformers' own count leaves out
-    a draft an EOS or the length limit cut the pass at)."""
-    accepted = 0
-    for start, drafted in drafts:
+    a draft an EOS or the length limit cut the pass at). Drafts past the generation's end (beyond its
+    EOS or its length limit) were never up for acceptance and are not counted as drafted."""
+    drafted = accepted = 0
+    for start, candidates in drafts:
         at = start - prompt_length
-        for offset, token in enumerate(drafted):
-            if at + offset >= len(tokens) or tokens[at + offset] != token:
+        within = candidates[:max(0, len(tokens) - at)]
+        drafted += len(within)
+        for offset, token in enumerate(within):
+            if tokens[at + offset] != token:
                 break
             accepted += 1
-    return Speculated(method, len(drafts), sum(len(d) for _, d in drafts), accepted)
+    return Speculated(method, len(drafts), drafted, accepted)

@@ -42,7 +42,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmdeterminism.decoding import SPECULATION_ARGUMENTS, resolve_generation_config
+from pytest_llmdeterminism.decoding import SPECULATION_ARGUMENTS, resolve_generation_config, speculation_of
 from pytest_llmdeterminism.engines.loaded import AuditedEngine, ScoringEngine, ServedEngine, SpeculatingEngine
 from pytest_llmdeterminism.errors import ConfigurationError, LLMDeterminismError
 from pytest_llmdeterminism.generation import Generation
@@ -88,7 +88,8 @@ def audit(llm_model: LLMModel, prompt: str | Sequence[int] | Sequence[Mapping[st
         overrides = {**overrides, "seed": seed[0]}
     # Every row varies plain greedy decoding; the speculative row adds the call's speculation (or the
     # model as its own draft) back.
-    speculation = {name: overrides[name] for name in SPECULATION_ARGUMENTS if overrides.get(name) is not None}
+    speculation = {} if speculation_of(overrides) is None else \
+        {name: overrides[name] for name in SPECULATION_ARGUMENTS if overrides.get(name) is not None}
     overrides = {name: value for name, value in overrides.items() if name not in SPECULATION_ARGUMENTS}
     probe = _KeptLogits(llm_model)
     ids = [int(t) for t in prompt] if is_token_ids(prompt) else llm_model.encode(prompt)  # type: ignore[arg-type]

@@ -104,8 +104,10 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
                "their products may compute a row otherwise beside other rows")
         return in_force, (f"one prompt per batch: {one_row}. The cause is the model, not this machine: "
                           f"{kernels.not_invariant.removeprefix('its ')}, and {how}")
-    experts_routed = loaded.cpu_numerics in ("portable", "compatible") and kernels is not None \
-        and not kernels.batch_invariant and bool(experts.linear_modules(loaded.model.modules()))
+    # a mixture of experts the batch-invariant kernels would route (float32 here), on other kernels
+    experts_routed = loaded.cpu_numerics in ("portable", "compatible") and loaded.dtype == "float32" \
+        and kernels is not None and not kernels.batch_invariant \
+        and any("Expert" in type(layer).__name__ for layer in experts.linear_modules(loaded.model.modules()))
     if experts_routed and not nondeterministic:
         kernels_that_route = pasteable("llm_batch_invariant", "true")
         return in_force, (f"the batch-invariant kernels ({kernels_that_route}), which route a mixture "

@@ -181,3 +181,21 @@ def test_a_chunked_prefill_and_a_reused_prefix_give_the_one_shot_bits(tiny):
         moved = [chunk for chunk in CHUNKS[:3]
                  if not torch.equal(logits_in_chunks(tiny, ids, chunk), once[0])]
     assert moved, "the previous kernels give the one-shot bits in every phase: a weak control"
+
+
+def test_a_window_without_a_row_of_positions_per_row_is_refused():
+    """Under a sliding window a row's key positions come from its position_ids: one row of them for
+    several rows (a caller's padded batch without position_ids) or none at all is refused, not
+    computed from another row's positions."""
+    from types import SimpleNamespace
+
+    from pytest_llmdeterminism.compute.tensor_ops import rowwise_attention
+
+    q, k, v = (t[None].expand(2, -1, -1, -1) for t in qkv(4, 4, 16, keys=12))
+    mask = torch.ones(2, 1, 12, 12, dtype=torch.bool)
+    for positions in (None, torch.arange(12)[None], torch.arange(12)[None, None].expand(3, 2, 12)):
+        with pytest.raises(NotImplementedError, match="one row of position_ids per row"):
+            rowwise_attention(SimpleNamespace(), q, k, v, mask, sliding_window=4, position_ids=positions)
+    found, _ = rowwise_attention(SimpleNamespace(), q, k, v, mask, sliding_window=4,
+                                 position_ids=torch.arange(12)[None].expand(2, 12))
+    assert torch.equal(found[0], found[1])

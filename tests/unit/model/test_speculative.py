@@ -89,9 +89,12 @@ def test_acceptance_reads_the_drafts_against_the_generation():
 
     tokens = [5, 6, 7, 2]  # 2: the EOS
     found = acceptance("prompt_lookup", 3, tokens, [(3, [5, 9]), (4, []), (5, [7, 2, 8])])
-    assert (found.passes, found.drafted, found.accepted) == (3, 5, 3)
-    assert found.acceptance_rate == 3 / 5
+    # the draft 8, past the EOS, was never up for acceptance
+    assert (found.passes, found.drafted, found.accepted) == (3, 4, 3)
+    assert found.acceptance_rate == 3 / 4
     assert acceptance("prompt_lookup", 3, tokens, [(3, [])]).acceptance_rate is None
+    # the length limit cuts drafts too
+    assert acceptance("prompt_lookup", 3, [5, 6], [(3, [5, 6, 7, 8])]).acceptance_rate == 1.0
 
 
 @pytest.mark.parametrize(("overrides", "error", "says"), [
@@ -158,3 +161,60 @@ def test_why_it_is_refused_there_a_verify_pass_moves_the_bits(llm, monkeypatch):
         PHASE_PROMPTS, **no_eos)
     speculated = model.generate(PHASE_PROMPTS, **no_eos, assistant_model=model)
     assert any(a.step_hashes != b.step_hashes for a, b in zip(plain, speculated, strict=True))
+
+
+def test_no_prompt_lookup_beside_an_assistant_is_the_assistant(llm):
+    """``prompt_lookup_num_tokens=0`` means no prompt lookup, also beside ``assistant_model``; the audit
+    given 0 speculates with the model as its own draft, not with nothing."""
+    model, no_eos = llm
+    found = model.generate(PHASE_PROMPTS[0], **no_eos, prompt_lookup_num_tokens=0, assistant_model=model)
+    assert found.speculation is not None and found.speculation.method == "assistant"
+    row = {row.source: row for row in audit(model, PHASE_PROMPTS[0], repeats=1, **no_eos,
+                                               prompt_lookup_num_tokens=0).rows}["speculative"]
+    assert "own draft" in row.change
+
+
+def test_what_speculation_patches_is_put_back_even_when_the_model_raises(llm, monkeypatch):
+    """A forward that raises mid-speculation leaves the model's generation config, its candidate
+    generator (an instance's own included) and ``F.linear`` as they were."""
+    import torch
+
+    model, no_eos = llm
+    transformers_model = model.model
+    config, own = transformers_model.generation_config, transformers_model._get_candidate_generator
+    transformers_model._get_candidate_generator = own  # an instance's own (a bound method here)
+    calls = []
+
+    def broken(module, args, kwargs, output):
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("a forward that fails")
+
+    handle = transformers_model.register_forward_hook(broken, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match="a forward that fails"):
+            model.generate(PHASE_PROMPTS[0], **no_eos, assistant_model=model)
+    finally:
+        handle.remove()
+    assert transformers_model.generation_config is config
+    assert vars(transformers_model)["_get_candidate_generator"] is own
+    del transformers_model._get_candidate_generator
+    assert torch.nn.functional.linear is torch._C._nn.linear
+
+
+def test_kept_logits_are_one_vocabulary_row_a_step_as_the_plain_paths(tiny):
+    """With ``keep_logits`` (the audit's) each step is one row of the vocabulary, as plain decoding
+    keeps it, the same numbers."""
+    import dataclasses
+
+    from pytest_llmdeterminism.decoding import Speculation, resolve_generation_config
+    from pytest_llmdeterminism.shape import GenerationSettings
+
+    ids = tiny.tokenizer(PHASE_PROMPTS[0])["input_ids"]
+    config = resolve_generation_config({}, max_new_tokens=6, eos_token_ids=[], pad_token_id=0)
+    settings = GenerationSettings(BatchShape(1, 64), 6, 0)
+    plain = tiny.engine.run([ids], config, settings, True)
+    lookup = dataclasses.replace(config, speculation=Speculation("prompt_lookup", 2))
+    speculated = tiny.engine.run([ids], lookup, settings, True)
+    assert [step.shape for step in speculated.logits[0]] == [step.shape for step in plain.logits[0]]
+    assert all((a == b).all() for a, b in zip(plain.logits[0], speculated.logits[0], strict=True))
