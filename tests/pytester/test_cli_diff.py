@@ -68,7 +68,7 @@ def test_help_is_plain_text_and_diff_help_gives_arguments_and_exit_codes(suite):
     top = llm_golden("--help", cwd=suite.path)
     assert top.returncode == 0
     assert "``" not in top.stdout and ":func:" not in top.stdout
-    for command in ("show FILE", "diff BASE CAND", "accept DIR", "prune", "fetch smollm2", "perturb SRC DEST",
+    for command in ("show FILE", "diff BASE CAND", "accept DIR", "prune", "fetch MODEL", "perturb SRC DEST",
                     "merge REPORT.json"):
         assert f"llm-golden {command}" in top.stdout
     diff = llm_golden("diff", "--help", cwd=suite.path)

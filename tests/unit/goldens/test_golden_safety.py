@@ -124,6 +124,21 @@ def test_json_inside_prompts_keeps_the_fast_duplicate_proof(tmp_path):
     assert goldens["test_x"]["cpu/float32"].prompt == entry["prompt"]
 
 
+def test_a_piece_that_starts_with_a_colon_keeps_the_fast_proof_and_a_duplicate_is_still_found(tmp_path):
+    """Code generations have pieces and texts that start with a colon (``":"``, ``":\\n"``): no key,
+    and the fast proof holds (real Gemma 3 goldens have them); a duplicated key beside one is found."""
+    generation = sample_generation()
+    entry = schema.to_entry(generation)
+    entry = {**entry, "text": ":" + entry["text"], "prompt": ': "quoted": ['}
+    entry["steps"] = [{**step, "piece": ":"} for step in entry["steps"]]
+    data = codec.dumps({"test_x": {"cpu/float32": entry}}).encode()
+    assert b'":"' in data
+    goldens = codec.parse(tmp_path / "x.json", data)
+    assert codec._no_duplicate_keys(data, goldens, header_keys=1)
+    twice = data.decode().replace('"text": ":', '"text": ":FAKE", "text": ":', 1)
+    _rejected(_write(tmp_path, twice, "a.json"), "has the key 'text' twice")
+
+
 def test_a_symlinked_golden_is_updated_through_its_link(tmp_path):
     target = tmp_path / "real" / "test_m.json"
     store.merge(target, {"k": {"cpu/float32": schema.to_entry(sample_generation())}})
