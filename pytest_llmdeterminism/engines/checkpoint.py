@@ -5,7 +5,8 @@ vLLM and server engines, so that each tokenises and stops as the others do."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,21 @@ def silence_gguf_progress_bar() -> Callable[[], None] | None:
         gguf_utils.tqdm = original
 
     return restore
+
+
+@contextmanager
+def clean_generation_config(model: Any) -> Iterator[None]:
+    """Within the block the model's ``generation_config`` is a fresh ``GenerationConfig``: ``generate``
+    fills every unset field from it, so a checkpoint's own sampling defaults would leak in. Put back
+    afterwards, also on an error."""
+    from transformers import GenerationConfig
+
+    checkpoint_config = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = checkpoint_config
 
 
 def checkpoint_eos_ids(path: Path, tokenizer: Any) -> list[int]:

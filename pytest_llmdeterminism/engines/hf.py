@@ -22,6 +22,7 @@ from pytest_llmdeterminism.engines.capture import (
     score_positions,
 )
 from pytest_llmdeterminism.engines.checkpoint import (
+    clean_generation_config,
     ensure_pad_token,
     pretrained_arguments,
     silence_gguf_progress_bar,
@@ -105,28 +106,20 @@ class HFEngine:
             return hf_speculative.speculate(model, self.kernels, self.device, rows, config,
                                             _transformers_arguments(config), settings.seed, keep_logits)
         input_ids, attention_mask = self._left_padded(rows, shape)
-        checkpoint_config = model.generation_config
-        # generate() fills every unset field from model.generation_config, so a checkpoint's own
-        # sampling defaults would leak in; swap in a clean one for the call.
-        model.generation_config = GenerationConfig()
-        try:
-            with deterministic_state(settings.seed), torch.inference_mode(), \
-                    StepCapture(model, rows=len(rows), keep_logits=keep_logits,
-                                processed=_has_processors(config) or config.sampling is not None
-                                ) as capture, \
-                    self.kernels.routed(model):
-                processors = capture.logits_processor()
-                if config.sampling is not None:  # last: the draw sees the scores the capture recorded
-                    processors.append(draw := _draw_class()(rows, config))
-                output = model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention_mask.to(self.device),
-                    generation_config=GenerationConfig(**_transformers_arguments(config)),
-                    logits_processor=processors,
-                )
-                in_force = flags()  # as they were for this call
-        finally:
-            model.generation_config = checkpoint_config
+        with clean_generation_config(model), deterministic_state(settings.seed), torch.inference_mode(), \
+                StepCapture(model, rows=len(rows), keep_logits=keep_logits,
+                            processed=_has_processors(config) or config.sampling is not None) as capture, \
+                self.kernels.routed(model):
+            processors = capture.logits_processor()
+            if config.sampling is not None:  # last: the draw sees the scores the capture recorded
+                processors.append(draw := _draw_class()(rows, config))
+            output = model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=GenerationConfig(**_transformers_arguments(config)),
+                logits_processor=processors,
+            )
+            in_force = flags()  # as they were for this call
         tokens = output[: len(rows), shape.length:].cpu().tolist()
         logits = [[step[row] for step in capture.logits] for row in range(len(rows))] if keep_logits else []
         return Chunk(tokens=tokens, steps=capture.rows, flags=in_force, logits=logits,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmdeterminism.compute.determinism import deterministic_state
 from pytest_llmdeterminism.engines.capture import Chunk, StepCapture
+from pytest_llmdeterminism.engines.checkpoint import clean_generation_config
 from pytest_llmdeterminism.errors import ConfigurationError
 from pytest_llmdeterminism.generation import Speculated
 
@@ -68,8 +69,7 @@ def speculate(model: Any, kernels: Kernels, device: str, rows: list[list[int]], 
     """Each row's greedy generation by transformers' assisted generation, alone and unpadded;
     ``arguments``: the call's ``GenerationConfig`` keywords (greedy, without the speculation)."""
     speculation = config.speculation
-    assert speculation is not None
-    refuse_unless_lossless(kernels, speculation)
+    assert speculation is not None  # checked() let it through: the engine's speculation()
     chunk = Chunk(tokens=[], steps=[], speculated=[])
     for ids in rows:
         drafts: list[tuple[int, list[int]]] = []  # per verify pass: where its drafts start, their ids
@@ -104,8 +104,6 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
         settings["prompt_lookup_num_tokens"] = speculation.tokens
     else:
         extra["assistant_model"] = speculation.assistant
-    checkpoint_config = model.generation_config
-    model.generation_config = GenerationConfig()  # the checkpoint's sampling defaults stay out
     own = vars(model).get("_get_candidate_generator")  # an instance's own, put back afterwards
     model._get_candidate_generator = _counting(model._get_candidate_generator, drafts)
     # transformers' own draft loop passes a config and keywords together and warns about it: not the
@@ -114,7 +112,8 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
     level = generation_log.level
     generation_log.setLevel(logging.ERROR)
     try:
-        with deterministic_state(seed), torch.inference_mode(), kernels.routed(model):
+        with clean_generation_config(model), deterministic_state(seed), torch.inference_mode(), \
+                kernels.routed(model):
             found = model.generate(input_ids=torch.tensor([ids], device=device),
                                    attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device),
                                    generation_config=GenerationConfig(**settings), **extra)
@@ -125,7 +124,6 @@ def _one_row(model: Any, kernels: Kernels, device: str, ids: list[int], speculat
             del model._get_candidate_generator  # the class's method again
         else:
             model._get_candidate_generator = own
-        model.generation_config = checkpoint_config
 
 
 def _counting(make: Any, drafts: list[tuple[int, list[int]]]) -> Any:

@@ -160,17 +160,17 @@ def _speculative_row(llm_model: LLMModel, run: Callable[..., tuple[Generation, l
     engine does not speculate in process, for sampled generations (speculation is greedy only here)
     or on kernels whose verify pass is not decode's (``generate`` refuses speculation there)."""
     engine = llm_model.loaded.engine
-    kernels = getattr(engine, "kernels", None)
     if not isinstance(engine, SpeculatingEngine):
         return AuditRow(SPECULATIVE, f"{engine.name} does not speculate in process", False, None, 0.0,
                         ran=False)
     if base[0].sampling:
         return AuditRow(SPECULATIVE, "speculation is greedy only", False, None, 0.0, ran=False)
-    if kernels is None or not kernels.phase_invariant:
+    try:
+        other = run(**speculation)  # generate's own check refuses kernels whose verify pass is not decode's
+    except ConfigurationError:
         return AuditRow(SPECULATIVE, "these kernels' verify pass is not a decode step's: speculation is "
                         "refused on them (the chunked-prefill row measures the phase's effect)", False,
                         None, 0.0, ran=False)
-    other = run(**speculation)
     done = other[0].speculation
     rate = done.acceptance_rate if done is not None else None
     how = "the model as its own draft" if "assistant_model" in speculation else \

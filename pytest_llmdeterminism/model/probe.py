@@ -80,6 +80,10 @@ def _probe(loaded: LoadedModel, settings: GenerationSettings, prompt: str, ids: 
                                      other_shape=failed[2] if differing is not repeat else None)
 
 
+_EXPERTS_CAUSE = ("a mixture of experts runs each expert on the tokens routed to it, so the size of its "
+                  "products, and their bits, depend on the other rows")
+
+
 def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
             nondeterministic: bool = False) -> tuple[str, str]:
     """What was in force, and what restores invariance there (a row that moved beside other rows, on a
@@ -98,9 +102,7 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
     kernels: Any = getattr(loaded.engine, "kernels", None)
     unrouted: tuple[str, ...] = getattr(kernels, "unrouted", ())
     if unrouted and not nondeterministic and loaded.cpu_numerics in ("portable", "compatible"):
-        how = ("a mixture of experts runs each expert on the tokens routed to it, so the size of its "
-               "products, and their bits, depend on the other rows"
-               if any(name.endswith("Experts") for name in unrouted) else
+        how = (_EXPERTS_CAUSE if any(name.endswith("Experts") for name in unrouted) else
                "their products may compute a row otherwise beside other rows")
         return in_force, (f"one prompt per batch: {one_row}. The cause is the model, not this machine: "
                           f"{kernels.not_invariant.removeprefix('its ')}, and {how}")
@@ -112,9 +114,7 @@ def _advice(loaded: LoadedModel, settings: GenerationSettings, *,
         kernels_that_route = pasteable("llm_batch_invariant", "true")
         return in_force, (f"the batch-invariant kernels ({kernels_that_route}), which route a mixture "
                           f"of experts' products, or one prompt per batch: {one_row}. The cause is the "
-                          "model, not this machine: a mixture of experts runs each expert on the tokens "
-                          "routed to it, so the size of its products, and their bits, depend on the other "
-                          "rows on these kernels")
+                          f"model, not this machine: {_EXPERTS_CAUSE} on these kernels")
     if loaded.cpu_numerics not in ("portable", "compatible"):
         return in_force, (f"{pasteable('llm_cpu_numerics', 'portable')}, the default: rows stay invariant at "
                           "any thread count; or one thread (OMP_NUM_THREADS=1)")
