@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_llmdeterminism.compute.private_folder import CACHE_SETTING, cache_root
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
+from tests.helpers import forkserver
 from tests.helpers.llama_server import LlamaServer
 from tests.helpers.models import (
     GEMMA3_DEFAULT,
@@ -31,6 +33,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # (hypothesis, xdist, anyio, this one; the rewrite's cache is bytecode): measured ~0.5 s of a ~6 s
 # child natively, and several seconds of each emulated one. Children cache their bytecode instead.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# Most of a child pytest run is its start: the child Pythons this process starts as `python -m pytest`
+# or `python -m pytest_llmdeterminism.cli` begin as forks of one that imported torch and transformers
+# (tests/helpers/forkserver.py says what is shared and what is not; LLMDET_TEST_FORKSERVER=0 turns it off).
+FORK_SERVERS = forkserver.install()
+# pytester gives each test its own HOME, and with it the plugin's default cache folder: every project a
+# test runs, and each of its xdist workers, compiled the fixed-order kernel again (0.7 CPU s; ~150 times a
+# run). They share this user's cache folder instead, as a user's runs do; a test of the cache itself
+# names its own folder (LLMDET_CACHE_DIR), as before.
+os.environ.setdefault(CACHE_SETTING, str(cache_root()))
 
 # Test tiers (pyproject.toml registers the markers; CONTRIBUTING.md gives the loops' commands). A test
 # lives in the folder of its heaviest tier, so `pytest tests/unit` is the inner loop and `pytest
@@ -101,6 +112,16 @@ def _not_in_ci(monkeypatch):
     """The suite itself runs in CI (CI=true), where the plugin refuses to write goldens; the
     pytester projects it creates are developer workflows, so they run without CI set."""
     monkeypatch.delenv("CI", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_python(request):
+    """A test marked ``fresh_python`` tests what a new Python imports: its children are not forks."""
+    if FORK_SERVERS is None or request.node.get_closest_marker("fresh_python") is None:
+        yield
+        return
+    with FORK_SERVERS.fresh():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -41,6 +41,7 @@ print("loaded", *inside, inductor.deterministic, torch.are_deterministic_algorit
 """
 
 
+@pytest.mark.fresh_python  # it tests what a new Python imports
 @pytest.mark.subprocess
 def test_deterministic_kernels_do_not_import_inductor_and_mirror_it_once_loaded():
     """torch.use_deterministic_algorithms imports TorchInductor (about 1 s natively, 6 s under qemu) to

@@ -16,6 +16,7 @@ def test_plugin_is_registered_and_marker_documented(pytester):
                                  "batch_shape=None, tolerance=None, concurrency=None)*"])
 
 
+@pytest.mark.fresh_python  # it tests what a new Python imports
 @pytest.mark.subprocess
 def test_the_unit_tests_load_no_model(tmp_path):
     """The comparator, tolerance, store, ledger and layering tests run without torch: only tests that

@@ -35,6 +35,7 @@ def _seen(result: pytest.RunResult) -> dict[str, object]:
     return seen
 
 
+@pytest.mark.fresh_python  # it tests what a new Python imports
 @pytest.mark.subprocess
 def test_an_unconfigured_run_changes_nothing_a_torch_test_sees(pytester, monkeypatch):
     for name in PINNED:

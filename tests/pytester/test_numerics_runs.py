@@ -119,6 +119,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.fresh_python  # it tests what a new Python imports
 @pytest.mark.subprocess
 @pytest.mark.parametrize("machine", ["arm64", "ppc64le"])
 def test_machines_other_than_x86_64_get_generic_aten_kernels_not_the_avx2_pin(machine):

@@ -5,7 +5,10 @@ or matches on, its lazy exports staying lazy."""
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.fresh_python  # it tests what a new Python imports
 def test_import_does_not_load_torch_or_transformers():
     code = ("import sys, pytest_llmdeterminism, pytest_llmdeterminism.plugin; "
             "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))")
@@ -81,6 +84,7 @@ def test_the_types_a_user_annotates_or_matches_on_are_exported():
         typing.get_type_hints(cls)
 
 
+@pytest.mark.fresh_python  # it tests what a new Python imports
 def test_the_lazily_loaded_exports_stay_lazy_and_appear_in_dir():
     """hypothesis (strategies) and the llm-golden command's modules load only when their names are
     used, so pytest loading the plugin costs nothing more; `dir()` and `from ... import` see them."""

@@ -196,6 +196,7 @@ def test_tokenizer_without_pad_and_eos_tokens_gets_a_safe_pad(tmp_path):
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="AVX2 is asked on x86-64 only")
+@pytest.mark.fresh_python  # it tests what a new Python imports
 def test_avx2_and_fma_are_asked_of_the_cpu_without_importing_torch():
     code = ("import sys; from pytest_llmdeterminism.compute import numerics; "
             "print(numerics._has_avx2(), 'torch' in sys.modules)")

@@ -1,0 +1,81 @@
+"""The suite's fork server (tests/helpers/forkserver.py) gives a child Python what a new one gets: its
+arguments, standard streams, working folder, environment and path, its exit status or signal, and a
+``kill`` or ``terminate`` that reaches it; a child whose environment the server's imports could have
+read differently, or a test marked ``fresh_python``, starts fresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import forkserver
+
+PROBE = """
+import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "parent": os.getppid(), "path0": sys.path[0],
+                  "seen": os.environ.get("LLMDET_PROBE"), "stdin": sys.stdin.read(),
+                  "extra": os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] in sys.path,
+                  "torch": "torch" in sys.modules}))
+sys.stderr.write("to stderr\\n")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def run(code: str, *args: str, **kwargs) -> tuple[subprocess.CompletedProcess[str], dict]:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          **kwargs)
+    return done, json.loads(done.stdout.splitlines()[0])
+
+
+@pytest.mark.subprocess
+def test_a_forked_child_is_the_command_it_was_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "extra"))
+    monkeypatch.setenv("LLMDET_PROBE", "first")
+    run(PROBE, "0", input="")  # the first request of an environment starts fresh, the next is a fork
+    monkeypatch.setenv("LLMDET_PROBE", "second")  # a variable no preloaded module reads: may differ
+    done, seen = run(PROBE, "3", "two words", input="from stdin", cwd=tmp_path)
+    assert seen["parent"] != os.getpid() and seen["torch"], "not a fork of the server"
+    assert done.returncode == 3 and done.stderr == "to stderr\n"
+    assert seen["argv"] == ["3", "two words"] and seen["stdin"] == "from stdin"
+    assert seen["cwd"] == str(tmp_path) and seen["path0"] == "" and seen["extra"] and seen["seen"] == "second"
+
+
+@pytest.mark.subprocess
+def test_an_environment_the_imports_read_starts_fresh_and_so_does_a_fresh_python_test(monkeypatch):
+    for _ in range(2):
+        _, seen = run(PROBE, "0", input="")
+    assert seen["parent"] != os.getpid()
+    # OpenMP reads it as torch loads: a first request with it starts fresh (a second, another server)
+    monkeypatch.setenv("OMP_NUM_THREADS", f"{os.getpid()}")
+    _, seen = run(PROBE, "0", input="")
+    assert seen["parent"] == os.getpid() and not seen["torch"]
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    with forkserver.install().fresh():  # what the fresh_python marker does
+        _, seen = run(PROBE, "0", input="")
+    assert seen["parent"] == os.getpid() and not seen["torch"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("stop, status", [("terminate", -signal.SIGTERM), ("kill", -signal.SIGKILL)])
+def test_a_forked_child_stops_when_its_command_is_stopped(tmp_path, stop, status):
+    code = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(120)"
+    for _ in range(2):
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        pid = int(process.stdout.readline())
+        if pid != process.pid:  # a fork: its own pid, not the client's
+            break
+        process.kill()
+        process.wait()
+    assert pid != process.pid
+    getattr(process, stop)()
+    assert process.wait(timeout=30) == status
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
