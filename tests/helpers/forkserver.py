@@ -11,8 +11,8 @@ fresh process; torch has run no kernel, so no OpenMP pool or CPU-capability choi
 server checks that its imports started no thread besides numpy's OpenBLAS pool, which stops itself at
 a fork). A child's environment is set whole before its run, but what the imports read from it when
 the server started is fixed: a request is served only when every variable outside ``MAY_DIFFER``
-equals the server's, and each distinct environment gets its own server (at the second request that
-asks for it; at most ``SERVERS`` at once per process, the least recently used retiring once its
+equals the server's, and each distinct environment gets its own server (at the second child pytest run
+that asks for it; at most ``SERVERS`` at once per process, the least recently used retiring once its
 children ended). Anything else runs as written (a new Python): another command or ``executable``, a
 ``preexec_fn``, a test marked ``fresh_python`` (it tests what a new process imports), the suite's own
 xdist workers, or every child with ``LLMDET_TEST_FORKSERVER=0``. A forked child's own children
@@ -112,15 +112,19 @@ class Servers:
         """Whether a child Python started now may be a fork."""
         return not self.fresh_python and (not self.in_tests_only or "PYTEST_CURRENT_TEST" in os.environ)
 
-    def socket_for(self, environment: Mapping[str, str]) -> str | None:
-        """The socket of the server for ``environment``, started if needed; None: run as written."""
+    def socket_for(self, environment: Mapping[str, str], command: dict[str, Any]) -> str | None:
+        """The socket of the server for ``environment``, started if needed; None: run as written.
+        Only a second child pytest run of an environment starts a server: the other commands (the CLI,
+        scripts) often import no torch, and start in a fraction of the server's ~4 CPU s."""
         key = _key(environment)
         if key in self.servers:
             server, path = self.servers.pop(key)
             self.servers[key] = (server, path)  # the most recently used last
             return path if server is None or server.poll() is None else None
-        if not self.may_start or key not in self.asked:
-            self.asked.add(key)
+        starts = command["mode"] == "-m" and command["target"] == "pytest"
+        if not self.may_start or not starts or key not in self.asked:
+            if starts:
+                self.asked.add(key)
             return None
         if len(self.servers) >= SERVERS:
             retired, _ = self.servers.pop(next(iter(self.servers)))
@@ -170,7 +174,7 @@ def _execute_child(*args: Any, **kwargs: Any) -> Any:
     if (command is not None and servers.serving() and not call["shell"] and call["executable"] is None
             and call["preexec_fn"] is None and not call["pass_fds"]):
         environment = os.environ if call["env"] is None else call["env"]
-        path = servers.socket_for({os.fsdecode(k): os.fsdecode(v) for k, v in environment.items()})
+        path = servers.socket_for({os.fsdecode(k): os.fsdecode(v) for k, v in environment.items()}, command)
         if path is not None:
             call["args"] = [sys.executable, "-I", "-S", __file__, "client", path,
                             *map(os.fspath, call["args"][1:])]

@@ -27,6 +27,13 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+def serve_this_environment() -> None:
+    """A second child pytest run of an environment starts its server (the first, if this one did not)."""
+    for _ in range(2):
+        subprocess.run([sys.executable, "-m", "pytest", "--version"], capture_output=True, check=True,
+                       timeout=120)
+
+
 def run(code: str, *args: str, **kwargs) -> tuple[subprocess.CompletedProcess[str], dict]:
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                           **kwargs)
@@ -36,8 +43,7 @@ def run(code: str, *args: str, **kwargs) -> tuple[subprocess.CompletedProcess[st
 @pytest.mark.subprocess
 def test_a_forked_child_is_the_command_it_was_asked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "extra"))
-    monkeypatch.setenv("LLMDET_PROBE", "first")
-    run(PROBE, "0", input="")  # the first request of an environment starts fresh, the next is a fork
+    serve_this_environment()
     monkeypatch.setenv("LLMDET_PROBE", "second")  # a variable no preloaded module reads: may differ
     done, seen = run(PROBE, "3", "two words", input="from stdin", cwd=tmp_path)
     assert seen["parent"] != os.getpid() and seen["torch"], "not a fork of the server"
@@ -48,11 +54,13 @@ def test_a_forked_child_is_the_command_it_was_asked_for(tmp_path, monkeypatch):
 
 @pytest.mark.subprocess
 def test_an_environment_the_imports_read_starts_fresh_and_so_does_a_fresh_python_test(monkeypatch):
-    for _ in range(2):
-        _, seen = run(PROBE, "0", input="")
+    serve_this_environment()
+    _, seen = run(PROBE, "0", input="")
     assert seen["parent"] != os.getpid()
-    # OpenMP reads it as torch loads: a first request with it starts fresh (a second, another server)
+    # OpenMP reads it as torch loads: another server's environment (a second pytest run would start it)
     monkeypatch.setenv("OMP_NUM_THREADS", f"{os.getpid()}")
+    subprocess.run([sys.executable, "-m", "pytest", "--version"], capture_output=True, check=True,
+                   timeout=120)
     _, seen = run(PROBE, "0", input="")
     assert seen["parent"] == os.getpid() and not seen["torch"]
     monkeypatch.delenv("OMP_NUM_THREADS")
@@ -64,15 +72,11 @@ def test_an_environment_the_imports_read_starts_fresh_and_so_does_a_fresh_python
 @pytest.mark.subprocess
 @pytest.mark.parametrize("stop, status", [("terminate", -signal.SIGTERM), ("kill", -signal.SIGKILL)])
 def test_a_forked_child_stops_when_its_command_is_stopped(tmp_path, stop, status):
+    serve_this_environment()
     code = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(120)"
-    for _ in range(2):
-        process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        pid = int(process.stdout.readline())
-        if pid != process.pid:  # a fork: its own pid, not the client's
-            break
-        process.kill()
-        process.wait()
-    assert pid != process.pid
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(process.stdout.readline())
+    assert pid != process.pid  # a fork: its own pid, not the client's
     getattr(process, stop)()
     assert process.wait(timeout=30) == status
     deadline = time.monotonic() + 10
