@@ -344,8 +344,9 @@ def kernel(kernels_folder):
 @pytest.fixture
 def gguf_and_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
     """The tiny ``.gguf`` file and an empty plugin cache (``LLMDET_CACHE_DIR``) (test_cached.py)."""
-    from tests.helpers.converted_copy import tiny_gguf
+    from tests.helpers.converted_copy import tiny_gguf, with_built_kernel
 
+    with_built_kernel(tmp_path / "cache")
     monkeypatch.setenv("LLMDET_CACHE_DIR", str(tmp_path / "cache"))
     return tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache" / "converted"
 

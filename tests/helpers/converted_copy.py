@@ -4,9 +4,23 @@ tests/pytester/test_converted_copy.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from pytest_llmdeterminism.engines import BUILTIN_MODELS
+
+
+def with_built_kernel(cache: Path) -> Path:
+    """``cache`` (a plugin cache folder) holding the fixed-order kernel this user's cache already built,
+    as a warm cache does: a test of converted copies does not compile it again (0.7 CPU s a test)."""
+    from pytest_llmdeterminism.compute.private_folder import cache_root, private_folder
+
+    built = sorted((cache_root() / "kernels").glob("chain_linear-*.so"))
+    if built:
+        kernels = private_folder(cache / "kernels")
+        for library in built:
+            shutil.copy2(library, kernels / library.name)
+    return cache
 
 
 def tiny_gguf(dest: Path, *, scale: float = 1.0) -> Path:
