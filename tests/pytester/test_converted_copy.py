@@ -26,7 +26,7 @@ def test_a_cache_folder_others_may_write_stops_a_gguf_load_with_the_fix(pytester
     """Whoever may write the cache folder could plant the copy a verdict is computed with."""
     gguf, converted = gguf_and_cache
     cache = converted.parent
-    cache.mkdir(mode=0o700)
+    cache.mkdir(mode=0o700, exist_ok=True)  # it may hold a built kernel already (with_built_kernel)
     cache.chmod(0o777)
     pytester.makeini(f"[pytest]\nllm_model = {gguf}\n")
     pytester.makepyfile("def test_x(llm_model): pass")
