@@ -33,8 +33,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # (hypothesis, xdist, anyio, this one; the rewrite's cache is bytecode): measured ~0.5 s of a ~6 s
 # child natively, and several seconds of each emulated one. Children cache their bytecode instead.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-# Most of a child pytest run is its start: the child Pythons this process starts as `python -m pytest`
-# or `python -m pytest_llmdeterminism.cli` begin as forks of one that imported torch and transformers
+# Most of a child pytest run is its start: the child Pythons this process's tests start (`-m pytest`,
+# `-m pytest_llmdeterminism.cli`, `-c`, scripts) begin as forks of one that imported torch and transformers
 # (tests/helpers/forkserver.py says what is shared and what is not; LLMDET_TEST_FORKSERVER=0 turns it off).
 FORK_SERVERS = forkserver.install()
 # pytester gives each test its own HOME, and with it the plugin's default cache folder: every project a
@@ -354,7 +354,8 @@ def kernel(kernels_folder):
 
 @pytest.fixture
 def gguf_and_cache(tmp_path, monkeypatch) -> tuple[Path, Path]:
-    """The tiny ``.gguf`` file and an empty plugin cache (``LLMDET_CACHE_DIR``) (test_cached.py)."""
+    """The tiny ``.gguf`` file and a plugin cache (``LLMDET_CACHE_DIR``) with no converted copy, only the
+    built kernel (test_cached.py)."""
     from tests.helpers.converted_copy import tiny_gguf, with_built_kernel
 
     with_built_kernel(tmp_path / "cache")
