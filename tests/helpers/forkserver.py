@@ -22,7 +22,10 @@ The command the caller gets is a real process: a small client (``python -I -S`` 
 that hands its standard streams, working folder, environment and arguments to the server, waits for
 the child's exit status and ends with it (by the same signal, if the child died of one). Its
 ``terminate`` reaches the child; its ``kill`` closes its connection, on which the server kills the
-child's process group. If the server is gone or refuses, the client runs the command itself.
+child's process group (a client that ends before it read its reply included: Linux reports that end
+as a reset). If the server is gone or refuses, the client runs the command itself.
+
+Long: the interception, the server and its client are one protocol, read together.
 """
 
 from __future__ import annotations
@@ -231,19 +234,21 @@ def serve(path: str) -> None:
     retiring: list[bool] = []
     signal.signal(signal.SIGHUP, lambda *_: retiring.append(True))
     children: dict[int, socket.socket] = {}
+    stopped: set[int] = set()  # children killed because their client ended, not yet reaped
     try:
         while os.getppid() == parent and not (retiring and not children):
             if retiring and listener.fileno() != -1:
                 listener.close()
                 os.unlink(path)
             listening = [listener] if listener.fileno() != -1 else []
-            ready, _, _ = select.select([*listening, wake_read, *children.values()], [], [], 1.0)
+            clients = [conn for pid, conn in children.items() if pid not in stopped]
+            ready, _, _ = select.select([*listening, wake_read, *clients], [], [], 1.0)
             if wake_read in ready:
                 os.read(wake_read, 512)
-            _reap(children)
-            for conn in [c for c in ready if c in children.values()]:
-                if not conn.recv(16, socket.MSG_PEEK):  # the client is gone: so is its child
-                    pid = next(p for p, c in children.items() if c is conn)
+            _reap(children, stopped)
+            for pid, conn in list(children.items()):
+                if conn in ready and pid not in stopped and _client_gone(conn):  # so is its child
+                    stopped.add(pid)
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
             if listener in ready:
@@ -252,7 +257,7 @@ def serve(path: str) -> None:
                 pid = _start(conn, inherited, base, served, refusal)
                 if pid is None:
                     conn.close()
-                else:
+                else:  # registered even if the client already left: the next select finds it gone
                     children[pid] = conn
     finally:
         for pid in children:
@@ -260,11 +265,21 @@ def serve(path: str) -> None:
                 os.killpg(pid, signal.SIGKILL)
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def _client_gone(conn: socket.socket) -> bool:
+    """Whether the client at ``conn`` ended. A client killed before it read the reply carrying its
+    child's pid leaves that reply unread, and Linux then reports the end as ECONNRESET, not as EOF."""
+    try:
+        return not conn.recv(16, socket.MSG_PEEK)
+    except OSError:
+        return True
+
+
+def _reap(children: dict[int, socket.socket], stopped: set[int]) -> None:
     while children:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             return
+        stopped.discard(pid)
         conn = children.pop(pid, None)
         if conn is not None:
             with contextlib.suppress(OSError):
@@ -274,18 +289,30 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 def _start(conn: socket.socket, inherited: list[Any], base: list[str],
            served: tuple[tuple[tuple[str, str], ...], str], refusal: str | None) -> int | None:
-    message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-    request = json.loads(message)
+    """Fork the child ``conn``'s client asks for and return its pid; None: no child (refused, or the
+    client left before its request was whole)."""
+    try:
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        request = json.loads(message)
+    except (OSError, ValueError):
+        return None
     if refusal is not None or len(fds) != 3:
-        conn.send(json.dumps({"fresh": refusal or "no standard streams"}).encode())
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps({"fresh": refusal or "no standard streams"}).encode())
         for fd in fds:
             os.close(fd)
         return None
     pid = os.fork()
     if pid:
+        # Its own process group from this instant (the child sets it too): a kill for a client that
+        # ends at once must reach it. The client may be gone already (it was killed as soon as the
+        # child printed): then the reply fails, and the caller's next look finds the client gone.
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
         for fd in fds:
             os.close(fd)
-        conn.send(json.dumps({"pid": pid}).encode())
+        with contextlib.suppress(OSError):
+            conn.send(json.dumps({"pid": pid}).encode())
         return pid
     try:  # the child: becomes the command it was asked for
         conn.close()

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,3 +85,29 @@ def test_a_forked_child_stops_when_its_command_is_stopped(tmp_path, stop, status
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+@pytest.mark.subprocess
+def test_a_client_that_leaves_before_the_reply_leaves_no_child_and_the_server_serves_on():
+    """The CI failure of 2026-12-07: a client killed as soon as its child printed had not read the reply
+    with the child's pid; the server's reply then failed, the child was never registered and lived on
+    (or the reset ended the server). Here each client leaves once its child has printed, unread reply
+    and all, and one leaves before its request is whole."""
+    serve_this_environment()
+    _, path = forkserver.install().servers[forkserver._key(os.environ)]
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    request = {"command": forkserver.command_of([sys.executable, "-c", code]), "cwd": os.getcwd(),
+               "env": dict(os.environ)}
+    for _ in range(5):
+        read, write = os.pipe()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn, os.fdopen(read) as output:
+            conn.connect(path)
+            socket.send_fds(conn, [json.dumps(request).encode()], [0, write, 2])
+            os.close(write)
+            assert int(output.readline()) > 0  # a child runs
+            conn.close()  # its client is gone, its reply unread
+            assert select.select([output], [], [], 30)[0] and output.read() == "", "the child lives on"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn.connect(path)  # and leaves without a request
+    _, seen = run(PROBE, "0", input="")
+    assert seen["parent"] != os.getpid() and seen["torch"], "the server stopped serving"
