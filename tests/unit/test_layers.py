@@ -37,8 +37,8 @@ PACKAGES = {
                 ["engines", "engines.companions"]],
     # The pure judgement (no pytest, torch or I/O: test_the_judgement_is_pure below), above the engines
     # only to read their registry (engines/registry.py: each engine's fingerprint fields, pure data).
-    "judge": [["judge", "judge.verdict"], ["judge.compare"], ["judge.tolerance", "judge.fingerprint"],
-              ["judge.judgement"], ["judge.decision"]],
+    "judge": [["judge", "judge.verdict", "judge.eval_gate"], ["judge.compare"],
+              ["judge.tolerance", "judge.fingerprint"], ["judge.judgement"], ["judge.decision"]],
     # A kind of golden is one module of goldens/kinds/ plus one line of its registry (goldens.kinds).
     "goldens": [["goldens", "goldens.fields", "goldens.atomic"],
                 ["goldens.kinds.generation", "goldens.kinds.score"], ["goldens.kinds"], ["goldens.schema"],
@@ -61,7 +61,8 @@ PACKAGES = {
             ["run.markers", "run.golden_tokens", "run.writer"],
             ["run.session", "run.suites"], ["run.shards"], ["run.merge_writer"]],
     "cli": [["cli.project", "cli.tokenizer"],
-            ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb", "cli.compare"],
+            ["cli.show", "cli.diff", "cli.accept", "cli.merge", "cli.fetch", "cli.perturb", "cli.compare",
+             "cli.eval_diff"],
             ["cli.review"], ["cli"], ["cli.__main__"]],
     "top": [["strategies", "plugin"], ["__init__"]],
 }
