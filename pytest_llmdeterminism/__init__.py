@@ -26,10 +26,11 @@ from pytest_llmdeterminism.errors import (
     PromptTooLongError,
     SamplingRefusedError,
 )
-from pytest_llmdeterminism.generation import Generation, Score, Speculated
+from pytest_llmdeterminism.generation import EvalItem, Evaluation, Generation, Score, Speculated
 from pytest_llmdeterminism.goldens.atomic import LinkOutError
 from pytest_llmdeterminism.goldens.store import UnreadableFileError
 from pytest_llmdeterminism.judge.compare import Comparison, GoldenMismatchError, Verdict
+from pytest_llmdeterminism.judge.eval_gate import EvalMismatch
 from pytest_llmdeterminism.model.audit import NondeterminismError, audit
 from pytest_llmdeterminism.model.concurrency import ConcurrencyError
 from pytest_llmdeterminism.model.decode_prefill import (
@@ -42,6 +43,7 @@ from pytest_llmdeterminism.run.golden_tokens import GoldenTokens, assert_tokens_
 from pytest_llmdeterminism.run.shards import ShardError
 
 if TYPE_CHECKING:
+    from pytest_llmdeterminism.cli.eval_diff import SamplesError
     from pytest_llmdeterminism.cli.fetch import FetchError
     from pytest_llmdeterminism.cli.perturb import PerturbError
     from pytest_llmdeterminism.cli.project import ProjectConfigError
@@ -58,6 +60,9 @@ __all__ = [
     "ConfigurationError",
     "DecodePrefillMismatchError",
     "EngineError",
+    "EvalItem",
+    "EvalMismatch",
+    "Evaluation",
     "FetchError",
     "Generation",
     "GoldenFileError",
@@ -73,6 +78,7 @@ __all__ = [
     "PerturbError",
     "ProjectConfigError",
     "PromptTooLongError",
+    "SamplesError",
     "SamplingRefusedError",
     "Score",
     "ShardError",
@@ -92,6 +98,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "BatchInvarianceError": "pytest_llmdeterminism.strategies",
     "FetchError": "pytest_llmdeterminism.cli.fetch",
+    "SamplesError": "pytest_llmdeterminism.cli.eval_diff",
     "PerturbError": "pytest_llmdeterminism.cli.perturb",
     "ProjectConfigError": "pytest_llmdeterminism.cli.project",
 }
@@ -100,7 +107,7 @@ _LAZY = {
 # (`pytest_llmdeterminism.GoldenMismatchError`), not by the module that happens to define them. The
 # data classes (Comparison, Generation, AuditReport) keep theirs: their annotations resolve there.
 for _public in (BatchInvarianceProbeError, CPUNumericsError, CacheFolderError, ConcurrencyError,
-                ConfigurationError, DecodePrefillMismatchError, EngineError, GoldenFileError,
+                ConfigurationError, DecodePrefillMismatchError, EngineError, EvalMismatch, GoldenFileError,
                 GoldenMismatchError, GoldenTokens, HTTPStatusError, LLMDeterminismError, LLMModel,
                 LinkOutError,
                 ModelLoadError, NonFiniteLogitsError, NondeterminismError, PromptTooLongError,

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import xxhash
+
 from pytest_llmdeterminism.sampling import RECORDED_SETTINGS
 
 TopK = tuple[tuple[int, float], ...]
@@ -210,3 +212,114 @@ class Score:
     def variant(self) -> str:
         """The golden variant this score belongs to (as :attr:`Generation.variant`)."""
         return variant_of(self.fingerprint)
+
+
+# ---- an eval's result, item by item: what ``llm_model.evaluate(items)`` returns -------------------
+#
+# An item is multiple choice (each choice scored teacher-forced, the decision the best choice, its
+# margin the best minus the runner-up) or generative (a greedy answer, correct by a match rule, its
+# margin the smallest top-1/top-2 margin on the path that spelt the answer). Each item keeps a hash of
+# its input (its prompt's ids) and one of the numbers behind its decision (the step hashes of its
+# scores or its generation): two runs are told apart as a changed input, a changed decision, or the
+# same decision on other numbers.
+
+CHOICE = "choice"  # a multiple-choice item
+ANSWER = "answer"  # a generative item
+
+
+def digest(*parts: object) -> str:
+    """The xxh3-64 hex of ``parts`` in order (each as its ``repr``, separated): an item's input or its
+    numbers, as one short string."""
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(repr(part).encode("utf-8", "surrogatepass"))
+        hasher.update(b"\x00")
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One item of an evaluation. ``choice``: the chosen choice's index (multiple choice) or the
+    generated answer (generative); ``margin``: how far the decision was from changing (in
+    logprob); ``scores``: each choice's score, as the decision compared them (multiple choice; empty
+    for an answer); ``input``: the hash of what the model was given; ``numbers``: the hash of the
+    step hashes behind the decision."""
+
+    id: str
+    form: str  # CHOICE or ANSWER
+    choice: int | str
+    correct: bool
+    margin: float
+    input: str
+    numbers: str
+    scores: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What ``llm_model.evaluate(items)`` found: each item's decision, correctness and margin, in the
+    items' order. ``settings``: what changes the decisions beyond the items (``acc_norm``)."""
+
+    items: tuple[EvalItem, ...]
+    batch_shape: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    kind = "eval"  # a golden entry's ``kind``
+
+    def __post_init__(self) -> None:
+        if not self.items:
+            raise ValueError("an Evaluation needs at least one item")
+
+    @property
+    def accuracy(self) -> float:
+        return sum(item.correct for item in self.items) / len(self.items)
+
+    def near_ties(self, tie_margin: float) -> tuple[EvalItem, ...]:
+        """The items whose decision sat within ``tie_margin``: those a numeric change can flip (the
+        eval's noise floor, forecast from this one run)."""
+        return tuple(item for item in self.items if item.margin < tie_margin)
+
+    @property
+    def variant(self) -> str:
+        return variant_of(self.fingerprint)
+
+    # What the generic parts of a check, a failure and a report read of any record: an item is a step.
+    @property
+    def prompt(self) -> str:
+        return f"an eval of {len(self.items)} item(s): {', '.join(item.id for item in self.items[:5])}" + \
+            (", ..." if len(self.items) > 5 else "")
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def prompt_form(self) -> PromptForm:
+        return PromptForm.TEXT
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """Each item's decision as a number: a choice's index, or an answer's hash (31 bits)."""
+        return tuple(item.choice if isinstance(item.choice, int) else
+                     xxhash.xxh32_intdigest(item.choice.encode("utf-8", "surrogatepass")) >> 1
+                     for item in self.items)
+
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        return tuple(f"{item.id}: {item.choice!r}" for item in self.items)
+
+    @property
+    def top_logprobs(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        return tuple(tuple(sorted(enumerate(item.scores), key=lambda pair: (-pair[1], pair[0])))
+                     for item in self.items)
+
+    @property
+    def margins(self) -> tuple[float, ...]:
+        return tuple(item.margin for item in self.items)
+
+
+def best_two(scores: tuple[float, ...]) -> tuple[int, float]:
+    """The best score's index (the first of equals) and its margin over the runner-up."""
+    order = sorted(range(len(scores)), key=lambda index: (-scores[index], index))
+    return order[0], scores[order[0]] - scores[order[1]] if len(order) > 1 else math.inf

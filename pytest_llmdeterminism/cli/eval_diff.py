@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pytest_llmdeterminism.errors import LLMDeterminismError
 from pytest_llmdeterminism.judge import eval_gate
 from pytest_llmdeterminism.judge.eval_gate import EvalComparison, EvalMismatch, Gate, Outcome
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 # ---- reading lm-evaluation-harness samples files ------------------------------------------------------
 
 
-class SamplesError(ValueError):
+class SamplesError(LLMDeterminismError, ValueError):
     """A file that cannot be read as a run of an eval: the message names the file, the line and the fix."""
 
 

@@ -1,5 +1,9 @@
 """A golden file's bytes and its goldens: strict decoding that names the file and the place of any
-problem, and the stable formatting every golden file is written in. Nothing is unpickled."""
+problem, and the stable formatting every golden file is written in. Nothing is unpickled.
+
+Long: decoding and formatting are one format read and written; the fast duplicate-key proof and the
+entry-by-entry path for plugged-in kinds must agree with the one-pass decoding they stand beside.
+"""
 
 from __future__ import annotations
 
@@ -92,8 +96,14 @@ def parse(path: Path, data: bytes) -> Goldens:
             raise GoldenFileError(path, f"starts with {what}, which JSON does not allow",
                                   f"In your editor, {fix} (plain UTF-8). Or: " + _restore_fix(path))
     try:
-        document = (_MIXED if kinds.plugged_in() else _DOCUMENT).decode(data)
+        document: _Document | _MixedDocument | None = _DOCUMENT.decode(data)
     except msgspec.ValidationError as error:
+        # Built-in entries only decode at C speed in one pass; a file holding an entry of a plugged-in
+        # kind (an eval's) is decoded again, entry by entry, each as its kind's. Where that fails on no
+        # plugged-in entry, the one-pass error stands: it names the built-in field that is wrong.
+        document = _mixed_document(path, data) if kinds.plugged_in() else None
+        if document is not None:
+            return _validated(path, data, document)
         header = _header(data)
         if header is not None:  # a file of another format is named as such, not as malformed
             _check_header(path, *header)
@@ -103,9 +113,29 @@ def parse(path: Path, data: bytes) -> Goldens:
         raise GoldenFileError(path, f"is not valid JSON ({error})", _restore_fix(path)) from None
     except RecursionError:
         raise GoldenFileError(path, "nests JSON too deeply to be a golden", _restore_fix(path)) from None
+    assert document is not None
+    return _validated(path, data, document)
+
+
+def _mixed_document(path: Path, data: bytes) -> _MixedDocument | None:
+    """``data`` decoded entry by entry as each entry's kind's; None where that fails other than on an
+    entry of a plugged-in kind (whose error is raised)."""
+    __tracebackhide__ = True
+    try:
+        document = _MIXED.decode(data)
+        goldens = _entries_of_their_kinds(path, document.goldens)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+    if goldens is None:
+        return None
+    document.goldens = goldens  # type: ignore[assignment]
+    return document
+
+
+def _validated(path: Path, data: bytes, document: _Document | _MixedDocument) -> Goldens:
+    __tracebackhide__ = True
     _check_header(path, document.schema, document.logit_hash)
-    goldens = (_entries_of_their_kinds(path, document.goldens) if isinstance(document, _MixedDocument)
-               else cast(Goldens, document.goldens))
+    goldens = cast(Goldens, document.goldens)
     for key, variants in goldens.items():
         for variant, entry in variants.items():
             problem = semantic_problem(entry, decoded_from_json=True)
@@ -120,16 +150,20 @@ def parse(path: Path, data: bytes) -> Goldens:
     return goldens
 
 
-def _entries_of_their_kinds(path: Path, raw: dict[str, dict[str, msgspec.Raw]]) -> Goldens:
-    """Each raw entry decoded as its kind's entry type (its ``kind`` read first)."""
+def _entries_of_their_kinds(path: Path, raw: dict[str, dict[str, msgspec.Raw]]) -> Goldens | None:
+    """Each raw entry decoded as its kind's entry type (its ``kind`` read first); None where a
+    built-in entry fails (the one-pass decoding's error names it)."""
     __tracebackhide__ = True
     goldens: Goldens = {}
     for key, variants in raw.items():
         goldens[key] = {}
         for variant, entry in variants.items():
+            entry_type = kinds.entry_type(_KIND.decode(entry).kind)
             try:
-                goldens[key][variant] = _decoder(kinds.entry_type(_KIND.decode(entry).kind)).decode(entry)
+                goldens[key][variant] = _decoder(entry_type).decode(entry)
             except msgspec.ValidationError as error:
+                if entry_type is Entry:
+                    return None
                 raise GoldenFileError(path, f"has a malformed golden: [{key!r}][{variant!r}] "
                                       f"{validation_message(error)}", _restore_fix(path)) from None
     return goldens

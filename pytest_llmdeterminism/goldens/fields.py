@@ -130,8 +130,8 @@ def validation_message(error: msgspec.ValidationError) -> str:
         message = message.replace(f"Expected `int` <= {limit - 1}", f"Expected {ids}, got a larger number")
     text, _, where = message.partition(" - at `")
     if where.endswith(".kind`") and text.startswith("Invalid enum value"):
-        text += (" (an entry's kind is \"generation\" or \"score\"; a newer pytest-llmdeterminism may "
-                 "write others)")
+        text += (" (an entry's kind is \"generation\", \"score\" or \"eval\"; a newer "
+                 "pytest-llmdeterminism may write others)")
     return f"{where.rstrip('`').removeprefix('$.')}: {text}" if where else message
 
 

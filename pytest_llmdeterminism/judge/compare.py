@@ -102,6 +102,9 @@ class Comparison:
     # What a verdict's rule found, in words, where no token diverged and no other evidence above says
     # it (a kind's own verdict): a failure's headline and a review line show it after the verdict.
     finding: str = ""
+    # A kind's own evidence, line by line, where the fields above cannot hold it (an eval's changed
+    # items and its statistics): a failure prints them under its headline.
+    lines: tuple[str, ...] = ()
 
 
 def near_tie(margin: float | None, tie_margin: float, drift: float) -> bool:

@@ -31,8 +31,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import NormalDist
 
+from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.generation import Evaluation
+
 __all__ = ["EvalComparison", "EvalMismatch", "Flip", "Gate", "Outcome", "compare_evals", "items_needed",
-           "mcnemar_p", "minimum_detectable_effect"]
+           "mcnemar_p", "minimum_detectable_effect", "outcomes"]
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_POWER = 0.8
@@ -103,8 +106,14 @@ class EvalComparison:
         return sum(flip.near_tie for flip in self.flips)
 
 
-class EvalMismatch(ValueError):
-    """The two runs do not hold the same items: the message names what differs."""
+class EvalMismatch(LLMDeterminismError, ValueError):
+    """The two runs of an eval do not hold the same items: the message names what differs."""
+
+
+def outcomes(evaluation: Evaluation) -> list[Outcome]:
+    """The items of ``evaluation`` (``llm_model.evaluate``) as :func:`compare_evals` takes them."""
+    return [Outcome(item.id, item.correct, margin=item.margin, choice=item.choice, input=item.input)
+            for item in evaluation.items]
 
 
 def mcnemar_p(right_to_wrong: int, wrong_to_right: int) -> float:

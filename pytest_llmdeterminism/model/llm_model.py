@@ -5,6 +5,9 @@ mask, filler rows up to ``B``, longer lists in chunks of ``B``. On one machine t
 in the same shape gives bitwise identical logits whatever the other rows hold, so batching never
 changes a result. What counts as an input is ``inputs.py``'s; the probe that verifies the
 invariance is ``probe.py``'s.
+
+Long: the object a test holds has one method per question it can ask of the model (generate,
+score, evaluate, encode), each a short front over the modules that do the work.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pytest_llmdeterminism.shape import BatchShape, GenerationSettings
 if TYPE_CHECKING:
     from pytest_llmdeterminism.engines.capture import ScoreChunk
     from pytest_llmdeterminism.engines.loaded import LoadedModel
+    from pytest_llmdeterminism.generation import Evaluation
 
 # A prompt as ``score`` takes it: a string, a chat conversation or token ids; a continuation: a
 # string or token ids.
@@ -337,6 +341,24 @@ class LLMModel:
             hash_definition=self._loaded.engine.hash_definition,
             prompt_logprobs=tuple(found.prompt_logprobs),
         )
+
+    def evaluate(self, items: Sequence[Mapping[str, Any]], *, acc_norm: bool = False,
+                 match: Callable[[str, str], bool] | None = None, **overrides: Any) -> Evaluation:
+        """Run an eval item by item: an :class:`~pytest_llmdeterminism.generation.Evaluation` with
+        ``.accuracy`` and ``.items`` (each ``.id``, ``.choice``, ``.correct``, ``.margin``), which
+        ``golden_tokens.check`` records and judges as an eval golden.
+
+        Multiple choice ``{"id", "prompt", "choices", "label"}``: each choice scored after the prompt
+        (the sum of its logprobs, as lm-eval's ``acc``; per character with ``acc_norm=True``), the best
+        decides, its margin over the runner-up. Generative ``{"id", "prompt", "answer"}``: a greedy
+        generation (``overrides`` as ``generate`` takes them), correct when ``match(text, answer)``
+        (default: equal after stripping), its margin the smallest top-1/top-2 margin on the steps
+        that spelt the answer. Prompts as ``generate`` takes them; batched in the fixed shape.
+        """
+        __tracebackhide__ = True
+        from pytest_llmdeterminism.model.evaluate import evaluate
+
+        return evaluate(self, items, acc_norm=acc_norm, match=match, **overrides)
 
     def encode(self, prompt: str | Conversation) -> list[int]:
         """The token ids ``generate`` runs for a prompt string or a chat conversation."""

@@ -83,7 +83,8 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
     fingerprint fields that differ, where the caller knows them."""
     failed = _failed_condition(comparison, profile, dtype) if isinstance(profile, Profile) else ""
     shown = profile.describe(dtype) if isinstance(profile, Profile) else profile
-    lines = [f"golden mismatch in {key!r}: {_headline(comparison, decode, failed)} — fails under {shown!r}"]
+    headline = _headline(comparison, decode, failed, noun=kinds.of(expected).step_noun)
+    lines = [f"golden mismatch in {key!r}: {headline} — fails under {shown!r}"]
     if across:
         lines.append(f"  {across}")
     sampling = kinds.of(actual).sampling(actual)
@@ -107,9 +108,10 @@ def mismatch(key: str, location: str, nodeid: str | None, comparison: Comparison
         lines.append(f"  expected top-{len(d.expected_top)} at step {d.step}: {_top(d.expected_top, decode)}")
         lines.append(f"  got      top-{len(d.actual_top)} at step {d.step}: {_top(d.actual_top, decode)}")
         lines.append(_drift_line(comparison))
-    elif comparison.verdict is Verdict.LOGIT_DRIFT:
+    elif comparison.verdict is Verdict.LOGIT_DRIFT and not comparison.lines:
         text = kinds.of(expected).text(expected)
         lines.append(f"  all {comparison.steps_compared} tokens match: {short(text, 80)}")
+    lines += [f"  {line}" for line in comparison.lines]
     budget = budget_note(comparison)
     if budget:
         lines.append(f"  {budget}")
@@ -175,9 +177,10 @@ def _failed_condition(comparison: Comparison, profile: Profile, dtype: str) -> s
     return "a changed token fails 'close'" if flipped and profile.name is ProfileName.CLOSE else ""
 
 
-def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
+def _headline(comparison: Comparison, decode: Decode, failed: str = "", *, noun: str = "step") -> str:
     """Verdict, step, tokens and margins; ``failed`` (the tolerance's condition that failed) first
-    where there is one, the margin that would have passed after it."""
+    where there is one, the margin that would have passed after it. ``noun``: what the record's kind
+    calls a step (a kind's own verdict names it: "at item 7")."""
     verdict = comparison.verdict.value
     d = comparison.divergence
     if comparison.verdict is Verdict.INPUT_CHANGED:
@@ -195,7 +198,7 @@ def _headline(comparison: Comparison, decode: Decode, failed: str = "") -> str:
                 + (f"; {failed}" if failed else
                    f" (max |Δlogprob| in top-k {delta(comparison.max_logprob_delta)})"))
     if d is None:  # a verdict whose rule names no token that changed: what the rule found
-        where = f" at step {comparison.first_hash_step}" if comparison.first_hash_step is not None else ""
+        where = f" at {noun} {comparison.first_hash_step}" if comparison.first_hash_step is not None else ""
         found = comparison.finding or "no token changed"
         return f"{verdict}{where} — {found}" + (f"; {failed}" if failed else "")
     tokens = (f"{verdict} at step {d.step} — expected {token_text(d.expected_token, decode)}, "

@@ -41,7 +41,8 @@ PACKAGES = {
               ["judge.tolerance", "judge.fingerprint"], ["judge.judgement"], ["judge.decision"]],
     # A kind of golden is one module of goldens/kinds/ plus one line of its registry (goldens.kinds).
     "goldens": [["goldens", "goldens.fields", "goldens.atomic"],
-                ["goldens.kinds.generation", "goldens.kinds.score"], ["goldens.kinds"], ["goldens.schema"],
+                ["goldens.kinds.generation", "goldens.kinds.score", "goldens.kinds.eval"], ["goldens.kinds"],
+                ["goldens.schema"],
                 ["goldens.codec", "goldens.consistency"],
                 ["goldens.store"], ["goldens.files", "goldens.judged"],
                 ["goldens.review"], ["goldens.acceptance"]],
@@ -54,7 +55,7 @@ PACKAGES = {
     # The llm_model fixture object over the engines, and the audit on top of it.
     "model": [["model", "model.inputs"], ["model.fingerprint"],
               ["model.probe", "model.concurrency", "model.served_sampling"],
-              ["model.llm_model", "model.serving_audit"],
+              ["model.evaluate"], ["model.llm_model", "model.serving_audit"],
               ["model.decode_prefill"], ["model.audit"]],
     "run": [["run", "run.options", "run.ledger", "run.unused", "run.prune_trust"],
             ["run.configuration", "run.repro"],

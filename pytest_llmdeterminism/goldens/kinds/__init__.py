@@ -15,12 +15,13 @@ from collections.abc import Iterable
 from typing import Any, Protocol, TypeGuard, cast
 
 from pytest_llmdeterminism.goldens.fields import Entry
+from pytest_llmdeterminism.goldens.kinds.eval import EVAL
 from pytest_llmdeterminism.goldens.kinds.generation import GENERATION
 from pytest_llmdeterminism.goldens.kinds.score import SCORE
 from pytest_llmdeterminism.judge.compare import Comparison, Recorded, comparer_of, knows, plug_in, unplug
 
-__all__ = ["GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "entry_type", "is_record", "named", "of",
-           "plugged_in", "register", "unregister"]
+__all__ = ["EVAL", "GENERATION", "KINDS", "SCORE", "Kind", "ReportStep", "entry_type", "is_record", "named",
+           "of", "plugged_in", "register", "unregister"]
 
 ReportStep = tuple[str, int, float, float | None]  # (piece, token id, margin, logprob), as a report shows it
 
@@ -80,6 +81,7 @@ class Kind(Protocol):
 KINDS: dict[str, Kind] = {
     GENERATION.name: GENERATION,
     SCORE.name: SCORE,
+    EVAL.name: EVAL,
 }
 
 

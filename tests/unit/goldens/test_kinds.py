@@ -84,7 +84,7 @@ def test_committed_goldens_take_the_fast_duplicate_key_proof_their_kinds_count(n
 # -- the registry ---------------------------------------------------------------------------------
 
 def test_the_registry_answers_for_each_record_and_each_stored_entry():
-    assert set(kinds.KINDS) == {"generation", "score"}
+    assert set(kinds.KINDS) == {"generation", "score", "eval"}
     for record, kind in ((sample_generation(), kinds.GENERATION), (sample_score(), kinds.SCORE)):
         assert kinds.of(record) is kind and kinds.is_record(record) and kind_of(record) == kind.name
         entry = schema.to_struct(schema.to_entry(record))
@@ -115,7 +115,7 @@ def test_a_registered_kind_is_judged_stored_and_read_and_taken_back_whole(tmp_pa
         assert schema.from_entry(goldens["test_sky"]["cpu/float32"]) == golden
         assert isinstance(schema.from_entry(goldens["test_gen"]["cpu/float32"]), Generation)
         assert json.loads(path.read_text())["schema"] == "pytest-llmdeterminism/golden/3"  # its kind's format
-    assert set(kinds.KINDS) == {"generation", "score"} and not kinds.is_record(golden)
+    assert set(kinds.KINDS) == {"generation", "score", "eval"} and not kinds.is_record(golden)
     with pytest.raises(TypeError, match="Choice is no kind of golden"):
         compare(golden, golden)
     with pytest.raises(GoldenFileError, match=r"kind: Invalid enum value 'choice' \(an entry's kind is"):

@@ -84,7 +84,7 @@ def _broken(tmp_path: Path, edit) -> Path:
 
 @pytest.mark.parametrize(("edit", "problem"), [
     (lambda e: e.update(kind="perplexity"), "kind: Invalid enum value 'perplexity' (an entry's kind is "
-                                            "\"generation\" or \"score\""),
+                                            "\"generation\", \"score\" or \"eval\""),
     (lambda e: e.pop("kind"), "has 'positions', which only a score entry has: add \"kind\": \"score\""),
     (lambda e: e.update(positions=[]), "is a score entry (\"kind\": \"score\") without its 'positions'"),
     (lambda e: e.update(steps=[{"hash": "0" * 16, "margin": 1.0, "piece": "", "token": 1,
