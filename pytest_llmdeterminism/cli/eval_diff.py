@@ -1,5 +1,6 @@
 """``llm-golden eval-diff A B``: two runs of one eval, item by item, with the paired gate
-(:mod:`pytest_llmdeterminism.judge.eval_gate`). A run is an lm-evaluation-harness samples file."""
+(:mod:`pytest_llmdeterminism.judge.eval_gate`). A run is an eval golden file (or a candidate) or an
+lm-evaluation-harness samples file."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.errors import LLMDeterminismError
+from pytest_llmdeterminism.generation import Evaluation
 from pytest_llmdeterminism.judge import eval_gate
 from pytest_llmdeterminism.judge.eval_gate import EvalComparison, EvalMismatch, Gate, Outcome
 
 SUMMARY = "two runs of an eval, item by item: flips, near ties, exact McNemar test, ALLOW/REJECT/INCONCLUSIVE"
 HELP = """\
 Compare two runs of the same eval item by item: A the earlier (the reference), B the later. Each is
-an lm-evaluation-harness samples file (`lm_eval ... --log_samples` writes samples_<task>_<date>.jsonl,
-one line per document). Items are matched by doc_id (their doc_hash must agree where both have one).
+a golden file holding an eval golden (`golden_tokens.check(llm_model.evaluate(items))`; a candidate
+written by --llm-golden-artifacts too; --key names the golden where a file holds several), or an
+lm-evaluation-harness samples file (`lm_eval ... --log_samples` writes samples_<task>_<date>.jsonl,
+one line per document). Items are matched by id (lm-eval's doc_id; their prompt's hash, or
+lm-eval's doc_hash, must agree where both have one).
 
 Prints the accuracy before and after, the items that flipped (right to wrong first, the surest
 first) with the margin of the decision in each run, the exact McNemar p-value, the churn and the
@@ -58,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "exact_match)")
     parser.add_argument("--filter", dest="filter_name", metavar="NAME",
                         help="the lm-eval filter whose lines to read, where a file holds several")
+    parser.add_argument("--key", metavar="KEY", help="the eval golden to read, where a golden file holds "
+                                                     "several (its test key, as `llm-golden show` prints it)")
 
 
 def _probability(text: str) -> float:
@@ -76,7 +83,7 @@ def _margin(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        runs = [read_samples(path, metric=args.metric, filter_name=args.filter_name)
+        runs = [read_run(path, metric=args.metric, filter_name=args.filter_name, key=args.key)
                 for path in (args.before, args.after)]
         result = eval_gate.compare_evals(*runs, alpha=args.alpha, tie_margin=args.tie_margin)
     except (SamplesError, EvalMismatch) as error:
@@ -90,24 +97,63 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.gate is Gate.ALLOW else 1
 
 
-# ---- reading lm-evaluation-harness samples files ------------------------------------------------------
+# ---- reading a run: an eval golden file, or an lm-evaluation-harness samples file -----------------------
 
 
 class SamplesError(LLMDeterminismError, ValueError):
     """A file that cannot be read as a run of an eval: the message names the file, the line and the fix."""
 
 
-def read_samples(path: Path, *, metric: str | None = None, filter_name: str | None = None) -> list[Outcome]:
-    """The items of the lm-eval samples file ``path`` (one JSON object per line)."""
+def read_run(path: Path, *, metric: str | None = None, filter_name: str | None = None,
+             key: str | None = None) -> list[Outcome]:
+    """The items of ``path``: the eval golden of a golden file (a JSON object with ``goldens``), else
+    the lines of an lm-eval samples file. Read as untrusted input: a regular file of at most 1 GiB."""
     from pytest_llmdeterminism.goldens.store import UnreadableFileError, read_regular_file
 
     try:
         data = read_regular_file(path, max_bytes=_MAX_BYTES)
     except FileNotFoundError:
-        raise SamplesError(f"{path}: no such file. Give the path of an lm-eval samples file "
-                           f"(samples_<task>_<date>.jsonl, written by lm_eval --log_samples).") from None
+        raise SamplesError(f"{path}: no such file. Give the path of an eval golden file or an lm-eval "
+                           f"samples file (samples_<task>_<date>.jsonl: lm_eval --log_samples).") from None
     except UnreadableFileError as error:
-        raise SamplesError(f"{path} {error.reason}. Give the path of an lm-eval samples file.") from None
+        raise SamplesError(f"{path} {error.reason}. Give the path of an eval golden file or an lm-eval "
+                           f"samples file.") from None
+    head = data[:4096].lstrip()
+    if head.startswith(b"{") and b'"goldens"' in head and b'"doc_id"' not in head:
+        return read_eval_golden(path, data, key=key)
+    return read_samples(path, data, metric=metric, filter_name=filter_name)
+
+
+def read_eval_golden(path: Path, data: bytes, *, key: str | None = None) -> list[Outcome]:
+    """The items of the eval golden in the golden file ``path`` of bytes ``data`` (the one there, or
+    ``key``'s)."""
+    from pytest_llmdeterminism.errors import GoldenFileError
+    from pytest_llmdeterminism.goldens import codec, schema
+
+    try:
+        goldens = codec.parse(path, data)
+    except GoldenFileError as error:
+        raise SamplesError(str(error)) from None
+    found = {(name, variant): entry for name, variants in goldens.items()
+             for variant, entry in variants.items()
+             if getattr(entry, "kind", None) == "eval" and (key is None or name == key)}
+    if len(found) != 1:
+        held = sorted({name for name, variants in goldens.items()
+                       for entry in variants.values() if getattr(entry, "kind", None) == "eval"})
+        what = (f"holds no eval golden{f' under the key {key!r}' if key is not None else ''}" if not found
+                else f"holds {len(found)} eval goldens")
+        choose = (f"Name one with --key ({', '.join(held)})" if held else
+                  "Give a golden file that `golden_tokens.check(llm_model.evaluate(items))` wrote")
+        raise SamplesError(f"{path} {what}. {choose}.")
+    evaluation = schema.from_entry(next(iter(found.values())))
+    if not isinstance(evaluation, Evaluation):
+        raise SamplesError(f"{path}: its eval golden did not read as an evaluation")
+    return eval_gate.outcomes(evaluation)
+
+
+def read_samples(path: Path, data: bytes, *, metric: str | None = None,
+                 filter_name: str | None = None) -> list[Outcome]:
+    """The items of the lm-eval samples file ``path`` of bytes ``data`` (one JSON object per line)."""
     lines = []
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -119,8 +165,8 @@ def read_samples(path: Path, *, metric: str | None = None, filter_name: str | No
         if not isinstance(sample, dict) or "doc_id" not in sample or "filtered_resps" not in sample:
             raise SamplesError(
                 f"{path}:{number} is not a line of an lm-evaluation-harness samples file (a JSON object with "
-                f"doc_id and filtered_resps). Give the samples_<task>_<date>.jsonl that lm_eval "
-                f"--log_samples writes, not its results_*.json.")
+                f"doc_id and filtered_resps), nor a golden file. Give the samples_<task>_<date>.jsonl that "
+                f"lm_eval --log_samples writes, not its results_*.json, or an eval golden file.")
         lines.append((number, sample))
     if not lines:
         raise SamplesError(f"{path} holds no sample. Give an lm-eval samples file of the run.")

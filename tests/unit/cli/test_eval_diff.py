@@ -162,3 +162,48 @@ def test_an_item_id_cannot_write_to_the_terminal(tmp_path, capsys):
     b = write(tmp_path / "b.jsonl", [sample("\x1b]52;c;cHduZWQ=\x07", 1, 0, 3.0)])
     status, out, _ = eval_diff(capsys, a, b)
     assert status == 1 and "\x1b" not in out and "\\x1b]52;c;cHduZWQ=\\x07" in out
+
+
+def eval_golden_file(path, goldens):
+    from pytest_llmdeterminism.goldens import schema, store
+
+    store.write(path, {key: {"cpu/float32": schema.to_entry(value)} for key, value in goldens.items()})
+    return path
+
+
+def evaluation(wrong=()):
+    from pytest_llmdeterminism.generation import CHOICE, EvalItem, Evaluation, digest
+
+    items = tuple(EvalItem(id=f"q{i}", form=CHOICE, choice=0, correct=i % 4 != 0 and f"q{i}" not in wrong,
+                           margin=2.0, input=digest("prompt", i), numbers=digest("n", i), scores=(-1.0, -3.0))
+                  for i in range(20))
+    return Evaluation(items=items, batch_shape="4x32", settings={"acc_norm": False},
+                      fingerprint={"device_class": "cpu", "dtype": "float32"})
+
+
+def test_eval_golden_files_are_runs_too_and_a_file_of_several_is_read_by_key(tmp_path, capsys):
+    from tests.helpers.strategies import sample_generation
+
+    a = eval_golden_file(tmp_path / "a.json", {"test_eval": evaluation(), "test_other": evaluation()})
+    b = eval_golden_file(tmp_path / "b.json", {"test_eval": evaluation(wrong={"q0", "q1", "q2"}),
+                                               "test_other": evaluation()})
+    status, out, err = eval_diff(capsys, a, b)
+    assert status == 2 and "a.json holds 2 eval goldens. Name one with --key (test_eval, test_other)" in err
+    status, out, _ = eval_diff(capsys, a, b, "--key", "test_eval", "--json")
+    result = json.loads(out)
+    assert status == 1 and [flip["id"] for flip in result["flips"]] == ["q1", "q2"]  # q0 was wrong already
+    status, out, _ = eval_diff(capsys, a, b, "--key", "test_other")
+    assert status == 0 and "no item changed its correctness" in out
+    generations = eval_golden_file(tmp_path / "g.json", {"test_gen": sample_generation()})
+    status, _, err = eval_diff(capsys, generations, a)
+    assert status == 2 and "g.json holds no eval golden. Give a golden file that" in err
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path, capsys):
+    import os
+
+    a, _ = eval_files(tmp_path, 10)
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    status, _, err = eval_diff(capsys, a, fifo)
+    assert status == 2 and "pipe.jsonl is not a regular file" in err
