@@ -27,6 +27,8 @@ RESULT_LINES: dict[str, tuple[str, ...]] = {
     "engines": (rf"^llama\.cpp in process \(1 thread\) .* {RATIO}$",
                 rf"^OpenAI-compatible server \(HTTP\) .* {RATIO}$",
                 r"^transformers fp32 → llama\.cpp Q4_1: "),
+    "eval_cost": (rf"^evaluate \d+ items / one call at a time: {RATIO} wall, {RATIO} CPU; same scores bit "
+                  r"for bit: True$",),
     "fingerprint_cost": (r"^weights hash, 0\.02 GiB file: uncached [0-9.]+ s .*; cached [0-9.]+ ms$",
                          r"^full fingerprint of builtin:tiny \(builtin\): first \d+ ms, next session "),
     "fixed_order_kernel": (rf"^576x576, 1 rows .* {RATIO} +True +True ",),
