@@ -30,8 +30,9 @@ def test_example_suite_passes_against_committed_goldens():
     before = GOLDEN.read_bytes()
     result = run_examples()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "golden checks: 12 IDENTICAL" in result.stdout  # 9 generations, 3 scores (test_score.py)
-    assert "10 passed" in result.stdout
+    # 9 generations, 3 scores (test_score.py), an eval of 60 items (test_eval.py)
+    assert "golden checks: 13 IDENTICAL" in result.stdout
+    assert "11 passed" in result.stdout
     assert GOLDEN.read_bytes() == before
 
 

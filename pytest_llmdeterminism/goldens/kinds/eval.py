@@ -137,7 +137,9 @@ def compare_evaluations(expected: Evaluation, actual: Evaluation, *, tie_margin:
                  for a, b in zip(before.scores, after.scores, strict=False)), default=0.0)
     gate = eval_gate.compare_evals(eval_gate.outcomes(expected), eval_gate.outcomes(actual),
                                    tie_margin=margin)
-    first = next((index for index, verdict in enumerate(verdicts) if verdict is not Verdict.IDENTICAL), None)
+    # the headline's item: the first with the verdict the check has (None: every item identical)
+    first = next((index for index, verdict in enumerate(verdicts) if verdict is worst), None) \
+        if worst is not Verdict.IDENTICAL else None
     pairs = zip(expected.items, actual.items, verdicts, strict=True)
     changed: list[Changed] = [(before, after, verdict) for before, after, verdict in pairs
                               if verdict in (Verdict.TIE_FLIP, Verdict.REGRESSION)]
