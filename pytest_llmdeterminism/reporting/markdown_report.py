@@ -94,6 +94,12 @@ def run_report_markdown(document: dict[str, Any]) -> str:
             passed = " (passed)" if c["passed"] else ""
             lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md_code(c['verdict'])}{passed}",
                       *(f"  - {_md(line)}" for line in score_lines(c))]
+    found = [c for c in document["checks"] if c.get("evidence") and not c["passed"]][:50]
+    if found:
+        lines += ["", "### What the checks' own rules found", ""]
+        for c in found:
+            lines += [f"- {_md_code(c['test'])} {_md_code(c['name'])}: {_md_code(c['verdict'])} — "
+                      f"{_md(c.get('finding', ''))}", *(f"  - {_md(line.strip())}" for line in c["evidence"])]
     incomplete = [c for c in document["checks"] if c.get("new_steps")]
     if incomplete:
         lines += ["", "### Goldens shorter than this run (re-record with `--llm-golden-update`)", ""]

@@ -141,6 +141,10 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
     moved_positions: list[MovedPosition] = msgspec.field(default_factory=list)
     rank_changes: list[MovedPosition] = msgspec.field(default_factory=list)
     log_likelihood: tuple[float, float] | None = None
+    # What a kind's own rule found, where its verdict names no token (an eval's accuracy, flips and
+    # gate), and its evidence line by line (an eval's statistics, changed items and forecast).
+    finding: str = ""
+    evidence: list[str] = msgspec.field(default_factory=list)
 
     @classmethod
     def of(cls, decision: Decision, *, name: str) -> CheckRecord:
@@ -187,6 +191,7 @@ class CheckRecord(msgspec.Struct, kw_only=True, gc=False):
             max_new_tokens=comparison.budgets, new_steps=comparison.new_steps,
             judged_steps=comparison.total_steps - comparison.unchecked_steps if comparison.budgets else 0,
             unchecked_steps=comparison.unchecked_steps,
+            finding=comparison.finding, evidence=list(comparison.lines),
         )
 
 

@@ -1,6 +1,7 @@
 """Eval goldens end to end: ``golden_tokens.check(llm_model.evaluate(items))`` recorded, re-read
 IDENTICAL at another batch shape, and a planted label swap failing as a REGRESSION that names its
-item, with the accuracy, the flips and the gate first."""
+item, with the accuracy, the flips and the gate first, in the terminal and in the JSON and Markdown
+reports."""
 
 from __future__ import annotations
 
@@ -47,8 +48,13 @@ def test_an_eval_golden_is_recorded_reread_at_another_shape_and_a_label_swap_is_
     report = json.loads((suite.path / "report.json").read_text())
     assert [(check["kind"], check["verdict"]) for check in report["checks"]] == [("eval", "IDENTICAL")]
     write_suite(suite, swapped=["q3"])  # q3 was right: its answer key now says another choice
-    failed = suite.runpytest()
+    failed = suite.runpytest("--llm-report=failed.json", "--llm-report=failed.md")
     failed.assert_outcomes(failed=1)
+    (check,) = json.loads((suite.path / "failed.json").read_text())["checks"]
+    assert check["kind"] == "eval" and check["finding"].startswith("accuracy 46.15 % -> 38.46 %")
+    assert any(line.startswith("  q3: REGRESSION") for line in check["evidence"])
+    markdown = (suite.path / "failed.md").read_text()
+    assert "### What the checks' own rules found" in markdown and "q3: REGRESSION" in markdown
     out = failed.stdout.str()
     assert "REGRESSION at item 3 — accuracy 46.15 % -> 38.46 %: 1 right->wrong, 0 wrong->right, " \
            "1 decision(s) changed; gate INCONCLUSIVE" in out
