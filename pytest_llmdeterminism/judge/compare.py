@@ -105,6 +105,9 @@ class Comparison:
     # A kind's own evidence, line by line, where the fields above cannot hold it (an eval's changed
     # items and its statistics): a failure prints them under its headline.
     lines: tuple[str, ...] = ()
+    # A kind's aggregate gate, where it has one (an eval's: ALLOW, REJECT or INCONCLUSIVE): the
+    # ``gate`` tolerance profile passes the check on it instead of on the verdict.
+    gate: str | None = None
 
 
 def near_tie(margin: float | None, tie_margin: float, drift: float) -> bool:

@@ -9,6 +9,9 @@ The verdict says what happened; the profile decides whether that passes::
                                     top-1/top-2 margin was below `margin` (or within the drift
                                     measured before it) passes as TIE_FLIP (a score's rank
                                     change at such a margin: RANK_FLIP)
+    gate(margin=0.1, atol=1e-2)     an eval passes where its paired gate is ALLOW (no flip, every
+                                    flip at a near tie, or a significant gain); REJECT and
+                                    INCONCLUSIVE fail. Any other check: as near_tie
 
 A setting may map device classes to profiles: ``cpu: exact, cuda: near_tie(margin=0.2)``.
 Without a setting the default follows the environment: ``exact`` when the golden was recorded
@@ -39,13 +42,14 @@ class ProfileName(str, enum.Enum):
     TOKENS = "tokens"
     CLOSE = "close"
     NEAR_TIE = "near_tie"
+    GATE = "gate"
 
     def __str__(self) -> str:
         return self.value
 
 
 _PARAMETERS = {ProfileName.EXACT: (), ProfileName.TOKENS: (), ProfileName.CLOSE: ("atol",),
-               ProfileName.NEAR_TIE: ("margin", "atol")}
+               ProfileName.NEAR_TIE: ("margin", "atol"), ProfileName.GATE: ("margin", "atol")}
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class Profile:
         atol = self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
         if self.name is ProfileName.CLOSE:
             return f"close(atol={atol:g})"
-        return f"near_tie(margin={self.tie_margin(dtype):g}, atol={atol:g})"
+        return f"{self.name.value}(margin={self.tie_margin(dtype):g}, atol={atol:g})"
 
     def tie_margin(self, dtype: str) -> float:
         """The margin below which a flipped token counts as a near tie."""
@@ -90,6 +94,8 @@ class Profile:
         verdict = comparison.verdict
         if verdict is Verdict.IDENTICAL:
             return True
+        if self.name is ProfileName.GATE and comparison.gate is not None:
+            return comparison.gate == "ALLOW"
         if not verdict.tolerable or self.name is ProfileName.EXACT:
             return False
         if self.name is ProfileName.TOKENS:
@@ -97,7 +103,7 @@ class Profile:
         atol = self.atol if self.atol is not None else DEFAULT_ATOL.get(dtype, DEFAULT_ATOL["float32"])
         if comparison.max_logprob_delta > atol:
             return False
-        return verdict is Verdict.LOGIT_DRIFT or self.name is ProfileName.NEAR_TIE
+        return verdict is Verdict.LOGIT_DRIFT or self.name in (ProfileName.NEAR_TIE, ProfileName.GATE)
 
 
 @dataclass(frozen=True)

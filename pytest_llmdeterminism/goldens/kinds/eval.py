@@ -145,7 +145,7 @@ def compare_evaluations(expected: Evaluation, actual: Evaluation, *, tie_margin:
                               if verdict in (Verdict.TIE_FLIP, Verdict.REGRESSION)]
     return Comparison(worst, first_hash_step=first, steps_compared=len(verdicts), total_steps=len(verdicts),
                       max_logprob_delta=drift, tie_margin=margin, finding=_finding(gate, changed),
-                      lines=tuple(_evidence(gate, changed, actual, margin)))
+                      lines=tuple(_evidence(gate, changed, actual, margin)), gate=gate.gate.value)
 
 
 def _input_changes(expected: Evaluation, actual: Evaluation) -> tuple[tuple[str, Any, Any], ...]:

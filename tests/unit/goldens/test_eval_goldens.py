@@ -119,3 +119,23 @@ def test_a_broken_eval_entry_is_one_golden_file_error(tmp_path, edit, problem):
     path.write_text(json.dumps(document))
     with pytest.raises(GoldenFileError, match=problem):
         store.read(path)
+
+
+def test_the_gate_profile_passes_an_eval_on_its_gate_not_on_its_verdict():
+    from pytest_llmdeterminism.judge.tolerance import parse_profile
+
+    gate, exact, near_tie = parse_profile("gate"), parse_profile("exact"), parse_profile("near_tie")
+    assert str(parse_profile("gate(margin=0.2)")) == "gate(margin=0.2)"
+    assert gate.describe("float32") == "gate(margin=0.05, atol=0.001)"
+    # 12 wrong items become right, confidently: REGRESSION items, a significant gain: ALLOW
+    better = evaluation([dataclasses.replace(item, choice=1, correct=True) if not item.correct else item
+                         for item in GOLDEN.items][:40])
+    gain = compare(GOLDEN, better, tie_margin=0.05)
+    assert gain.verdict is Verdict.REGRESSION and gain.gate == "ALLOW"
+    assert gate.accepts(gain) and not exact.accepts(gain) and not near_tie.accepts(gain)
+    # one confident right-to-wrong flip: INCONCLUSIVE, which the gate fails
+    loss = compare(GOLDEN, with_item(GOLDEN, 7, correct=False), tie_margin=0.05)
+    assert loss.gate == "INCONCLUSIVE" and not gate.accepts(loss)
+    # a changed input has no gate: it fails as under near_tie
+    changed = compare(GOLDEN, with_item(GOLDEN, 2, input=digest("another prompt")), tie_margin=0.05)
+    assert changed.gate is None and not gate.accepts(changed)
