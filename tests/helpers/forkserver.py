@@ -6,17 +6,17 @@ nothing.
 Why: the suite starts ~300 child Pythons, and a child run of a small project spends most of its time
 starting: measured on the 2-core AMD EPYC, a one-test run of the tiny model takes 5.3 CPU s, ~3.5 of
 them importing torch and transformers. What a fork shares is only those imports. The plugin, the
-project's conftest and test modules, the model and every computation are the child's own, as in a
-fresh process; torch has run no kernel, so no OpenMP pool or CPU-capability choice is inherited (the
-server checks that its imports started no thread besides numpy's OpenBLAS pool, which stops itself at
-a fork). A child's environment is set whole before its run, but what the imports read from it when
-the server started is fixed: a request is served only when every variable outside ``MAY_DIFFER``
+project's conftest and test modules, the model and every computation are the child's own, as in a fresh
+process; torch has run no kernel, so no OpenMP pool or CPU-capability choice is inherited (the server
+checks that its imports started no thread besides numpy's and scipy's OpenBLAS pools, which stop
+themselves at a fork). A child's environment is set whole before its run, but what the imports read from
+it when the server started is fixed: a request is served only when every variable outside ``MAY_DIFFER``
 equals the server's, and each distinct environment gets its own server (at the second child pytest run
 that asks for it; at most ``SERVERS`` at once per process, the least recently used retiring once its
 children ended). Anything else runs as written (a new Python): another command or ``executable``, a
 ``preexec_fn``, a test marked ``fresh_python`` (it tests what a new process imports), the suite's own
-xdist workers, or every child with ``LLMDET_TEST_FORKSERVER=0``. A forked child's own children
-(a child run's xdist workers, a benchmark's runs) are forks of the same server.
+xdist workers, or every child with ``LLMDET_TEST_FORKSERVER=0``. A forked child's own children (a child
+run's xdist workers, a benchmark's runs) are forks of the same server.
 
 The command the caller gets is a real process: a small client (``python -I -S`` this file, ~20 ms)
 that hands its standard streams, working folder, environment and arguments to the server, waits for
@@ -216,10 +216,14 @@ def serve(path: str) -> None:
     parent = os.getppid()
     base = sys.path[1:]  # without this file's folder; PYTHONPATH was not given to the server
     served = (_key(os.environ), path)
-    # numpy's OpenBLAS starts its threads when it loads and stops them at a fork (its own fork handler,
-    # restarting them when the child computes); any other thread would be copied half-way: refused.
+    # numpy's OpenBLAS, and scipy's own (loaded by scipy.linalg, which transformers' modeling imports
+    # where scipy is installed), start their threads when they load and stop them at a fork (their
+    # fork handlers, restarting them when the child computes: verified); any other thread would be
+    # copied half-way: refused.
     import numpy  # noqa: F401
 
+    with contextlib.suppress(ImportError):
+        import scipy.linalg  # noqa: F401
     blas_threads = len(os.listdir("/proc/self/task"))
     for name in PRELOAD:
         with contextlib.suppress(ImportError):

@@ -49,7 +49,7 @@ def reordered(suite, monkeypatch):
 def test_an_added_verdict_is_reported_by_the_run(reordered):
     project, result = reordered
     result.stdout.fnmatch_lines([
-        "E*golden mismatch in 'test_colour': OPTIONS_REORDERED at step 0 — the same choice, the options "
+        "E*golden mismatch in 'test_colour': OPTIONS_REORDERED at choice 0 — the same choice, the options "
         "ranked red > blue > green -> red > green > blue*",
         "golden checks: 1 OPTIONS_REORDERED (failed)"])
     (check,) = json.loads((project.path / "r.json").read_text())["checks"]
