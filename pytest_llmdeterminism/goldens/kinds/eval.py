@@ -26,6 +26,8 @@ from pytest_llmdeterminism.judge.compare import Comparison, Verdict, default_tie
 
 ItemScore = Annotated[float, msgspec.Meta(ge=-1e12, le=0.0)]
 _ITEMS_SHOWN = 20
+_ENTRY_KEYS = 7
+_ITEM_KEYS = 7  # id, form, choice, correct, margin, input, numbers
 Changed = tuple[EvalItem, EvalItem, Verdict]  # an item whose decision or correctness changed: golden, now
 
 
@@ -93,7 +95,10 @@ class EvalKind:
         return _texts(entry.prompt, [(item.id, item.choice) for item in entry.items])
 
     def entry_keys(self, entry: EvalEntry) -> int | None:
-        return None  # not counted: the exact duplicate-key check reads its file
+        # kind, batch_shape, fingerprint, prompt, prompt_token_ids, accuracy, items; the optional
+        # fields where they hold other than their default; each item's 7 keys and its scores
+        return (_ENTRY_KEYS + bool(entry.generation_config) + (entry.prompt_form != "text")
+                + sum(_ITEM_KEYS + bool(item.scores) for item in entry.items))
 
     def stored_texts(self, record: Evaluation) -> Iterable[tuple[str, str]]:
         return _texts(record.prompt, [(item.id, item.choice) for item in record.items])

@@ -139,3 +139,17 @@ def test_the_gate_profile_passes_an_eval_on_its_gate_not_on_its_verdict():
     # a changed input has no gate: it fails as under near_tie
     changed = compare(GOLDEN, with_item(GOLDEN, 2, input=digest("another prompt")), tie_margin=0.05)
     assert changed.gate is None and not gate.accepts(changed)
+
+
+def test_an_eval_entry_takes_the_fast_duplicate_key_proof_and_a_repeated_key_is_still_found(tmp_path):
+    from pytest_llmdeterminism.goldens import codec
+
+    path = tmp_path / "test_e.json"
+    store.write(path, {"test_eval": {"cpu/float32": schema.to_entry(GOLDEN)}})
+    data = path.read_bytes()
+    assert codec._no_duplicate_keys(data, codec.parse(path, data), header_keys=1)  # counted, not read twice
+    repeated = data.replace(b'"correct":false,', b'"correct":true,"correct":false,', 1)
+    assert repeated != data
+    path.write_bytes(repeated)
+    with pytest.raises(GoldenFileError, match="has the key 'correct' twice in one object"):
+        store.read(path)
