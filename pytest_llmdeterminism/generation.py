@@ -243,7 +243,8 @@ class EvalItem:
     generated answer (generative); ``margin``: how far the decision was from changing (in
     logprob); ``scores``: each choice's score, as the decision compared them (multiple choice; empty
     for an answer); ``input``: the hash of what the model was given; ``numbers``: the hash of the
-    step hashes behind the decision."""
+    step hashes behind the decision; ``label``: what it was judged against (the right choice's index,
+    or the answer), so a changed answer key is told from a changed model."""
 
     id: str
     form: str  # CHOICE or ANSWER
@@ -253,6 +254,7 @@ class EvalItem:
     input: str
     numbers: str
     scores: tuple[float, ...] = ()
+    label: int | str | None = None
 
 
 @dataclass(frozen=True)

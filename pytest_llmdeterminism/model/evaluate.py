@@ -120,7 +120,7 @@ def _choice_item(item: _Item, scores: Sequence[Score], acc_norm: bool) -> EvalIt
     best, margin = best_two(totals)
     return EvalItem(id=item.id, form=CHOICE, choice=best, correct=best == item.label, margin=margin,
                     input=digest(scores[0].prompt_form, scores[0].prompt_token_ids),
-                    numbers=digest(*(score.step_hashes for score in scores)), scores=totals)
+                    numbers=digest(*(score.step_hashes for score in scores)), scores=totals, label=item.label)
 
 
 def _answer_item(item: _Item, generation: Generation, match: Match) -> EvalItem:
@@ -131,7 +131,7 @@ def _answer_item(item: _Item, generation: Generation, match: Match) -> EvalItem:
     return EvalItem(id=item.id, form=ANSWER, choice=generation.text.strip(), correct=correct,
                     margin=_answer_margin(generation, item.answer),
                     input=digest(generation.prompt_form, generation.prompt_token_ids),
-                    numbers=digest(generation.step_hashes))
+                    numbers=digest(generation.step_hashes), label=item.answer)
 
 
 def _answer_margin(generation: Generation, answer: str) -> float:

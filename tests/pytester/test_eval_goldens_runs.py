@@ -58,7 +58,7 @@ def test_an_eval_golden_is_recorded_reread_at_another_shape_and_a_label_swap_is_
     out = failed.stdout.str()
     assert "REGRESSION at item 3 — accuracy 46.15 % -> 38.46 %: 1 right->wrong, 0 wrong->right, " \
            "1 decision(s) changed; gate INCONCLUSIVE" in out
-    assert "q3: REGRESSION, choice 1 -> 1 (right -> wrong)" in out
+    assert "q3: REGRESSION, choice 1 -> 1 (right -> wrong; its label changed: 1 -> 0)" in out
     gated = suite.runpytest("-o", "llm_tolerance=gate")  # one confident loss: INCONCLUSIVE fails the gate
     gated.assert_outcomes(failed=1)
     assert "gate INCONCLUSIVE — fails under 'gate(margin=0.05, atol=0.001)'" in gated.stdout.str()

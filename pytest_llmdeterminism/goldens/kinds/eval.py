@@ -13,7 +13,7 @@ of :mod:`pytest_llmdeterminism.judge.eval_gate` (exact McNemar p, the minimum de
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -42,6 +42,7 @@ class ItemEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=Tr
     input: StepHash
     numbers: StepHash
     scores: tuple[ItemScore, ...] = ()
+    label: Union[int, Text, None] = None  # noqa: UP007 - the right choice's index, or the answer
 
 
 class EvalEntry(KindEntry, forbid_unknown_fields=True, gc=False, kw_only=True):
@@ -62,7 +63,8 @@ class EvalKind:
     def to_entry(self, record: Evaluation) -> dict[str, Any]:
         items = [{"id": item.id, "form": item.form, "choice": item.choice, "correct": item.correct,
                   "margin": item.margin if math.isfinite(item.margin) else None, "input": item.input,
-                  "numbers": item.numbers, **({"scores": list(item.scores)} if item.scores else {})}
+                  "numbers": item.numbers, **({"scores": list(item.scores)} if item.scores else {}),
+                  **({"label": item.label} if item.label is not None else {})}
                  for item in record.items]
         return {"kind": self.name, "batch_shape": record.batch_shape, "fingerprint": dict(record.fingerprint),
                 "prompt": record.prompt, "prompt_token_ids": [], "generation_config": dict(record.settings),
@@ -71,7 +73,8 @@ class EvalKind:
     def from_entry(self, entry: EvalEntry) -> Evaluation:
         items = tuple(EvalItem(id=item.id, form=item.form, choice=item.choice, correct=item.correct,
                                margin=item.margin if item.margin is not None else math.inf, input=item.input,
-                               numbers=item.numbers, scores=item.scores) for item in entry.items)
+                               numbers=item.numbers, scores=item.scores, label=item.label)
+                      for item in entry.items)
         return Evaluation(items=items, batch_shape=entry.batch_shape, settings=dict(entry.generation_config),
                           fingerprint=entry.fingerprint)
 
@@ -86,22 +89,28 @@ class EvalKind:
                     (item.form == CHOICE and not 0 <= item.choice < len(item.scores)):  # type: ignore[operator]
                 return (f"item {item.id!r}: a {item.form} item's choice is "
                         + ("the index of one of its scores" if item.form == CHOICE else "the generated text"))
+        for item in entry.items:
+            if item.form == CHOICE and item.label is not None and \
+                    (not isinstance(item.label, int) or not 0 <= item.label < len(item.scores)):
+                return f"item {item.id!r}: a choice item's label is the index of one of its scores"
         accuracy = sum(item.correct for item in entry.items) / len(entry.items)
         if entry.accuracy != accuracy:
             return f"says accuracy {entry.accuracy!r}, but its items' is {accuracy!r}"
         return None
 
     def entry_texts(self, entry: EvalEntry) -> Iterable[tuple[str, str]]:
-        return _texts(entry.prompt, [(item.id, item.choice) for item in entry.items])
+        return _texts(entry.prompt, [(item.id, item.choice) for item in entry.items]
+                      + [(item.id, item.label) for item in entry.items if isinstance(item.label, str)])
 
     def entry_keys(self, entry: EvalEntry) -> int | None:
         # kind, batch_shape, fingerprint, prompt, prompt_token_ids, accuracy, items; the optional
-        # fields where they hold other than their default; each item's 7 keys and its scores
+        # fields where they hold other than their default; each item's 7 keys, its scores and label
         return (_ENTRY_KEYS + bool(entry.generation_config) + (entry.prompt_form != "text")
-                + sum(_ITEM_KEYS + bool(item.scores) for item in entry.items))
+                + sum(_ITEM_KEYS + bool(item.scores) + (item.label is not None) for item in entry.items))
 
     def stored_texts(self, record: Evaluation) -> Iterable[tuple[str, str]]:
-        return _texts(record.prompt, [(item.id, item.choice) for item in record.items])
+        return _texts(record.prompt, [(item.id, item.choice) for item in record.items]
+                      + [(item.id, item.label) for item in record.items if isinstance(item.label, str)])
 
     def compare(self, expected: Evaluation, actual: Evaluation, *, tie_margin: float | None) -> Comparison:
         return compare_evaluations(expected, actual, tie_margin=tie_margin)
@@ -171,6 +180,8 @@ def _input_changes(expected: Evaluation, actual: Evaluation) -> tuple[tuple[str,
 
 
 def _item_verdict(before: EvalItem, after: EvalItem, margin: float) -> Verdict:
+    if before.label != after.label:
+        return Verdict.REGRESSION  # the answer key changed: what the item is judged against
     if before.choice != after.choice or before.correct != after.correct:
         flipped = before.choice != after.choice and near_tie(before.margin, margin, 0.0)
         return Verdict.TIE_FLIP if flipped else Verdict.REGRESSION
@@ -197,6 +208,8 @@ def _evidence(gate: eval_gate.EvalComparison, changed: list[Changed],
     for before, after, verdict in ordered[:_ITEMS_SHOWN]:
         moved = (f"{'right' if before.correct else 'wrong'} -> {'right' if after.correct else 'wrong'}"
                  if before.correct != after.correct else f"still {'right' if after.correct else 'wrong'}")
+        if before.label != after.label:
+            moved += f"; its label changed: {_short(before.label)} -> {_short(after.label)}"
         tie = "a near tie" if near_tie(before.margin, margin, 0.0) else "not a near tie"
         yield (f"  {printable(before.id)}: {verdict.value}, choice {_short(before.choice)} -> "
                f"{_short(after.choice)} ({moved}); margin {before.margin:.4g} in the golden ({tie}), "
@@ -207,15 +220,17 @@ def _evidence(gate: eval_gate.EvalComparison, changed: list[Changed],
            f"margin {margin:g} now: a numeric change can flip those")
 
 
-def _short(choice: int | str) -> str:
-    return str(choice) if isinstance(choice, int) else repr(choice[:30] + ("…" if len(choice) > 30 else ""))
+def _short(choice: int | str | None) -> str:
+    if choice is None or isinstance(choice, int):
+        return str(choice)
+    return repr(choice[:30] + ("…" if len(choice) > 30 else ""))
 
 
 def _listed(ids: list[str], shown: int = 5) -> str:
     return ", ".join(ids[:shown]) + (f", and {len(ids) - shown} more" if len(ids) > shown else "")
 
 
-def _texts(prompt: str, items: list[tuple[str, int | str]]) -> list[tuple[str, str]]:
+def _texts(prompt: str, items: Sequence[tuple[str, int | str | None]]) -> list[tuple[str, str]]:
     texts = [("its prompt", prompt)]
     for identity, choice in items:
         texts.append(("an item's id", identity))

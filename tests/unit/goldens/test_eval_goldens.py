@@ -26,7 +26,8 @@ def item(index, choice=0, label=0, margin=2.0, numbers="n"):
     top = max(scores)
     scores = [s - top - 1.0 for s in scores]
     return EvalItem(id=f"q{index}", form=CHOICE, choice=choice, correct=choice == label, margin=margin,
-                    input=digest("prompt", index), numbers=digest(numbers, index), scores=tuple(scores))
+                    input=digest("prompt", index), numbers=digest(numbers, index), scores=tuple(scores),
+                    label=label)
 
 
 def evaluation(items):
@@ -52,7 +53,7 @@ def test_the_same_run_is_identical_and_other_numbers_are_logit_drift():
 
 
 def test_a_label_swap_is_a_regression_at_its_item_and_the_failure_leads_with_the_eval():
-    swapped = with_item(GOLDEN, 7, correct=False)  # the answer key changed: same decision, now wrong
+    swapped = with_item(GOLDEN, 7, correct=False, label=2)  # the answer key changed: same decision, now wrong
     comparison = compare(GOLDEN, swapped)
     assert comparison.verdict is Verdict.REGRESSION and comparison.first_hash_step == 7
     message = failure.mismatch("test_eval", "__golden__/test_e.json", "test_e.py::test_eval", comparison,
@@ -63,8 +64,11 @@ def test_a_label_swap_is_a_regression_at_its_item_and_the_failure_leads_with_the
     assert any(line.startswith("  exact McNemar p = 1, churn 2.5 %, minimum detectable effect")
                for line in lines)
     assert "  changed items (the confident first):" in lines
-    assert any("q7: REGRESSION, choice 0 -> 0 (right -> wrong); margin 2 in the golden (not a near tie)"
-               in line for line in lines)
+    assert any("q7: REGRESSION, choice 0 -> 0 (right -> wrong; its label changed: 0 -> 2); margin 2 in the "
+               "golden (not a near tie)" in line for line in lines)
+    # a swap between two wrong choices leaves the item wrong, and is found all the same
+    still_wrong = with_item(GOLDEN, 0, label=2)
+    assert not GOLDEN.items[0].correct and compare(GOLDEN, still_wrong).verdict is Verdict.REGRESSION
     assert any(line.startswith("  forecast: 0 of 40 item(s) sit within the tie margin 0.05")
                for line in lines)
 
@@ -100,7 +104,7 @@ def test_an_eval_golden_is_stored_and_read_back_whole_beside_a_generation(tmp_pa
     assert schema.from_entry(goldens["test_gen"]["cpu/float32"]) == sample_generation()
     stored = json.loads(path.read_text())["goldens"]["test_eval"]["cpu/float32"]
     assert stored["accuracy"] == 0.75 and stored["items"][0] == {
-        "id": "q0", "form": "choice", "choice": 0, "correct": False, "margin": 2.0,
+        "id": "q0", "form": "choice", "choice": 0, "correct": False, "margin": 2.0, "label": 1,
         "input": digest("prompt", 0), "numbers": digest("n", 0), "scores": list(GOLDEN.items[0].scores)}
 
 
@@ -110,6 +114,7 @@ def test_an_eval_golden_is_stored_and_read_back_whole_beside_a_generation(tmp_pa
     (lambda e: e["items"][0].update(choice=7), "item 'q0': a choice item's choice is the index of one"),
     (lambda e: e["items"][0].update(margin=-1.0), r"items\[0\].margin: Expected `float` >= 0.0"),
     (lambda e: e.update(items=[]), "without items"),
+    (lambda e: e["items"][0].update(label=5), "item 'q0': a choice item's label is the index of one"),
 ])
 def test_a_broken_eval_entry_is_one_golden_file_error(tmp_path, edit, problem):
     path = tmp_path / "test_e.json"
