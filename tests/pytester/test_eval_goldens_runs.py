@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+from tests.helpers.projects import llm_golden
+
 GOLDEN = "__golden__/test_e.json"
 
 
@@ -48,7 +50,8 @@ def test_an_eval_golden_is_recorded_reread_at_another_shape_and_a_label_swap_is_
     report = json.loads((suite.path / "report.json").read_text())
     assert [(check["kind"], check["verdict"]) for check in report["checks"]] == [("eval", "IDENTICAL")]
     write_suite(suite, swapped=["q3"])  # q3 was right: its answer key now says another choice
-    failed = suite.runpytest("--llm-report=failed.json", "--llm-report=failed.md")
+    failed = suite.runpytest("--llm-report=failed.json", "--llm-report=failed.md",
+                             "--llm-golden-artifacts=cands")
     failed.assert_outcomes(failed=1)
     (check,) = json.loads((suite.path / "failed.json").read_text())["checks"]
     assert check["kind"] == "eval" and check["finding"].startswith("accuracy 46.15 % -> 38.46 %")
@@ -59,6 +62,9 @@ def test_an_eval_golden_is_recorded_reread_at_another_shape_and_a_label_swap_is_
     assert "REGRESSION at item 3 — accuracy 46.15 % -> 38.46 %: 1 right->wrong, 0 wrong->right, " \
            "1 decision(s) changed; gate INCONCLUSIVE" in out
     assert "q3: REGRESSION, choice 1 -> 1 (right -> wrong; its label changed: 1 -> 0)" in out
+    diff = llm_golden("diff", "__golden__", "cands/__golden__", cwd=suite.path)  # review carries evals too
+    assert diff.returncode == 1
+    assert "REGRESSION     test_e.json ['test_eval']['cpu/float32']  accuracy 46.15 % -> 38.46 %" in diff.stdout
     gated = suite.runpytest("-o", "llm_tolerance=gate")  # one confident loss: INCONCLUSIVE fails the gate
     gated.assert_outcomes(failed=1)
     assert "gate INCONCLUSIVE — fails under 'gate(margin=0.05, atol=0.001)'" in gated.stdout.str()

@@ -180,7 +180,7 @@ def _input_changes(expected: Evaluation, actual: Evaluation) -> tuple[tuple[str,
 
 
 def _item_verdict(before: EvalItem, after: EvalItem, margin: float) -> Verdict:
-    if before.label != after.label:
+    if None not in (before.label, after.label) and before.label != after.label:
         return Verdict.REGRESSION  # the answer key changed: what the item is judged against
     if before.choice != after.choice or before.correct != after.correct:
         flipped = before.choice != after.choice and near_tie(before.margin, margin, 0.0)
@@ -208,7 +208,7 @@ def _evidence(gate: eval_gate.EvalComparison, changed: list[Changed],
     for before, after, verdict in ordered[:_ITEMS_SHOWN]:
         moved = (f"{'right' if before.correct else 'wrong'} -> {'right' if after.correct else 'wrong'}"
                  if before.correct != after.correct else f"still {'right' if after.correct else 'wrong'}")
-        if before.label != after.label:
+        if None not in (before.label, after.label) and before.label != after.label:
             moved += f"; its label changed: {_short(before.label)} -> {_short(after.label)}"
         tie = "a near tie" if near_tie(before.margin, margin, 0.0) else "not a near tie"
         yield (f"  {printable(before.id)}: {verdict.value}, choice {_short(before.choice)} -> "

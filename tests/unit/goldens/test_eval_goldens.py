@@ -158,3 +158,8 @@ def test_an_eval_entry_takes_the_fast_duplicate_key_proof_and_a_repeated_key_is_
     path.write_bytes(repeated)
     with pytest.raises(GoldenFileError, match="has the key 'correct' twice in one object"):
         store.read(path)
+
+
+def test_a_label_the_golden_did_not_record_is_no_change():
+    unlabelled = evaluation([dataclasses.replace(item, label=None) for item in GOLDEN.items])
+    assert compare(unlabelled, GOLDEN).verdict is Verdict.IDENTICAL
