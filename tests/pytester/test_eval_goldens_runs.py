@@ -64,7 +64,8 @@ def test_an_eval_golden_is_recorded_reread_at_another_shape_and_a_label_swap_is_
     assert "q3: REGRESSION, choice 1 -> 1 (right -> wrong; its label changed: 1 -> 0)" in out
     diff = llm_golden("diff", "__golden__", "cands/__golden__", cwd=suite.path)  # review carries evals too
     assert diff.returncode == 1
-    assert "REGRESSION     test_e.json ['test_eval']['cpu/float32']  accuracy 46.15 % -> 38.46 %" in diff.stdout
+    assert "test_e.json ['test_eval']['cpu/float32']  accuracy 46.15 % -> 38.46 %" in diff.stdout
+    assert diff.stdout.startswith("REGRESSION ")
     gated = suite.runpytest("-o", "llm_tolerance=gate")  # one confident loss: INCONCLUSIVE fails the gate
     gated.assert_outcomes(failed=1)
     assert "gate INCONCLUSIVE — fails under 'gate(margin=0.05, atol=0.001)'" in gated.stdout.str()
