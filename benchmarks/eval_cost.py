@@ -12,6 +12,8 @@ the order; medians of wall time and of the process's CPU time, and their ratios.
     python benchmarks/eval_cost.py --smoke          # builtin:tiny, 6 items, one round
 
 Prints the CPU: a speed figure holds for that CPU. Target (issue 52): evaluate <= 0.6x one call at a time.
+Measured (2026-12-07, 2-core AMD EPYC, quiet; SmolLM2, 100 items, 3 rounds): evaluate 15.5 s wall,
+one call at a time 133.6 s (0.116x wall, 0.116x CPU), the same scores bit for bit.
 """
 
 from __future__ import annotations
