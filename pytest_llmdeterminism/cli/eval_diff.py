@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmdeterminism.errors import LLMDeterminismError
-from pytest_llmdeterminism.generation import Evaluation
+from pytest_llmdeterminism.generation import Evaluation, best_two
 from pytest_llmdeterminism.judge import eval_gate
 from pytest_llmdeterminism.judge.eval_gate import EvalComparison, EvalMismatch, Gate, Outcome
 
@@ -233,8 +233,7 @@ def _decision(sample: dict[str, Any], *, normalized: bool) -> tuple[int | str | 
         if lengths is None:
             return max(range(len(scores)), key=scores.__getitem__), None
         scores = [score / length for score, length in zip(scores, lengths, strict=True)]
-    order = sorted(range(len(scores)), key=lambda index: -scores[index])
-    return order[0], scores[order[0]] - scores[order[1]]
+    return best_two(tuple(scores))
 
 
 def _continuation_lengths(arguments: Any, choices: int) -> list[int] | None:

@@ -153,7 +153,8 @@ def _generate(model: Any, prompts: list[Any], overrides: dict[str, Any]) -> list
     ids = [index for index, prompt in enumerate(prompts)
            if isinstance(prompt, Sequence) and prompt and all(isinstance(t, int) for t in prompt)
            and not isinstance(prompt, str)]
-    texts = [index for index in range(len(prompts)) if index not in set(ids)]
+    by_ids = set(ids)
+    texts = [index for index in range(len(prompts)) if index not in by_ids]
     found: dict[int, Generation] = {}
     if texts:
         found.update(zip(texts, model.generate([prompts[i] for i in texts], **overrides), strict=True))

@@ -99,8 +99,7 @@ class EvalKind:
         return None
 
     def entry_texts(self, entry: EvalEntry) -> Iterable[tuple[str, str]]:
-        return _texts(entry.prompt, [(item.id, item.choice) for item in entry.items]
-                      + [(item.id, item.label) for item in entry.items if isinstance(item.label, str)])
+        return _texts(entry.prompt, entry.items)
 
     def entry_keys(self, entry: EvalEntry) -> int | None:
         # kind, batch_shape, fingerprint, prompt, prompt_token_ids, accuracy, items; the optional
@@ -109,8 +108,7 @@ class EvalKind:
                 + sum(_ITEM_KEYS + bool(item.scores) + (item.label is not None) for item in entry.items))
 
     def stored_texts(self, record: Evaluation) -> Iterable[tuple[str, str]]:
-        return _texts(record.prompt, [(item.id, item.choice) for item in record.items]
-                      + [(item.id, item.label) for item in record.items if isinstance(item.label, str)])
+        return _texts(record.prompt, record.items)
 
     def compare(self, expected: Evaluation, actual: Evaluation, *, tie_margin: float | None) -> Comparison:
         return compare_evaluations(expected, actual, tie_margin=tie_margin)
@@ -230,12 +228,15 @@ def _listed(ids: list[str], shown: int = 5) -> str:
     return ", ".join(ids[:shown]) + (f", and {len(ids) - shown} more" if len(ids) > shown else "")
 
 
-def _texts(prompt: str, items: Sequence[tuple[str, int | str | None]]) -> list[tuple[str, str]]:
+def _texts(prompt: str, items: Sequence[ItemEntry | EvalItem]) -> list[tuple[str, str]]:
+    """The texts a golden of these items holds: the prompt, and each item's id, generated answer and
+    expected answer."""
     texts = [("its prompt", prompt)]
-    for identity, choice in items:
-        texts.append(("an item's id", identity))
-        if isinstance(choice, str):
-            texts.append((f"item {identity!r}'s answer", choice))
+    for item in items:
+        texts.append(("an item's id", item.id))
+        texts += [(f"item {item.id!r}'s {what}", text) for what, text in (("answer", item.choice),
+                                                                         ("expected answer", item.label))
+                  if isinstance(text, str)]
     return texts
 
 
